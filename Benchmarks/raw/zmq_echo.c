@@ -1,0 +1,93 @@
+/* Raw libzmq baseline for `make bench-bus`: a ROUTER echo server and a DEALER client, the same
+ * shapes the bus uses (two frames, a ~200-byte body), over tcp loopback in two processes.
+ *   zmq_echo server ENDPOINT
+ *   zmq_echo client ENDPOINT SECONDS   -> prints "latency_us=X throughput_rps=Y"
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int serve(const char *endpoint) {
+    void *ctx = zmq_ctx_new();
+    void *router = zmq_socket(ctx, ZMQ_ROUTER);
+    if (zmq_bind(router, endpoint) != 0) { perror("zmq_bind"); return 1; }
+    zmq_msg_t parts[3];
+    for (;;) {
+        int count = 0, more = 1;
+        while (more && count < 3) {
+            zmq_msg_init(&parts[count]);
+            if (zmq_msg_recv(&parts[count], router, 0) < 0) return 1;
+            more = zmq_msg_more(&parts[count]);
+            count++;
+        }
+        for (int i = 0; i < count; i++) {
+            zmq_msg_send(&parts[i], router, i < count - 1 ? ZMQ_SNDMORE : 0);
+        }
+    }
+}
+
+static void send_request(void *dealer, const char *header, size_t header_len, const char *body, size_t body_len) {
+    zmq_send(dealer, header, header_len, ZMQ_SNDMORE);
+    zmq_send(dealer, body, body_len, 0);
+}
+
+static void receive_reply(void *dealer) {
+    char buffer[1024];
+    int more = 1;
+    while (more) {
+        zmq_recv(dealer, buffer, sizeof buffer, 0);
+        size_t size = sizeof more;
+        zmq_getsockopt(dealer, ZMQ_RCVMORE, &more, &size);
+    }
+}
+
+static int client(const char *endpoint, double seconds) {
+    void *ctx = zmq_ctx_new();
+    void *dealer = zmq_socket(ctx, ZMQ_DEALER);
+    if (zmq_connect(dealer, endpoint) != 0) { perror("zmq_connect"); return 1; }
+    const char header[40] = "\x01\x00request-header-of-the-same-size";
+    char body[200];
+    memset(body, 'x', sizeof body);
+
+    for (int i = 0; i < 2000; i++) { send_request(dealer, header, sizeof header, body, sizeof body); receive_reply(dealer); }
+
+    long latency_count = 0;
+    double start = now_seconds();
+    while (now_seconds() - start < seconds) {
+        send_request(dealer, header, sizeof header, body, sizeof body);
+        receive_reply(dealer);
+        latency_count++;
+    }
+    double latency_us = (now_seconds() - start) * 1e6 / latency_count;
+
+    const int in_flight = 64;
+    long completed = 0;
+    for (int i = 0; i < in_flight; i++) send_request(dealer, header, sizeof header, body, sizeof body);
+    start = now_seconds();
+    while (now_seconds() - start < seconds) {
+        receive_reply(dealer);
+        completed++;
+        send_request(dealer, header, sizeof header, body, sizeof body);
+    }
+    double elapsed = now_seconds() - start;
+    for (int i = 0; i < in_flight; i++) receive_reply(dealer);
+    printf("latency_us=%.2f throughput_rps=%.0f\n", latency_us, completed / elapsed);
+    zmq_close(dealer);
+    zmq_ctx_term(ctx);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 3 && strcmp(argv[1], "server") == 0) return serve(argv[2]);
+    if (argc >= 4 && strcmp(argv[1], "client") == 0) return client(argv[2], atof(argv[3]));
+    fprintf(stderr, "usage: zmq_echo server ENDPOINT | client ENDPOINT SECONDS\n");
+    return 2;
+}

@@ -1,0 +1,27 @@
+# Every target installs the system packages it needs first (scripts/install-deps.sh).
+SHELL := /bin/bash
+CONFIG ?= debug
+
+.PHONY: deps build run test bench-bus clean
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	swift build -c $(CONFIG)
+
+## Runs quota, history, jobs and the gateway on localhost, data under $(DATA_DIR) (default .data).
+run: deps
+	@CONFIG=$(CONFIG) scripts/run.sh
+
+## Builds everything (services, fixtures, tests) and runs the whole suite.
+test: deps
+	swift build --build-tests
+	swift test --skip-build
+
+## Bus against raw libzmq, same machine, same run.
+bench-bus: deps
+	@scripts/bench-bus.sh
+
+clean:
+	rm -rf .build .data

@@ -1,0 +1,138 @@
+// swift-tools-version:6.2
+import PackageDescription
+
+let swiftSettings: [SwiftSetting] = [
+    .swiftLanguageMode(.v6),
+    .enableUpcomingFeature("ExistentialAny"),
+]
+
+let package = Package(
+    name: "photoedit-backend",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "gateway", targets: ["gateway"]),
+        .executable(name: "quota", targets: ["quota"]),
+        .executable(name: "history", targets: ["history"]),
+        .executable(name: "jobs", targets: ["jobs"]),
+        .executable(name: "bus-bench", targets: ["bus-bench"]),
+        .executable(name: "bus-fixture", targets: ["bus-fixture"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-collections.git", from: "1.6.0"),
+        .package(url: "https://github.com/jpsim/Yams.git", from: "6.2.2"),
+        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
+    ],
+    targets: [
+        // libzmq through pkg-config; the only C module the bus uses.
+        .systemLibrary(
+            name: "Clibzmq",
+            path: "Shared/Clibzmq",
+            pkgConfig: "libzmq",
+            providers: [.apt(["libzmq3-dev"])]
+        ),
+        // The Swift binding of libzmq: the one module that calls zmq_*.
+        .target(
+            name: "ZeroMQ",
+            dependencies: ["Clibzmq"],
+            path: "Shared/ZeroMQ",
+            swiftSettings: swiftSettings
+        ),
+        // Codable message types, method descriptors and the wire error type.
+        .target(
+            name: "Messages",
+            path: "Shared/Messages",
+            swiftSettings: swiftSettings
+        ),
+        // Request/reply over ZeroMQ: ROUTER servers, DEALER clients, deadlines, backpressure.
+        .target(
+            name: "Bus",
+            dependencies: [
+                "ZeroMQ", "Messages",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "DequeModule", package: "swift-collections"),
+                .product(name: "HeapModule", package: "swift-collections"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Shared/Bus",
+            swiftSettings: swiftSettings
+        ),
+        // What every service process shares: configuration, logging, lifecycle, the health method.
+        .target(
+            name: "ServiceKit",
+            dependencies: [
+                "Bus", "Messages",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Shared/ServiceKit",
+            swiftSettings: swiftSettings
+        ),
+        .target(
+            name: "GatewayApp",
+            dependencies: [
+                "Bus", "Messages", "ServiceKit",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Services/gateway/App",
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "gateway",
+            dependencies: ["GatewayApp", "ServiceKit"],
+            path: "Services/gateway/Main",
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "quota",
+            dependencies: ["ServiceKit", "Messages"],
+            path: "Services/quota/Main",
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "history",
+            dependencies: ["ServiceKit", "Messages"],
+            path: "Services/history/Main",
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "jobs",
+            dependencies: ["ServiceKit", "Messages"],
+            path: "Services/jobs/Main",
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "bus-bench",
+            dependencies: ["Bus", "Messages", "ServiceKit"],
+            path: "Benchmarks/bus-bench",
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "bus-fixture",
+            dependencies: ["Bus", "Messages", "ServiceKit"],
+            path: "Tests/Fixtures/bus-fixture",
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "BusTests",
+            dependencies: ["Bus", "Messages", "ZeroMQ"],
+            path: "Tests/BusTests",
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "SystemTests",
+            dependencies: [
+                "Bus", "Messages", "ZeroMQ", "ServiceKit", "GatewayApp",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HummingbirdTesting", package: "hummingbird"),
+                .product(name: "Yams", package: "Yams"),
+            ],
+            path: "Tests/SystemTests",
+            swiftSettings: swiftSettings
+        ),
+    ]
+)

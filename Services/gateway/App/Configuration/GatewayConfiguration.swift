@@ -1,0 +1,58 @@
+import Logging
+import ServiceKit
+
+/// What the gateway reads from the environment.
+public struct GatewayConfiguration: Sendable {
+    /// The address to listen on (`GATEWAY_HOST`, default `127.0.0.1`).
+    public var host: String
+    /// The port to listen on (`GATEWAY_PORT`, default 8080; 0 picks a free one).
+    public var port: Int
+    /// Each service's endpoint (`QUOTA_ENDPOINT`, `HISTORY_ENDPOINT`, `JOBS_ENDPOINT`).
+    public var endpoints: [ServiceName: String]
+    /// The deadline of a bus call (`BUS_TIMEOUT_MS`, default 5000).
+    public var busTimeout: Duration
+    /// The deadline of each `health` call made by `/readyz` (`READY_TIMEOUT_MS`, default 500).
+    public var readinessTimeout: Duration
+    /// The least severe log level printed (`LOG_LEVEL`, default `info`).
+    public var logLevel: Logger.Level
+
+    public init(
+        host: String = "127.0.0.1",
+        port: Int = 8080,
+        endpoints: [ServiceName: String] = [:],
+        busTimeout: Duration = .seconds(5),
+        readinessTimeout: Duration = .milliseconds(500),
+        logLevel: Logger.Level = .info
+    ) {
+        self.host = host
+        self.port = port
+        self.endpoints = Dictionary(uniqueKeysWithValues: ServiceName.allCases.map { ($0, endpoints[$0] ?? $0.defaultEndpoint) })
+        self.busTimeout = busTimeout
+        self.readinessTimeout = readinessTimeout
+        self.logLevel = logLevel
+    }
+
+    /// Reads the configuration from `environment`.
+    public init(environment: Environment) throws {
+        let levelText = environment.string("LOG_LEVEL", default: "info")
+        guard let level = Logger.Level(rawValue: levelText.lowercased()) else {
+            throw ConfigurationError(key: "LOG_LEVEL", value: levelText, expected: "a log level")
+        }
+        self.init(
+            host: environment.string("GATEWAY_HOST", default: "127.0.0.1"),
+            port: try environment.int("GATEWAY_PORT", default: 8080),
+            endpoints: Dictionary(uniqueKeysWithValues: ServiceName.allCases.map {
+                ($0, environment.string($0.endpointVariable, default: $0.defaultEndpoint))
+            }),
+            busTimeout: .milliseconds(try environment.int("BUS_TIMEOUT_MS", default: 5000)),
+            readinessTimeout: .milliseconds(try environment.int("READY_TIMEOUT_MS", default: 500)),
+            logLevel: level
+        )
+    }
+
+    /// The environment variables `init(environment:)` reads.
+    public static var environmentKeys: [String] {
+        ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL"]
+            + ServiceName.allCases.map(\.endpointVariable)
+    }
+}

@@ -1,0 +1,67 @@
+import Bus
+import Foundation
+import Hummingbird
+import Messages
+import ServiceKit
+
+/// `GET /healthz` (the process is alive) and `GET /readyz` (every service answers on the bus).
+struct HealthController<Context: RequestContext>: Sendable {
+    let clients: ServiceClients
+    let readinessTimeout: Duration
+
+    func addRoutes(to router: Router<Context>) {
+        router.get("/healthz") { _, _ in
+            try JSONResponse.make(.ok, ["status": "ok"])
+        }
+        router.get("/readyz") { _, _ in
+            try await readiness()
+        }
+    }
+
+    /// What one service said, or why it said nothing.
+    struct ServiceStatus: Encodable, Sendable {
+        var status: String
+        var version: String?
+        var uptimeSeconds: Double?
+        var pid: Int32?
+        var error: String?
+    }
+
+    /// Asks every service's `health` at once, each with the readiness deadline.
+    func readiness() async throws -> Response {
+        let statuses = await withTaskGroup(of: (ServiceName, ServiceStatus).self) { group in
+            for service in ServiceName.allCases {
+                group.addTask {
+                    do throws(BusError) {
+                        let report = try await clients.client(for: service).call(Health.check, Empty(), timeout: readinessTimeout)
+                        return (service, ServiceStatus(status: "up", version: report.version, uptimeSeconds: report.uptimeSeconds, pid: report.pid))
+                    } catch {
+                        return (service, ServiceStatus(status: "down", error: "\(error.code.rawValue): \(error.message)"))
+                    }
+                }
+            }
+            var statuses: [String: ServiceStatus] = [:]
+            for await (service, status) in group { statuses[service.rawValue] = status }
+            return statuses
+        }
+        let down = statuses.filter { $0.value.status != "up" }.keys.sorted()
+        guard down.isEmpty else {
+            throw Problem(
+                .serviceUnavailable,
+                title: "Not ready",
+                detail: "No answer from: \(down.joined(separator: ", "))",
+                headers: [.retryAfter: "1"],
+                extensions: [
+                    "unavailable": .strings(down),
+                    "services": .object(statuses.mapValues { ProblemValue.string($0.status) }),
+                ]
+            )
+        }
+        return try JSONResponse.make(.ok, Readiness(status: "ready", services: statuses))
+    }
+
+    struct Readiness: Encodable {
+        var status: String
+        var services: [String: ServiceStatus]
+    }
+}

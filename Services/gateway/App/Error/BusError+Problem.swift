@@ -1,0 +1,29 @@
+import HTTPTypes
+import Hummingbird
+import Messages
+
+extension Problem {
+    /// The HTTP answer for a bus call that failed: the one place bus codes become statuses.
+    public init(_ error: BusError, service: String) {
+        let status: HTTPResponse.Status
+        var headers: HTTPFields = [:]
+        switch error.code {
+        case .timeout: status = .gatewayTimeout
+        case .unavailable, .overloaded:
+            status = .serviceUnavailable
+            headers[.retryAfter] = "1"
+        case .notFound: status = .notFound
+        case .badRequest: status = .badRequest
+        case .conflict: status = .conflict
+        case .cancelled: status = .init(code: 499, reasonPhrase: "Client Closed Request")
+        case .unknownMethod, .badReply: status = .badGateway
+        default: status = error.retryable ? .serviceUnavailable : .internalServerError
+        }
+        self.init(
+            status,
+            detail: error.message,
+            headers: headers,
+            extensions: ["service": .string(service), "code": .string(error.code.rawValue)]
+        )
+    }
+}

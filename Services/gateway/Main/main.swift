@@ -1,0 +1,11 @@
+import GatewayApp
+import Logging
+import ServiceKit
+
+// The gateway: REST for the app, turned into bus requests.
+let configuration = try GatewayConfiguration(environment: Environment())
+ProcessLogging.bootstrap(level: configuration.logLevel)
+let logger = Logger(label: "gateway")
+let app = buildApplication(configuration: configuration, logger: logger)
+logger.info("gateway listening", metadata: ["url": "http://\(configuration.host):\(configuration.port)"])
+try await app.runService()

@@ -1,0 +1,4 @@
+import ServiceKit
+
+// The jobs service. For now it answers `health`; its methods arrive with their issues.
+try await BusServiceRunner.run(.jobs)

@@ -1,0 +1,337 @@
+import DequeModule
+import Foundation
+import HeapModule
+import Logging
+import Messages
+import Synchronization
+import ZeroMQ
+
+/// A caller of one service: a DEALER socket connected to the service's endpoint, owned by a
+/// dedicated I/O thread, with many requests in flight matched by request id.
+///
+/// Calls never block the cooperative pool: a call queues its frames, wakes the I/O thread through
+/// an eventfd and suspends until the reply, its deadline, or cancellation. The I/O thread starts
+/// with the client (as an HTTP client's event loop does); `shutdown()` stops it.
+public final class BusClient: Sendable {
+    /// How a client connects and how much it may hold.
+    public struct Configuration: Sendable {
+        /// The service's endpoint, such as `tcp://127.0.0.1:7101`, `ipc:///tmp/quota` or `inproc://quota`.
+        public var endpoint: String
+        /// The deadline of a call that names none.
+        public var defaultTimeout: Duration
+        /// The most calls waiting for replies at once; past it a call fails `overloaded` at once.
+        public var maxInFlight: Int
+        /// libzmq's queue limit for unsent requests (`ZMQ_SNDHWM`).
+        public var sendHighWaterMark: Int32
+        /// The largest reply accepted, in bytes; a larger one drops the connection.
+        public var maxMessageBytes: Int64
+        /// CURVE keys; nil for a plain connection.
+        public var curve: CurveClientKeys?
+
+        public init(
+            endpoint: String,
+            defaultTimeout: Duration = .seconds(5),
+            maxInFlight: Int = 10_000,
+            sendHighWaterMark: Int32 = 10_000,
+            maxMessageBytes: Int64 = 4 << 20,
+            curve: CurveClientKeys? = nil
+        ) {
+            self.endpoint = endpoint
+            self.defaultTimeout = defaultTimeout
+            self.maxInFlight = maxInFlight
+            self.sendHighWaterMark = sendHighWaterMark
+            self.maxMessageBytes = maxMessageBytes
+            self.curve = curve
+        }
+    }
+
+    /// What a call hears back before its body is decoded.
+    enum Outcome: Sendable {
+        case reply([UInt8])
+        case failure(BusError)
+    }
+
+    private struct Pending {
+        var continuation: CheckedContinuation<Outcome, Never>
+    }
+
+    private struct Outgoing {
+        var id: UInt64
+        var deadline: ContinuousClock.Instant
+        var header: [UInt8]
+        var body: [UInt8]
+    }
+
+    private struct State {
+        var nextId: UInt64 = 1
+        var pending: [UInt64: Pending] = [:]
+        var outbox: Deque<Outgoing> = []
+        var wakeScheduled = false
+        var stopping = false
+        var stopped = false
+        var onStopped: [CheckedContinuation<Void, Never>] = []
+    }
+
+    private struct Timer: Comparable {
+        var deadline: ContinuousClock.Instant
+        var id: UInt64
+        static func < (lhs: Timer, rhs: Timer) -> Bool { lhs.deadline < rhs.deadline }
+    }
+
+    public let configuration: Configuration
+    private let state = Mutex(State())
+    private let wakeup = Wakeup()
+    private let context: ZMQContext
+    private let logger: Logger
+
+    /// Connects to `configuration.endpoint` on a new I/O thread.
+    public init(configuration: Configuration, context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.client")) {
+        self.configuration = configuration
+        self.context = context
+        self.logger = logger
+        IOThread.start(name: "bus-client \(configuration.endpoint)") { [self] in ioLoop() }
+    }
+
+    /// Convenience: a client of `endpoint` with default limits.
+    public convenience init(endpoint: String, timeout: Duration = .seconds(5), logger: Logger = Logger(label: "bus.client")) {
+        self.init(configuration: Configuration(endpoint: endpoint, defaultTimeout: timeout), logger: logger)
+    }
+
+    /// Calls `method` with `request` and waits for its reply, at most `timeout` (the configured
+    /// default if nil). Fails with a `BusError`: the service's own, or `timeout`, `overloaded`,
+    /// `unavailable`, `bad_reply` or `cancelled`.
+    public func call<Request, Reply>(
+        _ method: BusMethod<Request, Reply>,
+        _ request: Request,
+        timeout: Duration? = nil
+    ) async throws(BusError) -> Reply {
+        let body: [UInt8]
+        do {
+            body = try BusCodec.encode(request)
+        } catch {
+            throw BusError(.badRequest, "cannot encode \(Request.self): \(error)")
+        }
+        switch await send(method: method.name, body: body, timeout: timeout ?? configuration.defaultTimeout) {
+        case .failure(let error):
+            throw error
+        case .reply(let bytes):
+            do {
+                return try BusCodec.decode(Reply.self, from: bytes)
+            } catch {
+                throw BusError(.badReply, "\(method.name): reply is not a \(Reply.self): \(error)")
+            }
+        }
+    }
+
+    /// Sends already-encoded frames; the seam `call` and tests of raw bodies share.
+    func send(method: String, body: [UInt8], timeout: Duration) async -> Outcome {
+        let deadline = ContinuousClock.now.advanced(by: timeout)
+        let header = { (id: UInt64) in
+            WireFormat.encodeRequest(.init(
+                requestId: id,
+                deadlineMilliseconds: BusCodec.nowMilliseconds() + timeout.wholeMilliseconds,
+                method: method,
+                traceId: BusTrace.id
+            ))
+        }
+        guard (1...255).contains(method.utf8.count) else {
+            return .failure(BusError(.badRequest, "method name must be 1 to 255 bytes"))
+        }
+        let id = state.withLock { state -> UInt64 in
+            defer { state.nextId &+= 1 }
+            return state.nextId
+        }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Outcome, Never>) in
+                let (refusal, wake) = state.withLock { state -> (BusError?, Bool) in
+                    if state.stopping || state.stopped {
+                        return (BusError(.unavailable, "bus client for \(configuration.endpoint) is shut down"), false)
+                    }
+                    if state.pending.count >= configuration.maxInFlight {
+                        return (BusError(.overloaded, "\(configuration.maxInFlight) calls to \(configuration.endpoint) already in flight"), false)
+                    }
+                    if Task.isCancelled {
+                        return (BusError(.cancelled, "call cancelled"), false)
+                    }
+                    state.pending[id] = Pending(continuation: continuation)
+                    state.outbox.append(Outgoing(id: id, deadline: deadline, header: header(id), body: body))
+                    let wake = !state.wakeScheduled
+                    state.wakeScheduled = true
+                    return (nil, wake)
+                }
+                if let refusal {
+                    continuation.resume(returning: .failure(refusal))
+                } else if wake {
+                    wakeup.signal()
+                }
+            }
+        } onCancel: {
+            finish(id, with: .failure(BusError(.cancelled, "call cancelled")))
+        }
+    }
+
+    /// Stops the I/O thread; calls still waiting fail with `unavailable`. Idempotent.
+    public func shutdown() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let alreadyStopped = state.withLock { state -> Bool in
+                if state.stopped { return true }
+                state.stopping = true
+                state.onStopped.append(continuation)
+                return false
+            }
+            if alreadyStopped { continuation.resume() } else { wakeup.signal() }
+        }
+    }
+
+    /// Resumes the call `id` with `outcome` if it is still waiting.
+    private func finish(_ id: UInt64, with outcome: Outcome) {
+        let pending = state.withLock { $0.pending.removeValue(forKey: id) }
+        pending?.continuation.resume(returning: outcome)
+    }
+
+    // MARK: The I/O thread
+
+    private func ioLoop() {
+        let socket: ZMQSocket
+        do {
+            socket = try ZMQSocket(.dealer, context: context)
+            try socket.setLinger(milliseconds: 0)
+            try socket.setHighWaterMarks(send: configuration.sendHighWaterMark, receive: configuration.sendHighWaterMark)
+            try socket.setMaxMessageSize(configuration.maxMessageBytes)
+            try socket.setReconnect(interval: 100, maximum: 1000)
+            try socket.setHeartbeat(interval: 1000, timeout: 3000)
+            if let curve = configuration.curve {
+                try socket.setCurveClient(serverKey: curve.serverPublicKey, publicKey: curve.publicKey, secretKey: curve.secretKey)
+            }
+            try socket.connect(configuration.endpoint)
+        } catch {
+            logger.error("bus client cannot connect", metadata: ["endpoint": "\(configuration.endpoint)", "error": "\(error)"])
+            stop(reason: BusError(.unavailable, "cannot connect to \(configuration.endpoint): \(error)", retryable: false))
+            return
+        }
+        var poller = ZMQPoller()
+        poller.addReadable(socket)
+        let wakeIndex = poller.addReadable(fileDescriptor: wakeup.fileDescriptor)
+        var timers = Heap<Timer>()
+
+        while true {
+            let timeout = timers.min.map { Self.milliseconds(until: $0.deadline) } ?? -1
+            do {
+                _ = try poller.poll(timeoutMilliseconds: timeout)
+            } catch {
+                logger.error("zmq_poll failed", metadata: ["error": "\(error)"])
+                break
+            }
+            if poller.isReadable(wakeIndex) { wakeup.drain() }
+
+            let (batch, stopping) = state.withLock { state in
+                state.wakeScheduled = false
+                let batch = state.outbox
+                state.outbox.removeAll(keepingCapacity: true)
+                return (batch, state.stopping)
+            }
+            for item in batch {
+                sendRequest(item, on: socket, timers: &timers)
+            }
+            receiveReplies(on: socket)
+
+            let now = ContinuousClock.now
+            while let first = timers.min, first.deadline <= now {
+                timers.removeMin()
+                finish(first.id, with: .failure(BusError(.timeout, "no reply from \(configuration.endpoint) within the deadline")))
+            }
+            // Timers of answered calls are dropped lazily; rebuild when they outnumber live calls.
+            let live = state.withLock { $0.pending.count }
+            if timers.count > 4 * live + 1024 {
+                let ids = state.withLock { Set($0.pending.keys) }
+                timers = Heap(timers.unordered.filter { ids.contains($0.id) })
+            }
+            if stopping { break }
+        }
+        socket.close()
+        stop(reason: BusError(.unavailable, "bus client for \(configuration.endpoint) is shut down"))
+    }
+
+    private func sendRequest(_ item: Outgoing, on socket: ZMQSocket, timers: inout Heap<Timer>) {
+        guard item.deadline > ContinuousClock.now else {
+            finish(item.id, with: .failure(BusError(.timeout, "deadline passed before the request was sent")))
+            return
+        }
+        do {
+            try socket.send([item.header, item.body])
+            timers.insert(Timer(deadline: item.deadline, id: item.id))
+        } catch ZMQError.wouldBlock {
+            finish(item.id, with: .failure(BusError(.overloaded, "send queue to \(configuration.endpoint) is full")))
+        } catch {
+            finish(item.id, with: .failure(BusError(.unavailable, "cannot send to \(configuration.endpoint): \(error)")))
+        }
+    }
+
+    private func receiveReplies(on socket: ZMQSocket) {
+        while true {
+            let received: ZMQSocket.ReceivedMessage?
+            do {
+                received = try socket.receive(maxFrames: 2)
+            } catch {
+                logger.error("zmq receive failed", metadata: ["error": "\(error)"])
+                return
+            }
+            guard let received else { return }
+            guard case .frames(let frames) = received, frames.count == 2,
+                  let (id, kind) = WireFormat.decodeReplyHeader(frames[0])
+            else {
+                logger.warning("dropped a malformed reply", metadata: ["endpoint": "\(configuration.endpoint)"])
+                continue
+            }
+            if kind == .reply {
+                finish(id, with: .reply(frames[1]))
+            } else {
+                let error = (try? BusCodec.decode(BusError.self, from: frames[1]))
+                    ?? BusError(.badReply, "undecodable error reply")
+                finish(id, with: .failure(error))
+            }
+        }
+    }
+
+    private func stop(reason: BusError) {
+        let (pending, waiters) = state.withLock { state in
+            state.stopped = true
+            state.stopping = true
+            let pending = state.pending
+            state.pending.removeAll()
+            state.outbox.removeAll()
+            let waiters = state.onStopped
+            state.onStopped.removeAll()
+            return (pending, waiters)
+        }
+        for call in pending.values { call.continuation.resume(returning: .failure(reason)) }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    private static func milliseconds(until deadline: ContinuousClock.Instant) -> Int {
+        let remaining = ContinuousClock.now.duration(to: deadline)
+        guard remaining > .zero else { return 0 }
+        return Int(remaining.wholeMilliseconds) + 1
+    }
+}
+
+/// CURVE keys for a client: the server's public key and the client's own pair (32 bytes each).
+public struct CurveClientKeys: Sendable {
+    public var serverPublicKey: [UInt8]
+    public var publicKey: [UInt8]
+    public var secretKey: [UInt8]
+
+    public init(serverPublicKey: [UInt8], publicKey: [UInt8], secretKey: [UInt8]) {
+        self.serverPublicKey = serverPublicKey
+        self.publicKey = publicKey
+        self.secretKey = secretKey
+    }
+}
+
+extension Duration {
+    /// The duration in whole milliseconds, rounded down.
+    var wholeMilliseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return seconds * 1000 + attoseconds / 1_000_000_000_000_000
+    }
+}

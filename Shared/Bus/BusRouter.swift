@@ -1,0 +1,97 @@
+import Logging
+import Messages
+
+/// What a handler knows about the request it serves.
+public struct BusRequestContext: Sendable {
+    /// The method's wire name.
+    public var method: String
+    /// The trace id the caller sent (the gateway's `X-Request-Id`), empty if none.
+    public var traceId: String
+    /// Wall-clock milliseconds since 1970 after which nobody waits for the reply.
+    public var deadlineMilliseconds: Int64
+    /// A logger carrying `request-id` and `method` metadata.
+    public var logger: Logger
+
+    public init(method: String, traceId: String, deadlineMilliseconds: Int64, logger: Logger) {
+        self.method = method
+        self.traceId = traceId
+        self.deadlineMilliseconds = deadlineMilliseconds
+        self.logger = logger
+    }
+}
+
+/// A service's methods: typed handlers registered by descriptor, dispatched by wire name.
+/// Usable without sockets, which is how handlers are unit-tested.
+public struct BusRouter: Sendable {
+    typealias RawHandler = @Sendable ([UInt8], BusRequestContext) async -> Result<[UInt8], BusError>
+
+    private var handlers: [String: RawHandler] = [:]
+
+    public init() {}
+
+    /// Registers `handler` for `method`. A handler throws a `BusError` for a typed failure; any
+    /// other error is logged and answered as `internal`.
+    public mutating func register<Request, Reply>(
+        _ method: BusMethod<Request, Reply>,
+        _ handler: @escaping @Sendable (Request, BusRequestContext) async throws -> Reply
+    ) {
+        handlers[method.name] = { body, context in
+            let request: Request
+            do {
+                request = try BusCodec.decode(Request.self, from: body)
+            } catch {
+                return .failure(BusError(.badRequest, "body is not a valid \(Request.self): \(Self.describe(error))"))
+            }
+            do {
+                let reply = try await handler(request, context)
+                return .success(try BusCodec.encode(reply))
+            } catch let error as BusError {
+                return .failure(error)
+            } catch is CancellationError {
+                return .failure(BusError(.cancelled, "cancelled"))
+            } catch {
+                context.logger.error("handler failed", metadata: ["error": "\(error)"])
+                return .failure(BusError(.internal, "\(method.name) failed"))
+            }
+        }
+    }
+
+    /// The names of the registered methods.
+    public var methods: [String] { handlers.keys.sorted() }
+
+    /// Runs the handler for `method` on an encoded body; `unknown_method` if there is none.
+    public func handle(method: String, body: [UInt8], context: BusRequestContext) async -> Result<[UInt8], BusError> {
+        guard let handler = handlers[method] else {
+            return .failure(BusError(.unknownMethod, "no method named '\(method)'"))
+        }
+        return await handler(body, context)
+    }
+
+    /// Calls a typed method directly, without sockets: encode, dispatch, decode.
+    public func call<Request, Reply>(
+        _ method: BusMethod<Request, Reply>,
+        _ request: Request,
+        context: BusRequestContext
+    ) async throws(BusError) -> Reply {
+        let body: [UInt8]
+        do { body = try BusCodec.encode(request) } catch { throw BusError(.badRequest, "\(error)") }
+        switch await handle(method: method.name, body: body, context: context) {
+        case .failure(let error):
+            throw error
+        case .success(let bytes):
+            do { return try BusCodec.decode(Reply.self, from: bytes) } catch {
+                throw BusError(.badReply, "\(error)")
+            }
+        }
+    }
+
+    private static func describe(_ error: any Error) -> String {
+        switch error {
+        case DecodingError.keyNotFound(let key, _): "missing field '\(key.stringValue)'"
+        case DecodingError.typeMismatch(_, let context), DecodingError.valueNotFound(_, let context):
+            "wrong type at '\(context.codingPath.map(\.stringValue).joined(separator: "."))'"
+        case DecodingError.dataCorrupted(let context): context.debugDescription
+        default: "\(error)"
+        }
+    }
+}

@@ -1,0 +1,279 @@
+import DequeModule
+import Foundation
+import Logging
+import Messages
+import ServiceLifecycle
+import Synchronization
+import ZeroMQ
+
+/// A service's side of the bus: a ROUTER socket bound to the service's endpoint, owned by a
+/// dedicated I/O thread, which hands each request to its `BusRouter` handler as a task. Handler
+/// tasks prefer the I/O thread's executor, so a request that awaits nothing else is answered in
+/// the same turn of the loop that read it; handlers must therefore not block.
+///
+/// At most `maxInFlight` requests run at once; past that a request is answered `overloaded` at
+/// once. Garbage is answered `bad_request` when its sender can be named, otherwise dropped. On
+/// graceful shutdown the server answers new requests `unavailable`, lets the requests in progress
+/// finish, sends their replies and returns from `run()`.
+public final class BusServer: Service, Sendable {
+    /// Where a server binds and how much it takes on.
+    public struct Configuration: Sendable {
+        /// The endpoint to bind, such as `tcp://127.0.0.1:7101`.
+        public var endpoint: String
+        /// The most requests in progress at once.
+        public var maxInFlight: Int
+        /// The largest request accepted, in bytes; a larger one disconnects its sender.
+        public var maxMessageBytes: Int64
+        /// libzmq's queue limits (`ZMQ_SNDHWM`, `ZMQ_RCVHWM`).
+        public var highWaterMark: Int32
+        /// How long replies still queued at close are kept for delivery, in milliseconds.
+        public var lingerMilliseconds: Int32
+        /// CURVE secret key (32 bytes) to require encrypted, authenticated peers; nil for plain.
+        public var curveSecretKey: [UInt8]?
+
+        public init(
+            endpoint: String,
+            maxInFlight: Int = 1024,
+            maxMessageBytes: Int64 = 1 << 20,
+            highWaterMark: Int32 = 10_000,
+            lingerMilliseconds: Int32 = 2000,
+            curveSecretKey: [UInt8]? = nil
+        ) {
+            self.endpoint = endpoint
+            self.maxInFlight = maxInFlight
+            self.maxMessageBytes = maxMessageBytes
+            self.highWaterMark = highWaterMark
+            self.lingerMilliseconds = lingerMilliseconds
+            self.curveSecretKey = curveSecretKey
+        }
+    }
+
+    private struct Reply {
+        var identity: [UInt8]
+        var requestId: UInt64
+        var result: Result<[UInt8], BusError>
+    }
+
+    private struct State {
+        var replies: Deque<Reply> = []
+        var wakeScheduled = false
+        var stopRequested = false
+    }
+
+    public let configuration: Configuration
+    private let router: BusRouter
+    private let logger: Logger
+    private let context: ZMQContext
+    private let state = Mutex(State())
+    private let wakeup: Wakeup
+    private let executor: IOThreadExecutor
+
+    public init(configuration: Configuration, router: BusRouter, context: ZMQContext = .shared, logger: Logger) {
+        self.configuration = configuration
+        self.router = router
+        self.context = context
+        self.logger = logger
+        self.wakeup = Wakeup()
+        self.executor = IOThreadExecutor(wakeup: wakeup)
+    }
+
+    /// Binds and serves until cancelled or shut down gracefully; throws if the bind fails.
+    public func run() async throws {
+        try await withGracefulShutdownHandler {
+            try await withTaskCancellationHandler {
+                try await IOThread.run(name: "bus-server \(configuration.endpoint)") { [self] in ioLoop() }.get()
+            } onCancel: {
+                requestStop()
+            }
+        } onGracefulShutdown: {
+            self.requestStop()
+        }
+    }
+
+    /// Asks the server to drain and stop; `run()` returns once the requests in progress are answered.
+    public func requestStop() {
+        state.withLock { $0.stopRequested = true }
+        wakeup.signal()
+    }
+
+    private func enqueue(_ reply: Reply) {
+        let wake = state.withLock { state -> Bool in
+            state.replies.append(reply)
+            defer { state.wakeScheduled = true }
+            return !state.wakeScheduled
+        }
+        if wake { wakeup.signal() }
+    }
+
+    // MARK: The I/O thread
+
+    private func ioLoop() -> Result<Void, ZMQError> {
+        let socket: ZMQSocket
+        do {
+            socket = try ZMQSocket(.router, context: context)
+            try socket.setLinger(milliseconds: configuration.lingerMilliseconds)
+            try socket.setHighWaterMarks(send: configuration.highWaterMark, receive: configuration.highWaterMark)
+            try socket.setMaxMessageSize(configuration.maxMessageBytes)
+            try socket.setHeartbeat(interval: 1000, timeout: 3000)
+            if let key = configuration.curveSecretKey {
+                try socket.setCurveServer(secretKey: key)
+            }
+            try socket.bind(configuration.endpoint)
+        } catch {
+            logger.error("cannot bind", metadata: ["endpoint": "\(configuration.endpoint)", "error": "\(error)"])
+            return .failure(error)
+        }
+        logger.info("listening", metadata: ["endpoint": "\(configuration.endpoint)", "max-in-flight": "\(configuration.maxInFlight)"])
+
+        var poller = ZMQPoller()
+        poller.addReadable(socket)
+        let wakeIndex = poller.addReadable(fileDescriptor: wakeup.fileDescriptor)
+        var inFlight = 0
+        var draining = false
+        var jobsPending = false
+
+        while true {
+            do {
+                _ = try poller.poll(timeoutMilliseconds: jobsPending ? 0 : draining ? 100 : -1)
+            } catch {
+                logger.error("zmq_poll failed", metadata: ["error": "\(error)"])
+                break
+            }
+            if poller.isReadable(wakeIndex) { wakeup.drain() }
+            let (replies, stopRequested) = state.withLock { state in
+                state.wakeScheduled = false
+                let replies = state.replies
+                state.replies.removeAll(keepingCapacity: true)
+                return (replies, state.stopRequested)
+            }
+            for reply in replies {
+                inFlight -= 1
+                send(reply, on: socket)
+            }
+            if stopRequested && !draining {
+                draining = true
+                logger.info("draining", metadata: ["in-flight": "\(inFlight)"])
+            }
+            // Read what is waiting, a bounded batch at a time so replies are not held back.
+            for _ in 0..<256 {
+                let received: ZMQSocket.ReceivedMessage?
+                do {
+                    received = try socket.receive(maxFrames: 3)
+                } catch {
+                    logger.error("zmq receive failed", metadata: ["error": "\(error)"])
+                    break
+                }
+                guard let received else { break }
+                admit(received, on: socket, inFlight: &inFlight, draining: draining)
+            }
+            // Run the handlers just admitted (and any resumed): most finish here and now.
+            jobsPending = executor.runQueuedJobs()
+            let finished = state.withLock { state in
+                let replies = state.replies
+                state.replies.removeAll(keepingCapacity: true)
+                return replies
+            }
+            for reply in finished {
+                inFlight -= 1
+                send(reply, on: socket)
+            }
+            if draining && inFlight == 0 { break }
+        }
+        socket.close()
+        logger.info("stopped", metadata: ["endpoint": "\(configuration.endpoint)"])
+        return .success(())
+    }
+
+    private func admit(_ received: ZMQSocket.ReceivedMessage, on socket: ZMQSocket, inFlight: inout Int, draining: Bool) {
+        let frames: [[UInt8]]
+        let wellFormed: Bool
+        switch received {
+        case .frames(let all): frames = all; wellFormed = all.count == 3
+        case .truncated(let first): frames = first; wellFormed = false
+        }
+        guard frames.count >= 2 else {
+            logger.debug("dropped a message with too few frames")
+            return
+        }
+        let identity = frames[0]
+        let header: WireFormat.RequestHeader
+        switch WireFormat.decodeRequest(frames[1]) {
+        case .failure(.unreadable):
+            logger.debug("dropped a message without a readable header")
+            return
+        case .failure(.malformed(let requestId, let reason)):
+            send(Reply(identity: identity, requestId: requestId, result: .failure(BusError(.badRequest, reason))), on: socket)
+            return
+        case .success(let decoded):
+            header = decoded
+        }
+        guard wellFormed else {
+            let error = BusError(.badRequest, "a request is a header frame and a body frame")
+            send(Reply(identity: identity, requestId: header.requestId, result: .failure(error)), on: socket)
+            return
+        }
+        if header.deadlineMilliseconds < BusCodec.nowMilliseconds() {
+            // Nobody waits for this reply any more (it sat in a queue while we were down).
+            logger.debug("dropped an expired request", metadata: ["method": "\(header.method)", "request-id": "\(header.traceId)"])
+            return
+        }
+        if draining {
+            let error = BusError(.unavailable, "service is shutting down")
+            send(Reply(identity: identity, requestId: header.requestId, result: .failure(error)), on: socket)
+            return
+        }
+        if inFlight >= configuration.maxInFlight {
+            let error = BusError(.overloaded, "\(configuration.maxInFlight) requests already in progress")
+            send(Reply(identity: identity, requestId: header.requestId, result: .failure(error)), on: socket)
+            return
+        }
+        inFlight += 1
+        var requestLogger = logger
+        requestLogger[metadataKey: "request-id"] = "\(header.traceId)"
+        requestLogger[metadataKey: "method"] = "\(header.method)"
+        let requestContext = BusRequestContext(
+            method: header.method,
+            traceId: header.traceId,
+            deadlineMilliseconds: header.deadlineMilliseconds,
+            logger: requestLogger
+        )
+        let body = frames[2]
+        Task(executorPreference: executor) { [router] in
+            let started = ContinuousClock.now
+            let result = await BusTrace.$id.withValue(header.traceId) {
+                await router.handle(method: header.method, body: body, context: requestContext)
+            }
+            let elapsed = started.duration(to: .now)
+            switch result {
+            case .success:
+                requestLogger.info("handled", metadata: ["duration-us": "\(elapsed.wholeMicroseconds)"])
+            case .failure(let error):
+                requestLogger.info("failed", metadata: ["code": "\(error.code.rawValue)", "duration-us": "\(elapsed.wholeMicroseconds)"])
+            }
+            self.enqueue(Reply(identity: identity, requestId: header.requestId, result: result))
+        }
+    }
+
+    private func send(_ reply: Reply, on socket: ZMQSocket) {
+        let frames: [[UInt8]]
+        switch reply.result {
+        case .success(let body):
+            frames = [reply.identity, WireFormat.encodeReplyHeader(requestId: reply.requestId, kind: .reply), body]
+        case .failure(let error):
+            frames = [reply.identity, WireFormat.encodeReplyHeader(requestId: reply.requestId, kind: .error), BusCodec.encode(error: error)]
+        }
+        do {
+            try socket.send(frames)
+        } catch {
+            // A full queue to that caller, or a caller gone: it will time out; never block here.
+            logger.warning("reply dropped", metadata: ["error": "\(error)"])
+        }
+    }
+}
+
+extension Duration {
+    var wholeMicroseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return seconds * 1_000_000 + attoseconds / 1_000_000_000_000
+    }
+}

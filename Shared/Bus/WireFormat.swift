@@ -1,0 +1,117 @@
+/// The bus's frames on the wire.
+///
+/// A request is two frames, `[header, body]` (a ROUTER sees the caller's routing id before them):
+///
+/// | bytes | field |
+/// | --- | --- |
+/// | 1 | protocol version (1) |
+/// | 1 | kind: 0 request |
+/// | 8 | request id, little-endian, unique per caller socket |
+/// | 8 | deadline, milliseconds since 1970 (UTC), little-endian |
+/// | 1 + n | method name, length then UTF-8 (1 to 255 bytes) |
+/// | 1 + m | trace id, length then UTF-8 (0 to 255 bytes) |
+///
+/// A reply is `[header, body]` with a header of version, kind (1 reply, 2 error) and request id;
+/// the body is the JSON reply, or for kind 2 the JSON `BusError` `{code, message, retryable}`.
+enum WireFormat {
+    static let version: UInt8 = 1
+
+    enum Kind: UInt8 {
+        case request = 0
+        case reply = 1
+        case error = 2
+    }
+
+    struct RequestHeader: Equatable {
+        var requestId: UInt64
+        var deadlineMilliseconds: Int64
+        var method: String
+        var traceId: String
+    }
+
+    /// Why a request header could not be read: whether its request id is known decides whether
+    /// the sender can be told.
+    enum HeaderProblem: Error, Equatable {
+        /// Not even a request id could be read: nobody to answer.
+        case unreadable
+        /// The id was read but the rest is malformed: answer `bad_request`.
+        case malformed(requestId: UInt64, reason: String)
+    }
+
+    static let fixedRequestBytes = 1 + 1 + 8 + 8
+
+    static func encodeRequest(_ header: RequestHeader) -> [UInt8] {
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(fixedRequestBytes + 2 + header.method.utf8.count + header.traceId.utf8.count)
+        bytes.append(version)
+        bytes.append(Kind.request.rawValue)
+        appendLittleEndian(header.requestId, to: &bytes)
+        appendLittleEndian(UInt64(bitPattern: header.deadlineMilliseconds), to: &bytes)
+        let method = Array(header.method.utf8.prefix(255))
+        bytes.append(UInt8(method.count))
+        bytes.append(contentsOf: method)
+        let trace = Array(header.traceId.utf8.prefix(255))
+        bytes.append(UInt8(trace.count))
+        bytes.append(contentsOf: trace)
+        return bytes
+    }
+
+    static func decodeRequest(_ bytes: [UInt8]) -> Result<RequestHeader, HeaderProblem> {
+        guard bytes.count >= 10, bytes[0] == version, bytes[1] == Kind.request.rawValue else {
+            return .failure(.unreadable)
+        }
+        let requestId = readLittleEndian(bytes, at: 2)
+        guard bytes.count >= fixedRequestBytes + 2 else {
+            return .failure(.malformed(requestId: requestId, reason: "request header too short"))
+        }
+        let deadline = Int64(bitPattern: readLittleEndian(bytes, at: 10))
+        var index = fixedRequestBytes
+        let methodCount = Int(bytes[index])
+        index += 1
+        guard methodCount > 0, index + methodCount < bytes.count else {
+            return .failure(.malformed(requestId: requestId, reason: "bad method name length"))
+        }
+        let methodBytes = bytes[index..<index + methodCount]
+        index += methodCount
+        let traceCount = Int(bytes[index])
+        index += 1
+        guard index + traceCount == bytes.count else {
+            return .failure(.malformed(requestId: requestId, reason: "bad trace id length"))
+        }
+        guard let method = String(validating: methodBytes, as: UTF8.self),
+              let trace = String(validating: bytes[index..<index + traceCount], as: UTF8.self)
+        else {
+            return .failure(.malformed(requestId: requestId, reason: "method or trace id is not UTF-8"))
+        }
+        return .success(RequestHeader(requestId: requestId, deadlineMilliseconds: deadline, method: method, traceId: trace))
+    }
+
+    static func encodeReplyHeader(requestId: UInt64, kind: Kind) -> [UInt8] {
+        var bytes: [UInt8] = [version, kind.rawValue]
+        bytes.reserveCapacity(10)
+        appendLittleEndian(requestId, to: &bytes)
+        return bytes
+    }
+
+    /// Reads a reply header; nil for anything that is not exactly one.
+    static func decodeReplyHeader(_ bytes: [UInt8]) -> (requestId: UInt64, kind: Kind)? {
+        guard bytes.count == 10, bytes[0] == version, let kind = Kind(rawValue: bytes[1]), kind != .request else {
+            return nil
+        }
+        return (readLittleEndian(bytes, at: 2), kind)
+    }
+
+    private static func appendLittleEndian(_ value: UInt64, to bytes: inout [UInt8]) {
+        for shift in stride(from: 0, to: 64, by: 8) {
+            bytes.append(UInt8(truncatingIfNeeded: value >> UInt64(shift)))
+        }
+    }
+
+    private static func readLittleEndian(_ bytes: [UInt8], at offset: Int) -> UInt64 {
+        var value: UInt64 = 0
+        for index in 0..<8 {
+            value |= UInt64(bytes[offset + index]) << UInt64(index * 8)
+        }
+        return value
+    }
+}

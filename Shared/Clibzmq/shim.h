@@ -1,0 +1,4 @@
+#ifndef CLIBZMQ_SHIM_H
+#define CLIBZMQ_SHIM_H
+#include <zmq.h>
+#endif

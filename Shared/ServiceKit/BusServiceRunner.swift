@@ -1,0 +1,40 @@
+import Bus
+import Logging
+import ServiceLifecycle
+
+/// Runs a bus service process: reads its configuration, sets up logging, binds its endpoint with
+/// the methods it registers plus `health`, and serves until SIGTERM or SIGINT, when it finishes the
+/// requests in progress and returns.
+public enum BusServiceRunner {
+    /// Runs `service` with the methods `register` adds; `extraServices` run beside the bus server
+    /// (and are shut down after it).
+    public static func run(
+        _ service: ServiceName,
+        environment: Environment = Environment(),
+        register: (inout BusRouter, ServiceConfiguration, Logger) throws -> [any Service] = { _, _, _ in [] }
+    ) async throws {
+        let configuration = try ServiceConfiguration(service: service, environment: environment)
+        ProcessLogging.bootstrap(level: configuration.logLevel)
+        let logger = Logger(label: service.rawValue)
+
+        var router = BusRouter()
+        HealthHandler(service: service.rawValue).register(on: &router)
+        let extraServices = try register(&router, configuration, logger)
+
+        let server = BusServer(
+            configuration: .init(endpoint: configuration.bindEndpoint, maxInFlight: configuration.maxInFlight),
+            router: router,
+            logger: logger
+        )
+        let group = ServiceGroup(
+            configuration: .init(
+                services: extraServices.map { .init(service: $0) } + [.init(service: server)],
+                gracefulShutdownSignals: [.sigterm, .sigint],
+                logger: logger
+            )
+        )
+        logger.info("starting", metadata: ["version": "\(BuildInfo.version)", "methods": "\(router.methods.joined(separator: ","))"])
+        try await group.run()
+        logger.info("exited cleanly")
+    }
+}

@@ -1,0 +1,54 @@
+import Foundation
+import Logging
+
+/// What every bus service process reads from the environment.
+public struct ServiceConfiguration: Sendable {
+    /// Which service this process is.
+    public var service: ServiceName
+    /// The endpoint it binds (`<SERVICE>_BIND`).
+    public var bindEndpoint: String
+    /// Its bound on requests in progress (`<SERVICE>_MAX_IN_FLIGHT`, default 1024).
+    public var maxInFlight: Int
+    /// The folder for its data (`DATA_DIR`, default `.data`).
+    public var dataDirectory: String
+    /// The least severe log level printed (`LOG_LEVEL`, default `info`).
+    public var logLevel: Logger.Level
+
+    public init(
+        service: ServiceName,
+        bindEndpoint: String? = nil,
+        maxInFlight: Int = 1024,
+        dataDirectory: String = ".data",
+        logLevel: Logger.Level = .info
+    ) {
+        self.service = service
+        self.bindEndpoint = bindEndpoint ?? service.defaultEndpoint
+        self.maxInFlight = maxInFlight
+        self.dataDirectory = dataDirectory
+        self.logLevel = logLevel
+    }
+
+    /// Reads the configuration of `service` from `environment`.
+    public init(service: ServiceName, environment: Environment) throws {
+        self.init(
+            service: service,
+            bindEndpoint: environment.string(service.bindVariable, default: service.defaultEndpoint),
+            maxInFlight: try environment.int(service.maxInFlightVariable, default: 1024),
+            dataDirectory: environment.string("DATA_DIR", default: ".data"),
+            logLevel: try Self.logLevel(environment)
+        )
+    }
+
+    /// The environment variables `init(service:environment:)` reads.
+    public static func environmentKeys(for service: ServiceName) -> [String] {
+        [service.bindVariable, service.maxInFlightVariable, "DATA_DIR", "LOG_LEVEL"]
+    }
+
+    static func logLevel(_ environment: Environment) throws -> Logger.Level {
+        let text = environment.string("LOG_LEVEL", default: "info")
+        guard let level = Logger.Level(rawValue: text.lowercased()) else {
+            throw ConfigurationError(key: "LOG_LEVEL", value: text, expected: "a log level (trace, debug, info, notice, warning, error, critical)")
+        }
+        return level
+    }
+}

@@ -1,0 +1,187 @@
+import Clibzmq
+
+/// A libzmq socket (`zmq_socket`). Not thread-safe: create it on the thread that uses it and use
+/// it from that thread only, which is why it is not `Sendable`.
+public final class ZMQSocket {
+    /// The socket patterns the bus uses.
+    public enum Kind: Sendable {
+        case router, dealer, pair, pub, sub
+
+        var rawValue: Int32 {
+            switch self {
+            case .router: ZMQ_ROUTER
+            case .dealer: ZMQ_DEALER
+            case .pair: ZMQ_PAIR
+            case .pub: ZMQ_PUB
+            case .sub: ZMQ_SUB
+            }
+        }
+    }
+
+    let handle: UnsafeMutableRawPointer
+    private let context: ZMQContext
+    private var closed = false
+
+    /// Opens a socket of `kind` in `context` (`zmq_socket`).
+    public init(_ kind: Kind, context: ZMQContext = .shared) throws(ZMQError) {
+        guard let handle = zmq_socket(context.handle, kind.rawValue) else { throw .current }
+        self.handle = handle
+        self.context = context
+    }
+
+    deinit { close() }
+
+    /// Closes the socket (`zmq_close`); pending outgoing frames are kept for the linger period.
+    public func close() {
+        guard !closed else { return }
+        closed = true
+        zmq_close(handle)
+    }
+
+    // MARK: Endpoints
+
+    /// Binds to `endpoint` (`zmq_bind`), such as `tcp://127.0.0.1:7001` or `inproc://quota`.
+    public func bind(_ endpoint: String) throws(ZMQError) {
+        try zmqTry(zmq_bind(handle, endpoint))
+    }
+
+    /// Connects to `endpoint` (`zmq_connect`); libzmq reconnects by itself when the peer goes away.
+    public func connect(_ endpoint: String) throws(ZMQError) {
+        try zmqTry(zmq_connect(handle, endpoint))
+    }
+
+    /// Stops listening on `endpoint` (`zmq_unbind`).
+    public func unbind(_ endpoint: String) throws(ZMQError) {
+        try zmqTry(zmq_unbind(handle, endpoint))
+    }
+
+    /// The endpoint last bound, with the real port for a `tcp://host:*` bind (`ZMQ_LAST_ENDPOINT`).
+    public func lastEndpoint() throws(ZMQError) -> String {
+        var buffer = [CChar](repeating: 0, count: 1024)
+        var size = buffer.count
+        try zmqTry(zmq_getsockopt(handle, ZMQ_LAST_ENDPOINT, &buffer, &size))
+        let bytes = buffer.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    // MARK: Sending and receiving
+
+    /// Sends `frames` as one multipart message (`zmq_send`, `ZMQ_SNDMORE` on all but the last).
+    /// With `wait: false` a full queue throws `ZMQError.wouldBlock` before anything is sent.
+    public func send(_ frames: [[UInt8]], wait: Bool = false) throws(ZMQError) {
+        precondition(!frames.isEmpty, "a message has at least one frame")
+        let lastIndex = frames.count - 1
+        for (index, frame) in frames.enumerated() {
+            var flags: Int32 = index < lastIndex ? ZMQ_SNDMORE : 0
+            // libzmq delivers multipart messages atomically: once the first frame is accepted the
+            // rest are too, so only the first may be refused for a full queue.
+            if !wait && index == 0 { flags |= ZMQ_DONTWAIT }
+            let rc = frame.withUnsafeBytes { zmq_send(handle, $0.baseAddress, $0.count, flags) }
+            try zmqTry(rc)
+        }
+    }
+
+    /// Receives one whole multipart message (`zmq_msg_recv`). Returns `nil` when nothing is
+    /// waiting and `wait` is false. A message of more than `maxFrames` frames is read to its end
+    /// and reported as `.truncated` with its first frames, so a garbage sender cannot
+    /// desynchronise the socket or make it hold an unbounded number of frames.
+    public func receive(wait: Bool = false, maxFrames: Int = 16) throws(ZMQError) -> ReceivedMessage? {
+        var frames: [[UInt8]] = []
+        var overflow = false
+        var message = zmq_msg_t()
+        zmq_msg_init(&message)
+        defer { zmq_msg_close(&message) }
+        while true {
+            let flags: Int32 = (frames.isEmpty && !overflow && !wait) ? ZMQ_DONTWAIT : 0
+            let rc = zmq_msg_recv(&message, handle, flags)
+            if rc < 0 {
+                let error = ZMQError.current
+                if error == .wouldBlock && frames.isEmpty && !overflow { return nil }
+                if error == .interrupted { continue }
+                throw error
+            }
+            if frames.count < maxFrames {
+                let size = zmq_msg_size(&message)
+                if size == 0 {
+                    frames.append([])
+                } else {
+                    let data = zmq_msg_data(&message)!.assumingMemoryBound(to: UInt8.self)
+                    frames.append(Array(UnsafeBufferPointer(start: data, count: size)))
+                }
+            } else {
+                overflow = true
+            }
+            if zmq_msg_more(&message) == 0 { break }
+        }
+        return overflow ? .truncated(frames) : .frames(frames)
+    }
+
+    /// One message read by `receive`.
+    public enum ReceivedMessage: Sendable {
+        /// The message's frames, in order.
+        case frames([[UInt8]])
+        /// The message had more frames than allowed: its first `maxFrames`, the rest discarded.
+        case truncated([[UInt8]])
+    }
+
+    // MARK: Options
+
+    /// Sets an integer option (`zmq_setsockopt`).
+    public func setOption(_ option: Int32, _ value: Int32) throws(ZMQError) {
+        var value = value
+        try zmqTry(zmq_setsockopt(handle, option, &value, MemoryLayout<Int32>.size))
+    }
+
+    /// Sets a 64-bit integer option (`zmq_setsockopt`), such as `ZMQ_MAXMSGSIZE`.
+    public func setOption(_ option: Int32, _ value: Int64) throws(ZMQError) {
+        var value = value
+        try zmqTry(zmq_setsockopt(handle, option, &value, MemoryLayout<Int64>.size))
+    }
+
+    /// Sets a binary option (`zmq_setsockopt`), such as a routing id or a CURVE key.
+    public func setOption(_ option: Int32, bytes: [UInt8]) throws(ZMQError) {
+        let rc = bytes.withUnsafeBytes { zmq_setsockopt(handle, option, $0.baseAddress, $0.count) }
+        try zmqTry(rc)
+    }
+
+    /// How long, in milliseconds, unsent frames are kept after `close` (`ZMQ_LINGER`).
+    public func setLinger(milliseconds: Int32) throws(ZMQError) { try setOption(ZMQ_LINGER, milliseconds) }
+
+    /// The most messages queued for sending and for receiving (`ZMQ_SNDHWM`, `ZMQ_RCVHWM`).
+    public func setHighWaterMarks(send: Int32, receive: Int32) throws(ZMQError) {
+        try setOption(ZMQ_SNDHWM, send)
+        try setOption(ZMQ_RCVHWM, receive)
+    }
+
+    /// The largest inbound message accepted; a peer sending more is disconnected (`ZMQ_MAXMSGSIZE`).
+    public func setMaxMessageSize(_ bytes: Int64) throws(ZMQError) { try setOption(ZMQ_MAXMSGSIZE, bytes) }
+
+    /// Reconnect delays in milliseconds for connecting sockets (`ZMQ_RECONNECT_IVL`, `ZMQ_RECONNECT_IVL_MAX`).
+    public func setReconnect(interval: Int32, maximum: Int32) throws(ZMQError) {
+        try setOption(ZMQ_RECONNECT_IVL, interval)
+        try setOption(ZMQ_RECONNECT_IVL_MAX, maximum)
+    }
+
+    /// ZMTP heartbeats that find dead TCP peers (`ZMQ_HEARTBEAT_IVL`, `ZMQ_HEARTBEAT_TIMEOUT`).
+    public func setHeartbeat(interval: Int32, timeout: Int32) throws(ZMQError) {
+        try setOption(ZMQ_HEARTBEAT_IVL, interval)
+        try setOption(ZMQ_HEARTBEAT_TIMEOUT, timeout)
+    }
+
+    /// Makes a ROUTER report unroutable messages as `hostUnreachable` (`ZMQ_ROUTER_MANDATORY`).
+    public func setRouterMandatory(_ on: Bool) throws(ZMQError) { try setOption(ZMQ_ROUTER_MANDATORY, Int32(on ? 1 : 0)) }
+
+    /// Makes this socket a CURVE server with `secretKey` (32 bytes): `ZMQ_CURVE_SERVER`, `ZMQ_CURVE_SECRETKEY`.
+    public func setCurveServer(secretKey: [UInt8]) throws(ZMQError) {
+        try setOption(ZMQ_CURVE_SERVER, 1 as Int32)
+        try setOption(ZMQ_CURVE_SECRETKEY, bytes: secretKey)
+    }
+
+    /// Makes this socket a CURVE client of the server whose public key is `serverKey`:
+    /// `ZMQ_CURVE_SERVERKEY`, `ZMQ_CURVE_PUBLICKEY`, `ZMQ_CURVE_SECRETKEY`.
+    public func setCurveClient(serverKey: [UInt8], publicKey: [UInt8], secretKey: [UInt8]) throws(ZMQError) {
+        try setOption(ZMQ_CURVE_SERVERKEY, bytes: serverKey)
+        try setOption(ZMQ_CURVE_PUBLICKEY, bytes: publicKey)
+        try setOption(ZMQ_CURVE_SECRETKEY, bytes: secretKey)
+    }
+}

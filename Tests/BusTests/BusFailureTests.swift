@@ -1,0 +1,174 @@
+import Foundation
+import Messages
+import Testing
+import ZeroMQ
+
+@testable import Bus
+
+@Suite("Bus failures")
+struct BusFailureTests {
+    @Test func requestToAStoppedServiceTimesOutWithinItsDeadline() async throws {
+        // Given nothing listening on the endpoint
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        try await withClient(endpoint: endpoint) { client in
+            // When a request with a 300 ms deadline is sent
+            let started = ContinuousClock.now
+            let error = await failure(client, TestMethods.echo, Tagged(tag: 1, text: ""), timeout: .milliseconds(300))
+            let elapsed = started.duration(to: .now)
+            // Then it fails as a timeout, not long after the deadline
+            #expect(error?.code == .timeout)
+            #expect(error?.retryable == true)
+            #expect(elapsed >= .milliseconds(300))
+            #expect(elapsed < .milliseconds(1300))
+        }
+    }
+
+    @Test func requestPastTheInProgressBoundIsOverloadedAtOnce() async throws {
+        // Given a server that holds at most 4 requests in progress, all 4 busy
+        let endpoint = uniqueInproc()
+        let gate = Gate()
+        try await withServer(endpoint: endpoint, router: testRouter(gate: gate), maxInFlight: 4) { _ in
+            try await withClient(endpoint: endpoint) { client in
+                let slow = (0..<4).map { value in
+                    Task { try await client.call(TestMethods.wait, value, timeout: .seconds(30)) }
+                }
+                while gate.arrived < 4 { try await Task.sleep(for: .milliseconds(5)) }
+                // When a fifth arrives
+                let error = await failure(client, TestMethods.wait, 99, timeout: .seconds(30))
+                // Then it is refused as overloaded while the four are still held
+                #expect(error?.code == .overloaded)
+                #expect(error?.retryable == true)
+                #expect(gate.arrived == 4)
+                // And the four complete once released
+                gate.open()
+                var values: [Int] = []
+                for task in slow { values.append(try await task.value) }
+                #expect(values == [0, 1, 2, 3])
+            }
+        }
+    }
+
+    @Test func callerKeepsWorkingWhenTheServiceRestartsOnTheSameEndpoint() async throws {
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        try await withClient(endpoint: endpoint) { client in
+            // Given a caller that talked to the service
+            try await withServer(endpoint: endpoint) { _ in
+                let reply = try await client.call(TestMethods.echo, Tagged(tag: 1, text: "before"))
+                #expect(reply.text == "before")
+            }
+            // When the service is gone, calls fail in bounded time
+            let whileDown = await failure(client, TestMethods.echo, Tagged(tag: 2, text: ""), timeout: .milliseconds(300))
+            #expect(whileDown?.code == .timeout)
+            // Then, once it is back on the same endpoint, the same caller's next request succeeds
+            try await withServer(endpoint: endpoint) { _ in
+                let reply = try await client.call(TestMethods.echo, Tagged(tag: 3, text: "after"), timeout: .seconds(5))
+                #expect(reply == Tagged(tag: 3, text: "after"))
+            }
+        }
+    }
+
+    @Test func garbageOnTheSocketNeverStopsWellFormedRequests() async throws {
+        // Given a service on tcp loopback
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        try await withServer(endpoint: endpoint) { _ in
+            // When random bytes arrive on raw TCP connections
+            var generator = SystemRandomNumberGenerator()
+            for _ in 0..<20 {
+                let size = Int.random(in: 1...4096, using: &generator)
+                sendRawTCP(endpoint: endpoint, bytes: (0..<size).map { _ in UInt8.random(in: 0...255, using: &generator) })
+            }
+            // And malformed multipart messages arrive on a ZeroMQ connection
+            let replies = try await sendMalformedMessages(endpoint: endpoint)
+            // Then those whose sender and request id can be read get bad_request
+            #expect(replies[77] == "bad_request")
+            #expect(replies[78] == "bad_request")
+            #expect(replies[79] == "bad_request")
+            // And well-formed requests are still answered
+            try await withClient(endpoint: endpoint) { client in
+                let reply = try await client.call(TestMethods.echo, Tagged(tag: 5, text: "fine"))
+                #expect(reply == Tagged(tag: 5, text: "fine"))
+            }
+        }
+    }
+
+    @Test func cancelledCallerStopsWaiting() async throws {
+        let endpoint = uniqueInproc()
+        let gate = Gate()
+        try await withServer(endpoint: endpoint, router: testRouter(gate: gate)) { _ in
+            try await withClient(endpoint: endpoint) { client in
+                let call = Task { await failure(client, TestMethods.wait, 1, timeout: .seconds(30)) }
+                while gate.arrived < 1 { try await Task.sleep(for: .milliseconds(5)) }
+                call.cancel()
+                #expect(await call.value?.code == .cancelled)
+                gate.open()
+            }
+        }
+    }
+
+    @Test func clientRefusesPastItsOwnInFlightLimit() async throws {
+        let endpoint = uniqueInproc()
+        let gate = Gate()
+        try await withServer(endpoint: endpoint, router: testRouter(gate: gate)) { _ in
+            let client = BusClient(configuration: .init(endpoint: endpoint, maxInFlight: 2))
+            let held = (0..<2).map { value in Task { try await client.call(TestMethods.wait, value) } }
+            while gate.arrived < 2 { try await Task.sleep(for: .milliseconds(5)) }
+            let error = await failure(client, TestMethods.wait, 3)
+            #expect(error?.code == .overloaded)
+            gate.open()
+            for task in held { _ = try await task.value }
+            await client.shutdown()
+            // A shut-down client refuses at once.
+            #expect(await failure(client, TestMethods.echo, Tagged(tag: 1, text: ""))?.code == .unavailable)
+        }
+    }
+}
+
+/// Connects a plain TCP socket to `endpoint` and writes `bytes`, as a confused or hostile peer would.
+private func sendRawTCP(endpoint: String, bytes: [UInt8]) {
+    let port = UInt16(endpoint.split(separator: ":").last.flatMap { Int($0) } ?? 0)
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = port.bigEndian
+    let connected = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    }
+    guard connected == 0 else { return }
+    _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+}
+
+/// Sends malformed messages from a DEALER and collects the error codes of the replies, by request id.
+private func sendMalformedMessages(endpoint: String) async throws -> [UInt64: String] {
+    let dealer = try ZMQSocket(.dealer)
+    defer { dealer.close() }
+    try dealer.setLinger(milliseconds: 0)
+    try dealer.connect(endpoint)
+    let far = BusCodec.nowMilliseconds() + 60_000
+    func header(id: UInt64, method: String = "test.echo") -> [UInt8] {
+        WireFormat.encodeRequest(.init(requestId: id, deadlineMilliseconds: far, method: method, traceId: "garbage-test"))
+    }
+    let messages: [[[UInt8]]] = [
+        [[1, 2, 3]],                                            // one short frame: dropped
+        [[], []],                                               // empty frames: dropped
+        [Array(repeating: 0xFF, count: 64), [1]],               // wrong version: dropped
+        [Array(header(id: 77).prefix(15)), Array("{}".utf8)],   // truncated header: bad_request
+        [header(id: 78), Array("{}".utf8), [9, 9, 9]],           // extra frame: bad_request
+        Array(repeating: header(id: 79), count: 20),             // twenty frames: bad_request
+    ]
+    for message in messages { try dealer.send(message, wait: true) }
+
+    var replies: [UInt64: String] = [:]
+    let deadline = ContinuousClock.now.advanced(by: .seconds(5))
+    while replies.count < 3 && ContinuousClock.now < deadline {
+        guard let received = try dealer.receive(), case .frames(let frames) = received, frames.count == 2,
+              let (id, kind) = WireFormat.decodeReplyHeader(frames[0]), kind == .error
+        else {
+            try await Task.sleep(for: .milliseconds(10))
+            continue
+        }
+        replies[id] = try BusCodec.decode(BusError.self, from: frames[1]).code.rawValue
+    }
+    return replies
+}

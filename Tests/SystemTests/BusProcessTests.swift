@@ -1,0 +1,99 @@
+import Bus
+import Foundation
+import Messages
+import ServiceKit
+import Testing
+
+@Suite("Bus between processes", .serialized)
+struct BusProcessTests {
+    @Test func roundTripOverTCPLoopbackBetweenTwoProcesses() async throws {
+        // Given the fixture service in its own process
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        let service = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
+        let client = BusClient(endpoint: endpoint)
+        let health = try await waitUntilHealthy(client)
+        // When this process calls it
+        let reply = try await client.call(FixtureMethods.echo, "across processes")
+        // Then the reply comes back, from the other process
+        #expect(reply == "across processes")
+        #expect(health.pid == service.pid)
+        #expect(health.service == "jobs")
+        await service.stop()
+        await client.shutdown()
+    }
+
+    @Test func sigtermLetsTheRequestInProgressFinishAndExitsZero() async throws {
+        // Given a service handling a request that takes 1.5 s
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        let service = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
+        let client = BusClient(endpoint: endpoint)
+        _ = try await waitUntilHealthy(client)
+        let slow = Task { try await client.call(FixtureMethods.sleep, 1500, timeout: .seconds(10)) }
+        try await Task.sleep(for: .milliseconds(400))
+        // When it gets SIGTERM in the middle of it
+        service.signal(SIGTERM)
+        // Then the request still gets its reply, and the process exits 0
+        let reply = try await slow.value
+        #expect(reply == 1500)
+        let status = try await service.waitForExit()
+        #expect(status == 0)
+        #expect(service.output.contains("draining"))
+        await client.shutdown()
+    }
+
+    @Test func sameCallerSucceedsAfterTheServiceIsKilledAndRestarted() async throws {
+        // Given a caller of a service process
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        var service = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
+        let client = BusClient(endpoint: endpoint)
+        _ = try await waitUntilHealthy(client)
+        // When the process is killed outright
+        service.signal(SIGKILL)
+        _ = try await service.waitForExit()
+        let whileDown: BusError?
+        do {
+            _ = try await client.call(FixtureMethods.echo, "anyone?", timeout: .milliseconds(300))
+            whileDown = nil
+        } catch {
+            whileDown = error
+        }
+        #expect(whileDown?.code == .timeout)
+        // And started again on the same endpoint
+        service = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
+        // Then the same client's next request succeeds
+        let reply = try await client.call(FixtureMethods.echo, "back", timeout: .seconds(10))
+        #expect(reply == "back")
+        await service.stop()
+        await client.shutdown()
+    }
+
+    @Test func serviceWhoseEndpointIsTakenExitsWithAnError() async throws {
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        let first = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
+        let client = BusClient(endpoint: endpoint)
+        _ = try await waitUntilHealthy(client)
+        let second = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
+        let status = try await second.waitForExit()
+        #expect(status != nil && status != 0)
+        #expect(second.output.contains("cannot bind"))
+        await first.stop()
+        await client.shutdown()
+    }
+
+    @Test func everyServiceExecutableAnswersHealthAndStopsCleanly() async throws {
+        let services = try RunningServices()
+        for service in ServiceName.allCases {
+            let client = BusClient(endpoint: services.endpoints[service]!)
+            let report = try await waitUntilHealthy(client)
+            #expect(report.service == service.rawValue)
+            #expect(report.version == BuildInfo.version)
+            #expect(report.pid == services.processes[service]!.pid)
+            await client.shutdown()
+        }
+        for process in services.processes.values {
+            process.signal(SIGINT)
+            #expect(try await process.waitForExit() == 0)
+        }
+        await services.stopAll()
+    }
+}

@@ -1,0 +1,70 @@
+import Foundation
+import GatewayApp
+import ServiceKit
+import Testing
+import Yams
+
+@Suite("compose.yaml")
+struct ComposeFileTests {
+    /// The repository's root, found from this file's path.
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    func services() throws -> [String: [String: Any]] {
+        let text = try String(contentsOf: Self.root.appendingPathComponent("compose.yaml"), encoding: .utf8)
+        let document = try Yams.load(yaml: text) as? [String: Any]
+        return try #require(document?["services"] as? [String: [String: Any]])
+    }
+
+    func environment(of service: [String: Any]) -> [String: String] {
+        if let map = service["environment"] as? [String: Any] {
+            return map.mapValues { "\($0)" }
+        }
+        if let list = service["environment"] as? [String] {
+            return Dictionary(list.map { entry in
+                let parts = entry.split(separator: "=", maxSplits: 1).map(String.init)
+                return (parts[0], parts.count > 1 ? parts[1] : "")
+            }, uniquingKeysWith: { first, _ in first })
+        }
+        return [:]
+    }
+
+    @Test func everyExecutableIsAServiceWithTheEnvironmentItReads() throws {
+        let services = try services()
+        var expected: [String: [String]] = ["gateway": GatewayConfiguration.environmentKeys]
+        for service in ServiceName.allCases {
+            expected[service.rawValue] = ServiceConfiguration.environmentKeys(for: service)
+        }
+        for (name, keys) in expected {
+            let service = try #require(services[name], "compose.yaml has no service \(name)")
+            let command = (service["command"] as? [String])?.first ?? service["command"] as? String ?? ""
+            #expect(command.hasPrefix(name) || command.contains("/\(name)"), "\(name) runs \(command)")
+            let environment = environment(of: service)
+            for key in keys {
+                #expect(environment[key] != nil, "\(name) lacks \(key)")
+            }
+        }
+    }
+
+    @Test func servicesBindWhereTheGatewayLooks() throws {
+        let services = try services()
+        let gateway = environment(of: try #require(services["gateway"]))
+        for service in ServiceName.allCases {
+            let bound = environment(of: try #require(services[service.rawValue]))[service.bindVariable] ?? ""
+            let dialled = gateway[service.endpointVariable] ?? ""
+            // The gateway dials the service's host name on the port the service binds.
+            #expect(dialled == "tcp://\(service.rawValue):\(bound.split(separator: ":").last ?? "")")
+        }
+        #expect((services["gateway"]?["ports"] as? [Any])?.isEmpty == false)
+    }
+
+    @Test func eachDatabaseServiceHasItsOwnVolume() throws {
+        let services = try services()
+        var volumes: Set<String> = []
+        for service in ServiceName.allCases {
+            let mounts = try #require(services[service.rawValue]?["volumes"] as? [String], "\(service) has no volume")
+            let volume = try #require(mounts.first?.split(separator: ":").first.map(String.init))
+            volumes.insert(volume)
+        }
+        #expect(volumes.count == ServiceName.allCases.count)
+    }
+}

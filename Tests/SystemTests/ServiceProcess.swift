@@ -1,0 +1,117 @@
+import Bus
+import Foundation
+import Messages
+import ServiceKit
+
+/// One of the project's executables started as a real process for a test, its output in a file.
+final class ServiceProcess: @unchecked Sendable {
+    // @unchecked: Process is used from the test's task only; the log path is immutable.
+    let name: String
+    let process = Process()
+    let logURL: URL
+
+    /// Where `swift build` put the executables: beside the test bundle, or `BIN_DIR`.
+    static var binaryDirectory: URL {
+        if let dir = ProcessInfo.processInfo.environment["BIN_DIR"] { return URL(fileURLWithPath: dir) }
+        let exe = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        return exe.deletingLastPathComponent()
+    }
+
+    /// Starts `executable` with `environment` added to this process's own.
+    init(_ executable: String, environment: [String: String]) throws {
+        name = executable
+        logURL = FileManager.default.temporaryDirectory.appendingPathComponent("\(executable)-\(UUID().uuidString).log")
+        _ = FileManager.default.createFile(atPath: logURL.path, contents: nil)
+        let log = try FileHandle(forWritingTo: logURL)
+        process.executableURL = Self.binaryDirectory.appendingPathComponent(executable)
+        var env = ProcessInfo.processInfo.environment
+        env["LOG_LEVEL"] = env["TEST_LOG_LEVEL"] ?? "info"
+        for (key, value) in environment { env[key] = value }
+        process.environment = env
+        process.standardOutput = log
+        process.standardError = log
+        try process.run()
+    }
+
+    var pid: Int32 { process.processIdentifier }
+
+    /// Sends `signal` to the process.
+    func signal(_ signal: Int32) { kill(process.processIdentifier, signal) }
+
+    /// Waits (without blocking a pool thread) for the process to exit; nil if it is still running.
+    func waitForExit(within limit: Duration = .seconds(10)) async throws -> Int32? {
+        let deadline = ContinuousClock.now.advanced(by: limit)
+        while process.isRunning {
+            if ContinuousClock.now >= deadline { return nil }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        return process.terminationStatus
+    }
+
+    /// Stops the process if it still runs: SIGTERM, then SIGKILL.
+    func stop() async {
+        guard process.isRunning else { return }
+        signal(SIGTERM)
+        if (try? await waitForExit(within: .seconds(5))) == nil {
+            signal(SIGKILL)
+            _ = try? await waitForExit(within: .seconds(5))
+        }
+    }
+
+    /// What the process has written so far.
+    var output: String { (try? String(contentsOf: logURL, encoding: .utf8)) ?? "" }
+}
+
+/// Waits until the service at `endpoint` answers `health`.
+func waitUntilHealthy(_ client: BusClient, within limit: Duration = .seconds(20)) async throws -> HealthReport {
+    let deadline = ContinuousClock.now.advanced(by: limit)
+    while true {
+        do {
+            return try await client.call(Health.check, Empty(), timeout: .milliseconds(500))
+        } catch {
+            if ContinuousClock.now >= deadline { throw error }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+    }
+}
+
+/// A TCP port on loopback that nothing listens on right now.
+func freePort() -> Int {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = 0
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    _ = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) } }
+    _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) } }
+    return Int(UInt16(bigEndian: address.sin_port))
+}
+
+/// The three services as real processes on free loopback ports, each with its own data folder.
+final class RunningServices: @unchecked Sendable {
+    // @unchecked: mutated only by the test that owns it, one step at a time.
+    var processes: [ServiceName: ServiceProcess] = [:]
+    let endpoints: [ServiceName: String]
+    let dataDirectory: URL
+
+    init() throws {
+        endpoints = Dictionary(uniqueKeysWithValues: ServiceName.allCases.map { ($0, "tcp://127.0.0.1:\(freePort())") })
+        dataDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("data-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dataDirectory, withIntermediateDirectories: true)
+        for service in ServiceName.allCases { try start(service) }
+    }
+
+    func start(_ service: ServiceName) throws {
+        processes[service] = try ServiceProcess(service.rawValue, environment: [
+            service.bindVariable: endpoints[service]!,
+            "DATA_DIR": dataDirectory.path,
+        ])
+    }
+
+    func stopAll() async {
+        for process in processes.values { await process.stop() }
+        try? FileManager.default.removeItem(at: dataDirectory)
+    }
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Builds and runs the whole system on localhost: quota, history, jobs and the gateway, each under a
+# supervisor that restarts it if it crashes, log lines prefixed with the process's name. Ctrl-C
+# (or SIGTERM) stops every process gracefully and waits for them.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+CONFIG=${CONFIG:-debug}
+export DATA_DIR=${DATA_DIR:-.data}
+export GATEWAY_PORT=${GATEWAY_PORT:-8080}
+mkdir -p "$DATA_DIR"
+
+swift build -c "$CONFIG" || exit 1
+BIN=$(swift build -c "$CONFIG" --show-bin-path)
+
+# Runs one process, restarting it after a crash until told to stop.
+supervise() {
+  local name=$1 child=0 stop=0 status
+  trap 'stop=1; [ "$child" -gt 0 ] && kill -TERM "$child" 2>/dev/null' TERM INT
+  while [ "$stop" -eq 0 ]; do
+    "$BIN/$name" > >(sed -u "s/^/[$name] /") 2>&1 &
+    child=$!
+    wait "$child"; status=$?
+    while kill -0 "$child" 2>/dev/null; do wait "$child"; status=$?; done
+    [ "$stop" -eq 1 ] && break
+    echo "[run] $name exited with status $status; restarting in 1 s"
+    sleep 1
+  done
+}
+
+pids=()
+for name in quota history jobs gateway; do
+  supervise "$name" &
+  pids+=($!)
+done
+
+shutdown() {
+  trap '' INT TERM
+  echo "[run] stopping..."
+  kill -TERM "${pids[@]}" 2>/dev/null
+  wait "${pids[@]}" 2>/dev/null
+  echo "[run] stopped"
+  exit 0
+}
+trap shutdown INT TERM
+
+url="http://127.0.0.1:$GATEWAY_PORT"
+for _ in $(seq 1 100); do
+  if curl -fsS "$url/readyz" >/dev/null 2>&1; then
+    echo "[run] ready: gateway at $url (data in $DATA_DIR; Ctrl-C stops everything)"
+    break
+  fi
+  sleep 0.2
+done
+wait "${pids[@]}"
