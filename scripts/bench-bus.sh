@@ -1,36 +1,46 @@
 #!/usr/bin/env bash
 # Bus benchmark: our bus (Swift, Codable, ~200-byte body) against raw libzmq (C, same frames and
 # sizes), each as a DEALER client and a ROUTER echo server in two processes over tcp loopback.
+# The ratio line compares the bus as most code calls it (tasks on the cooperative pool).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${BENCH_SECONDS:-3}
 
-swift build -c release --product bus-bench >/dev/null
+swift build -c release --product bus-bench >/dev/null 2>&1 || swift build -c release --product bus-bench
 BIN=$(swift build -c release --show-bin-path)
 mkdir -p .build/bench
 cc -O2 -o .build/bench/zmq_echo Benchmarks/raw/zmq_echo.c $(pkg-config --libs libzmq)
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-measure() { # measure SERVER_CMD CLIENT_CMD
+measure() { # measure SERVER_CMD CLIENT_CMD: "zmq_echo bus" speaks the bus's frames from C
   local endpoint="tcp://127.0.0.1:$(port)"
-  $1 server "$endpoint" & local server=$!
+  $1server "$endpoint" & local server=$!
   sleep 0.5
   local line
-  line=$($2 client "$endpoint" "$SECONDS_EACH")
+  line=$($2client "$endpoint" "$SECONDS_EACH")
   kill -TERM "$server" 2>/dev/null; wait "$server" 2>/dev/null || true
   echo "$line"
 }
 
-raw=$(measure .build/bench/zmq_echo .build/bench/zmq_echo)
-bus=$(measure "$BIN/bus-bench" "$BIN/bus-bench")
+raw=$(measure ".build/bench/zmq_echo " ".build/bench/zmq_echo ")
+bus=$(measure "$BIN/bus-bench " "$BIN/bus-bench ")
+swift_client=$(measure ".build/bench/zmq_echo bus" "$BIN/bus-bench ")
+swift_server=$(measure "$BIN/bus-bench " ".build/bench/zmq_echo bus")
 field() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 raw_lat=$(field "$raw" latency_us); raw_tp=$(field "$raw" throughput_rps)
 bus_lat=$(field "$bus" latency_us); bus_tp=$(field "$bus" throughput_rps)
 
-echo "raw libzmq  latency (1 in flight):  ${raw_lat} us"
-echo "raw libzmq  throughput (64 in flight): ${raw_tp} req/s"
-echo "bus         latency (1 in flight):  ${bus_lat} us"
-echo "bus         throughput (64 in flight): ${bus_tp} req/s"
+bus_exec_lat=$(field "$bus" executor_latency_us); bus_exec_tp=$(field "$bus" executor_throughput_rps)
+
+echo "raw libzmq (C)                     latency, 1 in flight:    ${raw_lat} us"
+echo "raw libzmq (C)                     throughput, 64 in flight: ${raw_tp} req/s"
+echo "bus, callers on the pool           latency, 1 in flight:    ${bus_lat} us"
+echo "bus, callers on the pool           throughput, 64 in flight: ${bus_tp} req/s"
+echo "bus, callers on the client's thread latency, 1 in flight:    ${bus_exec_lat} us"
+echo "bus, callers on the client's thread throughput, 64 in flight: ${bus_exec_tp} req/s"
+echo "diagnostic: bus client vs C server  $(field "$swift_client" latency_us) us, $(field "$swift_client" throughput_rps) req/s"
+echo "diagnostic: C client vs bus server  $(field "$swift_server" latency_us) us, $(field "$swift_server" throughput_rps) req/s"
+echo "diagnostic: handler path alone (JSON decode, handle, encode): $("$BIN/bus-bench" handler -)"
 awk -v bl="$bus_lat" -v rl="$raw_lat" -v bt="$bus_tp" -v rt="$raw_tp" \
   'BEGIN { printf "bus/raw latency ratio: %.2f  bus/raw throughput ratio: %.2f\n", bl/rl, bt/rt }'

@@ -4,9 +4,11 @@ import Logging
 import Messages
 import ServiceKit
 
-// Bus benchmark: `bus-bench server ENDPOINT` serves an echo method; `bus-bench client ENDPOINT`
-// measures round-trip latency with one request in flight and throughput with 64 in flight, with a
-// Codable body of about 200 bytes, and prints `latency_us=X throughput_rps=Y`.
+// Bus benchmark: `bus-bench server ENDPOINT` serves an echo method; `bus-bench client ENDPOINT
+// [SECONDS]` measures round-trip latency with one request in flight and throughput with 64 in
+// flight, with a Codable body of about 200 bytes, for callers on the cooperative pool and for
+// callers on the client's I/O executor. `bus-bench inproc ENDPOINT` runs both ends in one process;
+// `bus-bench handler -` times the handler path alone (decode, handle, encode) without sockets.
 
 struct EchoBody: Codable, Sendable {
     var userId: String
@@ -41,9 +43,11 @@ func latency(client: BusClient, seconds: Double) async throws -> Double {
     return (Double(elapsed.components.seconds) * 1e6 + Double(elapsed.components.attoseconds) / 1e12) / Double(count)
 }
 
-/// Runs `inFlight` callers in a loop until `deadline`; returns how many calls completed.
-func throughput(client: BusClient, inFlight: Int, until deadline: ContinuousClock.Instant) async throws -> Int {
-    try await withThrowingTaskGroup(of: Int.self) { group in
+/// Runs `inFlight` callers in a loop for `seconds`; returns the calls completed per second.
+func throughput(client: BusClient, inFlight: Int, seconds: Double) async throws -> Double {
+    let start = ContinuousClock.now
+    let deadline = start.advanced(by: .seconds(seconds))
+    let completed = try await withThrowingTaskGroup(of: Int.self) { group in
         for _ in 0..<inFlight {
             group.addTask {
                 var count = 0
@@ -56,6 +60,23 @@ func throughput(client: BusClient, inFlight: Int, until deadline: ContinuousCloc
         }
         return try await group.reduce(0, +)
     }
+    let elapsed = start.duration(to: .now)
+    return Double(completed) / (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+}
+
+func echoRouter() -> BusRouter {
+    var router = BusRouter()
+    router.register(echo) { body, _ in body }
+    return router
+}
+
+func handlerCost(_ router: BusRouter) async -> Duration {
+    let body = Array(try! JSONEncoder().encode(sample))
+    let context = BusRequestContext(method: echo.name, traceId: "", deadlineMilliseconds: .max, logger: Logger(label: "bench"))
+    let count = 20_000
+    let start = ContinuousClock.now
+    for _ in 0..<count { _ = await router.handle(method: echo.name, body: body, context: context) }
+    return start.duration(to: .now) / count
 }
 
 let arguments = CommandLine.arguments
@@ -75,14 +96,24 @@ case "server":
     try await server.run()
 case "client":
     let client = BusClient(endpoint: endpoint, timeout: .seconds(10))
-    let clock = ContinuousClock()
+    // Callers as most code makes them: tasks on the cooperative pool, a thread hop each way.
     let latencyMicros = try await latency(client: client, seconds: seconds)
-    let throughputStart = clock.now
-    let completed = try await throughput(client: client, inFlight: 64, until: throughputStart.advanced(by: .seconds(seconds)))
-    let throughputElapsed = throughputStart.duration(to: clock.now)
-    let elapsedSeconds = Double(throughputElapsed.components.seconds) + Double(throughputElapsed.components.attoseconds) / 1e18
-    print(String(format: "latency_us=%.2f throughput_rps=%.0f", latencyMicros, Double(completed) / elapsedSeconds))
+    let poolRate = try await throughput(client: client, inFlight: 64, seconds: seconds)
+    // Callers that prefer the client's I/O thread executor: no thread hop at all.
+    let executorLatency = try await withTaskExecutorPreference(client.taskExecutor) {
+        try await latency(client: client, seconds: seconds)
+    }
+    let executorRate = try await withTaskExecutorPreference(client.taskExecutor) {
+        try await throughput(client: client, inFlight: 64, seconds: seconds)
+    }
+    print(String(
+        format: "latency_us=%.2f throughput_rps=%.0f executor_latency_us=%.2f executor_throughput_rps=%.0f",
+        latencyMicros, poolRate, executorLatency, executorRate
+    ))
     await client.shutdown()
+case "handler":
+    // The handler path alone, no sockets: decode, handle, encode.
+    print("handler_us=\(await handlerCost(echoRouter()))")
 case "inproc":
     var router = BusRouter()
     router.register(echo) { body, _ in body }
@@ -90,8 +121,8 @@ case "inproc":
     let serverTask = Task { try await server.run() }
     let client = BusClient(endpoint: endpoint, timeout: .seconds(10))
     let latencyMicros = try await latency(client: client, seconds: seconds)
-    let completed = try await throughput(client: client, inFlight: 64, until: .now.advanced(by: .seconds(seconds)))
-    print(String(format: "inproc latency_us=%.2f throughput_rps=%.0f", latencyMicros, Double(completed) / seconds))
+    let rate = try await throughput(client: client, inFlight: 64, seconds: seconds)
+    print(String(format: "inproc latency_us=%.2f throughput_rps=%.0f", latencyMicros, rate))
     serverTask.cancel()
 default:
     print("usage: bus-bench server|client ENDPOINT [seconds]")

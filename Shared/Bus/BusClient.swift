@@ -80,7 +80,8 @@ public final class BusClient: Sendable {
 
     public let configuration: Configuration
     private let state = Mutex(State())
-    private let wakeup = Wakeup()
+    private let wakeup: Wakeup
+    private let executor: IOThreadExecutor
     private let context: ZMQContext
     private let logger: Logger
 
@@ -89,13 +90,20 @@ public final class BusClient: Sendable {
         self.configuration = configuration
         self.context = context
         self.logger = logger
-        IOThread.start(name: "bus-client \(configuration.endpoint)") { [self] in ioLoop() }
+        self.wakeup = Wakeup()
+        self.executor = IOThreadExecutor(wakeup: wakeup)
+        IOThread.start(name: "bus-client") { [self] in ioLoop() }
     }
 
     /// Convenience: a client of `endpoint` with default limits.
     public convenience init(endpoint: String, timeout: Duration = .seconds(5), logger: Logger = Logger(label: "bus.client")) {
         self.init(configuration: Configuration(endpoint: endpoint, defaultTimeout: timeout), logger: logger)
     }
+
+    /// The executor of this client's I/O thread. A task that prefers it (`Task(executorPreference:)`
+    /// or `withTaskExecutorPreference`) makes its calls without a thread hop: the request is sent
+    /// and the reply resumes it on the I/O thread. Such a task must not block.
+    public var taskExecutor: any TaskExecutor { executor }
 
     /// Calls `method` with `request` and waits for its reply, at most `timeout` (the configured
     /// default if nil). Fails with a `BusError`: the service's own, or `timeout`, `overloaded`,
@@ -161,7 +169,7 @@ public final class BusClient: Sendable {
                 }
                 if let refusal {
                     continuation.resume(returning: .failure(refusal))
-                } else if wake {
+                } else if wake && !executor.isCurrentThread {
                     wakeup.signal()
                 }
             }
@@ -192,6 +200,7 @@ public final class BusClient: Sendable {
     // MARK: The I/O thread
 
     private func ioLoop() {
+        executor.adoptCurrentThread()
         let socket: ZMQSocket
         do {
             socket = try ZMQSocket(.dealer, context: context)
@@ -214,8 +223,11 @@ public final class BusClient: Sendable {
         let wakeIndex = poller.addReadable(fileDescriptor: wakeup.fileDescriptor)
         var timers = Heap<Timer>()
 
+        var stopping = false
+        var busy = false
+
         while true {
-            let timeout = timers.min.map { Self.milliseconds(until: $0.deadline) } ?? -1
+            let timeout = busy ? 0 : timers.min.map { Self.milliseconds(until: $0.deadline) } ?? -1
             do {
                 _ = try poller.poll(timeoutMilliseconds: timeout)
             } catch {
@@ -224,7 +236,10 @@ public final class BusClient: Sendable {
             }
             if poller.isReadable(wakeIndex) { wakeup.drain() }
 
-            let (batch, stopping) = state.withLock { state in
+            // Callers on this thread's executor run here; what they send goes out in this turn.
+            executor.runQueuedJobs()
+            let batch: Deque<Outgoing>
+            (batch, stopping) = state.withLock { state in
                 state.wakeScheduled = false
                 let batch = state.outbox
                 state.outbox.removeAll(keepingCapacity: true)
@@ -234,6 +249,8 @@ public final class BusClient: Sendable {
                 sendRequest(item, on: socket, timers: &timers)
             }
             receiveReplies(on: socket)
+            executor.runQueuedJobs()
+            busy = executor.hasJobs || state.withLock { !$0.outbox.isEmpty }
 
             let now = ContinuousClock.now
             while let first = timers.min, first.deadline <= now {

@@ -81,7 +81,7 @@ public final class BusServer: Service, Sendable {
     public func run() async throws {
         try await withGracefulShutdownHandler {
             try await withTaskCancellationHandler {
-                try await IOThread.run(name: "bus-server \(configuration.endpoint)") { [self] in ioLoop() }.get()
+                try await IOThread.run(name: "bus-server") { [self] in ioLoop() }.get()
             } onCancel: {
                 requestStop()
             }
@@ -102,12 +102,13 @@ public final class BusServer: Service, Sendable {
             defer { state.wakeScheduled = true }
             return !state.wakeScheduled
         }
-        if wake { wakeup.signal() }
+        if wake && !executor.isCurrentThread { wakeup.signal() }
     }
 
     // MARK: The I/O thread
 
     private func ioLoop() -> Result<Void, ZMQError> {
+        executor.adoptCurrentThread()
         let socket: ZMQSocket
         do {
             socket = try ZMQSocket(.router, context: context)
@@ -130,11 +131,10 @@ public final class BusServer: Service, Sendable {
         let wakeIndex = poller.addReadable(fileDescriptor: wakeup.fileDescriptor)
         var inFlight = 0
         var draining = false
-        var jobsPending = false
 
         while true {
             do {
-                _ = try poller.poll(timeoutMilliseconds: jobsPending ? 0 : draining ? 100 : -1)
+                _ = try poller.poll(timeoutMilliseconds: executor.hasJobs ? 0 : draining ? 100 : -1)
             } catch {
                 logger.error("zmq_poll failed", metadata: ["error": "\(error)"])
                 break
@@ -167,7 +167,7 @@ public final class BusServer: Service, Sendable {
                 admit(received, on: socket, inFlight: &inFlight, draining: draining)
             }
             // Run the handlers just admitted (and any resumed): most finish here and now.
-            jobsPending = executor.runQueuedJobs()
+            executor.runQueuedJobs()
             let finished = state.withLock { state in
                 let replies = state.replies
                 state.replies.removeAll(keepingCapacity: true)

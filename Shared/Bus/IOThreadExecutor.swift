@@ -1,17 +1,33 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import Synchronization
 
-/// A task executor whose jobs run on a bus server's I/O thread, between its socket operations, so
-/// a request that needs no other thread is decoded, handled and answered without a thread hop.
+/// A task executor whose jobs run on a bus I/O thread, between its socket operations.
 ///
-/// Jobs enqueued from other threads (a handler resuming after awaiting a database, say) wake the
-/// I/O thread through its `Wakeup`. Handlers must not block: blocking work belongs on a thread of
-/// its own (as GRDB's writer queue is), awaited from the handler.
+/// A `BusServer` runs its handlers here, so a request that awaits nothing else is decoded, handled
+/// and answered in the turn of the loop that read it. A `BusClient` offers its own as
+/// `taskExecutor`: a caller that prefers it sends and receives without any thread hop.
+/// Jobs enqueued from other threads wake the I/O thread through its `Wakeup`. Code running here
+/// must not block: blocking work belongs on a thread of its own, awaited from here.
 final class IOThreadExecutor: TaskExecutor, @unchecked Sendable {
-    // @unchecked: `jobs` is guarded by its Mutex; `UnownedJob` is only run on the I/O thread.
+    // @unchecked: `jobs` is guarded by its Mutex; an `UnownedJob` is only run on the I/O thread.
     private let jobs = Mutex<[UnownedJob]>([])
+    private let owner = Atomic<UInt>(0)
     private let wakeup: Wakeup
 
     init(wakeup: Wakeup) { self.wakeup = wakeup }
+
+    /// Marks the calling thread as the I/O thread; called first thing on it.
+    func adoptCurrentThread() {
+        owner.store(UInt(bitPattern: Int(bitPattern: pthread_self())), ordering: .releasing)
+    }
+
+    /// Whether the caller runs on the I/O thread, which needs no wake-up: it looks at its queues
+    /// before it next sleeps.
+    var isCurrentThread: Bool {
+        owner.load(ordering: .acquiring) == UInt(bitPattern: Int(bitPattern: pthread_self()))
+    }
 
     func enqueue(_ job: consuming ExecutorJob) {
         let unowned = UnownedJob(job)
@@ -19,24 +35,26 @@ final class IOThreadExecutor: TaskExecutor, @unchecked Sendable {
             jobs.append(unowned)
             return jobs.count == 1
         }
-        if wasEmpty { wakeup.signal() }
+        if wasEmpty && !isCurrentThread { wakeup.signal() }
     }
 
+    /// Whether jobs are waiting to run.
+    var hasJobs: Bool { jobs.withLock { !$0.isEmpty } }
+
     /// Runs the jobs queued so far (and those they enqueue, up to `limit`); called on the I/O
-    /// thread only. Returns whether jobs remain.
-    func runQueuedJobs(limit: Int = 4096) -> Bool {
+    /// thread only.
+    func runQueuedJobs(limit: Int = 4096) {
         var ran = 0
         while ran < limit {
             let batch = jobs.withLock { jobs -> [UnownedJob] in
                 defer { jobs.removeAll(keepingCapacity: true) }
                 return jobs
             }
-            if batch.isEmpty { return false }
+            if batch.isEmpty { return }
             for job in batch {
                 job.runSynchronously(on: asUnownedTaskExecutor())
             }
             ran += batch.count
         }
-        return jobs.withLock { !$0.isEmpty }
     }
 }
