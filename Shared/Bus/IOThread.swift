@@ -1,17 +1,12 @@
 import Foundation
-#if canImport(Glibc)
-import Glibc
-#endif
 
 /// Runs blocking socket work on a dedicated thread, never on Swift's cooperative pool.
 enum IOThread {
     /// Starts `body` on a new thread named `name` and returns at once.
     static func start(name: String, _ body: @escaping @Sendable () -> Void) {
         let thread = Thread {
-            #if canImport(Glibc)
-            // Linux allows 15 characters; `top -H` and perf then show which loop is which.
-            _ = pthread_setname_np(pthread_self(), String(name.prefix(15)))
-            #endif
+            // Set from the thread itself, so `top -H` and perf show which loop is which.
+            Thread.current.name = name
             body()
         }
         thread.stackSize = 1 << 20
