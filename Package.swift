@@ -16,6 +16,7 @@ let package = Package(
         .executable(name: "jobs", targets: ["jobs"]),
         .executable(name: "bus-bench", targets: ["bus-bench"]),
         .executable(name: "bus-fixture", targets: ["bus-fixture"]),
+        .executable(name: "quota-bench", targets: ["quota-bench"]),
     ],
     dependencies: [
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
@@ -24,6 +25,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-collections.git", from: "1.6.0"),
         .package(url: "https://github.com/jpsim/Yams.git", from: "6.2.2"),
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
+        .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
+        .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.8.0"),
+        .package(url: "https://github.com/apple/swift-crypto.git", "4.0.0"..<"5.0.0"),
     ],
     targets: [
         // libzmq through pkg-config; the only C module the bus uses.
@@ -76,6 +80,8 @@ let package = Package(
                 "Bus", "Messages", "ServiceKit",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             path: "Services/gateway/App",
@@ -87,9 +93,26 @@ let package = Package(
             path: "Services/gateway/Main",
             swiftSettings: swiftSettings
         ),
+        // Quota: pure rules (plans, calendar windows, decisions), then storage and bus handler.
+        .target(
+            name: "QuotaCore",
+            dependencies: ["Messages"],
+            path: "Services/quota/Core",
+            swiftSettings: swiftSettings
+        ),
+        .target(
+            name: "QuotaService",
+            dependencies: [
+                "QuotaCore", "Messages", "Bus", "ServiceKit",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Services/quota/Service",
+            swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "quota",
-            dependencies: ["ServiceKit", "Messages"],
+            dependencies: ["QuotaService", "ServiceKit"],
             path: "Services/quota/Main",
             swiftSettings: swiftSettings
         ),
@@ -123,10 +146,26 @@ let package = Package(
             path: "Tests/BusTests",
             swiftSettings: swiftSettings
         ),
+        .executableTarget(
+            name: "quota-bench",
+            dependencies: ["Bus", "Messages", "ServiceKit"],
+            path: "Benchmarks/quota-bench",
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "QuotaTests",
+            dependencies: [
+                "QuotaCore", "QuotaService", "Messages", "Bus",
+                .product(name: "GRDB", package: "GRDB.swift"),
+            ],
+            path: "Tests/QuotaTests",
+            swiftSettings: swiftSettings
+        ),
         .testTarget(
             name: "SystemTests",
             dependencies: [
-                "Bus", "Messages", "ZeroMQ", "ServiceKit", "GatewayApp",
+                "Bus", "Messages", "ZeroMQ", "ServiceKit", "GatewayApp", "QuotaService",
+                .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "Yams", package: "Yams"),

@@ -11,15 +11,16 @@ struct BusFailureTests {
         // Given nothing listening on the endpoint
         let endpoint = "tcp://127.0.0.1:\(freePort())"
         try await withClient(endpoint: endpoint) { client in
-            // When a request with a 300 ms deadline is sent
+            // When a request with a 500 ms deadline is sent
             let started = ContinuousClock.now
-            let error = await failure(client, TestMethods.echo, Tagged(tag: 1, text: ""), timeout: .milliseconds(300))
+            let error = await failure(client, TestMethods.echo, Tagged(tag: 1, text: ""), timeout: .milliseconds(500))
             let elapsed = started.duration(to: .now)
-            // Then it fails as a timeout, not long after the deadline
+            // Then it fails as a timeout, not before the deadline and within a margin that allows
+            // for a loaded 2-core machine running the rest of the suite in parallel
             #expect(error?.code == .timeout)
             #expect(error?.retryable == true)
-            #expect(elapsed >= .milliseconds(300))
-            #expect(elapsed < .milliseconds(1300))
+            #expect(elapsed >= .milliseconds(500))
+            #expect(elapsed < .milliseconds(2500))
         }
     }
 

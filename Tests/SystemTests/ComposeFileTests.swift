@@ -1,5 +1,6 @@
 import Foundation
 import GatewayApp
+import QuotaService
 import ServiceKit
 import Testing
 import Yams
@@ -34,6 +35,7 @@ struct ComposeFileTests {
         for service in ServiceName.allCases {
             expected[service.rawValue] = ServiceConfiguration.environmentKeys(for: service)
         }
+        expected["quota"]! += QuotaConfiguration.environmentKeys
         for (name, keys) in expected {
             let service = try #require(services[name], "compose.yaml has no service \(name)")
             let command = (service["command"] as? [String])?.first ?? service["command"] as? String ?? ""

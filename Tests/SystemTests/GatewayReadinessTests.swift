@@ -8,17 +8,18 @@ import Testing
 @Suite("Gateway health and readiness", .serialized)
 struct GatewayReadinessTests {
     /// The gateway's router wired to the given endpoints, with its bus clients.
-    func gateway(endpoints: [ServiceName: String]) -> (some ApplicationProtocol, ServiceClients) {
+    func gateway(endpoints: [ServiceName: String]) async throws -> (some ApplicationProtocol, ServiceClients) {
         let configuration = GatewayConfiguration(endpoints: endpoints, readinessTimeout: .milliseconds(500))
         let clients = ServiceClients(configuration: configuration)
-        let app = Application(router: buildRouter(clients: clients, configuration: configuration))
+        let authenticator = try await Authenticator(jwtSecret: nil, adminToken: nil)
+        let app = Application(router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration))
         return (app, clients)
     }
 
     @Test func readyzIs200WithEveryServiceUpThen503NamingTheStoppedOne() async throws {
         // Given the three services running as processes
         let services = try RunningServices()
-        let (app, clients) = gateway(endpoints: services.endpoints)
+        let (app, clients) = try await gateway(endpoints: services.endpoints)
         for service in ServiceName.allCases { _ = try await waitUntilHealthy(clients.client(for: service)) }
 
         try await app.test(.router) { client in
@@ -48,7 +49,7 @@ struct GatewayReadinessTests {
 
     @Test func requestIdReachesTheLogsOfEveryProcessThatHandledIt() async throws {
         let services = try RunningServices()
-        let (app, clients) = gateway(endpoints: services.endpoints)
+        let (app, clients) = try await gateway(endpoints: services.endpoints)
         for service in ServiceName.allCases { _ = try await waitUntilHealthy(clients.client(for: service)) }
         let requestId = "trace-\(UUID().uuidString)"
 
@@ -69,7 +70,7 @@ struct GatewayReadinessTests {
     @Test func healthzAnswersWithoutTheBus() async throws {
         // Given no service running at all
         let nowhere = Dictionary(uniqueKeysWithValues: ServiceName.allCases.map { ($0, "tcp://127.0.0.1:\(freePort())") })
-        let (app, clients) = gateway(endpoints: nowhere)
+        let (app, clients) = try await gateway(endpoints: nowhere)
         try await app.test(.router) { client in
             try await client.execute(uri: "/healthz", method: .get) { response in
                 #expect(response.status == .ok)
@@ -85,7 +86,7 @@ struct GatewayReadinessTests {
     }
 
     @Test func unknownRouteIsProblemJSONWithTheRequestId() async throws {
-        let (app, clients) = gateway(endpoints: [:])
+        let (app, clients) = try await gateway(endpoints: [:])
         try await app.test(.router) { client in
             try await client.execute(uri: "/no/such/thing", method: .get, headers: [.init("X-Request-Id")!: "mine-1"]) { response in
                 #expect(response.status == .notFound)

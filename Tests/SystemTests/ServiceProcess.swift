@@ -96,11 +96,12 @@ final class RunningServices: @unchecked Sendable {
     let endpoints: [ServiceName: String]
     let dataDirectory: URL
 
-    init() throws {
+    /// Starts `only` those services (all by default), each on a free port.
+    init(only: [ServiceName] = ServiceName.allCases) throws {
         endpoints = Dictionary(uniqueKeysWithValues: ServiceName.allCases.map { ($0, "tcp://127.0.0.1:\(freePort())") })
         dataDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("data-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: dataDirectory, withIntermediateDirectories: true)
-        for service in ServiceName.allCases { try start(service) }
+        for service in only { try start(service) }
     }
 
     func start(_ service: ServiceName) throws {

@@ -6,20 +6,29 @@ import ServiceKit
 public typealias GatewayContext = BasicRequestContext
 
 /// Builds the gateway's router: request ids, request logs, problem+json errors, then the routes.
-public func buildRouter(clients: ServiceClients, configuration: GatewayConfiguration) -> Router<GatewayContext> {
+public func buildRouter(
+    clients: ServiceClients,
+    authenticator: Authenticator,
+    configuration: GatewayConfiguration
+) -> Router<GatewayContext> {
     let router = Router(context: GatewayContext.self)
     router.middlewares.add(RequestIdMiddleware())
     router.middlewares.add(LogRequestsMiddleware(.info))
     router.middlewares.add(ProblemMiddleware())
     HealthController(clients: clients, readinessTimeout: configuration.readinessTimeout).addRoutes(to: router)
+    UsersController(clients: clients, authenticator: authenticator).addRoutes(to: router)
+    AdminController(clients: clients, authenticator: authenticator).addRoutes(to: router)
     return router
 }
 
-/// Builds the gateway: its bus clients and its HTTP server, from its configuration.
-public func buildApplication(configuration: GatewayConfiguration, logger: Logger = Logger(label: "gateway")) -> some ApplicationProtocol {
+/// Builds the gateway: its bus clients, its authenticator and its HTTP server, from its configuration.
+public func buildApplication(configuration: GatewayConfiguration, logger: Logger = Logger(label: "gateway")) async throws -> some ApplicationProtocol {
+    let authenticator = try await Authenticator(jwtSecret: configuration.jwtSecret, adminToken: configuration.adminToken)
     let clients = ServiceClients(configuration: configuration)
+    if configuration.jwtSecret == nil { logger.warning("JWT_SECRET is not set: every bearer token will be refused") }
+    if configuration.adminToken == nil { logger.warning("ADMIN_TOKEN is not set: every admin call will be refused") }
     return Application(
-        router: buildRouter(clients: clients, configuration: configuration),
+        router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "gateway"),
         services: [clients],
         logger: logger

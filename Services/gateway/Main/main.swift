@@ -6,6 +6,6 @@ import ServiceKit
 let configuration = try GatewayConfiguration(environment: Environment())
 ProcessLogging.bootstrap(level: configuration.logLevel)
 let logger = Logger(label: "gateway")
-let app = buildApplication(configuration: configuration, logger: logger)
+let app = try await buildApplication(configuration: configuration, logger: logger)
 logger.info("gateway listening", metadata: ["url": "http://\(configuration.host):\(configuration.port)"])
 try await app.runService()

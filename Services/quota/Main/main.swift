@@ -1,4 +1,16 @@
+import Foundation
+import QuotaService
 import ServiceKit
 
-// The quota service. For now it answers `health`; its methods arrive with their issues.
-try await BusServiceRunner.run(.quota)
+// The quota service: plans, usage windows, and the ledger of charges, in $DATA_DIR/quota.sqlite.
+try await BusServiceRunner.run(.quota) { router, service, logger in
+    let configuration = try QuotaConfiguration(environment: Environment(), dataDirectory: service.dataDirectory)
+    try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
+    let database = try QuotaDatabase.open(path: configuration.databasePath)
+    QuotaHandler(database: database, plans: configuration.plans).register(on: &router)
+    logger.info("quota database open", metadata: [
+        "path": "\(configuration.databasePath)",
+        "plans": "\(configuration.plans.plans.keys.sorted().joined(separator: ","))",
+    ])
+    return []
+}

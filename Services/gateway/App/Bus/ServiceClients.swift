@@ -1,4 +1,5 @@
 import Bus
+import Messages
 import ServiceKit
 import ServiceLifecycle
 
@@ -24,6 +25,17 @@ public struct ServiceClients: Service {
         case .quota: quota
         case .history: history
         case .jobs: jobs
+        }
+    }
+
+    /// Calls `method` on `service`; a bus failure becomes the matching HTTP problem.
+    public func call<Request, Reply>(
+        _ service: ServiceName, _ method: BusMethod<Request, Reply>, _ request: Request
+    ) async throws -> Reply {
+        do {
+            return try await client(for: service).call(method, request)
+        } catch {
+            throw Problem(error, service: service.rawValue)
         }
     }
 

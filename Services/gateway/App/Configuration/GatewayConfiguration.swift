@@ -15,6 +15,10 @@ public struct GatewayConfiguration: Sendable {
     public var readinessTimeout: Duration
     /// The least severe log level printed (`LOG_LEVEL`, default `info`).
     public var logLevel: Logger.Level
+    /// The HS256 secret of user tokens (`JWT_SECRET`); none refuses every bearer token.
+    public var jwtSecret: String?
+    /// The admin routes' bearer token (`ADMIN_TOKEN`); none refuses every admin call.
+    public var adminToken: String?
 
     public init(
         host: String = "127.0.0.1",
@@ -22,7 +26,9 @@ public struct GatewayConfiguration: Sendable {
         endpoints: [ServiceName: String] = [:],
         busTimeout: Duration = .seconds(5),
         readinessTimeout: Duration = .milliseconds(500),
-        logLevel: Logger.Level = .info
+        logLevel: Logger.Level = .info,
+        jwtSecret: String? = nil,
+        adminToken: String? = nil
     ) {
         self.host = host
         self.port = port
@@ -30,6 +36,8 @@ public struct GatewayConfiguration: Sendable {
         self.busTimeout = busTimeout
         self.readinessTimeout = readinessTimeout
         self.logLevel = logLevel
+        self.jwtSecret = jwtSecret
+        self.adminToken = adminToken
     }
 
     /// Reads the configuration from `environment`.
@@ -46,13 +54,15 @@ public struct GatewayConfiguration: Sendable {
             }),
             busTimeout: .milliseconds(try environment.int("BUS_TIMEOUT_MS", default: 5000)),
             readinessTimeout: .milliseconds(try environment.int("READY_TIMEOUT_MS", default: 500)),
-            logLevel: level
+            logLevel: level,
+            jwtSecret: environment.optional("JWT_SECRET"),
+            adminToken: environment.optional("ADMIN_TOKEN")
         )
     }
 
     /// The environment variables `init(environment:)` reads.
     public static var environmentKeys: [String] {
-        ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL"]
+        ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "JWT_SECRET", "ADMIN_TOKEN"]
             + ServiceName.allCases.map(\.endpointVariable)
     }
 }

@@ -17,6 +17,8 @@ extension Problem {
         case .conflict: status = .conflict
         case .cancelled: status = .init(code: 499, reasonPhrase: "Client Closed Request")
         case .unknownMethod, .badReply: status = .badGateway
+        case Quota.ErrorCode.unknownPlan, Quota.ErrorCode.unknownTimeZone: status = .unprocessableContent
+        case Quota.ErrorCode.chargeSettled, Quota.ErrorCode.jobIdTaken: status = .conflict
         default: status = error.retryable ? .serviceUnavailable : .internalServerError
         }
         self.init(

@@ -41,7 +41,7 @@ public struct Problem: Error, Sendable, HTTPResponseError {
 
     /// The problem as a response; `requestId` is the request's `X-Request-Id`, taken from the
     /// task's bus trace id when not given.
-    func response(requestId: String = BusTrace.id) -> Response {
+    public func response(requestId: String = BusTrace.id) -> Response {
         var members = extensions
         members["type"] = .string(type)
         members["title"] = .string(title)
@@ -78,6 +78,4 @@ public enum ProblemValue: Sendable, Encodable, Equatable {
 extension HTTPField.Name {
     /// `X-Request-Id`: the client's, or one the gateway makes; carried on the bus as the trace id.
     public static let requestId = HTTPField.Name("X-Request-Id")!
-    /// `Retry-After`, in seconds.
-    public static let retryAfter = HTTPField.Name("Retry-After")!
 }

@@ -1,0 +1,32 @@
+import Bus
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Messages
+
+/// Admin routes, behind the admin token: a user's plan and time zone, and their usage.
+struct AdminController<Context: RequestContext>: Sendable {
+    let clients: ServiceClients
+    let authenticator: Authenticator
+
+    struct PlanChange: Decodable {
+        var plan: String
+        var timeZone: String?
+    }
+
+    func addRoutes(to router: Router<Context>) {
+        router.put("/admin/v1/users/:userId/plan") { request, context in
+            try authenticator.requireAdmin(request)
+            let userId = try context.parameters.require("userId")
+            let change = try await JSONBody.decode(PlanChange.self, from: request, context: context)
+            let status = try await clients.call(.quota, Quota.setPlan, SetPlan(userId: userId, plan: change.plan, timeZone: change.timeZone))
+            return try JSONResponse.make(.ok, status)
+        }
+        router.get("/admin/v1/users/:userId/usage") { request, context in
+            try authenticator.requireAdmin(request)
+            let userId = try context.parameters.require("userId")
+            let usage = try await clients.call(.quota, Quota.usage, UserReference(userId: userId))
+            return try JSONResponse.make(.ok, usage)
+        }
+    }
+}

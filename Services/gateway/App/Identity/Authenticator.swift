@@ -1,0 +1,95 @@
+import Crypto
+import Foundation
+import HTTPTypes
+import Hummingbird
+import JWTKit
+import ServiceKit
+
+/// Tells who a request comes from: `Authorization: Bearer <JWT HS256>` for a user, else
+/// `X-Device-Id: <uuid>` for a guest; admin routes take `Authorization: Bearer <ADMIN_TOKEN>`.
+/// Anything missing, malformed, expired or badly signed is a 401 problem.
+public struct Authenticator: Sendable {
+    private let keys: JWTKeyCollection?
+    private let adminToken: [UInt8]?
+
+    /// The shortest HS256 secret accepted: as long as the hash (RFC 7518, section 3.2).
+    public static let minimumSecretBytes = 32
+
+    /// Verifies user tokens with `jwtSecret` (none: every bearer token is refused) and admin calls
+    /// with `adminToken` (none: every admin call is refused). A secret shorter than 32 bytes is a
+    /// configuration error.
+    public init(jwtSecret: String?, adminToken: String?) async throws {
+        if let jwtSecret, !jwtSecret.isEmpty {
+            guard jwtSecret.utf8.count >= Self.minimumSecretBytes else {
+                throw ConfigurationError(key: "JWT_SECRET", value: "(\(jwtSecret.utf8.count) bytes)", expected: "at least \(Self.minimumSecretBytes) bytes")
+            }
+            let keys = JWTKeyCollection()
+            await keys.add(hmac: HMACKey(from: jwtSecret), digestAlgorithm: .sha256)
+            self.keys = keys
+        } else {
+            self.keys = nil
+        }
+        self.adminToken = adminToken.flatMap { $0.isEmpty ? nil : Array($0.utf8) }
+    }
+
+    /// The caller of `request`.
+    public func caller(of request: Request) async throws -> Caller {
+        if let token = try bearerToken(request) {
+            guard let keys else { throw Self.unauthorized("Bearer tokens are not accepted by this server.") }
+            guard token.utf8.count <= 8192 else { throw Self.unauthorized("The bearer token is too long.") }
+            do {
+                let claims = try await keys.verify(token, as: UserClaims.self)
+                let subject = claims.sub.value
+                guard (1...256).contains(subject.utf8.count), !subject.hasPrefix("device:") else {
+                    throw Self.unauthorized("The token's subject is not a usable user id.")
+                }
+                return Caller(id: subject, email: claims.email)
+            } catch let problem as Problem {
+                throw problem
+            } catch {
+                throw Self.unauthorized("The bearer token is invalid or expired.")
+            }
+        }
+        if let device = request.headers[.deviceId] {
+            guard let uuid = UUID(uuidString: device) else {
+                throw Self.unauthorized("X-Device-Id must be a UUID.")
+            }
+            return Caller(id: "device:\(uuid.uuidString.lowercased())", isGuest: true)
+        }
+        throw Self.unauthorized("Send Authorization: Bearer <token>, or X-Device-Id for a guest.")
+    }
+
+    /// Checks that `request` carries the admin token: 401 without credentials, 403 with others.
+    public func requireAdmin(_ request: Request) throws {
+        guard let token = try bearerToken(request) else {
+            throw Self.unauthorized("Admin routes take Authorization: Bearer <admin token>.")
+        }
+        guard let adminToken, Self.constantTimeEqual(Array(token.utf8), adminToken) else {
+            throw Problem(.forbidden, detail: "This route needs the admin token.")
+        }
+    }
+
+    private func bearerToken(_ request: Request) throws -> String? {
+        guard let header = request.headers[.authorization] else { return nil }
+        let parts = header.split(separator: " ", maxSplits: 1)
+        guard parts.count == 2, parts[0].lowercased() == "bearer", !parts[1].isEmpty else {
+            throw Self.unauthorized("Authorization must be 'Bearer <token>'.")
+        }
+        return String(parts[1])
+    }
+
+    private static func constantTimeEqual(_ lhs: [UInt8], _ rhs: [UInt8]) -> Bool {
+        // Compare digests so neither the length nor the contents leak through timing.
+        let left = SHA256.hash(data: lhs), right = SHA256.hash(data: rhs)
+        return zip(left, right).reduce(UInt8(0)) { $0 | ($1.0 ^ $1.1) } == 0
+    }
+
+    static func unauthorized(_ detail: String) -> Problem {
+        Problem(.unauthorized, detail: detail, headers: [.wwwAuthenticate: "Bearer"])
+    }
+}
+
+extension HTTPField.Name {
+    /// `X-Device-Id`: a guest's device UUID.
+    public static let deviceId = HTTPField.Name("X-Device-Id")!
+}

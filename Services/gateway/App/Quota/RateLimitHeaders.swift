@@ -1,0 +1,53 @@
+import Foundation
+import HTTPTypes
+import Messages
+
+/// The one place quota state becomes HTTP: the IETF draft `RateLimit-Policy` / `RateLimit`
+/// headers, and the 429 problem for a denial.
+public enum RateLimitHeaders {
+    /// `RateLimit-Policy: "daily";q=20;w=86400, "monthly";q=600;w=2592000` and
+    /// `RateLimit: "daily";r=5;t=3600, "monthly";r=580;t=...` for the windows that have a limit.
+    public static func headers(for status: QuotaStatus, now: Date) -> HTTPFields {
+        let limited = [status.daily, status.monthly].filter { $0.limit != nil }
+        var fields = HTTPFields()
+        guard !limited.isEmpty else { return fields }
+        fields[.rateLimitPolicy] = limited
+            .map { "\"\($0.name)\";q=\($0.limit!);w=\($0.nominalSeconds)" }
+            .joined(separator: ", ")
+        fields[.rateLimit] = limited
+            .map { "\"\($0.name)\";r=\($0.remaining ?? 0);t=\(secondsUntil($0.resetsAt, from: now))" }
+            .joined(separator: ", ")
+        return fields
+    }
+
+    /// The 429 answer to a denied reservation: problem+json naming the violated windows, with
+    /// `Retry-After` (seconds until a retry can succeed) and the rate-limit headers.
+    public static func problem(for decision: QuotaDecision, now: Date) -> Problem {
+        var fields = headers(for: decision.status, now: now)
+        let retryAfter = decision.retryAt.map { secondsUntil($0, from: now) } ?? 1
+        fields[.retryAfter] = "\(retryAfter)"
+        let names = decision.violated.joined(separator: " and ")
+        return Problem(
+            .tooManyRequests,
+            title: "Quota exceeded",
+            detail: "The \(names) edit limit of the \(decision.status.plan) plan is used up; try again in \(retryAfter) seconds.",
+            type: "/problems/quota-exceeded",
+            headers: fields,
+            extensions: [
+                "violated-policies": .strings(decision.violated),
+                "retryAfter": .int(retryAfter),
+                "plan": .string(decision.status.plan),
+            ]
+        )
+    }
+
+    /// Whole seconds from `now` to `instant`, rounded up, at least 0.
+    static func secondsUntil(_ instant: Date, from now: Date) -> Int {
+        max(0, Int(instant.timeIntervalSince(now).rounded(.up)))
+    }
+}
+
+extension HTTPField.Name {
+    public static let rateLimitPolicy = HTTPField.Name("RateLimit-Policy")!
+    public static let rateLimit = HTTPField.Name("RateLimit")!
+}

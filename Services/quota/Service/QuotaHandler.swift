@@ -1,0 +1,48 @@
+import Bus
+import Foundation
+import Messages
+import QuotaCore
+
+/// The quota service's bus methods: each write runs the ledger operation in a group-committed
+/// transaction and answers once that transaction is durable; reads run on a reader connection.
+public struct QuotaHandler: Sendable {
+    let ledger: QuotaLedger
+    let database: QuotaDatabase
+    let committer: GroupCommitter
+    let now: @Sendable () -> Date
+
+    public init(database: QuotaDatabase, plans: PlanCatalog, now: @escaping @Sendable () -> Date = Date.init) {
+        self.ledger = QuotaLedger(plans: plans)
+        self.database = database
+        self.committer = GroupCommitter(writer: database.writer)
+        self.now = now
+    }
+
+    /// Registers every quota method on `router`.
+    public func register(on router: inout BusRouter) {
+        router.register(Quota.reserve) { request, _ in
+            let now = now()
+            return try await committer.perform { [ledger] db in try ledger.reserve(db, request, now: now) }
+        }
+        router.register(Quota.commit) { request, _ in
+            let now = now()
+            return try await committer.perform { [ledger] db in try ledger.commit(db, jobId: request.jobId, now: now) }
+        }
+        router.register(Quota.release) { request, _ in
+            let now = now()
+            return try await committer.perform { [ledger] db in try ledger.release(db, jobId: request.jobId, now: now) }
+        }
+        router.register(Quota.status) { request, _ in
+            let now = now()
+            return try await database.writer.read { [ledger] db in try ledger.status(db, user: request.userId, now: now) }
+        }
+        router.register(Quota.setPlan) { request, _ in
+            let now = now()
+            return try await committer.perform { [ledger] db in try ledger.setPlan(db, request, now: now) }
+        }
+        router.register(Quota.usage) { request, _ in
+            let now = now()
+            return try await database.writer.read { [ledger] db in try ledger.usage(db, user: request.userId, now: now) }
+        }
+    }
+}

@@ -1,0 +1,183 @@
+import Foundation
+import GRDB
+import Messages
+import QuotaCore
+
+/// The quota operations, each run inside a write transaction it is given: what `reserve`,
+/// `commit`, `release` and the rest mean in rows.
+public struct QuotaLedger: Sendable {
+    public let plans: PlanCatalog
+
+    public init(plans: PlanCatalog = .standard) { self.plans = plans }
+
+    /// Charges `request.cost` against both windows, or denies naming the windows that refuse.
+    /// A job id already charged returns its admission again and charges nothing more.
+    public func reserve(_ db: Database, _ request: ReserveQuota, now: Date) throws -> QuotaDecision {
+        try validate(user: request.userId)
+        try validate(job: request.jobId)
+        guard (1...QuotaRules.maxCost).contains(request.cost) else {
+            throw BusError(.badRequest, "cost must be 1 to \(QuotaRules.maxCost), not \(request.cost)")
+        }
+        if let existing = try Charge.fetchOne(db, key: request.jobId) {
+            guard existing.userId == request.userId else {
+                throw BusError(Quota.ErrorCode.jobIdTaken, "job id \(request.jobId) belongs to another user")
+            }
+            return QuotaDecision(admitted: true, jobId: request.jobId, status: try status(db, user: request.userId, now: now), violated: [], retryAt: nil)
+        }
+        let context = try userContext(db, request.userId, now: now)
+        let verdict = QuotaRules.decide(
+            plan: context.plan, cost: request.cost,
+            dailyUsed: context.dailyUsed, monthlyUsed: context.monthlyUsed,
+            day: context.day, month: context.month
+        )
+        guard verdict.admitted else {
+            return QuotaDecision(admitted: false, jobId: request.jobId, status: context.status(), violated: verdict.violated, retryAt: verdict.retryAt)
+        }
+        for window in [context.day, context.month] {
+            try db.execute(
+                sql: """
+                    INSERT INTO usage (userId, window, windowKey, used) VALUES (?, ?, ?, ?)
+                    ON CONFLICT (userId, window, windowKey) DO UPDATE SET used = used + excluded.used
+                    """,
+                arguments: [request.userId, window.kind.rawValue, window.key, request.cost]
+            )
+        }
+        try Charge(
+            jobId: request.jobId, userId: request.userId, cost: request.cost, state: .reserved,
+            dayKey: context.day.key, monthKey: context.month.key, reservedAt: now, settledAt: nil
+        ).insert(db)
+        var charged = context
+        charged.dailyUsed += request.cost
+        charged.monthlyUsed += request.cost
+        return QuotaDecision(admitted: true, jobId: request.jobId, status: charged.status(), violated: [], retryAt: nil)
+    }
+
+    /// Marks a reservation committed: the job completed. Committing twice is harmless; committing
+    /// a released charge is refused and changes nothing.
+    public func commit(_ db: Database, jobId: String, now: Date) throws -> Charge {
+        var charge = try existingCharge(db, jobId)
+        switch charge.state {
+        case .committed: return charge
+        case .released: throw BusError(Quota.ErrorCode.chargeSettled, "charge \(jobId) was released; it cannot be committed")
+        case .reserved:
+            charge.state = .committed
+            charge.settledAt = now
+            try charge.update(db)
+            return charge
+        }
+    }
+
+    /// Gives a reservation's units back to the windows it was charged in (not the current ones).
+    /// Releasing twice gives back once; releasing a committed charge is refused.
+    public func release(_ db: Database, jobId: String, now: Date) throws -> Charge {
+        var charge = try existingCharge(db, jobId)
+        switch charge.state {
+        case .released: return charge
+        case .committed: throw BusError(Quota.ErrorCode.chargeSettled, "charge \(jobId) was committed; it cannot be released")
+        case .reserved:
+            for (window, key) in [(CalendarWindow.Kind.daily, charge.dayKey), (.monthly, charge.monthKey)] {
+                try db.execute(
+                    sql: "UPDATE usage SET used = max(0, used - ?) WHERE userId = ? AND window = ? AND windowKey = ?",
+                    arguments: [charge.cost, charge.userId, window.rawValue, key]
+                )
+            }
+            charge.state = .released
+            charge.settledAt = now
+            try charge.update(db)
+            return charge
+        }
+    }
+
+    /// The user's plan and windows now.
+    public func status(_ db: Database, user: String, now: Date) throws -> QuotaStatus {
+        try validate(user: user)
+        return try userContext(db, user, now: now).status()
+    }
+
+    /// Sets a user's plan and (when given) time zone; the new limits apply at once.
+    public func setPlan(_ db: Database, _ request: SetPlan, now: Date) throws -> QuotaStatus {
+        try validate(user: request.userId)
+        guard plans.plan(named: request.plan) != nil else {
+            throw BusError(Quota.ErrorCode.unknownPlan, "no plan named '\(request.plan)'; plans: \(plans.plans.keys.sorted().joined(separator: ", "))")
+        }
+        let existing = try UserRecord.fetchOne(db, key: request.userId)
+        var timeZone = existing?.timeZone
+        if let requested = request.timeZone {
+            guard requested.isEmpty || CalendarWindow.timeZone(requested) != nil else {
+                throw BusError(Quota.ErrorCode.unknownTimeZone, "'\(requested.prefix(64))' is not an IANA time zone")
+            }
+            timeZone = requested.isEmpty ? nil : requested
+        }
+        try UserRecord(id: request.userId, plan: request.plan, timeZone: timeZone, updatedAt: now).save(db)
+        return try userContext(db, request.userId, now: now).status()
+    }
+
+    /// The user's status and their most recent charges (at most `limit`).
+    public func usage(_ db: Database, user: String, now: Date, limit: Int = 100) throws -> UserUsage {
+        let status = try status(db, user: user, now: now)
+        let charges = try Charge
+            .filter(Charge.Columns.userId == user)
+            .order(Charge.Columns.reservedAt.desc)
+            .limit(limit)
+            .fetchAll(db)
+        return UserUsage(status: status, charges: charges)
+    }
+
+    // MARK: Helpers
+
+    struct UserContext {
+        var userId: String
+        var plan: Plan
+        var timeZone: String?
+        var day: CalendarWindow
+        var month: CalendarWindow
+        var dailyUsed: Int
+        var monthlyUsed: Int
+
+        func status() -> QuotaStatus {
+            QuotaStatus(
+                userId: userId, plan: plan.name, isPro: plan.isPro, timeZone: timeZone,
+                daily: QuotaRules.window(day, limit: plan.dailyLimit, used: dailyUsed),
+                monthly: QuotaRules.window(month, limit: plan.monthlyLimit, used: monthlyUsed)
+            )
+        }
+    }
+
+    func userContext(_ db: Database, _ userId: String, now: Date) throws -> UserContext {
+        let user = try UserRecord.fetchOne(db, key: userId)
+        let zone = CalendarWindow.timeZone(user?.timeZone) ?? TimeZone(identifier: "UTC")!
+        let day = CalendarWindow(.daily, containing: now, in: zone)
+        let month = CalendarWindow(.monthly, containing: now, in: zone)
+        func used(_ window: CalendarWindow) throws -> Int {
+            try Int.fetchOne(
+                db,
+                sql: "SELECT used FROM usage WHERE userId = ? AND window = ? AND windowKey = ?",
+                arguments: [userId, window.kind.rawValue, window.key]
+            ) ?? 0
+        }
+        return UserContext(
+            userId: userId, plan: plans.effectivePlan(user?.plan), timeZone: user?.timeZone,
+            day: day, month: month, dailyUsed: try used(day), monthlyUsed: try used(month)
+        )
+    }
+
+    private func existingCharge(_ db: Database, _ jobId: String) throws -> Charge {
+        try validate(job: jobId)
+        guard let charge = try Charge.fetchOne(db, key: jobId) else {
+            throw BusError(.notFound, "no charge for job \(jobId)")
+        }
+        return charge
+    }
+
+    private func validate(user: String) throws {
+        guard QuotaRules.validId(user) else {
+            throw BusError(.badRequest, "user id must be 1 to \(QuotaRules.maxIdLength) bytes without control characters")
+        }
+    }
+
+    private func validate(job: String) throws {
+        guard QuotaRules.validId(job) else {
+            throw BusError(.badRequest, "job id must be 1 to \(QuotaRules.maxIdLength) bytes without control characters")
+        }
+    }
+}

@@ -1,0 +1,26 @@
+import Foundation
+import GRDB
+import Messages
+
+/// A user's plan and time zone (users without a row are on the default plan, in UTC).
+struct UserRecord: Codable, FetchableRecord, PersistableRecord {
+    static let databaseTableName = "user"
+    var id: String
+    var plan: String
+    var timeZone: String?
+    var updatedAt: Date
+
+    enum Columns {
+        static let id = Column(CodingKeys.id)
+    }
+}
+
+extension Charge: FetchableRecord, PersistableRecord {
+    public static var databaseTableName: String { "charge" }
+
+    public enum Columns {
+        public static let jobId = Column("jobId")
+        public static let userId = Column("userId")
+        public static let reservedAt = Column("reservedAt")
+    }
+}

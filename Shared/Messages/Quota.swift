@@ -1,0 +1,174 @@
+import Foundation
+
+/// The quota service's methods: plans, usage windows and the charges made against them.
+public enum Quota {
+    /// Reserves `cost` units for a job against the user's daily and monthly windows, atomically.
+    /// Reserving the same job id again returns the first admission and charges nothing more.
+    public static let reserve = BusMethod<ReserveQuota, QuotaDecision>("quota.reserve")
+    /// Confirms a reservation: the job completed. Idempotent.
+    public static let commit = BusMethod<ChargeReference, Charge>("quota.commit")
+    /// Gives a reservation's units back to the windows they were charged in. Idempotent.
+    public static let release = BusMethod<ChargeReference, Charge>("quota.release")
+    /// A user's plan, usage and limits, without charging.
+    public static let status = BusMethod<UserReference, QuotaStatus>("quota.status")
+    /// Admin: sets a user's plan and, optionally, time zone.
+    public static let setPlan = BusMethod<SetPlan, QuotaStatus>("quota.set-plan")
+    /// Admin: a user's usage and recent charges.
+    public static let usage = BusMethod<UserReference, UserUsage>("quota.usage")
+
+    /// Error codes the quota service answers with.
+    public enum ErrorCode {
+        /// The plan named is not in the catalogue.
+        public static let unknownPlan = BusError.Code("quota.unknown_plan")
+        /// The time zone is not an IANA identifier this system knows.
+        public static let unknownTimeZone = BusError.Code("quota.unknown_time_zone")
+        /// The charge was released and cannot be committed (or committed and cannot be released).
+        public static let chargeSettled = BusError.Code("quota.charge_settled")
+        /// The job id is already charged to another user.
+        public static let jobIdTaken = BusError.Code("quota.job_id_taken")
+    }
+}
+
+/// Asks to charge `cost` units for `jobId` to `userId`.
+public struct ReserveQuota: Codable, Sendable, Equatable {
+    public var userId: String
+    public var jobId: String
+    public var cost: Int
+
+    public init(userId: String, jobId: String, cost: Int = 1) {
+        self.userId = userId
+        self.jobId = jobId
+        self.cost = cost
+    }
+}
+
+/// Names a charge by its job id.
+public struct ChargeReference: Codable, Sendable, Equatable {
+    public var jobId: String
+    public init(jobId: String) { self.jobId = jobId }
+}
+
+/// Names a user.
+public struct UserReference: Codable, Sendable, Equatable {
+    public var userId: String
+    public init(userId: String) { self.userId = userId }
+}
+
+/// Sets a user's plan and time zone (nil keeps the current zone; "" clears it to UTC).
+public struct SetPlan: Codable, Sendable, Equatable {
+    public var userId: String
+    public var plan: String
+    public var timeZone: String?
+
+    public init(userId: String, plan: String, timeZone: String? = nil) {
+        self.userId = userId
+        self.plan = plan
+        self.timeZone = timeZone
+    }
+}
+
+/// One calendar window of a user's quota, as of a moment.
+public struct QuotaWindow: Codable, Sendable, Equatable {
+    /// `daily` or `monthly`.
+    public var name: String
+    /// The plan's limit for the window; nil when the plan has none.
+    public var limit: Int?
+    /// Units charged in the window, reservations included.
+    public var used: Int
+    /// Units left; nil when there is no limit.
+    public var remaining: Int?
+    /// When the window started and when it resets (the next one starts), exactly.
+    public var startsAt: Date
+    public var resetsAt: Date
+    /// The window's nominal length in seconds (86,400 or 2,592,000), for `RateLimit-Policy`.
+    public var nominalSeconds: Int
+
+    public init(name: String, limit: Int?, used: Int, remaining: Int?, startsAt: Date, resetsAt: Date, nominalSeconds: Int) {
+        self.name = name
+        self.limit = limit
+        self.used = used
+        self.remaining = remaining
+        self.startsAt = startsAt
+        self.resetsAt = resetsAt
+        self.nominalSeconds = nominalSeconds
+    }
+}
+
+/// A user's plan and windows.
+public struct QuotaStatus: Codable, Sendable, Equatable {
+    public var userId: String
+    public var plan: String
+    public var isPro: Bool
+    /// The user's IANA time zone; nil means UTC.
+    public var timeZone: String?
+    public var daily: QuotaWindow
+    public var monthly: QuotaWindow
+
+    public init(userId: String, plan: String, isPro: Bool, timeZone: String?, daily: QuotaWindow, monthly: QuotaWindow) {
+        self.userId = userId
+        self.plan = plan
+        self.isPro = isPro
+        self.timeZone = timeZone
+        self.daily = daily
+        self.monthly = monthly
+    }
+}
+
+/// The answer to `reserve`: admitted with the windows after the charge, or denied naming the
+/// windows that are exhausted and when a retry can succeed.
+public struct QuotaDecision: Codable, Sendable, Equatable {
+    public var admitted: Bool
+    public var jobId: String
+    public var status: QuotaStatus
+    /// The windows that refused (`daily`, `monthly`); empty when admitted.
+    public var violated: [String]
+    /// When every violated window has reset, so a retry can succeed; nil when admitted.
+    public var retryAt: Date?
+
+    public init(admitted: Bool, jobId: String, status: QuotaStatus, violated: [String], retryAt: Date?) {
+        self.admitted = admitted
+        self.jobId = jobId
+        self.status = status
+        self.violated = violated
+        self.retryAt = retryAt
+    }
+}
+
+/// A charge in the ledger.
+public struct Charge: Codable, Sendable, Equatable {
+    public enum State: String, Codable, Sendable {
+        case reserved, committed, released
+    }
+
+    public var jobId: String
+    public var userId: String
+    public var cost: Int
+    public var state: State
+    /// The windows charged, as keys such as `2026-11-21` and `2026-11` in the user's zone.
+    public var dayKey: String
+    public var monthKey: String
+    public var reservedAt: Date
+    public var settledAt: Date?
+
+    public init(jobId: String, userId: String, cost: Int, state: State, dayKey: String, monthKey: String, reservedAt: Date, settledAt: Date?) {
+        self.jobId = jobId
+        self.userId = userId
+        self.cost = cost
+        self.state = state
+        self.dayKey = dayKey
+        self.monthKey = monthKey
+        self.reservedAt = reservedAt
+        self.settledAt = settledAt
+    }
+}
+
+/// Admin view: a user's status and their most recent charges.
+public struct UserUsage: Codable, Sendable, Equatable {
+    public var status: QuotaStatus
+    public var charges: [Charge]
+
+    public init(status: QuotaStatus, charges: [Charge]) {
+        self.status = status
+        self.charges = charges
+    }
+}
