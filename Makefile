@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CONFIG ?= debug
 
-.PHONY: deps build run test bench-bus clean
+.PHONY: deps build run test bench-bus bench-quota clean
 
 deps:
 	@scripts/install-deps.sh
@@ -22,6 +22,10 @@ test: deps
 ## Bus against raw libzmq, same machine, same run.
 bench-bus: deps
 	@scripts/bench-bus.sh
+
+## Durable quota decisions through the bus against an in-memory Redis limiter.
+bench-quota: deps
+	@scripts/bench-quota.sh
 
 clean:
 	rm -rf .build .data

@@ -9,6 +9,14 @@ CONFIG=${CONFIG:-debug}
 export DATA_DIR=${DATA_DIR:-.data}
 export GATEWAY_PORT=${GATEWAY_PORT:-8080}
 mkdir -p "$DATA_DIR"
+if [ -z "${JWT_SECRET:-}" ]; then
+  export JWT_SECRET="development-jwt-secret-not-for-production-use"
+  echo "[run] JWT_SECRET not set: using the development secret '$JWT_SECRET'"
+fi
+if [ -z "${ADMIN_TOKEN:-}" ]; then
+  export ADMIN_TOKEN="development-admin-token"
+  echo "[run] ADMIN_TOKEN not set: using the development token '$ADMIN_TOKEN'"
+fi
 
 swift build -c "$CONFIG" || exit 1
 BIN=$(swift build -c "$CONFIG" --show-bin-path)

@@ -7,6 +7,7 @@ import QuotaCore
 /// `commit`, `release` and the rest mean in rows.
 public struct QuotaLedger: Sendable {
     public let plans: PlanCatalog
+    private let windows = WindowCache()
 
     public init(plans: PlanCatalog = .standard) { self.plans = plans }
 
@@ -18,8 +19,11 @@ public struct QuotaLedger: Sendable {
         guard (1...QuotaRules.maxCost).contains(request.cost) else {
             throw BusError(.badRequest, "cost must be 1 to \(QuotaRules.maxCost), not \(request.cost)")
         }
-        if let existing = try Charge.fetchOne(db, key: request.jobId) {
-            guard existing.userId == request.userId else {
+        let owner = try String.fetchOne(
+            db.cachedStatement(sql: "SELECT userId FROM charge WHERE jobId = ?"), arguments: [request.jobId]
+        )
+        if let owner {
+            guard owner == request.userId else {
                 throw BusError(Quota.ErrorCode.jobIdTaken, "job id \(request.jobId) belongs to another user")
             }
             return QuotaDecision(admitted: true, jobId: request.jobId, status: try status(db, user: request.userId, now: now), violated: [], retryAt: nil)
@@ -33,19 +37,17 @@ public struct QuotaLedger: Sendable {
         guard verdict.admitted else {
             return QuotaDecision(admitted: false, jobId: request.jobId, status: context.status(), violated: verdict.violated, retryAt: verdict.retryAt)
         }
+        let charge = try db.cachedStatement(sql: """
+            INSERT INTO usage (userId, window, windowKey, used) VALUES (?, ?, ?, ?)
+            ON CONFLICT (userId, window, windowKey) DO UPDATE SET used = used + excluded.used
+            """)
         for window in [context.day, context.month] {
-            try db.execute(
-                sql: """
-                    INSERT INTO usage (userId, window, windowKey, used) VALUES (?, ?, ?, ?)
-                    ON CONFLICT (userId, window, windowKey) DO UPDATE SET used = used + excluded.used
-                    """,
-                arguments: [request.userId, window.kind.rawValue, window.key, request.cost]
-            )
+            try charge.execute(arguments: [request.userId, window.kind.rawValue, window.key, request.cost])
         }
-        try Charge(
-            jobId: request.jobId, userId: request.userId, cost: request.cost, state: .reserved,
-            dayKey: context.day.key, monthKey: context.month.key, reservedAt: now, settledAt: nil
-        ).insert(db)
+        try db.cachedStatement(sql: """
+            INSERT INTO charge (jobId, userId, cost, state, dayKey, monthKey, reservedAt)
+            VALUES (?, ?, ?, 'reserved', ?, ?, ?)
+            """).execute(arguments: [request.jobId, request.userId, request.cost, context.day.key, context.month.key, now])
         var charged = context
         charged.dailyUsed += request.cost
         charged.monthlyUsed += request.cost
@@ -144,19 +146,16 @@ public struct QuotaLedger: Sendable {
     }
 
     func userContext(_ db: Database, _ userId: String, now: Date) throws -> UserContext {
-        let user = try UserRecord.fetchOne(db, key: userId)
-        let zone = CalendarWindow.timeZone(user?.timeZone) ?? TimeZone(identifier: "UTC")!
-        let day = CalendarWindow(.daily, containing: now, in: zone)
-        let month = CalendarWindow(.monthly, containing: now, in: zone)
+        let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT plan, timeZone FROM user WHERE id = ?"), arguments: [userId])
+        let planName: String? = row?["plan"]
+        let timeZone: String? = row?["timeZone"]
+        let (day, month) = windows.windows(containing: now, timeZone: timeZone)
+        let usage = try db.cachedStatement(sql: "SELECT used FROM usage WHERE userId = ? AND window = ? AND windowKey = ?")
         func used(_ window: CalendarWindow) throws -> Int {
-            try Int.fetchOne(
-                db,
-                sql: "SELECT used FROM usage WHERE userId = ? AND window = ? AND windowKey = ?",
-                arguments: [userId, window.kind.rawValue, window.key]
-            ) ?? 0
+            try Int.fetchOne(usage, arguments: [userId, window.kind.rawValue, window.key]) ?? 0
         }
         return UserContext(
-            userId: userId, plan: plans.effectivePlan(user?.plan), timeZone: user?.timeZone,
+            userId: userId, plan: plans.effectivePlan(planName), timeZone: timeZone,
             day: day, month: month, dailyUsed: try used(day), monthlyUsed: try used(month)
         )
     }
