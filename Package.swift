@@ -14,6 +14,7 @@ let package = Package(
         .executable(name: "quota", targets: ["quota"]),
         .executable(name: "history", targets: ["history"]),
         .executable(name: "jobs", targets: ["jobs"]),
+        .executable(name: "worker", targets: ["worker"]),
         .executable(name: "bus-bench", targets: ["bus-bench"]),
         .executable(name: "bus-fixture", targets: ["bus-fixture"]),
         .executable(name: "quota-bench", targets: ["quota-bench"]),
@@ -77,7 +78,7 @@ let package = Package(
         .target(
             name: "GatewayApp",
             dependencies: [
-                "Bus", "Messages", "ServiceKit",
+                "Bus", "Messages", "ServiceKit", "Blobs",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "JWTKit", package: "jwt-kit"),
@@ -122,10 +123,63 @@ let package = Package(
             path: "Services/history/Main",
             swiftSettings: swiftSettings
         ),
+        // Jobs: pure rules (fair queue, effect catalogue), storage + dispatcher, and the workers.
+        .target(
+            name: "JobsCore",
+            dependencies: ["Messages", .product(name: "DequeModule", package: "swift-collections")],
+            path: "Services/jobs/Core",
+            swiftSettings: swiftSettings
+        ),
+        .target(
+            name: "JobsService",
+            dependencies: [
+                "JobsCore", "Messages", "Bus", "ServiceKit",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "HeapModule", package: "swift-collections"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Services/jobs/Service",
+            swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "jobs",
-            dependencies: ["ServiceKit", "Messages"],
+            dependencies: ["JobsService", "ServiceKit"],
             path: "Services/jobs/Main",
+            swiftSettings: swiftSettings
+        ),
+        .systemLibrary(
+            name: "Cvips",
+            path: "Shared/Cvips",
+            pkgConfig: "vips",
+            providers: [.apt(["libvips-dev"])]
+        ),
+        .target(
+            name: "ImageOps",
+            dependencies: ["Cvips"],
+            path: "Services/jobs/ImageOps"
+        ),
+        .target(
+            name: "WorkerKit",
+            dependencies: [
+                "ImageOps", "Blobs", "JobsCore", "Messages", "Bus", "ServiceKit",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Services/jobs/Worker",
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "worker",
+            dependencies: ["WorkerKit", "ServiceKit"],
+            path: "Services/jobs/WorkerMain",
+            swiftSettings: swiftSettings
+        ),
+        // Blobs on disk (uploads, results, thumbnails) and the signed URLs that reach them.
+        .target(
+            name: "Blobs",
+            dependencies: [.product(name: "Crypto", package: "swift-crypto")],
+            path: "Shared/Blobs",
             swiftSettings: swiftSettings
         ),
         .executableTarget(

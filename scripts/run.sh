@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs the whole system on localhost: quota, history, jobs and the gateway, each under a
+# Builds and runs the whole system on localhost: quota, history, jobs, the gateway and $WORKERS
+# workers (default 2), each under a
 # supervisor that restarts it if it crashes, log lines prefixed with the process's name. Ctrl-C
 # (or SIGTERM) stops every process gracefully and waits for them.
 set -uo pipefail
@@ -13,6 +14,12 @@ if [ -z "${JWT_SECRET:-}" ]; then
   export JWT_SECRET="development-jwt-secret-not-for-production-use"
   echo "[run] JWT_SECRET not set: using the development secret '$JWT_SECRET'"
 fi
+if [ -z "${URL_SIGNING_SECRET:-}" ]; then
+  export URL_SIGNING_SECRET="development-url-signing-secret"
+  echo "[run] URL_SIGNING_SECRET not set: using the development secret"
+fi
+export PUBLIC_BASE_URL=${PUBLIC_BASE_URL:-http://127.0.0.1:$GATEWAY_PORT}
+WORKERS=${WORKERS:-2}
 if [ -z "${ADMIN_TOKEN:-}" ]; then
   export ADMIN_TOKEN="development-admin-token"
   echo "[run] ADMIN_TOKEN not set: using the development token '$ADMIN_TOKEN'"
@@ -23,15 +30,15 @@ BIN=$(swift build -c "$CONFIG" --show-bin-path)
 
 # Runs one process, restarting it after a crash until told to stop.
 supervise() {
-  local name=$1 child=0 stop=0 status
+  local name=$1 label=${2:-$1} child=0 stop=0 status
   trap 'stop=1; [ "$child" -gt 0 ] && kill -TERM "$child" 2>/dev/null' TERM INT
   while [ "$stop" -eq 0 ]; do
-    "$BIN/$name" > >(sed -u "s/^/[$name] /") 2>&1 &
+    "$BIN/$name" > >(sed -u "s/^/[$label] /") 2>&1 &
     child=$!
     wait "$child"; status=$?
     while kill -0 "$child" 2>/dev/null; do wait "$child"; status=$?; done
     [ "$stop" -eq 1 ] && break
-    echo "[run] $name exited with status $status; restarting in 1 s"
+    echo "[run] $label exited with status $status; restarting in 1 s"
     sleep 1
   done
 }
@@ -39,6 +46,10 @@ supervise() {
 pids=()
 for name in quota history jobs gateway; do
   supervise "$name" &
+  pids+=($!)
+done
+for index in $(seq 1 "$WORKERS"); do
+  WORKER_ID="worker-$index" supervise worker "worker-$index" &
   pids+=($!)
 done
 

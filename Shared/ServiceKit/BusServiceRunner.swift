@@ -11,7 +11,7 @@ public enum BusServiceRunner {
     public static func run(
         _ service: ServiceName,
         environment: Environment = Environment(),
-        register: (inout BusRouter, ServiceConfiguration, Logger) throws -> [any Service] = { _, _, _ in [] }
+        register: (inout BusRouter, ServiceConfiguration, Logger) async throws -> [any Service] = { _, _, _ in [] }
     ) async throws {
         let configuration = try ServiceConfiguration(service: service, environment: environment)
         ProcessLogging.bootstrap(level: configuration.logLevel)
@@ -19,7 +19,7 @@ public enum BusServiceRunner {
 
         var router = BusRouter()
         HealthHandler(service: service.rawValue).register(on: &router)
-        let extraServices = try register(&router, configuration, logger)
+        let extraServices = try await register(&router, configuration, logger)
 
         let server = BusServer(
             configuration: .init(endpoint: configuration.bindEndpoint, maxInFlight: configuration.maxInFlight),

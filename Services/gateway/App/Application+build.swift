@@ -1,3 +1,5 @@
+import Blobs
+import Foundation
 import Hummingbird
 import Logging
 import ServiceKit
@@ -18,6 +20,17 @@ public func buildRouter(
     HealthController(clients: clients, readinessTimeout: configuration.readinessTimeout).addRoutes(to: router)
     UsersController(clients: clients, authenticator: authenticator).addRoutes(to: router)
     AdminController(clients: clients, authenticator: authenticator).addRoutes(to: router)
+    let signer = URLSigner(secret: configuration.urlSigningSecret)
+    if let blobs = try? DiskBlobStore(root: URL(fileURLWithPath: configuration.blobDirectory)) {
+        UploadsController(
+            authenticator: authenticator, blobs: blobs, signer: signer, publicBaseURL: configuration.publicBaseURL,
+            maxBytes: configuration.uploadMaxBytes, lifetime: configuration.signedURLLifetime
+        ).addRoutes(to: router)
+        JobsController(
+            clients: clients, authenticator: authenticator, blobs: blobs, signer: signer,
+            publicBaseURL: configuration.publicBaseURL, lifetime: configuration.signedURLLifetime
+        ).addRoutes(to: router)
+    }
     return router
 }
 

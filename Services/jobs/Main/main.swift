@@ -1,4 +1,26 @@
+import Bus
+import Foundation
+import JobsCore
+import JobsService
+import Logging
 import ServiceKit
 
-// The jobs service. For now it answers `health`; its methods arrive with their issues.
-try await BusServiceRunner.run(.jobs)
+// The jobs service: the job queue and lifecycle in $DATA_DIR/jobs.sqlite; workers connect to
+// JOBS_WORKER_BIND; quota settlements leave through the outbox.
+try await BusServiceRunner.run(.jobs) { router, service, logger in
+    let configuration = try JobsConfiguration(environment: Environment(), dataDirectory: service.dataDirectory)
+    try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
+    let database = try JobsDatabase.open(path: configuration.databasePath)
+    let store = JobStore(database: database, retry: configuration.retry)
+    let catalog = EffectCatalog(extra: configuration.extraEffects)
+    let channel = try await BusChannel.bind(configuration.workerEndpoint, logger: logger)
+    let dispatcher = Dispatcher(channel: channel, store: store, catalog: catalog, proFirst: configuration.proFirst, logger: logger)
+    let recovered = try await store.recover(now: Date())
+    await dispatcher.load(recovered)
+    JobsHandler(store: store, dispatcher: dispatcher, catalog: catalog, maxQueued: configuration.maxQueued).register(on: &router)
+    logger.info("jobs ready", metadata: ["workers": "\(configuration.workerEndpoint)", "queued": "\(recovered.count)"])
+    return [
+        DispatcherService(dispatcher: dispatcher, channel: channel),
+        OutboxDeliverer(database: database, quota: BusClient(endpoint: configuration.quotaEndpoint, logger: logger), logger: logger),
+    ]
+}

@@ -19,6 +19,16 @@ public struct GatewayConfiguration: Sendable {
     public var jwtSecret: String?
     /// The admin routes' bearer token (`ADMIN_TOKEN`); none refuses every admin call.
     public var adminToken: String?
+    /// The blob folder shared with the workers (`BLOB_DIR`, default `$DATA_DIR/blobs`).
+    public var blobDirectory: String
+    /// The key of upload and download URL signatures (`URL_SIGNING_SECRET`).
+    public var urlSigningSecret: String
+    /// The gateway's address as clients reach it, for signed URLs (`PUBLIC_BASE_URL`).
+    public var publicBaseURL: String
+    /// The largest upload (`UPLOAD_MAX_BYTES`, default 20 MiB) and how long an upload or
+    /// download URL stays valid (`SIGNED_URL_TTL_S`, default 900).
+    public var uploadMaxBytes: Int
+    public var signedURLLifetime: Int
 
     public init(
         host: String = "127.0.0.1",
@@ -28,7 +38,12 @@ public struct GatewayConfiguration: Sendable {
         readinessTimeout: Duration = .milliseconds(500),
         logLevel: Logger.Level = .info,
         jwtSecret: String? = nil,
-        adminToken: String? = nil
+        adminToken: String? = nil,
+        blobDirectory: String = ".data/blobs",
+        urlSigningSecret: String = "development-url-signing-secret",
+        publicBaseURL: String? = nil,
+        uploadMaxBytes: Int = 20 << 20,
+        signedURLLifetime: Int = 900
     ) {
         self.host = host
         self.port = port
@@ -38,6 +53,11 @@ public struct GatewayConfiguration: Sendable {
         self.logLevel = logLevel
         self.jwtSecret = jwtSecret
         self.adminToken = adminToken
+        self.blobDirectory = blobDirectory
+        self.urlSigningSecret = urlSigningSecret
+        self.publicBaseURL = publicBaseURL ?? "http://\(host):\(port)"
+        self.uploadMaxBytes = uploadMaxBytes
+        self.signedURLLifetime = signedURLLifetime
     }
 
     /// Reads the configuration from `environment`.
@@ -56,13 +76,19 @@ public struct GatewayConfiguration: Sendable {
             readinessTimeout: .milliseconds(try environment.int("READY_TIMEOUT_MS", default: 500)),
             logLevel: level,
             jwtSecret: environment.optional("JWT_SECRET"),
-            adminToken: environment.optional("ADMIN_TOKEN")
+            adminToken: environment.optional("ADMIN_TOKEN"),
+            blobDirectory: environment.string("BLOB_DIR", default: environment.string("DATA_DIR", default: ".data") + "/blobs"),
+            urlSigningSecret: environment.string("URL_SIGNING_SECRET", default: "development-url-signing-secret"),
+            publicBaseURL: environment.optional("PUBLIC_BASE_URL"),
+            uploadMaxBytes: try environment.int("UPLOAD_MAX_BYTES", default: 20 << 20),
+            signedURLLifetime: try environment.int("SIGNED_URL_TTL_S", default: 900)
         )
     }
 
     /// The environment variables `init(environment:)` reads.
     public static var environmentKeys: [String] {
-        ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "JWT_SECRET", "ADMIN_TOKEN"]
+        ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "JWT_SECRET", "ADMIN_TOKEN",
+         "BLOB_DIR", "DATA_DIR", "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S"]
             + ServiceName.allCases.map(\.endpointVariable)
     }
 }

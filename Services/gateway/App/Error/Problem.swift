@@ -49,7 +49,7 @@ public struct Problem: Error, Sendable, HTTPResponseError {
         if let detail { members["detail"] = .string(detail) }
         if !requestId.isEmpty { members["requestId"] = .string(requestId) }
         let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys]
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         let data = (try? encoder.encode(members)) ?? Data("{}".utf8)
         var headers = self.headers
         headers[.contentType] = "application/problem+json"

@@ -1,0 +1,92 @@
+import DequeModule
+
+/// A queued job as dispatch sees it.
+public struct QueuedJob: Sendable, Equatable {
+    public var jobId: String
+    public var userId: String
+    public var isPro: Bool
+    public var effectId: String
+
+    public init(jobId: String, userId: String, isPro: Bool, effectId: String) {
+        self.jobId = jobId
+        self.userId = userId
+        self.isPro = isPro
+        self.effectId = effectId
+    }
+}
+
+/// Fair dispatch order: round-robin across the users with queued work, each user's jobs in the
+/// order they came, so one user's burst does not starve anyone. With `proFirst`, users with PRO
+/// jobs are served before the rest.
+public struct FairQueue: Sendable {
+    private var perUser: [String: Deque<QueuedJob>] = [:]
+    /// Users in turn order: PRO ring first (when `proFirst`), then everyone else.
+    private var rings: [Deque<String>] = [[], []]
+    private var ringOfUser: [String: Int] = [:]
+    public private(set) var count = 0
+    public let proFirst: Bool
+
+    public init(proFirst: Bool = true) { self.proFirst = proFirst }
+
+    /// Adds `job` behind the user's other queued jobs (`atFront`: ahead of them, for a job that
+    /// lost its worker and was first in line already).
+    public mutating func push(_ job: QueuedJob, atFront: Bool = false) {
+        if atFront { perUser[job.userId, default: []].prepend(job) } else { perUser[job.userId, default: []].append(job) }
+        count += 1
+        if ringOfUser[job.userId] == nil {
+            let ring = proFirst && job.isPro ? 0 : 1
+            ringOfUser[job.userId] = ring
+            rings[ring].append(job.userId)
+        }
+    }
+
+    /// Takes the next job in fair order that `accepts` takes (a worker that runs its effect).
+    public mutating func pop(where accepts: (QueuedJob) -> Bool = { _ in true }) -> QueuedJob? {
+        for ring in rings.indices {
+            for _ in 0..<rings[ring].count {
+                let user = rings[ring].removeFirst()
+                guard var jobs = perUser[user], let head = jobs.first else {
+                    ringOfUser[user] = nil
+                    continue
+                }
+                guard accepts(head) else {
+                    rings[ring].append(user)
+                    continue
+                }
+                jobs.removeFirst()
+                count -= 1
+                if jobs.isEmpty {
+                    perUser[user] = nil
+                    ringOfUser[user] = nil
+                } else {
+                    perUser[user] = jobs
+                    rings[ring].append(user)
+                }
+                return head
+            }
+        }
+        return nil
+    }
+
+    /// Removes a queued job (it was cancelled); false if it is not queued.
+    @discardableResult
+    public mutating func remove(jobId: String, userId: String) -> Bool {
+        guard var jobs = perUser[userId], let index = jobs.firstIndex(where: { $0.jobId == jobId }) else { return false }
+        jobs.remove(at: index)
+        count -= 1
+        if jobs.isEmpty {
+            perUser[userId] = nil
+            if let ring = ringOfUser.removeValue(forKey: userId), let position = rings[ring].firstIndex(of: userId) {
+                rings[ring].remove(at: position)
+            }
+        } else {
+            perUser[userId] = jobs
+        }
+        return true
+    }
+
+    /// Whether `jobId` of `userId` is queued.
+    public func contains(jobId: String, userId: String) -> Bool {
+        perUser[userId]?.contains { $0.jobId == jobId } ?? false
+    }
+}

@@ -1,0 +1,69 @@
+#include "ImageOps.h"
+#include <string.h>
+#include <vips/vips.h>
+
+static int fail(char *error, size_t error_size) {
+    if (error && error_size > 0) {
+        const char *message = vips_error_buffer();
+        strncpy(error, message && *message ? message : "libvips failed", error_size - 1);
+        error[error_size - 1] = '\0';
+    }
+    vips_error_clear();
+    return -1;
+}
+
+int imageops_start(const char *program, int threads) {
+    if (VIPS_INIT(program) != 0) return -1;
+    vips_concurrency_set(threads > 0 ? threads : 1);
+    vips_cache_set_max(0);
+    return 0;
+}
+
+int imageops_apply(const char *input, const char *output, const char *effect, double amount, char *error, size_t error_size) {
+    VipsImage *in = vips_image_new_from_file(input, "access", VIPS_ACCESS_SEQUENTIAL, NULL);
+    if (!in) return fail(error, error_size);
+    VipsImage *out = NULL;
+    int rc;
+    if (strcmp(effect, "grayscale") == 0) {
+        rc = vips_colourspace(in, &out, VIPS_INTERPRETATION_B_W, NULL);
+    } else if (strcmp(effect, "blur") == 0) {
+        rc = vips_gaussblur(in, &out, amount, NULL);
+    } else if (strcmp(effect, "sharpen") == 0) {
+        rc = vips_sharpen(in, &out, "sigma", amount, NULL);
+    } else if (strcmp(effect, "upscale") == 0) {
+        rc = vips_resize(in, &out, amount, NULL);
+    } else if (strcmp(effect, "auto-enhance") == 0) {
+        rc = vips_hist_equal(in, &out, NULL);
+    } else {
+        g_object_unref(in);
+        if (error && error_size > 0) snprintf(error, error_size, "unknown effect %s", effect);
+        return -1;
+    }
+    if (rc != 0) {
+        g_object_unref(in);
+        return fail(error, error_size);
+    }
+    rc = vips_image_write_to_file(out, output, NULL);
+    g_object_unref(out);
+    g_object_unref(in);
+    return rc == 0 ? 0 : fail(error, error_size);
+}
+
+int imageops_thumbnail(const char *input, const char *output, int size, char *error, size_t error_size) {
+    VipsImage *out = NULL;
+    if (vips_thumbnail(input, &out, size, "height", size, "crop", VIPS_INTERESTING_CENTRE, NULL) != 0) {
+        return fail(error, error_size);
+    }
+    int rc = vips_image_write_to_file(out, output, NULL);
+    g_object_unref(out);
+    return rc == 0 ? 0 : fail(error, error_size);
+}
+
+int imageops_probe(const char *path, int *width, int *height, char *error, size_t error_size) {
+    VipsImage *image = vips_image_new_from_file(path, NULL);
+    if (!image) return fail(error, error_size);
+    *width = vips_image_get_width(image);
+    *height = vips_image_get_height(image);
+    g_object_unref(image);
+    return 0;
+}

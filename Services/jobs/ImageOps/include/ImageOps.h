@@ -1,0 +1,21 @@
+#ifndef IMAGEOPS_H
+#define IMAGEOPS_H
+#include <stddef.h>
+
+/* Thin, non-variadic wrappers over the libvips calls the workers use (Swift cannot call C
+ * variadic functions). Each returns 0 on success, or -1 with a message in `error`. */
+
+/* Starts libvips once per process; `threads` bounds its worker threads. */
+int imageops_start(const char *program, int threads);
+
+/* Applies `effect` (grayscale, blur, sharpen, upscale, auto-enhance) from `input` to `output`
+ * (format from its extension); `amount` is sigma for blur and sharpen, the factor for upscale. */
+int imageops_apply(const char *input, const char *output, const char *effect, double amount, char *error, size_t error_size);
+
+/* Writes a `size`x`size` centre-cropped thumbnail of `input` to `output`. */
+int imageops_thumbnail(const char *input, const char *output, int size, char *error, size_t error_size);
+
+/* Reads an image's width and height. */
+int imageops_probe(const char *path, int *width, int *height, char *error, size_t error_size);
+
+#endif

@@ -1,0 +1,36 @@
+import Bus
+import Logging
+import ServiceLifecycle
+
+/// Runs the dispatcher: feeds it the workers' messages and ticks it every `tick`.
+public struct DispatcherService: Service {
+    let dispatcher: Dispatcher
+    let channel: BusChannel
+    let tick: Duration
+
+    public init(dispatcher: Dispatcher, channel: BusChannel, tick: Duration = .milliseconds(200)) {
+        self.dispatcher = dispatcher
+        self.channel = channel
+        self.tick = tick
+    }
+
+    public func run() async throws {
+        await withGracefulShutdownHandler {
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask {
+                    for await message in channel.incoming { await dispatcher.receive(message) }
+                }
+                group.addTask {
+                    while !Task.isCancelled {
+                        try? await Task.sleep(for: tick)
+                        await dispatcher.tick()
+                    }
+                }
+                await group.next()
+                group.cancelAll()
+            }
+        } onGracefulShutdown: {
+            Task { await channel.shutdown() }
+        }
+    }
+}

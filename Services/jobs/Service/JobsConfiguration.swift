@@ -1,0 +1,50 @@
+import Foundation
+import JobsCore
+import Messages
+import ServiceKit
+
+/// What the jobs service reads beyond every service's settings.
+public struct JobsConfiguration: Sendable {
+    /// Where workers connect (`JOBS_WORKER_BIND`, default `tcp://127.0.0.1:7104`).
+    public var workerEndpoint: String
+    /// The database file (`JOBS_DB`, default `$DATA_DIR/jobs.sqlite`).
+    public var databasePath: String
+    /// Effects beyond the built-in ones (`JOBS_EFFECTS`, JSON list).
+    public var extraEffects: [EffectDescription]
+    /// Attempts before a retryable failure is final (`JOBS_MAX_ATTEMPTS`, 3) and the first
+    /// backoff (`JOBS_RETRY_BASE_MS`, 1000; doubling, capped at a minute).
+    public var retry: RetryPolicy
+    /// Whether PRO users' jobs go first (`JOBS_PRO_FIRST`, true).
+    public var proFirst: Bool
+    /// Jobs queued at most before `create` answers `jobs.queue_full` (`JOBS_MAX_QUEUED`, 100,000).
+    public var maxQueued: Int
+    /// The quota service, for settlements (`QUOTA_ENDPOINT`).
+    public var quotaEndpoint: String
+
+    public init(environment: Environment, dataDirectory: String) throws {
+        workerEndpoint = environment.string("JOBS_WORKER_BIND", default: "tcp://127.0.0.1:7104")
+        databasePath = environment.string("JOBS_DB", default: dataDirectory + "/jobs.sqlite")
+        if let json = environment.optional("JOBS_EFFECTS") {
+            do {
+                extraEffects = try EffectCatalog.parse(json: json)
+            } catch {
+                throw ConfigurationError(key: "JOBS_EFFECTS", value: json, expected: "a JSON list of effects (\(error))")
+            }
+        } else {
+            extraEffects = []
+        }
+        retry = RetryPolicy(
+            maxAttempts: max(1, try environment.int("JOBS_MAX_ATTEMPTS", default: 3)),
+            baseDelay: .milliseconds(max(1, try environment.int("JOBS_RETRY_BASE_MS", default: 1000)))
+        )
+        proFirst = environment.string("JOBS_PRO_FIRST", default: "true") != "false"
+        maxQueued = try environment.int("JOBS_MAX_QUEUED", default: 100_000)
+        quotaEndpoint = environment.string(ServiceName.quota.endpointVariable, default: ServiceName.quota.defaultEndpoint)
+    }
+
+    /// The variables `init(environment:dataDirectory:)` reads.
+    public static let environmentKeys = [
+        "JOBS_WORKER_BIND", "JOBS_DB", "JOBS_EFFECTS", "JOBS_MAX_ATTEMPTS", "JOBS_RETRY_BASE_MS",
+        "JOBS_PRO_FIRST", "JOBS_MAX_QUEUED", "QUOTA_ENDPOINT",
+    ]
+}

@@ -1,0 +1,57 @@
+import Bus
+import Foundation
+import JobsCore
+import Messages
+
+/// The jobs service's bus methods.
+public struct JobsHandler: Sendable {
+    let store: JobStore
+    let dispatcher: Dispatcher
+    let catalog: EffectCatalog
+    let maxQueued: Int
+
+    public init(store: JobStore, dispatcher: Dispatcher, catalog: EffectCatalog, maxQueued: Int = 100_000) {
+        self.store = store
+        self.dispatcher = dispatcher
+        self.catalog = catalog
+        self.maxQueued = maxQueued
+    }
+
+    public func register(on router: inout BusRouter) {
+        router.register(Jobs.create) { request, _ in try await create(request) }
+        router.register(Jobs.get) { request, _ in
+            guard let job = try await store.job(request.jobId, userId: request.userId) else {
+                throw BusError(.notFound, "no job \(request.jobId.prefix(64))")
+            }
+            return job
+        }
+        router.register(Jobs.cancel) { request, _ in
+            let job = try await store.cancel(request.jobId, userId: request.userId, now: Date())
+            await dispatcher.cancel(job)
+            return job
+        }
+        router.register(Jobs.lookup) { request, _ in
+            let job = try await store.job(request.jobId)
+            return JobExistence(exists: job != nil, status: job?.status)
+        }
+        router.register(Jobs.effects) { _, _ in
+            catalog.effects.values.sorted { $0.id < $1.id }
+        }
+    }
+
+    func create(_ request: CreateJob) async throws -> JobRecord {
+        for (name, value) in [("job id", request.jobId), ("user id", request.userId), ("image key", request.imageKey)] {
+            guard (1...256).contains(value.utf8.count) else { throw BusError(.badRequest, "\(name) must be 1 to 256 bytes") }
+        }
+        if let prompt = request.prompt, prompt.utf8.count > 2000 {
+            throw BusError(.badRequest, "prompt must be at most 2,000 bytes")
+        }
+        let (effect, parameters) = try catalog.resolve(request.effectId, parameters: request.parameters)
+        guard await dispatcher.queuedCount < maxQueued else {
+            throw BusError(Jobs.ErrorCode.queueFull, "\(maxQueued) jobs are queued; try again later", retryable: true)
+        }
+        let (job, created) = try await store.create(request, effectId: effect.id, parameters: parameters, now: Date())
+        if created { await dispatcher.enqueue(job) }
+        return job
+    }
+}

@@ -1,0 +1,227 @@
+import Foundation
+import GRDB
+import JobsCore
+import Messages
+
+/// The job lifecycle in rows. Every state change bumps the job's version and writes, in the same
+/// transaction, an event for history and (when the job ends) the quota settlement to the outbox.
+public struct JobStore: Sendable {
+    public let database: JobsDatabase
+    public let retry: RetryPolicy
+
+    public init(database: JobsDatabase, retry: RetryPolicy = RetryPolicy()) {
+        self.database = database
+        self.retry = retry
+    }
+
+    /// What a worker's report did to the job.
+    public enum Outcome: Sendable, Equatable {
+        /// Applied; the job is now in this state.
+        case applied(JobRecord)
+        /// Refused: a stale attempt, or the job is not processing.
+        case refused(String)
+    }
+
+    /// Creates a queued job; the same id for the same user returns the existing job.
+    public func create(_ request: CreateJob, effectId: String, parameters: [String: Double], now: Date) async throws -> (job: JobRecord, created: Bool) {
+        try await database.writer.write { db in
+            if let existing = try JobRecord.fetchOne(db, key: request.jobId) {
+                guard existing.userId == request.userId else {
+                    throw BusError(.conflict, "job id \(request.jobId) belongs to another user")
+                }
+                return (existing, false)
+            }
+            let job = JobRecord(
+                id: request.jobId, userId: request.userId, isPro: request.isPro, imageKey: request.imageKey,
+                effectId: effectId, parameters: parameters, prompt: request.prompt, status: .queued, progress: 0,
+                attempts: 0, maxAttempts: retry.maxAttempts, lastError: nil, resultKey: nil, thumbnailKey: nil,
+                createdAt: now, updatedAt: now, startedAt: nil, finishedAt: nil, version: 1
+            )
+            try job.insert(db)
+            try Self.emit(db, job: job, now: now)
+            return (job, true)
+        }
+    }
+
+    /// The job, if `userId` owns it (nil for anyone else: their ids answer 404).
+    public func job(_ id: String, userId: String? = nil) async throws -> JobRecord? {
+        try await database.writer.read { db in
+            guard let job = try JobRecord.fetchOne(db, key: id) else { return nil }
+            if let userId, job.userId != userId { return nil }
+            return job
+        }
+    }
+
+    /// Starts attempt `attempts + 1`: the job is processing. Nil if it is no longer queued.
+    public func start(_ id: String, now: Date) async throws -> JobRecord? {
+        try await database.writer.write { db in
+            guard var job = try JobRecord.fetchOne(db, key: id), job.status == .queued else { return nil }
+            job.status = .processing
+            job.attempts += 1
+            job.progress = 0
+            job.startedAt = job.startedAt ?? now
+            try Self.save(db, &job, now: now)
+            return job
+        }
+    }
+
+    /// A progress report from the current attempt.
+    public func progress(_ attempt: JobAttempt, fraction: Double, now: Date) async throws -> Outcome {
+        try await database.writer.write { db in
+            var job: JobRecord
+            switch try Self.current(db, attempt) {
+            case .refused(let reason): return .refused(reason)
+            case .applied(let found): job = found
+            }
+            job.progress = min(1, max(job.progress, fraction.isFinite ? fraction : 0))
+            job.updatedAt = now
+            try job.update(db)
+            return .applied(job)
+        }
+    }
+
+    /// The current attempt finished: completed, quota committed.
+    public func complete(_ attempt: JobAttempt, output: JobOutput, now: Date) async throws -> Outcome {
+        try await database.writer.write { db in
+            guard case .applied(var job) = try Self.current(db, attempt) else { return try Self.current(db, attempt) }
+            job.status = .completed
+            job.progress = 1
+            job.resultKey = output.resultKey
+            job.thumbnailKey = output.thumbnailKey
+            job.finishedAt = now
+            job.lastError = nil
+            try Self.save(db, &job, now: now)
+            try Self.settle(db, job: job, kind: "commit", now: now)
+            return .applied(job)
+        }
+    }
+
+    /// The current attempt failed: queued again after a backoff if retryable and attempts remain
+    /// (returned with the delay), else failed with the error and the charge released.
+    public func fail(_ attempt: JobAttempt, error: String, retryable: Bool, now: Date) async throws -> (Outcome, retryAfter: Duration?) {
+        try await database.writer.write { db in
+            guard case .applied(var job) = try Self.current(db, attempt) else { return (try Self.current(db, attempt), nil) }
+            job.lastError = String(error.prefix(1000))
+            if retryable && job.attempts < job.maxAttempts && !job.cancelRequested {
+                job.status = .queued
+                job.progress = 0
+                try Self.save(db, &job, now: now)
+                return (.applied(job), retry.delay(after: job.attempts))
+            }
+            job.status = .failed
+            job.finishedAt = now
+            try Self.save(db, &job, now: now)
+            try Self.settle(db, job: job, kind: "release", now: now)
+            return (.applied(job), nil)
+        }
+    }
+
+    /// The worker running the current attempt was lost: queued again (or failed when attempts are
+    /// used up). Returns the job and whether it was queued.
+    public func requeue(_ attempt: JobAttempt, reason: String, now: Date) async throws -> JobRecord? {
+        let (outcome, _) = try await fail(attempt, error: reason, retryable: true, now: now)
+        if case .applied(let job) = outcome { return job }
+        return nil
+    }
+
+    /// Cancels: a queued job at once (charge released); a processing job is marked and the
+    /// dispatcher tells its worker. Finished jobs answer `jobs.already_finished`.
+    public func cancel(_ id: String, userId: String, now: Date) async throws -> JobRecord {
+        try await database.writer.write { db in
+            guard var job = try JobRecord.fetchOne(db, key: id), job.userId == userId else {
+                throw BusError(.notFound, "no job \(id)")
+            }
+            switch job.status {
+            case .completed, .failed:
+                throw BusError(Jobs.ErrorCode.alreadyFinished, "job \(id) has already \(job.status.rawValue)")
+            case .cancelled:
+                return job
+            case .queued:
+                job.status = .cancelled
+                job.finishedAt = now
+                job.cancelRequested = true
+                try Self.save(db, &job, now: now)
+                try Self.settle(db, job: job, kind: "release", now: now)
+            case .processing:
+                if !job.cancelRequested {
+                    job.cancelRequested = true
+                    job.updatedAt = now
+                    try job.update(db)
+                }
+            }
+            return job
+        }
+    }
+
+    /// The worker stopped the current attempt after a cancel: cancelled, charge released.
+    public func cancelled(_ attempt: JobAttempt, now: Date) async throws -> Outcome {
+        try await database.writer.write { db in
+            guard case .applied(var job) = try Self.current(db, attempt) else { return try Self.current(db, attempt) }
+            job.status = .cancelled
+            job.finishedAt = now
+            try Self.save(db, &job, now: now)
+            try Self.settle(db, job: job, kind: "release", now: now)
+            return .applied(job)
+        }
+    }
+
+    /// On start-up: jobs left processing by a previous run lost their workers; queue them again.
+    /// Returns every queued job, oldest first, for the dispatcher.
+    public func recover(now: Date) async throws -> [JobRecord] {
+        try await database.writer.write { db in
+            let orphans = try JobRecord.filter(JobRecord.Columns.status == JobStatus.processing.rawValue).fetchAll(db)
+            for var job in orphans {
+                if job.cancelRequested {
+                    job.status = .cancelled
+                    job.finishedAt = now
+                    try Self.save(db, &job, now: now)
+                    try Self.settle(db, job: job, kind: "release", now: now)
+                } else {
+                    job.status = .queued
+                    job.lastError = "the jobs service restarted while the job was processing"
+                    try Self.save(db, &job, now: now)
+                }
+            }
+            return try JobRecord
+                .filter(JobRecord.Columns.status == JobStatus.queued.rawValue)
+                .order(JobRecord.Columns.createdAt)
+                .fetchAll(db)
+        }
+    }
+
+    // MARK: Rows
+
+    static func current(_ db: Database, _ attempt: JobAttempt) throws -> Outcome {
+        guard let job = try JobRecord.fetchOne(db, key: attempt.jobId) else { return .refused("no such job") }
+        guard job.status == .processing else { return .refused("job is \(job.status.rawValue)") }
+        guard job.attempts == attempt.attempt else {
+            return .refused("stale attempt \(attempt.attempt); the current attempt is \(job.attempts)")
+        }
+        return .applied(job)
+    }
+
+    static func save(_ db: Database, _ job: inout JobRecord, now: Date) throws {
+        job.version += 1
+        job.updatedAt = now
+        try job.update(db)
+        try emit(db, job: job, now: now)
+    }
+
+    /// The history event for the job's new state.
+    static func emit(_ db: Database, job: JobRecord, now: Date) throws {
+        var entry = OutboxEntry(
+            id: nil, topic: "history", kind: "job", jobId: job.id, version: job.version,
+            payload: try JSONEncoder().encode(job), createdAt: now, attempts: 0, nextAttemptAt: now
+        )
+        try entry.insert(db)
+    }
+
+    /// The quota settlement of an ended job.
+    static func settle(_ db: Database, job: JobRecord, kind: String, now: Date) throws {
+        var entry = OutboxEntry(
+            id: nil, topic: "quota", kind: kind, jobId: job.id, version: job.version,
+            payload: nil, createdAt: now, attempts: 0, nextAttemptAt: now
+        )
+        try entry.insert(db)
+    }
+}

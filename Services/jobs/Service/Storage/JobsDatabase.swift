@@ -1,0 +1,98 @@
+import Foundation
+import GRDB
+import Messages
+
+/// The jobs service's database: jobs and the outbox of events for quota and history.
+public struct JobsDatabase: Sendable {
+    public let writer: any DatabaseWriter
+
+    public init(_ writer: any DatabaseWriter) throws {
+        self.writer = writer
+        try Self.migrator.migrate(writer)
+    }
+
+    /// Opens (or creates) the file at `path`, WAL with `synchronous=FULL`.
+    public static func open(path: String) throws -> JobsDatabase {
+        var configuration = Configuration()
+        configuration.prepareDatabase { db in try db.execute(sql: "PRAGMA synchronous = FULL") }
+        configuration.busyMode = .timeout(5)
+        return try JobsDatabase(DatabasePool(path: path, configuration: configuration))
+    }
+
+    public static func inMemory() throws -> JobsDatabase { try JobsDatabase(DatabaseQueue()) }
+
+    static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1: jobs and outbox") { db in
+            try db.create(table: "job") { table in
+                table.primaryKey("id", .text)
+                table.column("userId", .text).notNull()
+                table.column("isPro", .boolean).notNull()
+                table.column("imageKey", .text).notNull()
+                table.column("effectId", .text).notNull()
+                table.column("parameters", .text).notNull()
+                table.column("prompt", .text)
+                table.column("status", .text).notNull()
+                table.column("progress", .double).notNull()
+                table.column("attempts", .integer).notNull()
+                table.column("maxAttempts", .integer).notNull()
+                table.column("lastError", .text)
+                table.column("resultKey", .text)
+                table.column("thumbnailKey", .text)
+                table.column("createdAt", .datetime).notNull()
+                table.column("updatedAt", .datetime).notNull()
+                table.column("startedAt", .datetime)
+                table.column("finishedAt", .datetime)
+                table.column("version", .integer).notNull()
+                table.column("cancelRequested", .boolean).notNull().defaults(to: false)
+            }
+            try db.create(index: "job_by_status", on: "job", columns: ["status", "createdAt"])
+            try db.create(index: "job_by_user", on: "job", columns: ["userId", "createdAt"])
+            try db.create(table: "outbox") { table in
+                table.autoIncrementedPrimaryKey("id")
+                table.column("topic", .text).notNull()
+                table.column("kind", .text).notNull()
+                table.column("jobId", .text).notNull()
+                table.column("version", .integer).notNull()
+                table.column("payload", .blob)
+                table.column("createdAt", .datetime).notNull()
+                table.column("attempts", .integer).notNull().defaults(to: 0)
+                table.column("nextAttemptAt", .datetime).notNull()
+            }
+            try db.create(index: "outbox_due", on: "outbox", columns: ["topic", "nextAttemptAt"])
+        }
+        return migrator
+    }
+}
+
+extension JobRecord: FetchableRecord, PersistableRecord {
+    public static var databaseTableName: String { "job" }
+
+    public enum Columns {
+        public static let id = Column("id")
+        public static let userId = Column("userId")
+        public static let status = Column("status")
+        public static let createdAt = Column("createdAt")
+    }
+}
+
+/// An event waiting for delivery: to quota (`commit`, `release`) or history (`job`).
+public struct OutboxEntry: Codable, Sendable, FetchableRecord, MutablePersistableRecord {
+    public static let databaseTableName = "outbox"
+    public var id: Int64?
+    public var topic: String
+    public var kind: String
+    public var jobId: String
+    public var version: Int
+    public var payload: Data?
+    public var createdAt: Date
+    public var attempts: Int
+    public var nextAttemptAt: Date
+
+    public mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
+
+    public enum Columns {
+        public static let topic = Column("topic")
+        public static let nextAttemptAt = Column("nextAttemptAt")
+    }
+}

@@ -1,0 +1,151 @@
+import Blobs
+import Foundation
+import ImageOps
+import Messages
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// A job's failure as the worker reports it.
+public struct EffectError: Error, CustomStringConvertible {
+    public var description: String
+    public var retryable: Bool
+    public init(_ description: String, retryable: Bool) {
+        self.description = description
+        self.retryable = retryable
+    }
+}
+
+/// Runs an effect on an input blob and stores the result and a 200x200 JPEG thumbnail.
+public struct EffectRunner: Sendable {
+    let blobs: DiskBlobStore
+    let signer: URLSigner
+    let publicBaseURL: String
+
+    public init(blobs: DiskBlobStore, signer: URLSigner, publicBaseURL: String) {
+        self.blobs = blobs
+        self.signer = signer
+        self.publicBaseURL = publicBaseURL
+    }
+
+    /// Starts libvips once per process.
+    public static func startImageLibrary() {
+        _ = imageops_start(CommandLine.arguments.first ?? "worker", 1)
+    }
+
+    public func run(_ job: JobAssignment, progress: @Sendable (Double) -> Void) async throws -> JobOutput {
+        let input: URL
+        do {
+            input = try await blobs.localFile(for: job.imageKey)
+        } catch {
+            throw EffectError("the input image \(job.imageKey) is missing", retryable: false)
+        }
+        let attempt = job.attempt
+        let inputExtension = input.pathExtension.isEmpty ? "jpg" : input.pathExtension.lowercased()
+        let resultKey = "results/\(attempt.jobId)/\(attempt.attempt).\(job.effect.processor == "copy" ? inputExtension : "jpg")"
+        let thumbnailKey = "thumbnails/\(attempt.jobId)/\(attempt.attempt).jpg"
+        let result = try blobs.temporaryFile().appendingPathExtension(resultKey.split(separator: ".").last.map(String.init) ?? "jpg")
+        let thumbnail = try blobs.temporaryFile().appendingPathExtension("jpg")
+        progress(0.1)
+        switch job.effect.processor {
+        case "copy":
+            try await blocking { try FileManager.default.copyItem(at: input, to: result) }
+        case "remote":
+            try await remote(job, to: result)
+        default:
+            let amount = job.parameters["sigma"] ?? job.parameters["factor"] ?? 0
+            try await vips(input: input, output: result, effect: job.effect.id, amount: amount)
+        }
+        progress(0.6)
+        try await thumbnailOf(result, to: thumbnail)
+        progress(0.9)
+        let resultType = ImageSniffer.contentType(of: Array(try Data(contentsOf: result).prefix(16))) ?? "image/jpeg"
+        try await blobs.adopt(file: result, as: resultKey, metadata: BlobMetadata(owner: job.userId, contentType: resultType, size: Self.size(result)))
+        try await blobs.adopt(file: thumbnail, as: thumbnailKey, metadata: BlobMetadata(owner: job.userId, contentType: "image/jpeg", size: Self.size(thumbnail)))
+        return JobOutput(resultKey: resultKey, thumbnailKey: thumbnailKey)
+    }
+
+    private func vips(input: URL, output: URL, effect: String, amount: Double) async throws {
+        try await blocking {
+            var error = [CChar](repeating: 0, count: 512)
+            let rc = imageops_apply(input.path, output.path, effect, amount, &error, error.count)
+            guard rc == 0 else { throw EffectError("\(effect) failed: \(Self.text(error))", retryable: false) }
+        }
+    }
+
+    private func thumbnailOf(_ image: URL, to output: URL) async throws {
+        try await blocking {
+            var error = [CChar](repeating: 0, count: 512)
+            guard imageops_thumbnail(image.path, output.path, 200, &error, error.count) == 0 else {
+                throw EffectError("thumbnail failed: \(Self.text(error))", retryable: false)
+            }
+        }
+    }
+
+    /// Asks a remote inference endpoint: JSON in (a signed URL of the image, effect, parameters,
+    /// prompt); an image, or JSON `{imageUrl}`, out.
+    private func remote(_ job: JobAssignment, to output: URL) async throws {
+        guard let endpoint = job.effect.endpoint.flatMap(URL.init(string:)) else {
+            throw EffectError("effect \(job.effect.id) has no endpoint", retryable: false)
+        }
+        struct Ask: Encodable {
+            var imageUrl: String
+            var effect: String
+            var parameters: [String: Double]
+            var prompt: String?
+        }
+        struct Answer: Decodable { var imageUrl: String }
+        var request = URLRequest(url: endpoint, timeoutInterval: 120)
+        request.httpMethod = "POST"
+        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+        request.httpBody = try JSONEncoder().encode(Ask(
+            imageUrl: publicBaseURL + signer.downloadPath(for: job.imageKey),
+            effect: job.effect.id, parameters: job.parameters, prompt: job.prompt
+        ))
+        let (body, response) = try await fetch(request)
+        var bytes = body
+        if response.value(forHTTPHeaderField: "Content-Type")?.hasPrefix("application/json") == true {
+            guard let answer = try? JSONDecoder().decode(Answer.self, from: body), let url = URL(string: answer.imageUrl) else {
+                throw EffectError("the endpoint answered JSON without an imageUrl", retryable: false)
+            }
+            (bytes, _) = try await fetch(URLRequest(url: url, timeoutInterval: 120))
+        }
+        guard ImageSniffer.contentType(of: Array(bytes.prefix(16))) != nil else {
+            throw EffectError("the endpoint did not answer with an image", retryable: false)
+        }
+        try bytes.write(to: output)
+    }
+
+    private func fetch(_ request: URLRequest) async throws -> (Data, HTTPURLResponse) {
+        let data: Data, response: URLResponse
+        do {
+            (data, response) = try await URLSession.shared.data(for: request)
+        } catch {
+            throw EffectError("the endpoint could not be reached: \(error.localizedDescription)", retryable: true)
+        }
+        guard let http = response as? HTTPURLResponse else { throw EffectError("not an HTTP answer", retryable: true) }
+        guard (200..<300).contains(http.statusCode) else {
+            throw EffectError("the endpoint answered \(http.statusCode)", retryable: http.statusCode >= 500 || http.statusCode == 429)
+        }
+        guard data.count <= 64 << 20 else { throw EffectError("the endpoint's image is over 64 MiB", retryable: false) }
+        return (data, http)
+    }
+
+    /// Runs blocking work (libvips, file copies) on a thread of its own, off the cooperative pool.
+    private func blocking(_ work: @escaping @Sendable () throws -> Void) async throws {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            let thread = Thread {
+                do { try work(); continuation.resume() } catch { continuation.resume(throwing: error) }
+            }
+            thread.start()
+        }
+    }
+
+    static func text(_ characters: [CChar]) -> String {
+        String(decoding: characters.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    static func size(_ file: URL) -> Int {
+        ((try? FileManager.default.attributesOfItem(atPath: file.path))?[.size] as? Int) ?? 0
+    }
+}

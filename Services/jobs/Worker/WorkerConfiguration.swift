@@ -1,0 +1,44 @@
+import Foundation
+import ServiceKit
+
+/// What a worker process reads from the environment.
+public struct WorkerConfiguration: Sendable {
+    /// The jobs service's worker endpoint (`JOBS_WORKER_ENDPOINT`, default `tcp://127.0.0.1:7104`).
+    public var endpoint: String
+    /// Jobs run at once (`WORKER_CAPACITY`, default 1).
+    public var capacity: Int
+    /// This worker's name in logs (`WORKER_ID`, default host and pid).
+    public var workerId: String
+    /// The shared blob folder (`BLOB_DIR`, default `$DATA_DIR/blobs`).
+    public var blobDirectory: String
+    /// Heartbeat interval (`WORKER_HEARTBEAT_MS`, default 1000); the jobs service is presumed
+    /// dead after three silent intervals.
+    public var heartbeat: Duration
+    /// For remote effects: the secret the gateway signs URLs with (`URL_SIGNING_SECRET`) and the
+    /// gateway's public base URL (`PUBLIC_BASE_URL`).
+    public var urlSigningSecret: String
+    public var publicBaseURL: String
+    /// The least severe log level printed (`LOG_LEVEL`).
+    public var logLevel: String
+    /// Effect ids this worker takes (`WORKER_EFFECTS`, comma-separated; default `*`, every
+    /// effect: the assignment carries the effect's description, remote ones included).
+    public var effects: [String]
+
+    public init(environment: Environment) throws {
+        let dataDirectory = environment.string("DATA_DIR", default: ".data")
+        endpoint = environment.string("JOBS_WORKER_ENDPOINT", default: "tcp://127.0.0.1:7104")
+        capacity = min(64, max(1, try environment.int("WORKER_CAPACITY", default: 1)))
+        workerId = environment.string("WORKER_ID", default: "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)")
+        blobDirectory = environment.string("BLOB_DIR", default: dataDirectory + "/blobs")
+        heartbeat = .milliseconds(max(50, try environment.int("WORKER_HEARTBEAT_MS", default: 1000)))
+        urlSigningSecret = environment.string("URL_SIGNING_SECRET", default: "development-url-signing-secret")
+        publicBaseURL = environment.string("PUBLIC_BASE_URL", default: "http://127.0.0.1:8080")
+        logLevel = environment.string("LOG_LEVEL", default: "info")
+        effects = environment.string("WORKER_EFFECTS", default: "*").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+    }
+
+    public static let environmentKeys = [
+        "JOBS_WORKER_ENDPOINT", "WORKER_CAPACITY", "WORKER_ID", "BLOB_DIR", "DATA_DIR", "WORKER_HEARTBEAT_MS",
+        "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "LOG_LEVEL", "WORKER_EFFECTS",
+    ]
+}

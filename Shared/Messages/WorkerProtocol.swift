@@ -1,0 +1,79 @@
+/// The worker protocol (after the ZeroMQ Guide's Majordomo and Paranoid Pirate patterns): a worker
+/// connects to the jobs service's worker endpoint, says `ready` with its capacity and effects,
+/// is assigned jobs with an attempt number, sends heartbeats and progress, and ends each job with
+/// `done` or `failed`. Heartbeats go both ways about every second; a peer silent for three
+/// intervals is dead.
+
+/// What a worker tells the jobs service.
+public enum WorkerMessage: Codable, Sendable, Equatable {
+    case ready(WorkerReady)
+    case heartbeat(running: [JobAttempt])
+    case progress(JobAttempt, fraction: Double)
+    case done(JobAttempt, JobOutput)
+    case failed(JobAttempt, error: String, retryable: Bool)
+    /// The worker stopped a job after a `cancel`.
+    case cancelled(JobAttempt)
+}
+
+/// What the jobs service tells a worker.
+public enum DispatcherMessage: Codable, Sendable, Equatable {
+    case assign(JobAssignment)
+    case cancel(JobAttempt)
+    case heartbeat
+    /// The service does not know this worker (it restarted, or declared it dead): say `ready` again.
+    case reconnect
+    /// A result was refused, e.g. from a stale attempt.
+    case refused(JobAttempt, reason: String)
+}
+
+/// A worker's introduction.
+public struct WorkerReady: Codable, Sendable, Equatable {
+    public var workerId: String
+    /// Jobs it runs at once.
+    public var capacity: Int
+    /// Effect ids it can run.
+    public var effects: [String]
+    public init(workerId: String, capacity: Int, effects: [String]) {
+        self.workerId = workerId
+        self.capacity = capacity
+        self.effects = effects
+    }
+}
+
+/// One attempt at one job: results are accepted only from the current attempt (fencing).
+public struct JobAttempt: Codable, Sendable, Hashable {
+    public var jobId: String
+    public var attempt: Int
+    public init(jobId: String, attempt: Int) {
+        self.jobId = jobId
+        self.attempt = attempt
+    }
+}
+
+/// A job handed to a worker.
+public struct JobAssignment: Codable, Sendable, Equatable {
+    public var attempt: JobAttempt
+    public var userId: String
+    public var imageKey: String
+    public var effect: EffectDescription
+    public var parameters: [String: Double]
+    public var prompt: String?
+    public init(attempt: JobAttempt, userId: String, imageKey: String, effect: EffectDescription, parameters: [String: Double], prompt: String?) {
+        self.attempt = attempt
+        self.userId = userId
+        self.imageKey = imageKey
+        self.effect = effect
+        self.parameters = parameters
+        self.prompt = prompt
+    }
+}
+
+/// What a finished job produced, as blob keys.
+public struct JobOutput: Codable, Sendable, Equatable {
+    public var resultKey: String
+    public var thumbnailKey: String
+    public init(resultKey: String, thumbnailKey: String) {
+        self.resultKey = resultKey
+        self.thumbnailKey = thumbnailKey
+    }
+}
