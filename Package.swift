@@ -207,6 +207,15 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(
+            name: "JobsTests",
+            dependencies: [
+                "JobsCore", "JobsService", "Messages", "Bus",
+                .product(name: "GRDB", package: "GRDB.swift"),
+            ],
+            path: "Tests/JobsTests",
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
             name: "QuotaTests",
             dependencies: [
                 "QuotaCore", "QuotaService", "Messages", "Bus",
@@ -218,7 +227,7 @@ let package = Package(
         .testTarget(
             name: "SystemTests",
             dependencies: [
-                "Bus", "Messages", "ZeroMQ", "ServiceKit", "GatewayApp", "QuotaService",
+                "Bus", "Messages", "ZeroMQ", "ServiceKit", "GatewayApp", "QuotaService", "JobsService", "WorkerKit", "JobsCore", "ImageOps", "Blobs",
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdTesting", package: "hummingbird"),

@@ -1,6 +1,8 @@
 import Foundation
 import GatewayApp
+import JobsService
 import QuotaService
+import WorkerKit
 import ServiceKit
 import Testing
 import Yams
@@ -36,6 +38,8 @@ struct ComposeFileTests {
             expected[service.rawValue] = ServiceConfiguration.environmentKeys(for: service)
         }
         expected["quota"]! += QuotaConfiguration.environmentKeys
+        expected["jobs"]! += JobsConfiguration.environmentKeys
+        expected["worker"] = WorkerConfiguration.environmentKeys
         for (name, keys) in expected {
             let service = try #require(services[name], "compose.yaml has no service \(name)")
             let command = (service["command"] as? [String])?.first ?? service["command"] as? String ?? ""
@@ -57,6 +61,17 @@ struct ComposeFileTests {
             #expect(dialled == "tcp://\(service.rawValue):\(bound.split(separator: ":").last ?? "")")
         }
         #expect((services["gateway"]?["ports"] as? [Any])?.isEmpty == false)
+    }
+
+    @Test func workersAreTheirOwnServiceSharingTheBlobVolumeWithTheGateway() throws {
+        let services = try services()
+        let worker = try #require(services["worker"])
+        let gateway = try #require(services["gateway"])
+        let workerVolumes = Set((worker["volumes"] as? [String] ?? []).compactMap { $0.split(separator: ":").first.map(String.init) })
+        let gatewayVolumes = Set((gateway["volumes"] as? [String] ?? []).compactMap { $0.split(separator: ":").first.map(String.init) })
+        #expect(workerVolumes.contains("blobs") && gatewayVolumes.contains("blobs"))
+        #expect(worker["ports"] == nil, "a scaled service cannot publish a fixed port")
+        #expect(worker["container_name"] == nil, "a scaled service cannot have a fixed name")
     }
 
     @Test func eachDatabaseServiceHasItsOwnVolume() throws {

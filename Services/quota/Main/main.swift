@@ -1,3 +1,4 @@
+import Bus
 import Foundation
 import QuotaService
 import ServiceKit
@@ -12,5 +13,11 @@ try await BusServiceRunner.run(.quota) { router, service, logger in
         "path": "\(configuration.databasePath)",
         "plans": "\(configuration.plans.plans.keys.sorted().joined(separator: ","))",
     ])
-    return []
+    return [
+        StaleReservationResolver(
+            database: database, ledger: QuotaLedger(plans: configuration.plans),
+            jobs: BusClient(endpoint: configuration.jobsEndpoint, logger: logger),
+            staleAfter: configuration.staleAfter, interval: configuration.staleScanInterval, logger: logger
+        ),
+    ]
 }

@@ -9,9 +9,19 @@ public struct QuotaConfiguration: Sendable {
     /// The database file (`QUOTA_DB`, default `$DATA_DIR/quota.sqlite`).
     public var databasePath: String
 
-    public init(plans: PlanCatalog = .standard, databasePath: String) {
+    /// When an unconfirmed reservation counts as stale (`QUOTA_STALE_AFTER_S`, default 120) and
+    /// how often they are looked for (`QUOTA_STALE_SCAN_MS`, default 10000).
+    public var staleAfter: Duration
+    public var staleScanInterval: Duration
+    /// The jobs service, asked about stale reservations (`JOBS_ENDPOINT`).
+    public var jobsEndpoint: String
+
+    public init(plans: PlanCatalog = .standard, databasePath: String, staleAfter: Duration = .seconds(120), staleScanInterval: Duration = .seconds(10), jobsEndpoint: String = ServiceName.jobs.defaultEndpoint) {
         self.plans = plans
         self.databasePath = databasePath
+        self.staleAfter = staleAfter
+        self.staleScanInterval = staleScanInterval
+        self.jobsEndpoint = jobsEndpoint
     }
 
     /// Reads the configuration; `dataDirectory` is the service's `DATA_DIR`.
@@ -26,10 +36,13 @@ public struct QuotaConfiguration: Sendable {
         }
         self.init(
             plans: plans,
-            databasePath: environment.string("QUOTA_DB", default: dataDirectory + "/quota.sqlite")
+            databasePath: environment.string("QUOTA_DB", default: dataDirectory + "/quota.sqlite"),
+            staleAfter: .seconds(try environment.int("QUOTA_STALE_AFTER_S", default: 120)),
+            staleScanInterval: .milliseconds(max(10, try environment.int("QUOTA_STALE_SCAN_MS", default: 10_000))),
+            jobsEndpoint: environment.string(ServiceName.jobs.endpointVariable, default: ServiceName.jobs.defaultEndpoint)
         )
     }
 
     /// The variables `init(environment:dataDirectory:)` reads.
-    public static let environmentKeys = ["QUOTA_PLANS", "QUOTA_DB"]
+    public static let environmentKeys = ["QUOTA_PLANS", "QUOTA_DB", "QUOTA_STALE_AFTER_S", "QUOTA_STALE_SCAN_MS", "JOBS_ENDPOINT"]
 }

@@ -1,0 +1,73 @@
+import Bus
+import Foundation
+import GRDB
+import Logging
+import Messages
+import ServiceLifecycle
+
+/// Settles reservations nobody confirmed (the gateway died between reserve and create, say): a
+/// reservation older than `staleAfter` is looked up in the jobs service. No such job: released.
+/// A completed job: committed; a failed or cancelled one: released. A job still queued or
+/// processing is left alone: its own settlement arrives through the jobs outbox.
+public struct StaleReservationResolver: Service {
+    let database: QuotaDatabase
+    let ledger: QuotaLedger
+    let jobs: BusClient
+    let staleAfter: Duration
+    let interval: Duration
+    let logger: Logger
+
+    public init(database: QuotaDatabase, ledger: QuotaLedger, jobs: BusClient, staleAfter: Duration, interval: Duration, logger: Logger) {
+        self.database = database
+        self.ledger = ledger
+        self.jobs = jobs
+        self.staleAfter = staleAfter
+        self.interval = interval
+        self.logger = logger
+    }
+
+    public func run() async throws {
+        while !Task.isCancelled && !Task.isShuttingDownGracefully {
+            try? await Task.sleep(for: interval)
+            do {
+                try await resolve(now: Date())
+            } catch {
+                logger.error("stale reservation scan failed", metadata: ["error": "\(error)"])
+            }
+        }
+        await jobs.shutdown()
+    }
+
+    /// One scan: returns how many reservations were settled.
+    @discardableResult
+    public func resolve(now: Date) async throws -> Int {
+        let cutoff = now.addingTimeInterval(-Double(staleAfter.components.seconds) - Double(staleAfter.components.attoseconds) / 1e18)
+        let stale = try await database.writer.read { db in
+            try String.fetchAll(db, sql: "SELECT jobId FROM charge WHERE state = 'reserved' AND reservedAt < ? ORDER BY reservedAt LIMIT 100", arguments: [cutoff])
+        }
+        var settled = 0
+        for jobId in stale {
+            let existence: JobExistence
+            do {
+                existence = try await jobs.call(Jobs.lookup, JobLookup(jobId: jobId), timeout: .seconds(2))
+            } catch {
+                logger.warning("jobs did not answer about a stale reservation", metadata: ["job": "\(jobId)", "error": "\(error)"])
+                return settled
+            }
+            let action: String?
+            switch existence.status {
+            case nil: action = "release"
+            case .completed?: action = "commit"
+            case .failed?, .cancelled?: action = "release"
+            case .queued?, .processing?: action = nil
+            }
+            guard let action else { continue }
+            _ = try await database.writer.write { [ledger] db in
+                action == "commit" ? try ledger.commit(db, jobId: jobId, now: now) : try ledger.release(db, jobId: jobId, now: now)
+            }
+            settled += 1
+            logger.info("stale reservation settled", metadata: ["job": "\(jobId)", "action": "\(action)", "job-exists": "\(existence.exists)"])
+        }
+        return settled
+    }
+}

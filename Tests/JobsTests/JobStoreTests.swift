@@ -1,0 +1,114 @@
+import Foundation
+import GRDB
+import JobsCore
+import JobsService
+import Messages
+import Testing
+
+@Suite("Job store")
+struct JobStoreTests {
+    let store: JobStore
+    let now = Date()
+
+    init() throws {
+        store = JobStore(database: try JobsDatabase.inMemory(), retry: RetryPolicy(maxAttempts: 3, baseDelay: .milliseconds(10)))
+    }
+
+    func created(_ id: String = "job-1", user: String = "alice") async throws -> JobRecord {
+        try await store.create(CreateJob(jobId: id, userId: user, isPro: false, imageKey: "uploads/x/y.jpg", effectId: "copy"), effectId: "copy", parameters: [:], now: now).job
+    }
+
+    func outbox() async throws -> [OutboxEntry] {
+        try await store.database.writer.read { try OutboxEntry.order(Column("id")).fetchAll($0) }
+    }
+
+    @Test func staleAttemptsResultIsRefused() async throws {
+        // Given attempt 1 was lost with its worker and attempt 2 now runs
+        _ = try await created()
+        let first = try #require(try await store.start("job-1", now: now))
+        _ = try await store.requeue(JobAttempt(jobId: "job-1", attempt: first.attempts), reason: "worker lost", now: now)
+        let second = try #require(try await store.start("job-1", now: now))
+        #expect(second.attempts == 2)
+        // When attempt 1 reports done late
+        let late = try await store.complete(JobAttempt(jobId: "job-1", attempt: 1), output: JobOutput(resultKey: "r1", thumbnailKey: "t1"), now: now)
+        // Then it is refused and changes nothing; attempt 2's result is accepted
+        guard case .refused = late else { Issue.record("a stale attempt's result was applied"); return }
+        #expect(try await store.job("job-1")?.status == .processing)
+        let current = try await store.complete(JobAttempt(jobId: "job-1", attempt: 2), output: JobOutput(resultKey: "r2", thumbnailKey: "t2"), now: now)
+        guard case .applied(let job) = current else { Issue.record("the current attempt was refused"); return }
+        #expect(job.status == .completed && job.resultKey == "r2")
+        // And quota hears one commit
+        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["commit"])
+    }
+
+    @Test func retryableFailuresRetryUntilAttemptsRunOutThenRelease() async throws {
+        _ = try await created()
+        for attempt in 1...3 {
+            _ = try #require(try await store.start("job-1", now: now))
+            let (outcome, retryAfter) = try await store.fail(JobAttempt(jobId: "job-1", attempt: attempt), error: "timeout \(attempt)", retryable: true, now: now)
+            guard case .applied(let job) = outcome else { Issue.record("refused"); return }
+            if attempt < 3 {
+                #expect(job.status == .queued)
+                #expect(retryAfter == .milliseconds(10 * (1 << (attempt - 1))))
+            } else {
+                #expect(job.status == .failed)
+                #expect(job.lastError == "timeout 3")
+                #expect(retryAfter == nil)
+            }
+        }
+        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["release"])
+    }
+
+    @Test func everyStateChangeIsAnEventWithARisingVersion() async throws {
+        _ = try await created()
+        _ = try await store.start("job-1", now: now)
+        _ = try await store.complete(JobAttempt(jobId: "job-1", attempt: 1), output: JobOutput(resultKey: "r", thumbnailKey: "t"), now: now)
+        let events = try await outbox().filter { $0.topic == "history" }
+        #expect(events.map(\.version) == [1, 2, 3])
+        let last = try JSONDecoder().decode(JobRecord.self, from: try #require(events.last?.payload))
+        #expect(last.status == .completed)
+    }
+
+    @Test func cancellingQueuedAndProcessingJobs() async throws {
+        _ = try await created("queued-job")
+        let cancelled = try await store.cancel("queued-job", userId: "alice", now: now)
+        #expect(cancelled.status == .cancelled)
+        _ = try await created("running-job")
+        _ = try await store.start("running-job", now: now)
+        let marked = try await store.cancel("running-job", userId: "alice", now: now)
+        #expect(marked.status == .processing && marked.cancelRequested)
+        _ = try await store.cancelled(JobAttempt(jobId: "running-job", attempt: 1), now: now)
+        #expect(try await store.job("running-job")?.status == .cancelled)
+        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["release", "release"])
+        // Someone else's id is not found; a finished job cannot be cancelled.
+        await #expect(throws: BusError.self) { _ = try await store.cancel("running-job", userId: "mallory", now: now) }
+        _ = try await created("done-job")
+        _ = try await store.start("done-job", now: now)
+        _ = try await store.complete(JobAttempt(jobId: "done-job", attempt: 1), output: JobOutput(resultKey: "r", thumbnailKey: "t"), now: now)
+        do {
+            _ = try await store.cancel("done-job", userId: "alice", now: now)
+            Issue.record("a completed job was cancelled")
+        } catch let error as BusError {
+            #expect(error.code == Jobs.ErrorCode.alreadyFinished)
+        }
+    }
+
+    @Test func sameJobIdCreatesOnceAndOtherUsersCannotTakeIt() async throws {
+        let first = try await created()
+        let again = try await store.create(CreateJob(jobId: "job-1", userId: "alice", isPro: false, imageKey: "k", effectId: "copy"), effectId: "copy", parameters: [:], now: now)
+        #expect(!again.created && again.job.id == first.id && again.job.version == first.version)
+        await #expect(throws: BusError.self) {
+            _ = try await store.create(CreateJob(jobId: "job-1", userId: "bob", isPro: false, imageKey: "k", effectId: "copy"), effectId: "copy", parameters: [:], now: now)
+        }
+    }
+
+    @Test func effectParametersAreCheckedAgainstTheirSchema() throws {
+        let catalog = EffectCatalog()
+        #expect(try catalog.resolve("blur", parameters: [:]).1 == ["sigma": 2])
+        #expect(try catalog.resolve("default", parameters: [:]).0.id == "auto-enhance")
+        #expect(throws: BusError.self) { try catalog.resolve("blur", parameters: ["sigma": 500]) }
+        #expect(throws: BusError.self) { try catalog.resolve("blur", parameters: ["radius": 1]) }
+        #expect(throws: BusError.self) { try catalog.resolve("blur", parameters: ["sigma": .nan]) }
+        #expect(throws: BusError.self) { try catalog.resolve("nope", parameters: [:]) }
+    }
+}
