@@ -166,4 +166,17 @@ public struct EffectDescription: Codable, Sendable, Equatable {
         self.processor = processor
         self.endpoint = endpoint
     }
+
+    enum CodingKeys: String, CodingKey { case id, title, parameters, processor, endpoint }
+
+    /// Decodes an effect; `parameters` defaults to none and `processor` to `vips`, so an operator
+    /// writes only what matters.
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        id = try container.decode(String.self, forKey: .id)
+        title = try container.decodeIfPresent(String.self, forKey: .title) ?? id
+        parameters = try container.decodeIfPresent([Parameter].self, forKey: .parameters) ?? []
+        processor = try container.decodeIfPresent(String.self, forKey: .processor) ?? "vips"
+        endpoint = try container.decodeIfPresent(String.self, forKey: .endpoint)
+    }
 }

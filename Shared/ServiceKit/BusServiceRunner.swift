@@ -11,7 +11,7 @@ public enum BusServiceRunner {
     public static func run(
         _ service: ServiceName,
         environment: Environment = Environment(),
-        register: (inout BusRouter, ServiceConfiguration, Logger) async throws -> [any Service] = { _, _, _ in [] }
+        register: @Sendable (inout BusRouter, ServiceConfiguration, Logger) async throws -> [any Service] = { _, _, _ in [] }
     ) async throws {
         let configuration = try ServiceConfiguration(service: service, environment: environment)
         ProcessLogging.bootstrap(level: configuration.logLevel)

@@ -104,11 +104,19 @@ final class RunningServices: @unchecked Sendable {
         for service in only { try start(service) }
     }
 
-    func start(_ service: ServiceName) throws {
-        processes[service] = try ServiceProcess(service.rawValue, environment: [
+    /// Starts `service` on its endpoint, with its other endpoints on free ports too (so tests
+    /// running side by side never share one) and `extra` variables on top.
+    func start(_ service: ServiceName, extra: [String: String] = [:]) throws {
+        var environment = [
             service.bindVariable: endpoints[service]!,
             "DATA_DIR": dataDirectory.path,
-        ])
+        ]
+        if service == .jobs {
+            environment["JOBS_WORKER_BIND"] = "tcp://127.0.0.1:\(freePort())"
+            environment["QUOTA_ENDPOINT"] = endpoints[.quota]!
+        }
+        if service == .quota { environment["JOBS_ENDPOINT"] = endpoints[.jobs]! }
+        processes[service] = try ServiceProcess(service.rawValue, environment: environment.merging(extra) { _, new in new })
     }
 
     func stopAll() async {

@@ -3,9 +3,11 @@ import Logging
 import ServiceKit
 
 // The gateway: REST for the app, turned into bus requests.
-let configuration = try GatewayConfiguration(environment: Environment())
-ProcessLogging.bootstrap(level: configuration.logLevel)
-let logger = Logger(label: "gateway")
-let app = try await buildApplication(configuration: configuration, logger: logger)
-logger.info("gateway listening", metadata: ["url": "http://\(configuration.host):\(configuration.port)"])
-try await app.runService()
+await ProcessExit.run("gateway") {
+    let configuration = try GatewayConfiguration(environment: Environment())
+    ProcessLogging.bootstrap(level: configuration.logLevel)
+    let logger = Logger(label: "gateway")
+    let app = try await buildApplication(configuration: configuration, logger: logger)
+    logger.info("gateway listening", metadata: ["url": "http://\(configuration.host):\(configuration.port)"])
+    try await app.runService()
+}

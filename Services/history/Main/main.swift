@@ -1,4 +1,4 @@
 import ServiceKit
 
 // The history service. For now it answers `health`; its methods arrive with their issues.
-try await BusServiceRunner.run(.history)
+await ProcessExit.run("history") { try await BusServiceRunner.run(.history) }

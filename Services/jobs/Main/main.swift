@@ -7,7 +7,7 @@ import ServiceKit
 
 // The jobs service: the job queue and lifecycle in $DATA_DIR/jobs.sqlite; workers connect to
 // JOBS_WORKER_BIND; quota settlements leave through the outbox.
-try await BusServiceRunner.run(.jobs) { router, service, logger in
+await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs) { router, service, logger in
     let configuration = try JobsConfiguration(environment: Environment(), dataDirectory: service.dataDirectory)
     try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
     let database = try JobsDatabase.open(path: configuration.databasePath)
@@ -23,4 +23,5 @@ try await BusServiceRunner.run(.jobs) { router, service, logger in
         DispatcherService(dispatcher: dispatcher, channel: channel),
         OutboxDeliverer(database: database, quota: BusClient(endpoint: configuration.quotaEndpoint, logger: logger), logger: logger),
     ]
+}
 }

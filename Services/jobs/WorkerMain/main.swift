@@ -7,19 +7,21 @@ import ServiceLifecycle
 import WorkerKit
 
 // A worker: runs edits for the jobs service. Start as many as the machine affords.
-let configuration = try WorkerConfiguration(environment: Environment())
-ProcessLogging.bootstrap(level: Logger.Level(rawValue: configuration.logLevel) ?? .info)
-let logger = Logger(label: "worker")
-EffectRunner.startImageLibrary()
-let runner = EffectRunner(
-    blobs: try DiskBlobStore(root: URL(fileURLWithPath: configuration.blobDirectory)),
-    signer: URLSigner(secret: configuration.urlSigningSecret),
-    publicBaseURL: configuration.publicBaseURL
-)
-let worker = Worker(
-    configuration: configuration, runner: runner,
-    effects: configuration.effects,
-    logger: logger
-)
-let group = ServiceGroup(configuration: .init(services: [worker], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
-try await group.run()
+await ProcessExit.run("worker") {
+    let configuration = try WorkerConfiguration(environment: Environment())
+    ProcessLogging.bootstrap(level: Logger.Level(rawValue: configuration.logLevel) ?? .info)
+    let logger = Logger(label: "worker")
+    EffectRunner.startImageLibrary()
+    let runner = EffectRunner(
+        blobs: try DiskBlobStore(root: URL(fileURLWithPath: configuration.blobDirectory)),
+        signer: URLSigner(secret: configuration.urlSigningSecret),
+        publicBaseURL: configuration.publicBaseURL
+    )
+    let worker = Worker(
+        configuration: configuration, runner: runner,
+        effects: configuration.effects,
+        logger: logger
+    )
+    let group = ServiceGroup(configuration: .init(services: [worker], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+    try await group.run()
+}

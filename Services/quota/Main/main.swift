@@ -4,7 +4,7 @@ import QuotaService
 import ServiceKit
 
 // The quota service: plans, usage windows, and the ledger of charges, in $DATA_DIR/quota.sqlite.
-try await BusServiceRunner.run(.quota) { router, service, logger in
+await ProcessExit.run("quota") { try await BusServiceRunner.run(.quota) { router, service, logger in
     let configuration = try QuotaConfiguration(environment: Environment(), dataDirectory: service.dataDirectory)
     try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
     let database = try QuotaDatabase.open(path: configuration.databasePath)
@@ -20,4 +20,5 @@ try await BusServiceRunner.run(.quota) { router, service, logger in
             staleAfter: configuration.staleAfter, interval: configuration.staleScanInterval, logger: logger
         ),
     ]
+}
 }

@@ -18,7 +18,11 @@ extension Problem {
         case .cancelled: status = .init(code: 499, reasonPhrase: "Client Closed Request")
         case .unknownMethod, .badReply: status = .badGateway
         case Quota.ErrorCode.unknownPlan, Quota.ErrorCode.unknownTimeZone: status = .unprocessableContent
-        case Quota.ErrorCode.chargeSettled, Quota.ErrorCode.jobIdTaken: status = .conflict
+        case Quota.ErrorCode.chargeSettled, Quota.ErrorCode.jobIdTaken, Jobs.ErrorCode.alreadyFinished: status = .conflict
+        case Jobs.ErrorCode.unknownEffect, Jobs.ErrorCode.invalidParameters: status = .unprocessableContent
+        case Jobs.ErrorCode.queueFull:
+            status = .serviceUnavailable
+            headers[.retryAfter] = "5"
         default: status = error.retryable ? .serviceUnavailable : .internalServerError
         }
         self.init(

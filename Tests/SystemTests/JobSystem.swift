@@ -1,0 +1,160 @@
+import Blobs
+import Bus
+import Foundation
+import GatewayApp
+import HTTPTypes
+import Hummingbird
+import HummingbirdTesting
+import ImageOps
+import Messages
+import ServiceKit
+import ServiceLifecycle
+import Testing
+
+/// The job pipeline as real processes (quota, jobs, workers) with the gateway's router in this
+/// process, a shared blob folder, and a small inference provider for remote effects.
+final class JobSystem: @unchecked Sendable {
+    // @unchecked: driven by one test at a time, step by step.
+    static let publicBase = "http://gateway.test"
+    static let secret = "system-test-jwt-secret-0123456789abcdef"
+    static let adminToken = "system-test-admin"
+    static let signingSecret = "system-test-url-signing-secret"
+    static let fixture = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("Fixtures/images/photo.jpg")
+
+    let services: RunningServices
+    let workerEndpoint = "tcp://127.0.0.1:\(freePort())"
+    let providerPort = freePort()
+    var workers: [ServiceProcess] = []
+    let clients: ServiceClients
+    let configuration: GatewayConfiguration
+    let provider: Task<Void, any Error>
+    var blobDirectory: String { services.dataDirectory.appendingPathComponent("blobs").path }
+
+    init(workers count: Int = 1, uploadMaxBytes: Int = 20 << 20, workerCapacity: Int = 1) async throws {
+        let port = providerPort
+        provider = Task { try await Self.runProvider(port: port) }
+        services = try RunningServices(only: [])
+        let effects = """
+            [{"id": "slow-remote", "title": "Slow AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/slow"},
+             {"id": "broken-remote", "title": "Broken AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/bad"}]
+            """
+        try services.start(.quota, extra: [
+            "JOBS_ENDPOINT": services.endpoints[.jobs]!, "QUOTA_STALE_AFTER_S": "1", "QUOTA_STALE_SCAN_MS": "300",
+        ])
+        try services.start(.jobs, extra: [
+            "JOBS_WORKER_BIND": workerEndpoint, "QUOTA_ENDPOINT": services.endpoints[.quota]!,
+            "JOBS_EFFECTS": effects, "JOBS_RETRY_BASE_MS": "200",
+        ])
+        configuration = GatewayConfiguration(
+            endpoints: services.endpoints, jwtSecret: Self.secret, adminToken: Self.adminToken,
+            blobDirectory: services.dataDirectory.appendingPathComponent("blobs").path,
+            urlSigningSecret: Self.signingSecret, publicBaseURL: Self.publicBase, uploadMaxBytes: uploadMaxBytes
+        )
+        clients = ServiceClients(configuration: configuration)
+        _ = try await waitUntilHealthy(clients.quota)
+        _ = try await waitUntilHealthy(clients.jobs)
+        for _ in 0..<count { try startWorker(capacity: workerCapacity) }
+    }
+
+    @discardableResult
+    func startWorker(capacity: Int = 1) throws -> ServiceProcess {
+        let worker = try ServiceProcess("worker", environment: [
+            "JOBS_WORKER_ENDPOINT": workerEndpoint, "BLOB_DIR": blobDirectory, "WORKER_ID": "w\(workers.count + 1)",
+            "WORKER_CAPACITY": "\(capacity)", "URL_SIGNING_SECRET": Self.signingSecret,
+        ])
+        workers.append(worker)
+        return worker
+    }
+
+    func stop() async {
+        for worker in workers { await worker.stop() }
+        await clients.shutdown()
+        await services.stopAll()
+        provider.cancel()
+    }
+
+    /// Runs `body` against the gateway's router.
+    func gateway(_ body: @Sendable (any TestClientProtocol) async throws -> Void) async throws {
+        let authenticator = try await Authenticator(jwtSecret: Self.secret, adminToken: Self.adminToken)
+        let app = Application(router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration))
+        try await app.test(.router, body)
+    }
+
+    // MARK: Steps
+
+    static func guest(_ device: UUID) -> HTTPFields { [.deviceId: device.uuidString] }
+
+    static func json(_ response: TestResponse) -> [String: Any] {
+        (try? JSONSerialization.jsonObject(with: Data(buffer: response.body)) as? [String: Any]) ?? [:]
+    }
+
+    /// Presigns and uploads `bytes`; returns the image key.
+    static func upload(_ client: any TestClientProtocol, as user: HTTPFields, bytes: Data? = nil, contentType: String = "image/jpeg") async throws -> String {
+        let presign = try await client.execute(uri: "/api/v1/uploads/presigned", method: .post, headers: user,
+                                               body: ByteBuffer(string: #"{"filename": "photo.jpg", "contentType": "\#(contentType)"}"#))
+        #expect(presign.status == .ok)
+        let answer = json(presign)
+        let url = try #require(answer["uploadUrl"] as? String)
+        let key = try #require(answer["imageKey"] as? String)
+        let data = try bytes ?? Data(contentsOf: fixture)
+        let put = try await client.execute(uri: String(url.dropFirst(publicBase.count)), method: .put,
+                                           headers: [.contentType: contentType], body: ByteBuffer(bytes: data))
+        #expect(put.status == .created, "upload answered \(put.status)")
+        return key
+    }
+
+    static func createJob(_ client: any TestClientProtocol, as user: HTTPFields, imageKey: String, effect: String,
+                          parameters: String = "{}", idempotencyKey: String? = nil) async throws -> TestResponse {
+        var headers = user
+        if let idempotencyKey { headers[.init("Idempotency-Key")!] = idempotencyKey }
+        return try await client.execute(uri: "/api/v1/jobs", method: .post, headers: headers,
+                                        body: ByteBuffer(string: #"{"imageKey": "\#(imageKey)", "effectId": "\#(effect)", "parameters": \#(parameters)}"#))
+    }
+
+    /// Polls the status route until `done` holds (at most `limit`); returns the last answer.
+    static func waitForStatus(_ client: any TestClientProtocol, as user: HTTPFields, jobId: String, within limit: Duration = .seconds(30),
+                              until done: ([String: Any]) -> Bool = { ["completed", "failed", "cancelled"].contains($0["status"] as? String ?? "") }) async throws -> [String: Any] {
+        let deadline = ContinuousClock.now.advanced(by: limit)
+        while true {
+            let response = try await client.execute(uri: "/api/v1/jobs/\(jobId)/status", method: .get, headers: user)
+            let body = json(response)
+            if done(body) || ContinuousClock.now > deadline { return body }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+    }
+
+    /// Width and height of an image file, through libvips.
+    static func dimensions(of bytes: Data) throws -> (Int, Int) {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("probe-\(UUID().uuidString).jpg")
+        try bytes.write(to: file)
+        defer { try? FileManager.default.removeItem(at: file) }
+        _ = imageops_start("tests", 1)
+        var width: Int32 = 0, height: Int32 = 0
+        var error = [CChar](repeating: 0, count: 256)
+        guard imageops_probe(file.path, &width, &height, &error, error.count) == 0 else { return (0, 0) }
+        return (Int(width), Int(height))
+    }
+
+    // MARK: The inference provider
+
+    /// `POST /slow` answers the fixture image after 3 s; `POST /bad` answers 400.
+    static func runProvider(port: Int) async throws {
+        let router = Router()
+        router.post("/slow") { _, _ -> Response in
+            try await Task.sleep(for: .seconds(3))
+            let data = try Data(contentsOf: fixture)
+            return Response(status: .ok, headers: [.contentType: "image/jpeg"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
+        }
+        router.post("/bad") { _, _ -> Response in
+            Response(status: .badRequest, headers: [.contentType: "text/plain"], body: .init(byteBuffer: ByteBuffer(string: "no")))
+        }
+        let app = Application(router: router, configuration: .init(address: .hostname("127.0.0.1", port: port)))
+        let group = ServiceGroup(configuration: .init(services: [app], gracefulShutdownSignals: [], logger: app.logger))
+        try await withTaskCancellationHandler {
+            try await group.run()
+        } onCancel: {
+            Task { await group.triggerGracefulShutdown() }
+        }
+    }
+}
