@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CONFIG ?= debug
 
-.PHONY: deps build run test bench-bus bench-quota clean
+.PHONY: deps build run test bench-bus bench-quota bench-jobs clean
 
 deps:
 	@scripts/install-deps.sh
@@ -26,6 +26,10 @@ bench-bus: deps
 ## Durable quota decisions through the bus against an in-memory Redis limiter.
 bench-quota: deps
 	@scripts/bench-quota.sh
+
+## Jobs per second against Celery + Redis, and scale-out over 1 to 16 workers.
+bench-jobs: deps
+	@scripts/bench-jobs.sh
 
 clean:
 	rm -rf .build .data

@@ -18,6 +18,7 @@ let package = Package(
         .executable(name: "bus-bench", targets: ["bus-bench"]),
         .executable(name: "bus-fixture", targets: ["bus-fixture"]),
         .executable(name: "quota-bench", targets: ["quota-bench"]),
+        .executable(name: "jobs-bench", targets: ["jobs-bench"]),
     ],
     dependencies: [
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
@@ -29,6 +30,7 @@ let package = Package(
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
         .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.8.0"),
         .package(url: "https://github.com/apple/swift-crypto.git", "4.0.0"..<"5.0.0"),
+        .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
     ],
     targets: [
         // libzmq through pkg-config; the only C module the bus uses.
@@ -163,6 +165,7 @@ let package = Package(
             name: "WorkerKit",
             dependencies: [
                 "ImageOps", "Blobs", "JobsCore", "Messages", "Bus", "ServiceKit",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
@@ -204,6 +207,12 @@ let package = Package(
             name: "quota-bench",
             dependencies: ["Bus", "Messages", "ServiceKit"],
             path: "Benchmarks/quota-bench",
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "jobs-bench",
+            dependencies: ["Bus", "Messages", "ServiceKit", "Blobs"],
+            path: "Benchmarks/jobs-bench",
             swiftSettings: swiftSettings
         ),
         .testTarget(

@@ -39,6 +39,9 @@ public actor Dispatcher {
     private var queue: FairQueue
     private var delayed = Heap<Delayed>()
     private var lastHeartbeat = ContinuousClock.now
+    /// Progress of running jobs. Progress is not a state change: it is kept here, not written to
+    /// disk and the outbox (a worker reports it several times a job).
+    private var progress: [String: Double] = [:]
 
     public init(channel: BusChannel, store: JobStore, catalog: EffectCatalog, proFirst: Bool = true, heartbeatInterval: Duration = .seconds(1), logger: Logger) {
         self.channel = channel
@@ -108,7 +111,9 @@ public actor Dispatcher {
             case .ready, .heartbeat:
                 break
             case .progress(let attempt, let fraction):
-                _ = try await store.progress(attempt, fraction: fraction, now: Date())
+                if workers[peer]?.running[attempt.jobId] == attempt.attempt, fraction.isFinite {
+                    progress[attempt.jobId] = min(1, max(progress[attempt.jobId] ?? 0, fraction))
+                }
             case .done(let attempt, let output):
                 finished(attempt, on: peer)
                 if case .refused(let reason) = try await store.complete(attempt, output: output, now: Date()) {
@@ -141,6 +146,7 @@ public actor Dispatcher {
             workers[peer] = nil
             logger.warning("worker lost", metadata: ["worker": "\(worker.id)", "jobs": "\(worker.running.count)"])
             for (jobId, attempt) in worker.running where attempt > 0 {
+                progress[jobId] = nil
                 do {
                     if let job = try await store.requeue(JobAttempt(jobId: jobId, attempt: attempt), reason: "worker \(worker.id) was lost", now: Date()),
                        job.status == .queued {
@@ -164,7 +170,16 @@ public actor Dispatcher {
     private func finished(_ attempt: JobAttempt, on peer: BusChannel.Peer) {
         if workers[peer]?.running[attempt.jobId] == attempt.attempt {
             workers[peer]?.running[attempt.jobId] = nil
+            progress[attempt.jobId] = nil
         }
+    }
+
+    /// The job as stored, with the live progress of a running attempt laid over it.
+    public func withLiveProgress(_ job: JobRecord) -> JobRecord {
+        guard job.status == .processing, let fraction = progress[job.id] else { return job }
+        var live = job
+        live.progress = fraction
+        return live
     }
 
     /// Hands out queued jobs while some worker has a free slot for them.

@@ -23,7 +23,7 @@ public struct JobsHandler: Sendable {
             guard let job = try await store.job(request.jobId, userId: request.userId) else {
                 throw BusError(.notFound, "no job \(request.jobId.prefix(64))")
             }
-            return job
+            return await dispatcher.withLiveProgress(job)
         }
         router.register(Jobs.cancel) { request, _ in
             let job = try await store.cancel(request.jobId, userId: request.userId, now: Date())

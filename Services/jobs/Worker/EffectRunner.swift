@@ -1,10 +1,9 @@
+import AsyncHTTPClient
 import Blobs
 import Foundation
 import ImageOps
 import Messages
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
+import NIOCore
 
 /// A job's failure as the worker reports it.
 public struct EffectError: Error, CustomStringConvertible {
@@ -95,20 +94,20 @@ public struct EffectRunner: Sendable {
             var prompt: String?
         }
         struct Answer: Decodable { var imageUrl: String }
-        var request = URLRequest(url: endpoint, timeoutInterval: 120)
-        request.httpMethod = "POST"
-        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-        request.httpBody = try JSONEncoder().encode(Ask(
+        var request = HTTPClientRequest(url: endpoint.absoluteString)
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/json")
+        request.body = .bytes(ByteBuffer(bytes: try JSONEncoder().encode(Ask(
             imageUrl: publicBaseURL + signer.downloadPath(for: job.imageKey),
             effect: job.effect.id, parameters: job.parameters, prompt: job.prompt
-        ))
-        let (body, response) = try await fetch(request)
+        ))))
+        let (body, contentType) = try await fetch(request)
         var bytes = body
-        if response.value(forHTTPHeaderField: "Content-Type")?.hasPrefix("application/json") == true {
-            guard let answer = try? JSONDecoder().decode(Answer.self, from: body), let url = URL(string: answer.imageUrl) else {
+        if contentType.hasPrefix("application/json") {
+            guard let answer = try? JSONDecoder().decode(Answer.self, from: body), URL(string: answer.imageUrl) != nil else {
                 throw EffectError("the endpoint answered JSON without an imageUrl", retryable: false)
             }
-            (bytes, _) = try await fetch(URLRequest(url: url, timeoutInterval: 120))
+            (bytes, _) = try await fetch(HTTPClientRequest(url: answer.imageUrl))
         }
         guard ImageSniffer.contentType(of: Array(bytes.prefix(16))) != nil else {
             throw EffectError("the endpoint did not answer with an image", retryable: false)
@@ -116,19 +115,26 @@ public struct EffectRunner: Sendable {
         try bytes.write(to: output)
     }
 
-    private func fetch(_ request: URLRequest) async throws -> (Data, HTTPURLResponse) {
-        let data: Data, response: URLResponse
+    /// Sends `request` (AsyncHTTPClient, two minutes at most); the body (64 MiB at most) and its
+    /// content type. Transport errors, 5xx and 429 are retryable; other statuses are not.
+    private func fetch(_ request: HTTPClientRequest) async throws -> (Data, String) {
+        let response: HTTPClientResponse
         do {
-            (data, response) = try await URLSession.shared.data(for: request)
+            response = try await HTTPClient.shared.execute(request, timeout: .seconds(120))
         } catch {
-            throw EffectError("the endpoint could not be reached: \(error.localizedDescription)", retryable: true)
+            throw EffectError("the endpoint could not be reached: \(error)", retryable: true)
         }
-        guard let http = response as? HTTPURLResponse else { throw EffectError("not an HTTP answer", retryable: true) }
-        guard (200..<300).contains(http.statusCode) else {
-            throw EffectError("the endpoint answered \(http.statusCode)", retryable: http.statusCode >= 500 || http.statusCode == 429)
+        let status = Int(response.status.code)
+        guard (200..<300).contains(status) else {
+            throw EffectError("the endpoint answered \(status)", retryable: status >= 500 || status == 429)
         }
-        guard data.count <= 64 << 20 else { throw EffectError("the endpoint's image is over 64 MiB", retryable: false) }
-        return (data, http)
+        let body: ByteBuffer
+        do {
+            body = try await response.body.collect(upTo: 64 << 20)
+        } catch {
+            throw EffectError("the endpoint's answer was over 64 MiB or cut short", retryable: false)
+        }
+        return (Data(body.readableBytesView), response.headers.first(name: "Content-Type") ?? "")
     }
 
     /// Runs blocking work (libvips, file copies) on a thread of its own, off the cooperative pool.

@@ -65,21 +65,6 @@ public struct JobStore: Sendable {
         }
     }
 
-    /// A progress report from the current attempt.
-    public func progress(_ attempt: JobAttempt, fraction: Double, now: Date) async throws -> Outcome {
-        try await database.writer.write { db in
-            var job: JobRecord
-            switch try Self.current(db, attempt) {
-            case .refused(let reason): return .refused(reason)
-            case .applied(let found): job = found
-            }
-            job.progress = min(1, max(job.progress, fraction.isFinite ? fraction : 0))
-            job.updatedAt = now
-            try job.update(db)
-            return .applied(job)
-        }
-    }
-
     /// The current attempt finished: completed, quota committed.
     public func complete(_ attempt: JobAttempt, output: JobOutput, now: Date) async throws -> Outcome {
         try await database.writer.write { db in

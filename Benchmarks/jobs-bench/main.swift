@@ -1,0 +1,61 @@
+import Blobs
+import Bus
+import Foundation
+import Messages
+import ServiceKit
+
+// Jobs benchmark client: `jobs-bench JOBS_ENDPOINT BLOB_DIR COUNT EFFECT` puts one input image in
+// the blob folder, creates COUNT jobs with EFFECT through the jobs service over the bus (64 in
+// flight), waits until every one has completed, and prints `jobs_per_s=X completed=N failed=F`,
+// timed from the first creation to the last completion.
+
+func run(endpoint: String, blobDirectory: String, count: Int, effect: String, image: String) async throws {
+    ProcessLogging.bootstrap(level: .warning)
+    let blobs = try DiskBlobStore(root: URL(fileURLWithPath: blobDirectory))
+    let key = "uploads/bench/\(UUID().uuidString.lowercased()).jpg"
+    let staged = try blobs.temporaryFile()
+    try FileManager.default.copyItem(at: URL(fileURLWithPath: image), to: staged)
+    try await blobs.adopt(file: staged, as: key, metadata: BlobMetadata(owner: "bench", contentType: "image/jpeg", size: 0))
+    let client = BusClient(endpoint: endpoint, timeout: .seconds(30))
+    let user = "bench-\(UUID().uuidString.prefix(8))"
+    let ids = (0..<count).map { _ in UUID().uuidString.lowercased() }
+
+    let start = ContinuousClock.now
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        var next = 0
+        func add() {
+            let id = ids[next]
+            next += 1
+            group.addTask {
+                _ = try await client.call(Jobs.create, CreateJob(jobId: id, userId: user, isPro: false, imageKey: key, effectId: effect))
+            }
+        }
+        for _ in 0..<min(64, count) { add() }
+        while try await group.next() != nil {
+            if next < count { add() }
+        }
+    }
+    // Jobs of one user run in order: follow the oldest unfinished one.
+    var failed = 0
+    var index = 0
+    while index < ids.count {
+        let job = try await client.call(Jobs.get, JobReference(jobId: ids[index], userId: user))
+        if job.status.isTerminal {
+            if job.status != .completed { failed += 1 }
+            index += 1
+        } else {
+            try await Task.sleep(for: .milliseconds(5))
+        }
+    }
+    let elapsed = start.duration(to: .now)
+    let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+    print(String(format: "jobs_per_s=%.1f completed=%d failed=%d seconds=%.2f", Double(count - failed) / seconds, count - failed, failed, seconds))
+    await client.shutdown()
+}
+
+let arguments = CommandLine.arguments
+guard arguments.count >= 6, let count = Int(arguments[3]) else {
+    print("usage: jobs-bench JOBS_ENDPOINT BLOB_DIR COUNT EFFECT IMAGE")
+    exit(2)
+}
+try await run(endpoint: arguments[1], blobDirectory: arguments[2], count: count, effect: arguments[4], image: arguments[5])
