@@ -1,6 +1,6 @@
 # One image holding every executable; compose.yaml picks the process with `command`.
 FROM swift:6.3-bookworm AS build
-RUN apt-get update && apt-get install -y --no-install-recommends libzmq3-dev libsqlite3-dev pkg-config \
+RUN apt-get update && apt-get install -y --no-install-recommends libzmq3-dev libsqlite3-dev libvips-dev pkg-config \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Package.swift ./
@@ -9,10 +9,10 @@ COPY Services Services
 COPY Benchmarks Benchmarks
 COPY Tests Tests
 RUN swift build -c release --static-swift-stdlib \
-    && mkdir /out && for p in gateway quota history jobs; do cp "$(swift build -c release --show-bin-path)/$p" /out/; done
+    && mkdir /out && for p in gateway quota history jobs worker; do cp "$(swift build -c release --show-bin-path)/$p" /out/; done
 
 FROM debian:bookworm-slim
-RUN apt-get update && apt-get install -y --no-install-recommends libzmq5 libsqlite3-0 ca-certificates tzdata \
+RUN apt-get update && apt-get install -y --no-install-recommends libzmq5 libsqlite3-0 libvips42 ca-certificates tzdata \
     && rm -rf /var/lib/apt/lists/* && useradd --system --home /data app && mkdir /data && chown app /data
 COPY --from=build /out/ /usr/local/bin/
 USER app

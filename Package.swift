@@ -103,10 +103,17 @@ let package = Package(
             path: "Services/quota/Core",
             swiftSettings: swiftSettings
         ),
+        // Opening a service's SQLite file durably (WAL, synchronous=FULL).
+        .target(
+            name: "Storage",
+            dependencies: [.product(name: "GRDB", package: "GRDB.swift")],
+            path: "Shared/Storage",
+            swiftSettings: swiftSettings
+        ),
         .target(
             name: "QuotaService",
             dependencies: [
-                "QuotaCore", "Messages", "Bus", "ServiceKit",
+                "QuotaCore", "Messages", "Bus", "ServiceKit", "Storage",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -135,7 +142,7 @@ let package = Package(
         .target(
             name: "JobsService",
             dependencies: [
-                "JobsCore", "Messages", "Bus", "ServiceKit",
+                "JobsCore", "Messages", "Bus", "ServiceKit", "Storage",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "HeapModule", package: "swift-collections"),

@@ -43,20 +43,14 @@ struct JobsController<Context: RequestContext>: Sendable {
             )
         }
         router.get("/api/v1/jobs/:jobId") { request, context in
-            let caller = try await authenticator.caller(of: request)
-            let job = try await clients.call(.jobs, Jobs.get, JobReference(jobId: try context.parameters.require("jobId"), userId: caller.id))
-            return try JSONResponse.make(.ok, view(job))
+            try JSONResponse.make(.ok, view(try await ownedJob(request, context).job))
         }
         router.get("/api/v1/jobs/:jobId/status") { request, context in
-            let caller = try await authenticator.caller(of: request)
-            let job = try await clients.call(.jobs, Jobs.get, JobReference(jobId: try context.parameters.require("jobId"), userId: caller.id))
-            return try JSONResponse.make(.ok, status(job))
+            try JSONResponse.make(.ok, status(try await ownedJob(request, context).job))
         }
         router.get("/api/v1/jobs/:jobId/events") { request, context in
-            let caller = try await authenticator.caller(of: request)
-            let reference = JobReference(jobId: try context.parameters.require("jobId"), userId: caller.id)
-            let first = try await clients.call(.jobs, Jobs.get, reference)
-            return events(reference, first: first)
+            let (caller, job) = try await ownedJob(request, context)
+            return events(JobReference(jobId: job.id, userId: caller.id), first: job)
         }
         router.post("/api/v1/jobs/:jobId/cancel") { request, context in
             let caller = try await authenticator.caller(of: request)
@@ -64,13 +58,19 @@ struct JobsController<Context: RequestContext>: Sendable {
             return try JSONResponse.make(.ok, status(job))
         }
         router.post("/api/v1/jobs/:jobId/rerun") { request, context in
-            let caller = try await authenticator.caller(of: request)
-            let original = try await clients.call(.jobs, Jobs.get, JobReference(jobId: try context.parameters.require("jobId"), userId: caller.id))
+            let (caller, original) = try await ownedJob(request, context)
             return try await create(
                 caller: caller, imageKey: original.imageKey, effect: original.effectId, parameters: original.parameters,
                 prompt: original.prompt, idempotencyKey: request.headers[.idempotencyKey]
             )
         }
+    }
+
+    /// The caller and the job named in the path, if it is theirs (404 otherwise).
+    func ownedJob(_ request: Request, _ context: Context) async throws -> (caller: Caller, job: JobRecord) {
+        let caller = try await authenticator.caller(of: request)
+        let job = try await clients.call(.jobs, Jobs.get, JobReference(jobId: try context.parameters.require("jobId"), userId: caller.id))
+        return (caller, job)
     }
 
     /// Validates, reserves quota for the job id, creates the job; releases on a definite failure.

@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import Storage
 import Messages
 
 /// The jobs service's database: jobs and the outbox of events for quota and history.
@@ -13,10 +14,7 @@ public struct JobsDatabase: Sendable {
 
     /// Opens (or creates) the file at `path`, WAL with `synchronous=FULL`.
     public static func open(path: String) throws -> JobsDatabase {
-        var configuration = Configuration()
-        configuration.prepareDatabase { db in try db.execute(sql: "PRAGMA synchronous = FULL") }
-        configuration.busyMode = .timeout(5)
-        return try JobsDatabase(DatabasePool(path: path, configuration: configuration))
+        try JobsDatabase(DurableDatabase.open(path: path))
     }
 
     public static func inMemory() throws -> JobsDatabase { try JobsDatabase(DatabaseQueue()) }

@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import Storage
 
 /// The quota service's database: users' plans, usage counters per calendar window, and the ledger
 /// of charges. Opened in WAL mode with `synchronous=FULL`, so a committed admission is on disk.
@@ -15,13 +16,7 @@ public struct QuotaDatabase: Sendable {
 
     /// Opens (or creates) the database file at `path`.
     public static func open(path: String) throws -> QuotaDatabase {
-        var configuration = Configuration()
-        configuration.prepareDatabase { db in
-            // Every commit reaches the disk before the caller hears yes.
-            try db.execute(sql: "PRAGMA synchronous = FULL")
-        }
-        configuration.busyMode = .timeout(5)
-        return try QuotaDatabase(DatabasePool(path: path, configuration: configuration))
+        try QuotaDatabase(DurableDatabase.open(path: path))
     }
 
     /// An in-memory database, for tests.
