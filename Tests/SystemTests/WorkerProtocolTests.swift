@@ -1,0 +1,86 @@
+import Bus
+import Foundation
+import Messages
+import Testing
+
+@Suite("Worker protocol against the real jobs service", .serialized)
+struct WorkerProtocolTests {
+    /// What a hand-driven worker has received, collected as it arrives.
+    actor Inbox {
+        private var messages: [DispatcherMessage] = []
+        private var collector: Task<Void, Never>?
+
+        init(_ channel: BusChannel) {
+            Task { await self.start(channel) }
+        }
+
+        private func start(_ channel: BusChannel) {
+            collector = Task {
+                for await message in channel.incoming {
+                    if let decoded = BusChannel.decode(DispatcherMessage.self, message) { self.append(decoded) }
+                }
+            }
+        }
+
+        private func append(_ message: DispatcherMessage) { messages.append(message) }
+
+        /// Removes and returns the first message `match` picks.
+        func take<T: Sendable>(_ match: (DispatcherMessage) -> T?) -> T? {
+            for (index, message) in messages.enumerated() {
+                if let found = match(message) {
+                    messages.remove(at: index)
+                    return found
+                }
+            }
+            return nil
+        }
+    }
+
+    /// Waits for a message `match` picks (at most `limit`).
+    func next<T: Sendable>(_ inbox: Inbox, within limit: Duration = .seconds(10), _ match: @Sendable (DispatcherMessage) -> T?) async -> T? {
+        let deadline = ContinuousClock.now.advanced(by: limit)
+        while ContinuousClock.now < deadline {
+            if let found = await inbox.take(match) { return found }
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+        return nil
+    }
+
+    @Test func silentWorkerLosesItsJobAndItsLateResultIsRefused() async throws {
+        let system = try await JobSystem(workers: 0)
+        let user = "device:\(UUID().uuidString.lowercased())"
+        let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: "uploads/none/x.jpg", effectId: "copy"))
+        // Given a hand-driven worker that takes the job and then goes silent
+        let first = try await BusChannel.connect(system.workerEndpoint)
+        let firstInbox = Inbox(first)
+        first.send(WorkerMessage.ready(WorkerReady(workerId: "silent", capacity: 1, effects: ["*"])))
+        let attempt1 = await next(firstInbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
+        #expect(attempt1 == JobAttempt(jobId: job.id, attempt: 1))
+        await first.shutdown()
+        // When it has been silent for more than three heartbeat intervals
+        try await Task.sleep(for: .seconds(4))
+        #expect(try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user)).status == .queued)
+        // And another worker takes the job as attempt 2
+        let second = try await BusChannel.connect(system.workerEndpoint)
+        let secondInbox = Inbox(second)
+        second.send(WorkerMessage.ready(WorkerReady(workerId: "second", capacity: 1, effects: ["*"])))
+        let attempt2 = await next(secondInbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
+        #expect(attempt2 == JobAttempt(jobId: job.id, attempt: 2))
+        // Then attempt 1's late result is refused, and attempt 2's accepted
+        second.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 1), JobOutput(resultKey: "stale", thumbnailKey: "stale")))
+        let refused = await next(secondInbox) { if case .refused(let attempt, _) = $0 { return attempt } else { return nil } }
+        #expect(refused == JobAttempt(jobId: job.id, attempt: 1))
+        second.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 2), JobOutput(resultKey: "fresh", thumbnailKey: "fresh-thumb")))
+        try await waitUntil {
+            try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user)).status == .completed
+        }
+        let done = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user))
+        #expect(done.resultKey == "fresh" && done.attempts == 2)
+        // And garbage on the worker endpoint changes nothing
+        second.send(Array("not a message".utf8))
+        second.send(WorkerMessage.done(JobAttempt(jobId: "no-such-job", attempt: 1), JobOutput(resultKey: "x", thumbnailKey: "y")))
+        #expect(try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user)).resultKey == "fresh")
+        await second.shutdown()
+        await system.stop()
+    }
+}
