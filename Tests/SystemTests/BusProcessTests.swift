@@ -29,7 +29,8 @@ struct BusProcessTests {
         let client = BusClient(endpoint: endpoint)
         _ = try await waitUntilHealthy(client)
         let slow = Task { try await client.call(FixtureMethods.sleep, 1500, timeout: .seconds(10)) }
-        try await Task.sleep(for: .milliseconds(400))
+        let started = try await waitForValue { service.output.contains("sleeping") ? true : nil }
+        #expect(started == true, "the request never reached the service")
         // When it gets SIGTERM in the middle of it
         service.signal(SIGTERM)
         // Then the request still gets its reply, and the process exits 0

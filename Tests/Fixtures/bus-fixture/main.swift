@@ -6,12 +6,14 @@ import ServiceKit
 // health, SIGTERM handling) with two test methods, `fixture.echo` and `fixture.sleep`.
 // It runs as the `jobs` service, so `JOBS_BIND` says where it listens.
 
-await ProcessExit.run("bus-fixture") { try await BusServiceRunner.run(.jobs) { router, _, _ in
+await ProcessExit.run("bus-fixture") {
+    try await BusServiceRunner.run(.jobs) { router, _, _ in
     router.register(FixtureMethods.echo) { text, _ in text }
-    router.register(FixtureMethods.sleep) { milliseconds, _ in
+    router.register(FixtureMethods.sleep) { milliseconds, context in
+        context.logger.info("sleeping", metadata: ["ms": "\(milliseconds)"])
         try await Task.sleep(for: .milliseconds(milliseconds))
         return milliseconds
     }
     return []
-}
+    }
 }
