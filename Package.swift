@@ -70,7 +70,7 @@ let package = Package(
         .target(
             name: "ServiceKit",
             dependencies: [
-                "Bus", "Messages",
+                "Bus", "Messages", "ZeroMQ",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],

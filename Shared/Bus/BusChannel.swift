@@ -46,8 +46,12 @@ public final class BusChannel: Sendable {
     private let wakeup = Wakeup()
     private let context: ZMQContext
     private let logger: Logger
+    private let curveSecretKey: [UInt8]?
+    private let curveClient: CurveClientKeys?
 
-    private init(role: Role, endpoint: String, maxQueued: Int, context: ZMQContext, logger: Logger) {
+    private init(role: Role, endpoint: String, maxQueued: Int, context: ZMQContext, logger: Logger, curveSecretKey: [UInt8]? = nil, curveClient: CurveClientKeys? = nil) {
+        self.curveSecretKey = curveSecretKey
+        self.curveClient = curveClient
         self.role = role
         self.endpoint = endpoint
         self.maxQueued = maxQueued
@@ -56,20 +60,23 @@ public final class BusChannel: Sendable {
         (incoming, continuation) = AsyncStream.makeStream(of: Message.self, bufferingPolicy: .bufferingOldest(maxQueued))
     }
 
-    /// Binds a ROUTER channel on `endpoint`; throws if the endpoint cannot be bound.
+    /// Binds a ROUTER channel on `endpoint` (CURVE with `curveSecretKey`); throws if the
+    /// endpoint cannot be bound.
     public static func bind(
-        _ endpoint: String, maxQueued: Int = 10_000, context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.channel")
+        _ endpoint: String, maxQueued: Int = 10_000, curveSecretKey: [UInt8]? = nil,
+        context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.channel")
     ) async throws -> BusChannel {
-        let channel = BusChannel(role: .bind, endpoint: endpoint, maxQueued: maxQueued, context: context, logger: logger)
+        let channel = BusChannel(role: .bind, endpoint: endpoint, maxQueued: maxQueued, context: context, logger: logger, curveSecretKey: curveSecretKey)
         try await channel.start()
         return channel
     }
 
-    /// Connects a DEALER channel to `endpoint` (libzmq reconnects by itself).
+    /// Connects a DEALER channel to `endpoint` (CURVE with `curve`; libzmq reconnects by itself).
     public static func connect(
-        _ endpoint: String, maxQueued: Int = 10_000, context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.channel")
+        _ endpoint: String, maxQueued: Int = 10_000, curve: CurveClientKeys? = nil,
+        context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.channel")
     ) async throws -> BusChannel {
-        let channel = BusChannel(role: .connect, endpoint: endpoint, maxQueued: maxQueued, context: context, logger: logger)
+        let channel = BusChannel(role: .connect, endpoint: endpoint, maxQueued: maxQueued, context: context, logger: logger, curveClient: curve)
         try await channel.start()
         return channel
     }
@@ -130,6 +137,10 @@ public final class BusChannel: Sendable {
             try socket.setHighWaterMarks(send: Int32(maxQueued), receive: Int32(maxQueued))
             try socket.setMaxMessageSize(1 << 20)
             try socket.setHeartbeat(interval: 1000, timeout: 3000)
+            if let key = curveSecretKey { try socket.setCurveServer(secretKey: key) }
+            if let curve = curveClient {
+                try socket.setCurveClient(serverKey: curve.serverPublicKey, publicKey: curve.publicKey, secretKey: curve.secretKey)
+            }
             if role == .bind {
                 try socket.setRouterMandatory(true)
                 try socket.bind(endpoint)

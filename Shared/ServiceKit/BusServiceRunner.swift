@@ -22,7 +22,11 @@ public enum BusServiceRunner {
         let extraServices = try await register(&router, configuration, logger)
 
         let server = BusServer(
-            configuration: .init(endpoint: configuration.bindEndpoint, maxInFlight: configuration.maxInFlight),
+            configuration: .init(
+                endpoint: configuration.bindEndpoint,
+                maxInFlight: configuration.maxInFlight,
+                curveSecretKey: configuration.curveSecretKey
+            ),
             router: router,
             logger: logger
         )

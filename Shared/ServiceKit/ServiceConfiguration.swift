@@ -1,3 +1,4 @@
+import Bus
 import Foundation
 import Logging
 
@@ -13,6 +14,10 @@ public struct ServiceConfiguration: Sendable {
     public var dataDirectory: String
     /// The least severe log level printed (`LOG_LEVEL`, default `info`).
     public var logLevel: Logger.Level
+    /// The CURVE secret key to bind with (`BUS_CURVE_SECRET`); nil for plain traffic.
+    public var curveSecretKey: [UInt8]?
+    /// The CURVE keys for this service's own calls to others (`BUS_CURVE_PUBLIC`).
+    public var curveClientKeys: CurveClientKeys?
 
     public init(
         service: ServiceName,
@@ -37,11 +42,13 @@ public struct ServiceConfiguration: Sendable {
             dataDirectory: environment.string("DATA_DIR", default: ".data"),
             logLevel: try Self.logLevel(environment)
         )
+        curveSecretKey = try BusSecurity.serverSecretKey(environment)
+        curveClientKeys = try BusSecurity.clientKeys(environment)
     }
 
     /// The environment variables `init(service:environment:)` reads.
     public static func environmentKeys(for service: ServiceName) -> [String] {
-        [service.bindVariable, service.maxInFlightVariable, "DATA_DIR", "LOG_LEVEL"]
+        [service.bindVariable, service.maxInFlightVariable, "DATA_DIR", "LOG_LEVEL"] + BusSecurity.environmentKeys
     }
 
     static func logLevel(_ environment: Environment) throws -> Logger.Level {

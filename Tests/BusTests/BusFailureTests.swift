@@ -173,3 +173,34 @@ private func sendMalformedMessages(endpoint: String) async throws -> [UInt64: St
     }
     return replies
 }
+
+@Suite("Bus with CURVE")
+struct BusCurveTests {
+    @Test func curveServerAnswersCallersWithItsKeyAndNoOneElse() async throws {
+        // Given a service bound with a CURVE secret key
+        let server = try ZMQCurveKeyPair.generate()
+        let client = try ZMQCurveKeyPair.generate()
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        let bus = BusServer(
+            configuration: .init(endpoint: endpoint, curveSecretKey: ZMQCurveKeyPair.decode(z85: server.secretKey)),
+            router: testRouter(), logger: .init(label: "curve")
+        )
+        let running = Task { try await bus.run() }
+        // When a caller knows the server's public key, the call succeeds, encrypted
+        let keys = CurveClientKeys(
+            serverPublicKey: try #require(ZMQCurveKeyPair.decode(z85: server.publicKey)),
+            publicKey: try #require(ZMQCurveKeyPair.decode(z85: client.publicKey)),
+            secretKey: try #require(ZMQCurveKeyPair.decode(z85: client.secretKey))
+        )
+        let trusted = BusClient(configuration: .init(endpoint: endpoint, curve: keys))
+        let reply = try await trusted.call(TestMethods.echo, Tagged(tag: 1, text: "secret"), timeout: .seconds(5))
+        #expect(reply.text == "secret")
+        // Then a plain caller gets nowhere
+        let plain = BusClient(endpoint: endpoint)
+        #expect(await failure(plain, TestMethods.echo, Tagged(tag: 2, text: ""), timeout: .milliseconds(500))?.code == .timeout)
+        await trusted.shutdown()
+        await plain.shutdown()
+        bus.requestStop()
+        try await running.value
+    }
+}

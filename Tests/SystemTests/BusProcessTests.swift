@@ -3,6 +3,7 @@ import Foundation
 import Messages
 import ServiceKit
 import Testing
+import ZeroMQ
 
 @Suite("Bus between processes", .serialized)
 struct BusProcessTests {
@@ -66,6 +67,26 @@ struct BusProcessTests {
         #expect(reply == "back")
         await service.stop()
         await client.shutdown()
+    }
+
+    @Test func serviceWithACurveKeyFromTheEnvironmentAnswersOnlyEncryptedCallers() async throws {
+        let pair = try ZMQCurveKeyPair.generate()
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        let service = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint, "BUS_CURVE_SECRET": pair.secretKey])
+        let keys = try #require(try BusSecurity.clientKeys(Environment(["BUS_CURVE_PUBLIC": pair.publicKey])))
+        let trusted = BusClient(configuration: .init(endpoint: endpoint, curve: keys))
+        _ = try await waitUntilHealthy(trusted)
+        #expect(try await trusted.call(FixtureMethods.echo, "sealed") == "sealed")
+        let plain = BusClient(endpoint: endpoint)
+        do {
+            _ = try await plain.call(FixtureMethods.echo, "open", timeout: .milliseconds(500))
+            Issue.record("a plain caller was answered by a CURVE service")
+        } catch {
+            #expect(error.code == .timeout)
+        }
+        await trusted.shutdown()
+        await plain.shutdown()
+        await service.stop()
     }
 
     @Test func serviceWhoseEndpointIsTakenExitsWithAnError() async throws {

@@ -13,7 +13,7 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs) { router, 
     let database = try JobsDatabase.open(path: configuration.databasePath)
     let store = JobStore(database: database, retry: configuration.retry)
     let catalog = EffectCatalog(extra: configuration.extraEffects)
-    let channel = try await BusChannel.bind(configuration.workerEndpoint, logger: logger)
+    let channel = try await BusChannel.bind(configuration.workerEndpoint, curveSecretKey: service.curveSecretKey, logger: logger)
     let dispatcher = Dispatcher(channel: channel, store: store, catalog: catalog, proFirst: configuration.proFirst, logger: logger)
     let recovered = try await store.recover(now: Date())
     await dispatcher.load(recovered)
@@ -21,7 +21,11 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs) { router, 
     logger.info("jobs ready", metadata: ["workers": "\(configuration.workerEndpoint)", "queued": "\(recovered.count)"])
     return [
         DispatcherService(dispatcher: dispatcher, channel: channel),
-        OutboxDeliverer(database: database, quota: BusClient(endpoint: configuration.quotaEndpoint, logger: logger), logger: logger),
+        OutboxDeliverer(
+            database: database,
+            quota: BusClient(configuration: .init(endpoint: configuration.quotaEndpoint, curve: service.curveClientKeys), logger: logger),
+            logger: logger
+        ),
     ]
 }
 }

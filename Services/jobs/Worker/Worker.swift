@@ -50,7 +50,7 @@ public struct Worker: Service {
     public func run() async throws {
         let running = Running()
         while !Task.isCancelled && !Task.isShuttingDownGracefully {
-            let channel = try await BusChannel.connect(configuration.endpoint, logger: logger)
+            let channel = try await BusChannel.connect(configuration.endpoint, curve: configuration.curve, logger: logger)
             let ready = WorkerMessage.ready(WorkerReady(workerId: configuration.workerId, capacity: configuration.capacity, effects: effects))
             channel.send(ready)
             logger.info("connected", metadata: ["endpoint": "\(configuration.endpoint)", "capacity": "\(configuration.capacity)"])

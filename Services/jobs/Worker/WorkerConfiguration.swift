@@ -1,3 +1,4 @@
+import Bus
 import Foundation
 import ServiceKit
 
@@ -23,6 +24,8 @@ public struct WorkerConfiguration: Sendable {
     /// Effect ids this worker takes (`WORKER_EFFECTS`, comma-separated; default `*`, every
     /// effect: the assignment carries the effect's description, remote ones included).
     public var effects: [String]
+    /// CURVE keys for the worker channel (`BUS_CURVE_PUBLIC`); nil for plain traffic.
+    public var curve: CurveClientKeys?
 
     public init(environment: Environment) throws {
         let dataDirectory = environment.string("DATA_DIR", default: ".data")
@@ -34,11 +37,12 @@ public struct WorkerConfiguration: Sendable {
         urlSigningSecret = environment.string("URL_SIGNING_SECRET", default: "development-url-signing-secret")
         publicBaseURL = environment.string("PUBLIC_BASE_URL", default: "http://127.0.0.1:8080")
         logLevel = environment.string("LOG_LEVEL", default: "info")
+        curve = try BusSecurity.clientKeys(environment)
         effects = environment.string("WORKER_EFFECTS", default: "*").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
     }
 
     public static let environmentKeys = [
         "JOBS_WORKER_ENDPOINT", "WORKER_CAPACITY", "WORKER_ID", "BLOB_DIR", "DATA_DIR", "WORKER_HEARTBEAT_MS",
-        "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "LOG_LEVEL", "WORKER_EFFECTS",
+        "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "LOG_LEVEL", "WORKER_EFFECTS", "BUS_CURVE_PUBLIC",
     ]
 }

@@ -16,7 +16,7 @@ await ProcessExit.run("quota") { try await BusServiceRunner.run(.quota) { router
     return [
         StaleReservationResolver(
             database: database, ledger: QuotaLedger(plans: configuration.plans),
-            jobs: BusClient(endpoint: configuration.jobsEndpoint, logger: logger),
+            jobs: BusClient(configuration: .init(endpoint: configuration.jobsEndpoint, curve: service.curveClientKeys), logger: logger),
             staleAfter: configuration.staleAfter, interval: configuration.staleScanInterval, logger: logger
         ),
     ]

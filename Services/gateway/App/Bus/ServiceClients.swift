@@ -12,7 +12,11 @@ public struct ServiceClients: Service {
     /// Connects a client to each endpoint in `configuration`.
     public init(configuration: GatewayConfiguration) {
         func client(_ service: ServiceName) -> BusClient {
-            BusClient(endpoint: configuration.endpoints[service] ?? service.defaultEndpoint, timeout: configuration.busTimeout)
+            BusClient(configuration: .init(
+                endpoint: configuration.endpoints[service] ?? service.defaultEndpoint,
+                defaultTimeout: configuration.busTimeout,
+                curve: configuration.curve
+            ))
         }
         quota = client(.quota)
         history = client(.history)

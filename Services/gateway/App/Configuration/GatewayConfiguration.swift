@@ -1,3 +1,4 @@
+import Bus
 import Logging
 import ServiceKit
 
@@ -29,6 +30,8 @@ public struct GatewayConfiguration: Sendable {
     /// download URL stays valid (`SIGNED_URL_TTL_S`, default 900).
     public var uploadMaxBytes: Int
     public var signedURLLifetime: Int
+    /// CURVE keys for the bus (`BUS_CURVE_PUBLIC`); nil for plain traffic.
+    public var curve: CurveClientKeys?
 
     public init(
         host: String = "127.0.0.1",
@@ -83,12 +86,13 @@ public struct GatewayConfiguration: Sendable {
             uploadMaxBytes: try environment.int("UPLOAD_MAX_BYTES", default: 20 << 20),
             signedURLLifetime: try environment.int("SIGNED_URL_TTL_S", default: 900)
         )
+        curve = try BusSecurity.clientKeys(environment)
     }
 
     /// The environment variables `init(environment:)` reads.
     public static var environmentKeys: [String] {
         ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "JWT_SECRET", "ADMIN_TOKEN",
-         "BLOB_DIR", "DATA_DIR", "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S"]
+         "BLOB_DIR", "DATA_DIR", "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "BUS_CURVE_PUBLIC"]
             + ServiceName.allCases.map(\.endpointVariable)
     }
 }
