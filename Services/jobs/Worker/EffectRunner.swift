@@ -58,7 +58,8 @@ public struct EffectRunner: Sendable {
         progress(0.6)
         try await thumbnailOf(result, to: thumbnail)
         progress(0.9)
-        let resultType = ImageSniffer.contentType(of: Array(try Data(contentsOf: result).prefix(16))) ?? "image/jpeg"
+        let head = try FileHandle(forReadingFrom: result).read(upToCount: 16) ?? Data()
+        let resultType = ImageSniffer.contentType(of: Array(head)) ?? "image/jpeg"
         try await blobs.adopt(file: result, as: resultKey, metadata: BlobMetadata(owner: job.userId, contentType: resultType, size: Self.size(result)))
         try await blobs.adopt(file: thumbnail, as: thumbnailKey, metadata: BlobMetadata(owner: job.userId, contentType: "image/jpeg", size: Self.size(thumbnail)))
         return JobOutput(resultKey: resultKey, thumbnailKey: thumbnailKey)
