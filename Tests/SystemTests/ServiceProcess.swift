@@ -33,6 +33,11 @@ final class ServiceProcess: @unchecked Sendable {
         try process.run()
     }
 
+    /// A test that throws half-way leaves no process behind.
+    deinit {
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+    }
+
     var pid: Int32 { process.processIdentifier }
 
     /// Sends `signal` to the process.

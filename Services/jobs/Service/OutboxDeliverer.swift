@@ -23,13 +23,16 @@ public struct OutboxDeliverer: Service {
     }
 
     public func run() async throws {
-        while !Task.isCancelledOrShuttingDown {
-            do {
-                try await deliverDue()
-            } catch {
-                logger.error("outbox delivery failed", metadata: ["error": "\(error)"])
+        // Graceful shutdown cancels the wait between rounds; undelivered entries stay in the outbox.
+        try? await cancelWhenGracefulShutdown {
+            while !Task.isCancelled {
+                do {
+                    try await deliverDue()
+                } catch {
+                    logger.error("outbox delivery failed", metadata: ["error": "\(error)"])
+                }
+                try await Task.sleep(for: interval)
             }
-            try? await Task.sleep(for: interval)
         }
         await quota.shutdown()
     }
@@ -68,8 +71,4 @@ public struct OutboxDeliverer: Service {
         }
         return acknowledged
     }
-}
-
-extension Task where Success == Never, Failure == Never {
-    static var isCancelledOrShuttingDown: Bool { Task.isCancelled || Task.isShuttingDownGracefully }
 }

@@ -27,12 +27,15 @@ public struct StaleReservationResolver: Service {
     }
 
     public func run() async throws {
-        while !Task.isCancelled && !Task.isShuttingDownGracefully {
-            try? await Task.sleep(for: interval)
-            do {
-                try await resolve(now: Date())
-            } catch {
-                logger.error("stale reservation scan failed", metadata: ["error": "\(error)"])
+        // Graceful shutdown cancels the wait between scans, so the process exits at once.
+        try? await cancelWhenGracefulShutdown {
+            while !Task.isCancelled {
+                try await Task.sleep(for: interval)
+                do {
+                    try await resolve(now: Date())
+                } catch {
+                    logger.error("stale reservation scan failed", metadata: ["error": "\(error)"])
+                }
             }
         }
         await jobs.shutdown()
