@@ -84,9 +84,4 @@ public struct FairQueue: Sendable {
         }
         return true
     }
-
-    /// Whether `jobId` of `userId` is queued.
-    public func contains(jobId: String, userId: String) -> Bool {
-        perUser[userId]?.contains { $0.jobId == jobId } ?? false
-    }
 }

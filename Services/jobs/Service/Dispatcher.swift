@@ -55,9 +55,6 @@ public actor Dispatcher {
     /// Jobs waiting for a worker, backoffs included.
     public var queuedCount: Int { queue.count + delayed.count }
 
-    /// Live workers and their free slots, for logs and tests.
-    public var workerCount: Int { workers.count }
-
     /// Queues jobs recovered from the database at start-up.
     public func load(_ jobs: [JobRecord]) async {
         for job in jobs { queue.push(Self.queued(job)) }

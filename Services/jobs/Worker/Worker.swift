@@ -123,7 +123,7 @@ public struct Worker: Service {
                 jobLogger.info("cancelled")
             } else {
                 channel.send(WorkerMessage.done(job.attempt, output))
-                jobLogger.info("done", metadata: ["ms": "\(started.duration(to: .now).components.seconds * 1000 + started.duration(to: .now).components.attoseconds / 1_000_000_000_000_000)"])
+                jobLogger.info("done", metadata: ["duration": "\(started.duration(to: .now))"])
             }
         } catch {
             if running.wasCancelled(job.attempt) {

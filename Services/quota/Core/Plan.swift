@@ -1,3 +1,5 @@
+import Foundation
+
 /// A plan's limits: units a calendar day and a calendar month, nil where the plan has none.
 public struct Plan: Codable, Sendable, Equatable {
     public var name: String
@@ -48,7 +50,7 @@ public struct PlanCatalog: Sendable, Equatable {
             var monthly: Int?
             var isPro: Bool?
         }
-        let entries = try JSONDecoderShim.decode([String: Entry].self, from: json)
+        let entries = try JSONDecoder().decode([String: Entry].self, from: Data(json.utf8))
         guard !entries.isEmpty else { throw PlanCatalogError("no plans") }
         for (name, entry) in entries {
             if let daily = entry.daily, daily < 0 { throw PlanCatalogError("\(name): negative daily limit") }

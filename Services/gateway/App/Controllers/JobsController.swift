@@ -172,8 +172,7 @@ struct JobsController<Context: RequestContext>: Sendable {
     /// the terminal state (or after 15 minutes; the client reconnects).
     func events(_ reference: JobReference, first: JobRecord) -> Response {
         let body = ResponseBody { writer in
-            let encoder = JSONEncoder()
-            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            let encoder = JSONResponse.encoder()
             var last: (Int, Double)? = nil
             var job = first
             let deadline = ContinuousClock.now.advanced(by: .seconds(900))

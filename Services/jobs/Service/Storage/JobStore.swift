@@ -68,7 +68,11 @@ public struct JobStore: Sendable {
     /// The current attempt finished: completed, quota committed.
     public func complete(_ attempt: JobAttempt, output: JobOutput, now: Date) async throws -> Outcome {
         try await database.writer.write { db in
-            guard case .applied(var job) = try Self.current(db, attempt) else { return try Self.current(db, attempt) }
+            var job: JobRecord
+            switch try Self.current(db, attempt) {
+            case .refused(let reason): return .refused(reason)
+            case .applied(let current): job = current
+            }
             job.status = .completed
             job.progress = 1
             job.resultKey = output.resultKey
@@ -85,7 +89,11 @@ public struct JobStore: Sendable {
     /// (returned with the delay), else failed with the error and the charge released.
     public func fail(_ attempt: JobAttempt, error: String, retryable: Bool, now: Date) async throws -> (Outcome, retryAfter: Duration?) {
         try await database.writer.write { db in
-            guard case .applied(var job) = try Self.current(db, attempt) else { return (try Self.current(db, attempt), nil) }
+            var job: JobRecord
+            switch try Self.current(db, attempt) {
+            case .refused(let reason): return (.refused(reason), nil)
+            case .applied(let current): job = current
+            }
             job.lastError = String(error.prefix(1000))
             if retryable && job.attempts < job.maxAttempts && !job.cancelRequested {
                 job.status = .queued
@@ -141,7 +149,11 @@ public struct JobStore: Sendable {
     /// The worker stopped the current attempt after a cancel: cancelled, charge released.
     public func cancelled(_ attempt: JobAttempt, now: Date) async throws -> Outcome {
         try await database.writer.write { db in
-            guard case .applied(var job) = try Self.current(db, attempt) else { return try Self.current(db, attempt) }
+            var job: JobRecord
+            switch try Self.current(db, attempt) {
+            case .refused(let reason): return .refused(reason)
+            case .applied(let current): job = current
+            }
             job.status = .cancelled
             job.finishedAt = now
             try Self.save(db, &job, now: now)

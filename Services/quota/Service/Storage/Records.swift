@@ -9,10 +9,6 @@ struct UserRecord: Codable, FetchableRecord, PersistableRecord {
     var plan: String
     var timeZone: String?
     var updatedAt: Date
-
-    enum Columns {
-        static let id = Column(CodingKeys.id)
-    }
 }
 
 extension Charge: FetchableRecord, PersistableRecord {
