@@ -15,6 +15,8 @@ public enum Quota {
     public static let setPlan = BusMethod<SetPlan, QuotaStatus>("quota.set-plan")
     /// Admin: a user's usage and recent charges.
     public static let usage = BusMethod<UserReference, UserUsage>("quota.usage")
+    /// The plan catalogue: limits and history retention of each plan.
+    public static let plans = BusMethod<Empty, [PlanDescription]>("quota.plans")
 
     /// Error codes the quota service answers with.
     public enum ErrorCode {
@@ -103,14 +105,17 @@ public struct QuotaStatus: Codable, Sendable, Equatable {
     public var timeZone: String?
     public var daily: QuotaWindow
     public var monthly: QuotaWindow
+    /// Days the plan keeps history items.
+    public var retentionDays: Int
 
-    public init(userId: String, plan: String, isPro: Bool, timeZone: String?, daily: QuotaWindow, monthly: QuotaWindow) {
+    public init(userId: String, plan: String, isPro: Bool, timeZone: String?, daily: QuotaWindow, monthly: QuotaWindow, retentionDays: Int = 30) {
         self.userId = userId
         self.plan = plan
         self.isPro = isPro
         self.timeZone = timeZone
         self.daily = daily
         self.monthly = monthly
+        self.retentionDays = retentionDays
     }
 }
 
@@ -170,5 +175,23 @@ public struct UserUsage: Codable, Sendable, Equatable {
     public init(status: QuotaStatus, charges: [Charge]) {
         self.status = status
         self.charges = charges
+    }
+}
+
+/// A plan of the catalogue.
+public struct PlanDescription: Codable, Sendable, Equatable {
+    public var name: String
+    public var dailyLimit: Int?
+    public var monthlyLimit: Int?
+    public var isPro: Bool
+    /// Days history keeps a user's items on this plan.
+    public var retentionDays: Int
+
+    public init(name: String, dailyLimit: Int?, monthlyLimit: Int?, isPro: Bool, retentionDays: Int) {
+        self.name = name
+        self.dailyLimit = dailyLimit
+        self.monthlyLimit = monthlyLimit
+        self.isPro = isPro
+        self.retentionDays = retentionDays
     }
 }

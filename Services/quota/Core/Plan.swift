@@ -7,12 +7,15 @@ public struct Plan: Codable, Sendable, Equatable {
     public var monthlyLimit: Int?
     /// Whether the plan is a paid ("PRO") one, as the app shows it.
     public var isPro: Bool
+    /// Days a user's history items are kept (30 on free, 365 on pro by default).
+    public var retentionDays: Int
 
-    public init(name: String, dailyLimit: Int?, monthlyLimit: Int?, isPro: Bool) {
+    public init(name: String, dailyLimit: Int?, monthlyLimit: Int?, isPro: Bool, retentionDays: Int? = nil) {
         self.name = name
         self.dailyLimit = dailyLimit
         self.monthlyLimit = monthlyLimit
         self.isPro = isPro
+        self.retentionDays = retentionDays ?? (isPro ? 365 : 30)
     }
 }
 
@@ -42,21 +45,24 @@ public struct PlanCatalog: Sendable, Equatable {
     }
 
     /// Reads a catalogue from JSON such as
-    /// `{"free": {"daily": 20, "monthly": 600}, "pro": {"daily": 500, "isPro": true}}`;
-    /// `free` (or the first name in order) is the default plan.
+    /// `{"free": {"daily": 20, "monthly": 600}, "pro": {"daily": 500, "isPro": true, "retentionDays": 365}}`;
+    /// `free` (or the first name in order) is the default plan; `retentionDays` defaults to 365
+    /// for PRO plans and 30 for the others.
     public static func parse(json: String) throws -> PlanCatalog {
         struct Entry: Decodable {
             var daily: Int?
             var monthly: Int?
             var isPro: Bool?
+            var retentionDays: Int?
         }
         let entries = try JSONDecoder().decode([String: Entry].self, from: Data(json.utf8))
         guard !entries.isEmpty else { throw PlanCatalogError("no plans") }
         for (name, entry) in entries {
             if let daily = entry.daily, daily < 0 { throw PlanCatalogError("\(name): negative daily limit") }
             if let monthly = entry.monthly, monthly < 0 { throw PlanCatalogError("\(name): negative monthly limit") }
+            if let days = entry.retentionDays, days < 1 { throw PlanCatalogError("\(name): retentionDays must be at least 1") }
         }
-        let plans = entries.map { Plan(name: $0.key, dailyLimit: $0.value.daily, monthlyLimit: $0.value.monthly, isPro: $0.value.isPro ?? ($0.key == "pro")) }
+        let plans = entries.map { Plan(name: $0.key, dailyLimit: $0.value.daily, monthlyLimit: $0.value.monthly, isPro: $0.value.isPro ?? ($0.key == "pro"), retentionDays: $0.value.retentionDays) }
         return PlanCatalog(plans: plans, defaultPlan: entries["free"] != nil ? "free" : entries.keys.sorted()[0])
     }
 }

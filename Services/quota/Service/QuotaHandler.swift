@@ -11,8 +11,11 @@ public struct QuotaHandler: Sendable {
     let committer: GroupCommitter
     let now: @Sendable () -> Date
 
+    let plans: PlanCatalog
+
     public init(database: QuotaDatabase, plans: PlanCatalog, now: @escaping @Sendable () -> Date = Date.init) {
         self.ledger = QuotaLedger(plans: plans)
+        self.plans = plans
         self.database = database
         self.committer = GroupCommitter(writer: database.writer)
         self.now = now
@@ -39,6 +42,11 @@ public struct QuotaHandler: Sendable {
         router.register(Quota.setPlan) { request, _ in
             let now = now()
             return try await committer.perform { [ledger] db in try ledger.setPlan(db, request, now: now) }
+        }
+        router.register(Quota.plans) { _, _ in
+            plans.plans.values.sorted { $0.name < $1.name }.map {
+                PlanDescription(name: $0.name, dailyLimit: $0.dailyLimit, monthlyLimit: $0.monthlyLimit, isPro: $0.isPro, retentionDays: $0.retentionDays)
+            }
         }
         router.register(Quota.usage) { request, _ in
             let now = now()

@@ -140,7 +140,8 @@ public struct QuotaLedger: Sendable {
             QuotaStatus(
                 userId: userId, plan: plan.name, isPro: plan.isPro, timeZone: timeZone,
                 daily: QuotaRules.window(day, limit: plan.dailyLimit, used: dailyUsed),
-                monthly: QuotaRules.window(month, limit: plan.monthlyLimit, used: monthlyUsed)
+                monthly: QuotaRules.window(month, limit: plan.monthlyLimit, used: monthlyUsed),
+                retentionDays: plan.retentionDays
             )
         }
     }
