@@ -12,6 +12,13 @@ public enum Jobs {
     public static let lookup = BusMethod<JobLookup, JobExistence>("jobs.lookup")
     /// The effects the workers can run, with their parameter schemas.
     public static let effects = BusMethod<Empty, [EffectDescription]>("jobs.effects")
+    /// Removes a job for good (history's delete and retention): cancelled first if it has not
+    /// ended (its charge released), then its row, its result and thumbnail files, and its original
+    /// upload once no other job of the user refers to it. Idempotent: an unknown job is purged.
+    public static let purge = BusMethod<JobReference, JobPurged>("jobs.purge")
+
+    /// The credits one job is charged (reserved at creation, committed when it completes).
+    public static let chargePerJob = 1
 
     public enum ErrorCode {
         /// The effect is not in the catalogue.
@@ -62,6 +69,12 @@ public struct JobReference: Codable, Sendable, Equatable {
         self.jobId = jobId
         self.userId = userId
     }
+}
+
+/// The answer to `purge`: whether there was a job to remove.
+public struct JobPurged: Codable, Sendable, Equatable {
+    public var existed: Bool
+    public init(existed: Bool) { self.existed = existed }
 }
 
 /// Names a job without a user (service-to-service).

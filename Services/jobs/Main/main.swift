@@ -1,3 +1,4 @@
+import Blobs
 import Bus
 import Foundation
 import JobsCore
@@ -6,13 +7,15 @@ import Logging
 import ServiceKit
 
 // The jobs service: the job queue and lifecycle in $DATA_DIR/jobs.sqlite; workers connect to
-// JOBS_WORKER_BIND; quota settlements leave through the outbox.
+// JOBS_WORKER_BIND; quota settlements and history's job events leave through the outbox; purged
+// jobs' files are deleted from BLOB_DIR.
 await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs) { router, service, logger in
     let configuration = try JobsConfiguration(environment: Environment(), dataDirectory: service.dataDirectory)
     try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
     let database = try JobsDatabase.open(path: configuration.databasePath)
-    let store = JobStore(database: database, retry: configuration.retry)
     let catalog = EffectCatalog(extra: configuration.extraEffects)
+    let store = JobStore(database: database, retry: configuration.retry, effectTitles: catalog.effects.mapValues(\.title))
+    let blobs = try DiskBlobStore(root: URL(fileURLWithPath: configuration.blobDirectory))
     let channel = try await BusChannel.bind(configuration.workerEndpoint, curveSecretKey: service.curveSecretKey, logger: logger)
     let dispatcher = Dispatcher(channel: channel, store: store, catalog: catalog, proFirst: configuration.proFirst, logger: logger)
     let recovered = try await store.recover(now: Date())
@@ -26,6 +29,12 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs) { router, 
             quota: BusClient(configuration: .init(endpoint: configuration.quotaEndpoint, curve: service.curveClientKeys), logger: logger),
             logger: logger
         ),
+        HistoryEventDeliverer(
+            database: database,
+            history: BusClient(configuration: .init(endpoint: configuration.historyEndpoint, curve: service.curveClientKeys), logger: logger),
+            logger: logger
+        ),
+        BlobJanitor(database: database, blobs: blobs, logger: logger),
     ]
 }
 }

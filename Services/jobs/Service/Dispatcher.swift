@@ -67,7 +67,9 @@ public actor Dispatcher {
         await dispatch()
     }
 
-    /// A cancel was recorded: drop the job from the queue, or tell the worker that runs it.
+    /// A cancel (or a purge) was recorded: drop the job from the queue, or tell the worker that
+    /// runs it. A job waiting out a retry backoff is skipped when its turn comes: it is no longer
+    /// queued in the database.
     public func cancel(_ job: JobRecord) {
         if queue.remove(jobId: job.id, userId: job.userId) { return }
         for (peer, worker) in workers {
@@ -116,6 +118,7 @@ public actor Dispatcher {
                 if case .refused(let reason) = try await store.complete(attempt, output: output, now: Date()) {
                     logger.warning("result refused", metadata: ["job": "\(attempt.jobId)", "attempt": "\(attempt.attempt)", "reason": "\(reason)"])
                     channel.send(DispatcherMessage.refused(attempt, reason: reason), to: peer)
+                    try await store.discardOutput(output, of: attempt, now: Date())
                 }
                 await dispatch()
             case .failed(let attempt, let error, let retryable):

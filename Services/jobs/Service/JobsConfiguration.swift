@@ -20,6 +20,11 @@ public struct JobsConfiguration: Sendable {
     public var maxQueued: Int
     /// The quota service, for settlements (`QUOTA_ENDPOINT`).
     public var quotaEndpoint: String
+    /// The history service, for job events (`HISTORY_ENDPOINT`).
+    public var historyEndpoint: String
+    /// The blob folder shared with the gateway and the workers, where purged jobs' files are
+    /// deleted (`BLOB_DIR`, default `$DATA_DIR/blobs`).
+    public var blobDirectory: String
 
     public init(environment: Environment, dataDirectory: String) throws {
         workerEndpoint = environment.string("JOBS_WORKER_BIND", default: "tcp://127.0.0.1:7104")
@@ -40,11 +45,13 @@ public struct JobsConfiguration: Sendable {
         proFirst = environment.string("JOBS_PRO_FIRST", default: "true") != "false"
         maxQueued = try environment.int("JOBS_MAX_QUEUED", default: 100_000)
         quotaEndpoint = environment.string(ServiceName.quota.endpointVariable, default: ServiceName.quota.defaultEndpoint)
+        historyEndpoint = environment.string(ServiceName.history.endpointVariable, default: ServiceName.history.defaultEndpoint)
+        blobDirectory = environment.string("BLOB_DIR", default: dataDirectory + "/blobs")
     }
 
     /// The variables `init(environment:dataDirectory:)` reads.
     public static let environmentKeys = [
         "JOBS_WORKER_BIND", "JOBS_DB", "JOBS_EFFECTS", "JOBS_MAX_ATTEMPTS", "JOBS_RETRY_BASE_MS",
-        "JOBS_PRO_FIRST", "JOBS_MAX_QUEUED", "QUOTA_ENDPOINT",
+        "JOBS_PRO_FIRST", "JOBS_MAX_QUEUED", "QUOTA_ENDPOINT", "HISTORY_ENDPOINT", "BLOB_DIR",
     ]
 }

@@ -34,6 +34,11 @@ public struct JobsHandler: Sendable {
             let job = try await store.job(request.jobId)
             return JobExistence(exists: job != nil, status: job?.status)
         }
+        router.register(Jobs.purge) { request, _ in
+            let purge = try await store.purge(request.jobId, userId: request.userId, now: Date())
+            if let job = purge.job, !job.status.isTerminal { await dispatcher.cancel(job) }
+            return JobPurged(existed: purge.job != nil)
+        }
         router.register(Jobs.effects) { _, _ in
             catalog.effects.values.sorted { $0.id < $1.id }
         }

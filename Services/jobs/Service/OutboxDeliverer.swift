@@ -42,7 +42,7 @@ public struct OutboxDeliverer: Service {
     public func deliverDue(now: Date = Date()) async throws -> Int {
         let due = try await database.writer.read { db in
             try OutboxEntry
-                .filter(OutboxEntry.Columns.topic == "quota" && OutboxEntry.Columns.nextAttemptAt <= now)
+                .filter(OutboxEntry.Columns.topic == OutboxEntry.Topic.quota && OutboxEntry.Columns.nextAttemptAt <= now)
                 .order(Column("id"))
                 .limit(100)
                 .fetchAll(db)

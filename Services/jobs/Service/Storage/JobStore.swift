@@ -8,10 +8,13 @@ import Messages
 public struct JobStore: Sendable {
     public let database: JobsDatabase
     public let retry: RetryPolicy
+    /// Effect ids to the titles the app shows, carried in history events.
+    public let effectTitles: [String: String]
 
-    public init(database: JobsDatabase, retry: RetryPolicy = RetryPolicy()) {
+    public init(database: JobsDatabase, retry: RetryPolicy = RetryPolicy(), effectTitles: [String: String] = [:]) {
         self.database = database
         self.retry = retry
+        self.effectTitles = effectTitles
     }
 
     /// What a worker's report did to the job.
@@ -38,7 +41,7 @@ public struct JobStore: Sendable {
                 createdAt: now, updatedAt: now, startedAt: nil, finishedAt: nil, version: 1
             )
             try job.insert(db)
-            try Self.emit(db, job: job, now: now)
+            try emit(db, job: job, now: now)
             return (job, true)
         }
     }
@@ -60,7 +63,7 @@ public struct JobStore: Sendable {
             job.attempts += 1
             job.progress = 0
             job.startedAt = job.startedAt ?? now
-            try Self.save(db, &job, now: now)
+            try save(db, &job, now: now)
             return job
         }
     }
@@ -79,7 +82,7 @@ public struct JobStore: Sendable {
             job.thumbnailKey = output.thumbnailKey
             job.finishedAt = now
             job.lastError = nil
-            try Self.save(db, &job, now: now)
+            try save(db, &job, now: now)
             try Self.settle(db, job: job, kind: "commit", now: now)
             return .applied(job)
         }
@@ -98,12 +101,12 @@ public struct JobStore: Sendable {
             if retryable && job.attempts < job.maxAttempts && !job.cancelRequested {
                 job.status = .queued
                 job.progress = 0
-                try Self.save(db, &job, now: now)
+                try save(db, &job, now: now)
                 return (.applied(job), retry.delay(after: job.attempts))
             }
             job.status = .failed
             job.finishedAt = now
-            try Self.save(db, &job, now: now)
+            try save(db, &job, now: now)
             try Self.settle(db, job: job, kind: "release", now: now)
             return (.applied(job), nil)
         }
@@ -133,7 +136,7 @@ public struct JobStore: Sendable {
                 job.status = .cancelled
                 job.finishedAt = now
                 job.cancelRequested = true
-                try Self.save(db, &job, now: now)
+                try save(db, &job, now: now)
                 try Self.settle(db, job: job, kind: "release", now: now)
             case .processing:
                 if !job.cancelRequested {
@@ -156,9 +159,51 @@ public struct JobStore: Sendable {
             }
             job.status = .cancelled
             job.finishedAt = now
-            try Self.save(db, &job, now: now)
+            try save(db, &job, now: now)
             try Self.settle(db, job: job, kind: "release", now: now)
             return .applied(job)
+        }
+    }
+
+    /// What `purge` removed: the job as it was (nil when there was none).
+    public struct Purge: Sendable, Equatable {
+        public var job: JobRecord?
+    }
+
+    /// Removes a job for good. A job that has not ended is cancelled first with its charge
+    /// released; then its row, its undelivered history events, and (through the blob janitor) its
+    /// result, thumbnail and, when no other job of the user uses it, its original upload.
+    public func purge(_ id: String, userId: String, now: Date) async throws -> Purge {
+        try await database.writer.write { db in
+            guard var job = try JobRecord.fetchOne(db, key: id), job.userId == userId else { return Purge(job: nil) }
+            let before = job
+            if !job.status.isTerminal {
+                job.status = .cancelled
+                job.cancelRequested = true
+                job.finishedAt = now
+                try Self.settle(db, job: job, kind: "release", now: now)
+            }
+            _ = try JobRecord.deleteOne(db, key: id)
+            try OutboxEntry
+                .filter(OutboxEntry.Columns.topic == OutboxEntry.Topic.history && OutboxEntry.Columns.jobId == id)
+                .deleteAll(db)
+            var keys = [job.resultKey, job.thumbnailKey].compactMap { $0 }
+            let sharing = try JobRecord
+                .filter(JobRecord.Columns.userId == userId && JobRecord.Columns.imageKey == job.imageKey)
+                .fetchCount(db)
+            if sharing == 0 { keys.append(job.imageKey) }
+            try Self.discardBlobs(db, keys, jobId: id, now: now)
+            return Purge(job: before)
+        }
+    }
+
+    /// A refused result's files, unless they are the job's own (a repeated report of the accepted
+    /// attempt): nothing will ever point at them.
+    public func discardOutput(_ output: JobOutput, of attempt: JobAttempt, now: Date) async throws {
+        try await database.writer.write { db in
+            let job = try JobRecord.fetchOne(db, key: attempt.jobId)
+            let keys = [output.resultKey, output.thumbnailKey].filter { $0 != job?.resultKey && $0 != job?.thumbnailKey }
+            try Self.discardBlobs(db, keys, jobId: attempt.jobId, now: now)
         }
     }
 
@@ -171,12 +216,12 @@ public struct JobStore: Sendable {
                 if job.cancelRequested {
                     job.status = .cancelled
                     job.finishedAt = now
-                    try Self.save(db, &job, now: now)
+                    try save(db, &job, now: now)
                     try Self.settle(db, job: job, kind: "release", now: now)
                 } else {
                     job.status = .queued
                     job.lastError = "the jobs service restarted while the job was processing"
-                    try Self.save(db, &job, now: now)
+                    try save(db, &job, now: now)
                 }
             }
             return try JobRecord
@@ -197,7 +242,7 @@ public struct JobStore: Sendable {
         return .applied(job)
     }
 
-    static func save(_ db: Database, _ job: inout JobRecord, now: Date) throws {
+    func save(_ db: Database, _ job: inout JobRecord, now: Date) throws {
         job.version += 1
         job.updatedAt = now
         try job.update(db)
@@ -205,10 +250,22 @@ public struct JobStore: Sendable {
     }
 
     /// The history event for the job's new state.
-    static func emit(_ db: Database, job: JobRecord, now: Date) throws {
+    func emit(_ db: Database, job: JobRecord, now: Date) throws {
+        let event = JobEvent(job: job, effectTitle: effectTitles[job.effectId] ?? job.effectId)
         var entry = OutboxEntry(
-            id: nil, topic: "history", kind: "job", jobId: job.id, version: job.version,
-            payload: try JSONEncoder().encode(job), createdAt: now, attempts: 0, nextAttemptAt: now
+            id: nil, topic: OutboxEntry.Topic.history, kind: "job", jobId: job.id, version: job.version,
+            payload: try JSONEncoder().encode(event), createdAt: now, attempts: 0, nextAttemptAt: now
+        )
+        try entry.insert(db)
+    }
+
+    /// Files to remove, left to the blob janitor in the same transaction as the change that
+    /// orphaned them, so a crash in between loses no deletion.
+    static func discardBlobs(_ db: Database, _ keys: [String], jobId: String, now: Date) throws {
+        guard !keys.isEmpty else { return }
+        var entry = OutboxEntry(
+            id: nil, topic: OutboxEntry.Topic.blobs, kind: "delete", jobId: jobId, version: 0,
+            payload: try JSONEncoder().encode(keys), createdAt: now, attempts: 0, nextAttemptAt: now
         )
         try entry.insert(db)
     }
@@ -216,7 +273,7 @@ public struct JobStore: Sendable {
     /// The quota settlement of an ended job.
     static func settle(_ db: Database, job: JobRecord, kind: String, now: Date) throws {
         var entry = OutboxEntry(
-            id: nil, topic: "quota", kind: kind, jobId: job.id, version: job.version,
+            id: nil, topic: OutboxEntry.Topic.quota, kind: kind, jobId: job.id, version: job.version,
             payload: nil, createdAt: now, attempts: 0, nextAttemptAt: now
         )
         try entry.insert(db)

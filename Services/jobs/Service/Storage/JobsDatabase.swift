@@ -59,6 +59,9 @@ public struct JobsDatabase: Sendable {
             }
             try db.create(index: "outbox_due", on: "outbox", columns: ["topic", "nextAttemptAt"])
         }
+        migrator.registerMigration("v2: jobs by original image") { db in
+            try db.create(index: "job_by_image", on: "job", columns: ["userId", "imageKey"])
+        }
         return migrator
     }
 }
@@ -71,10 +74,12 @@ extension JobRecord: FetchableRecord, PersistableRecord {
         public static let userId = Column("userId")
         public static let status = Column("status")
         public static let createdAt = Column("createdAt")
+        public static let imageKey = Column("imageKey")
     }
 }
 
-/// An event waiting for delivery: to quota (`commit`, `release`) or history (`job`).
+/// An event waiting for delivery: to quota (`commit`, `release`), history (`job`) or the blob
+/// janitor (`delete`).
 public struct OutboxEntry: Codable, Sendable, FetchableRecord, MutablePersistableRecord {
     public static let databaseTableName = "outbox"
     public var id: Int64?
@@ -91,6 +96,17 @@ public struct OutboxEntry: Codable, Sendable, FetchableRecord, MutablePersistabl
 
     public enum Columns {
         public static let topic = Column("topic")
+        public static let jobId = Column("jobId")
         public static let nextAttemptAt = Column("nextAttemptAt")
+    }
+
+    /// Where an entry goes.
+    public enum Topic {
+        /// Quota settlements: `commit`, `release`.
+        public static let quota = "quota"
+        /// Job events for history.
+        public static let history = "history"
+        /// Files to delete from the blob store.
+        public static let blobs = "blobs"
     }
 }
