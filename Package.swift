@@ -19,6 +19,7 @@ let package = Package(
         .executable(name: "bus-fixture", targets: ["bus-fixture"]),
         .executable(name: "quota-bench", targets: ["quota-bench"]),
         .executable(name: "jobs-bench", targets: ["jobs-bench"]),
+        .executable(name: "history-bench", targets: ["history-bench"]),
     ],
     dependencies: [
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
@@ -126,9 +127,28 @@ let package = Package(
             path: "Services/quota/Main",
             swiftSettings: swiftSettings
         ),
+        // History: pure rules (tokens, month sections, retention), then storage, handler, sweeps.
+        .target(
+            name: "HistoryCore",
+            dependencies: ["Messages", .product(name: "Crypto", package: "swift-crypto")],
+            path: "Services/history/Core",
+            swiftSettings: swiftSettings
+        ),
+        .target(
+            name: "HistoryService",
+            dependencies: [
+                "HistoryCore", "Messages", "Bus", "ServiceKit", "Storage",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Services/history/Service",
+            swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "history",
-            dependencies: ["ServiceKit", "Messages"],
+            dependencies: ["HistoryService", "ServiceKit"],
             path: "Services/history/Main",
             swiftSettings: swiftSettings
         ),
@@ -142,7 +162,7 @@ let package = Package(
         .target(
             name: "JobsService",
             dependencies: [
-                "JobsCore", "Messages", "Bus", "ServiceKit", "Storage",
+                "JobsCore", "Messages", "Bus", "ServiceKit", "Storage", "Blobs",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "HeapModule", package: "swift-collections"),
@@ -222,6 +242,12 @@ let package = Package(
             path: "Benchmarks/jobs-bench",
             swiftSettings: swiftSettings
         ),
+        .executableTarget(
+            name: "history-bench",
+            dependencies: ["HistoryService", "Messages", .product(name: "JWTKit", package: "jwt-kit")],
+            path: "Benchmarks/history-bench",
+            swiftSettings: swiftSettings
+        ),
         .testTarget(
             name: "JobsTests",
             dependencies: [
@@ -229,6 +255,15 @@ let package = Package(
                 .product(name: "GRDB", package: "GRDB.swift"),
             ],
             path: "Tests/JobsTests",
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "HistoryTests",
+            dependencies: [
+                "HistoryCore", "HistoryService", "Messages", "Bus",
+                .product(name: "GRDB", package: "GRDB.swift"),
+            ],
+            path: "Tests/HistoryTests",
             swiftSettings: swiftSettings
         ),
         .testTarget(
@@ -243,11 +278,12 @@ let package = Package(
         .testTarget(
             name: "SystemTests",
             dependencies: [
-                "Bus", "Messages", "ZeroMQ", "ServiceKit", "GatewayApp", "QuotaService", "JobsService", "WorkerKit", "JobsCore", "ImageOps", "Blobs",
+                "Bus", "Messages", "ZeroMQ", "ServiceKit", "GatewayApp", "QuotaService", "JobsService", "HistoryService", "WorkerKit", "JobsCore", "ImageOps", "Blobs",
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "Yams", package: "Yams"),
+                .product(name: "GRDB", package: "GRDB.swift"),
             ],
             path: "Tests/SystemTests",
             swiftSettings: swiftSettings

@@ -1,4 +1,30 @@
+import Bus
+import Foundation
+import HistoryService
+import Logging
 import ServiceKit
 
-// The history service. For now it answers `health`; its methods arrive with their issues.
-await ProcessExit.run("history") { try await BusServiceRunner.run(.history) }
+// The history service: the read model of users' past edits in $DATA_DIR/history.sqlite, fed by
+// job events from jobs; deletes purge jobs through jobs; retention asks quota for each plan's.
+await ProcessExit.run("history") { try await BusServiceRunner.run(.history) { router, service, logger in
+    let configuration = try HistoryConfiguration(environment: Environment(), dataDirectory: service.dataDirectory)
+    try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
+    let database = try HistoryDatabase.open(path: configuration.databasePath)
+    let purges = PurgeDeliverer(
+        database: database,
+        jobs: BusClient(configuration: .init(endpoint: configuration.jobsEndpoint, curve: service.curveClientKeys), logger: logger),
+        logger: logger
+    )
+    HistoryHandler(database: database, purges: purges).register(on: &router)
+    let pending = try await database.pendingPurgeCount()
+    logger.info("history ready", metadata: ["pendingPurges": "\(pending)"])
+    return [
+        purges,
+        RetentionSweeper(
+            database: database,
+            quota: BusClient(configuration: .init(endpoint: configuration.quotaEndpoint, curve: service.curveClientKeys), logger: logger),
+            interval: configuration.sweepInterval, changesKeep: configuration.changesKeep, purges: purges, logger: logger
+        ),
+    ]
+}
+}

@@ -1,0 +1,80 @@
+import Bus
+import Crypto
+import Foundation
+import Messages
+
+/// The history service's bus methods.
+public struct HistoryHandler: Sendable {
+    let database: HistoryDatabase
+    let purges: PurgeDeliverer
+    let now: @Sendable () -> Date
+
+    public init(database: HistoryDatabase, purges: PurgeDeliverer, now: @escaping @Sendable () -> Date = Date.init) {
+        self.database = database
+        self.purges = purges
+        self.now = now
+    }
+
+    public func register(on router: inout BusRouter) {
+        router.register(History.apply) { request, _ in
+            guard request.events.count <= 1000 else { throw BusError(.badRequest, "at most 1,000 events a batch") }
+            return EventsApplied(applied: try await database.applyJobEvents(request.events))
+        }
+        router.register(History.list) { request, _ in
+            try Self.validate(request)
+            return try await database.page(request)
+        }
+        router.register(History.get) { request, _ in
+            guard let item = try await database.item(request.jobId, userId: request.userId) else { throw Self.notFound(request.jobId) }
+            return item
+        }
+        router.register(History.delete) { request, _ in
+            guard let deleted = try await database.deleteItem(request.jobId, userId: request.userId, now: now()) else {
+                throw Self.notFound(request.jobId)
+            }
+            purges.wake()
+            return deleted
+        }
+        router.register(History.changes) { request, _ in
+            guard (1...500).contains(request.limit) else { throw BusError(.badRequest, "limit must be 1 to 500") }
+            return try await database.changes(request)
+        }
+        router.register(History.share) { request, _ in
+            guard (1...(365 * 86_400)).contains(request.lifetimeSeconds) else {
+                throw BusError(.badRequest, "a share link lives 1 second to 365 days")
+            }
+            let expiresAt = now().addingTimeInterval(Double(request.lifetimeSeconds))
+            guard let grant = try await database.shareItem(request.jobId, userId: request.userId, token: Self.newToken(), expiresAt: expiresAt) else {
+                throw Self.notFound(request.jobId)
+            }
+            return grant
+        }
+        router.register(History.unshare) { request, _ in
+            guard try await database.revokeShares(request.jobId, userId: request.userId) else { throw Self.notFound(request.jobId) }
+            return Empty()
+        }
+        router.register(History.openShare) { request, _ in
+            guard request.token.utf8.count <= 128, let shared = try await database.sharedResult(token: request.token, now: now()) else {
+                throw BusError(.notFound, "no such share link, or it was revoked or has expired")
+            }
+            return shared
+        }
+    }
+
+    static func validate(_ request: ListHistory) throws {
+        guard (1...100).contains(request.limit) else { throw BusError(.badRequest, "limit must be 1 to 100") }
+        guard request.offset >= 0, request.offset <= 1_000_000 else { throw BusError(.badRequest, "offset must be 0 to 1,000,000") }
+        if let query = request.query, query.utf8.count > 200 { throw BusError(.badRequest, "q must be at most 200 bytes") }
+    }
+
+    static func notFound(_ jobId: String) -> BusError {
+        BusError(.notFound, "no history item \(jobId.prefix(64))")
+    }
+
+    /// 32 random bytes, base64url: the secret part of a share link.
+    static func newToken() -> String {
+        let key = SymmetricKey(size: .bits256)
+        return key.withUnsafeBytes { Data($0) }.base64EncodedString()
+            .replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
+    }
+}

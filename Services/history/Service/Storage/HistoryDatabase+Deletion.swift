@@ -1,0 +1,107 @@
+import Foundation
+import GRDB
+import HistoryCore
+import Messages
+
+/// A job whose purge jobs has not acknowledged yet.
+public struct PendingPurge: Sendable, Equatable {
+    public var jobId: String
+    public var userId: String
+    public var attempts: Int
+}
+
+extension HistoryDatabase {
+    /// Deletes one of the user's items for good: it leaves every read at once, and the purge of
+    /// its job and files is queued for jobs in the same transaction. Nil for anyone else's item,
+    /// an unknown id, or one already deleted.
+    public func deleteItem(_ jobId: String, userId: String, now: Date) async throws -> DeletedHistoryItem? {
+        try await write { db in
+            guard let row = try Row.fetchOne(db, sql: "SELECT * FROM item WHERE jobId = ? AND userId = ?", arguments: [jobId, userId]) else {
+                return nil
+            }
+            try Self.removeItem(db, row: row, now: now)
+            return DeletedHistoryItem(jobId: jobId)
+        }
+    }
+
+    /// Up to `limit` users, after `afterUser` in id order, who have an ended item created before
+    /// `before`: the candidates of a retention sweep.
+    public func usersWithItems(before: Date, afterUser: String, limit: Int) async throws -> [String] {
+        try await read { db in
+            try String.fetchAll(
+                db, sql: """
+                    SELECT DISTINCT userId FROM item
+                    WHERE createdAt < ? AND status IN ('completed', 'failed', 'cancelled') AND userId > ?
+                    ORDER BY userId LIMIT ?
+                    """,
+                arguments: [before.milliseconds, afterUser, limit]
+            )
+        }
+    }
+
+    /// Deletes, like `deleteItem`, up to `limit` of the user's ended items created before
+    /// `cutoff`; queued and processing jobs are never touched. Returns how many went.
+    public func deleteExpiredItems(userId: String, before cutoff: Date, limit: Int, now: Date) async throws -> Int {
+        try await write { db in
+            let rows = try Row.fetchAll(
+                db, sql: """
+                    SELECT * FROM item WHERE userId = ? AND createdAt < ? AND status IN ('completed', 'failed', 'cancelled')
+                    ORDER BY createdAt LIMIT ?
+                    """,
+                arguments: [userId, cutoff.milliseconds, limit]
+            )
+            for row in rows { try Self.removeItem(db, row: row, now: now) }
+            return rows.count
+        }
+    }
+
+    /// Forgets tombstones deleted before `before` whose purge is done (the changes feed answers
+    /// "too old" to tokens from before them), and expired share links. Returns the tombstones gone.
+    public func pruneTombstones(before: Date, now: Date, limit: Int = 10_000) async throws -> Int {
+        try await write { db in
+            let rows = try Row.fetchAll(
+                db, sql: """
+                    SELECT jobId, changeSequence FROM deletion
+                    WHERE deletedAt < ? AND jobId NOT IN (SELECT jobId FROM purge)
+                    ORDER BY deletedAt LIMIT ?
+                    """,
+                arguments: [before.milliseconds, limit]
+            )
+            for row in rows {
+                try db.execute(sql: "DELETE FROM deletion WHERE jobId = ?", arguments: [row["jobId"] as String])
+            }
+            if let highest = rows.map({ $0["changeSequence"] as Int64 }).max() {
+                try db.execute(sql: "UPDATE meta SET value = max(value, ?) WHERE key = 'prunedThrough'", arguments: [highest])
+            }
+            try db.execute(sql: "DELETE FROM share WHERE expiresAt <= ?", arguments: [now.milliseconds])
+            return rows.count
+        }
+    }
+
+    /// Purges due at `now`, oldest first.
+    public func duePurges(now: Date, limit: Int) async throws -> [PendingPurge] {
+        try await read { db in
+            try Row.fetchAll(
+                db, sql: "SELECT jobId, userId, attempts FROM purge WHERE nextAttemptAt <= ? ORDER BY nextAttemptAt LIMIT ?",
+                arguments: [now.milliseconds, limit]
+            ).map { PendingPurge(jobId: $0["jobId"], userId: $0["userId"], attempts: $0["attempts"]) }
+        }
+    }
+
+    /// Jobs acknowledged the purge: it leaves the outbox.
+    public func purgeAcknowledged(_ jobId: String) async throws {
+        try await write { db in try db.execute(sql: "DELETE FROM purge WHERE jobId = ?", arguments: [jobId]) }
+    }
+
+    /// The purge failed: try again at `retryAt`.
+    public func purgeFailed(_ jobId: String, retryAt: Date) async throws {
+        try await write { db in
+            try db.execute(sql: "UPDATE purge SET attempts = attempts + 1, nextAttemptAt = ? WHERE jobId = ?", arguments: [retryAt.milliseconds, jobId])
+        }
+    }
+
+    /// Purges not yet acknowledged.
+    public func pendingPurgeCount() async throws -> Int {
+        try await read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM purge") ?? 0 }
+    }
+}

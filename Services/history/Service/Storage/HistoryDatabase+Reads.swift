@@ -1,0 +1,187 @@
+import Foundation
+import GRDB
+import HistoryCore
+import Messages
+
+extension HistoryDatabase {
+    /// A page of the user's items, newest first (by creation time, then job id), searched results
+    /// too. With a cursor the page starts after the cursor's item, so new items arriving at the
+    /// top do not shift it; otherwise it starts at `offset`. `totalCount` counts the whole
+    /// filtered set. Throws `history.invalid_cursor` for a cursor not issued for this user and query.
+    public func page(_ request: ListHistory) async throws -> HistoryPage {
+        let scope = Self.scope(of: request)
+        let after = try request.cursor.map { token in
+            guard let cursor = PageCursor.open(token, with: signer, userId: request.userId, scope: scope) else {
+                throw BusError(History.ErrorCode.invalidCursor, "the cursor is not one of this query's")
+            }
+            return cursor
+        }
+        let (items, total) = try await read { db in
+            var filter = Filter(request)
+            filter.searchEachItem = try Filter.itemCount(db, userId: request.userId) <= searchEachItemUpTo
+            let total = try filter.count(db)
+            if let after { filter.after(after) }
+            let items = try filter.items(db, limit: request.limit + 1, offset: after == nil ? request.offset : 0)
+            return (items, total)
+        }
+        let pageItems = Array(items.prefix(request.limit))
+        let hasMore = items.count > request.limit
+        let next = hasMore ? pageItems.last.map {
+            PageCursor(createdAt: $0.createdAt.milliseconds, jobId: $0.jobId).seal(with: signer, userId: request.userId, scope: scope)
+        } : nil
+        return HistoryPage(
+            items: pageItems, totalCount: total, hasMore: hasMore, nextCursor: next,
+            sections: request.groupByMonth ? MonthSections.group(pageItems, timeZone: request.timeZone, locale: request.locale) : nil
+        )
+    }
+
+    /// One of the user's items, nil for anyone else's or an unknown id.
+    public func item(_ jobId: String, userId: String) async throws -> HistoryItem? {
+        try await read { db in
+            try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM item WHERE jobId = ? AND userId = ?"), arguments: [jobId, userId])
+                .map(Self.item(from:))
+        }
+    }
+
+    /// The user's changes after `token` (nil: from the beginning), oldest first: the current
+    /// state of each item changed since, and the ids of items deleted since. A token older than
+    /// the tombstones kept answers `history.token_expired`.
+    public func changes(_ request: ChangesSince) async throws -> HistoryChanges {
+        let since = try request.token.map { token in
+            guard let opened = ChangesToken.open(token, with: signer, userId: request.userId) else {
+                throw BusError(History.ErrorCode.invalidCursor, "the changes token is not one of this user's")
+            }
+            return opened.sequence
+        } ?? Int64(0)
+        let limit = request.limit
+        let checkExpiry = request.token != nil
+        let (changes, last, hasMore) = try await read { db in
+            if checkExpiry, let pruned = try Int64.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'prunedThrough'"), since < pruned {
+                throw BusError(History.ErrorCode.tokenExpired, "deletions this old are no longer kept: list the history again")
+            }
+            let upserts = try Row.fetchAll(
+                db, sql: "SELECT * FROM item WHERE userId = ? AND changeSequence > ? ORDER BY changeSequence LIMIT ?",
+                arguments: [request.userId, since, limit + 1]
+            ).map { (sequence: $0["changeSequence"] as Int64, change: HistoryChange(op: .upsert, item: Self.item(from: $0))) }
+            let deletions = try Row.fetchAll(
+                db, sql: "SELECT jobId, changeSequence FROM deletion WHERE userId = ? AND changeSequence > ? ORDER BY changeSequence LIMIT ?",
+                arguments: [request.userId, since, limit + 1]
+            ).map { (sequence: $0["changeSequence"] as Int64, change: HistoryChange(op: .delete, id: $0["jobId"])) }
+            let merged = (upserts + deletions).sorted { $0.sequence < $1.sequence }
+            let page = merged.prefix(limit)
+            return (page.map(\.change), page.last?.sequence ?? since, merged.count > limit)
+        }
+        return HistoryChanges(changes: changes, nextToken: ChangesToken(sequence: last).seal(with: signer, userId: request.userId), hasMore: hasMore)
+    }
+
+    /// What a share link grants at `now`, nil once it is revoked, expired or its item deleted.
+    public func sharedResult(token: String, now: Date) async throws -> SharedResult? {
+        try await read { db in
+            guard let row = try Row.fetchOne(
+                db, sql: """
+                    SELECT share.jobId, share.expiresAt, item.resultKey FROM share JOIN item ON item.jobId = share.jobId
+                    WHERE share.token = ? AND share.expiresAt > ? AND item.status = 'completed'
+                    """,
+                arguments: [token, now.milliseconds]
+            ), let resultKey: String = row["resultKey"] else { return nil }
+            return SharedResult(jobId: row["jobId"], resultKey: resultKey, expiresAt: Date(milliseconds: row["expiresAt"]))
+        }
+    }
+
+    // MARK: Rows
+
+    static func item(from row: Row) -> HistoryItem {
+        let parameters = (row["parameters"] as String?).flatMap { try? JSONDecoder().decode([String: Double].self, from: Data($0.utf8)) } ?? [:]
+        return HistoryItem(
+            jobId: row["jobId"], userId: row["userId"], effectId: row["effectId"], effectTitle: row["effectTitle"],
+            prompt: row["prompt"], status: JobStatus(rawValue: row["status"]) ?? .failed, progress: row["progress"],
+            createdAt: Date(milliseconds: row["createdAt"]), updatedAt: Date(milliseconds: row["updatedAt"]),
+            finishedAt: (row["finishedAt"] as Int64?).map(Date.init(milliseconds:)), resultKey: row["resultKey"],
+            thumbnailKey: row["thumbnailKey"], originalImageKey: row["imageKey"], parameters: parameters, cost: row["cost"],
+            lastError: row["lastError"], version: row["version"]
+        )
+    }
+
+    /// What a cursor is bound to besides the user: the filter and the search.
+    static func scope(of request: ListHistory) -> String {
+        Set(request.statuses.map(\.rawValue)).sorted().joined(separator: ",") + "|" + (request.query ?? "")
+    }
+
+    /// The WHERE clause of a page: the user, the statuses, the search, and the keyset position.
+    struct Filter {
+        var userId: String
+        var statuses: [String]
+        var query: String?
+        var after: PageCursor?
+        /// Search by probing the index for each of the user's items rather than by collecting
+        /// every match of all users first (see `HistoryDatabase.searchEachItemUpTo`).
+        var searchEachItem = false
+
+        init(_ request: ListHistory) {
+            userId = request.userId
+            statuses = Array(Set(request.statuses.flatMap(\.jobStatuses).map(\.rawValue))).sorted()
+            if statuses.count == JobStatus.allCases.count { statuses = [] }
+            query = request.query.flatMap { $0.isEmpty ? nil : $0 }
+        }
+
+        mutating func after(_ cursor: PageCursor) { after = cursor }
+
+        func clause(counting: Bool) -> (String, [(any DatabaseValueConvertible)?]) {
+            var sql = "userId = ?"
+            var arguments: [(any DatabaseValueConvertible)?] = [userId]
+            if !statuses.isEmpty {
+                sql += " AND status IN (" + statuses.map { _ in "?" }.joined(separator: ",") + ")"
+                arguments += statuses
+            }
+            if let query {
+                if query.count >= 3 {
+                    // The trigram index finds any substring of three characters or more,
+                    // case-insensitively; the query is one quoted phrase.
+                    sql += searchEachItem
+                        ? " AND EXISTS (SELECT 1 FROM item_search WHERE item_search MATCH ? AND item_search.rowid = item.id)"
+                        : " AND id IN (SELECT rowid FROM item_search WHERE item_search MATCH ?)"
+                    arguments.append("\"" + query.replacingOccurrences(of: "\"", with: "\"\"") + "\"")
+                } else {
+                    // Shorter than a trigram: scan the user's own items.
+                    let pattern = "%" + query.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "%", with: "\\%")
+                        .replacingOccurrences(of: "_", with: "\\_") + "%"
+                    sql += " AND (prompt LIKE ? ESCAPE '\\' OR effectTitle LIKE ? ESCAPE '\\')"
+                    arguments += [pattern, pattern]
+                }
+            }
+            if let after, !counting {
+                sql += " AND (createdAt, jobId) < (?, ?)"
+                arguments += [after.createdAt, after.jobId]
+            }
+            return (sql, arguments)
+        }
+
+        /// All the user's items, from the counts kept per status.
+        static func itemCount(_ db: Database, userId: String) throws -> Int {
+            try Int.fetchOne(db.cachedStatement(sql: "SELECT COALESCE(SUM(count), 0) FROM item_count WHERE userId = ?"), arguments: [userId]) ?? 0
+        }
+
+        func count(_ db: Database) throws -> Int {
+            if query == nil {
+                // Kept per user and status as items change: no scan of a long history.
+                var sql = "SELECT COALESCE(SUM(count), 0) FROM item_count WHERE userId = ?"
+                var arguments: [(any DatabaseValueConvertible)?] = [userId]
+                if !statuses.isEmpty {
+                    sql += " AND status IN (" + statuses.map { _ in "?" }.joined(separator: ",") + ")"
+                    arguments += statuses
+                }
+                return try Int.fetchOne(db.cachedStatement(sql: sql), arguments: StatementArguments(arguments)) ?? 0
+            }
+            let (sql, arguments) = clause(counting: true)
+            return try Int.fetchOne(db.cachedStatement(sql: "SELECT COUNT(*) FROM item WHERE " + sql), arguments: StatementArguments(arguments)) ?? 0
+        }
+
+        func items(_ db: Database, limit: Int, offset: Int) throws -> [HistoryItem] {
+            let (sql, arguments) = clause(counting: false)
+            return try Row.fetchAll(
+                db.cachedStatement(sql: "SELECT * FROM item WHERE " + sql + " ORDER BY createdAt DESC, jobId DESC LIMIT ? OFFSET ?"),
+                arguments: StatementArguments(arguments + [limit, offset])
+            ).map(HistoryDatabase.item(from:))
+        }
+    }
+}

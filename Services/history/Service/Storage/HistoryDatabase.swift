@@ -1,0 +1,169 @@
+import Foundation
+import GRDB
+import HistoryCore
+import Messages
+import Storage
+
+/// The history service's database: the read model of the user's past edits, its search index,
+/// the tombstones and sequence numbers of the changes feed, share links, and the outbox of purges
+/// that jobs has not acknowledged yet. Each write is one method named for its intent, one
+/// transaction each.
+public struct HistoryDatabase: Sendable {
+    private let writer: any DatabaseWriter
+    /// Mints and opens page cursors and changes tokens; its key lives in the database.
+    public let signer: TokenSigner
+    /// A search of a user with at most this many items probes the search index item by item;
+    /// a longer history collects the matches from the index first (each is cheaper on its side).
+    public let searchEachItemUpTo: Int
+
+    public init(_ writer: any DatabaseWriter, searchEachItemUpTo: Int = 5_000) throws {
+        self.writer = writer
+        self.searchEachItemUpTo = searchEachItemUpTo
+        try Self.migrator.migrate(writer)
+        let key = try writer.read { db in try Data.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'tokenKey'") }
+        signer = TokenSigner(key: Array(key ?? Data()))
+    }
+
+    /// Opens (or creates) the file at `path`, WAL with `synchronous=FULL`.
+    public static func open(path: String) throws -> HistoryDatabase {
+        try HistoryDatabase(DurableDatabase.open(path: path))
+    }
+
+    /// A database in memory, for tests.
+    public static func inMemory(searchEachItemUpTo: Int = 5_000) throws -> HistoryDatabase {
+        try HistoryDatabase(DatabaseQueue(), searchEachItemUpTo: searchEachItemUpTo)
+    }
+
+    func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        try await writer.write(body)
+    }
+
+    func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        try await writer.read(body)
+    }
+
+    static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1: items, search, changes, shares, purges") { db in
+            try db.execute(sql: """
+                CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value) WITHOUT ROWID;
+                INSERT INTO meta (key, value) VALUES ('changeSequence', 0), ('prunedThrough', 0), ('tokenKey', randomblob(32));
+
+                CREATE TABLE item (
+                    id INTEGER PRIMARY KEY,
+                    jobId TEXT NOT NULL UNIQUE,
+                    userId TEXT NOT NULL,
+                    effectId TEXT NOT NULL,
+                    effectTitle TEXT NOT NULL,
+                    prompt TEXT,
+                    status TEXT NOT NULL,
+                    progress REAL NOT NULL,
+                    createdAt INTEGER NOT NULL,
+                    updatedAt INTEGER NOT NULL,
+                    finishedAt INTEGER,
+                    resultKey TEXT,
+                    thumbnailKey TEXT,
+                    imageKey TEXT NOT NULL,
+                    parameters TEXT NOT NULL,
+                    cost INTEGER NOT NULL,
+                    lastError TEXT,
+                    version INTEGER NOT NULL,
+                    changeSequence INTEGER NOT NULL
+                );
+                CREATE INDEX item_page ON item (userId, createdAt, jobId);
+                CREATE INDEX item_status_page ON item (userId, status, createdAt, jobId);
+                CREATE INDEX item_changes ON item (userId, changeSequence);
+                CREATE INDEX item_age ON item (createdAt);
+
+                CREATE VIRTUAL TABLE item_search USING fts5 (
+                    prompt, effectTitle, content = 'item', content_rowid = 'id', tokenize = 'trigram'
+                );
+                CREATE TRIGGER item_search_insert AFTER INSERT ON item BEGIN
+                    INSERT INTO item_search (rowid, prompt, effectTitle) VALUES (new.id, new.prompt, new.effectTitle);
+                END;
+                CREATE TRIGGER item_search_delete AFTER DELETE ON item BEGIN
+                    INSERT INTO item_search (item_search, rowid, prompt, effectTitle) VALUES ('delete', old.id, old.prompt, old.effectTitle);
+                END;
+                CREATE TRIGGER item_search_update AFTER UPDATE OF prompt, effectTitle ON item BEGIN
+                    INSERT INTO item_search (item_search, rowid, prompt, effectTitle) VALUES ('delete', old.id, old.prompt, old.effectTitle);
+                    INSERT INTO item_search (rowid, prompt, effectTitle) VALUES (new.id, new.prompt, new.effectTitle);
+                END;
+
+                CREATE TABLE item_count (
+                    userId TEXT NOT NULL, status TEXT NOT NULL, count INTEGER NOT NULL,
+                    PRIMARY KEY (userId, status)
+                ) WITHOUT ROWID;
+
+                CREATE TABLE deletion (
+                    jobId TEXT PRIMARY KEY NOT NULL,
+                    userId TEXT NOT NULL,
+                    createdAt INTEGER NOT NULL,
+                    deletedAt INTEGER NOT NULL,
+                    changeSequence INTEGER NOT NULL
+                ) WITHOUT ROWID;
+                CREATE INDEX deletion_changes ON deletion (userId, changeSequence);
+                CREATE INDEX deletion_age ON deletion (deletedAt);
+
+                CREATE TABLE purge (
+                    jobId TEXT PRIMARY KEY NOT NULL,
+                    userId TEXT NOT NULL,
+                    attempts INTEGER NOT NULL DEFAULT 0,
+                    nextAttemptAt INTEGER NOT NULL
+                ) WITHOUT ROWID;
+                CREATE INDEX purge_due ON purge (nextAttemptAt);
+
+                CREATE TABLE share (
+                    token TEXT PRIMARY KEY NOT NULL,
+                    jobId TEXT NOT NULL,
+                    userId TEXT NOT NULL,
+                    expiresAt INTEGER NOT NULL
+                ) WITHOUT ROWID;
+                CREATE INDEX share_by_job ON share (jobId);
+                CREATE INDEX share_age ON share (expiresAt);
+                """)
+        }
+        return migrator
+    }
+
+    // MARK: Shared by the writes
+
+    /// The next number of the changes feed.
+    static func nextChangeSequence(_ db: Database) throws -> Int64 {
+        try db.execute(sql: "UPDATE meta SET value = value + 1 WHERE key = 'changeSequence'")
+        return try Int64.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'changeSequence'") ?? 0
+    }
+
+    static func adjustCount(_ db: Database, userId: String, status: String, by delta: Int) throws {
+        try db.execute(
+            sql: """
+                INSERT INTO item_count (userId, status, count) VALUES (?, ?, ?)
+                ON CONFLICT (userId, status) DO UPDATE SET count = count + excluded.count
+                """,
+            arguments: [userId, status, delta]
+        )
+    }
+
+    /// Removes an item for good from every read (row, search entry, counts, share links), leaves
+    /// a tombstone for the changes feed and queues the purge of its job for jobs.
+    static func removeItem(_ db: Database, row: Row, now: Date) throws {
+        let jobId: String = row["jobId"], userId: String = row["userId"], status: String = row["status"]
+        try db.execute(sql: "DELETE FROM item WHERE id = ?", arguments: [row["id"] as Int64])
+        try adjustCount(db, userId: userId, status: status, by: -1)
+        try db.execute(sql: "DELETE FROM share WHERE jobId = ?", arguments: [jobId])
+        try db.execute(
+            sql: "INSERT OR REPLACE INTO deletion (jobId, userId, createdAt, deletedAt, changeSequence) VALUES (?, ?, ?, ?, ?)",
+            arguments: [jobId, userId, row["createdAt"] as Int64, now.milliseconds, try nextChangeSequence(db)]
+        )
+        try db.execute(
+            sql: "INSERT OR IGNORE INTO purge (jobId, userId, nextAttemptAt) VALUES (?, ?, ?)",
+            arguments: [jobId, userId, now.milliseconds]
+        )
+    }
+}
+
+extension Date {
+    /// Milliseconds since 1970, as history stores instants.
+    var milliseconds: Int64 { Int64((timeIntervalSince1970 * 1000).rounded(.down)) }
+
+    init(milliseconds: Int64) { self.init(timeIntervalSince1970: Double(milliseconds) / 1000) }
+}

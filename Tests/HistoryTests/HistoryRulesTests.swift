@@ -1,0 +1,74 @@
+import Foundation
+import HistoryCore
+import HistoryService
+import Messages
+import Testing
+
+@Suite("History rules")
+struct HistoryRulesTests {
+    @Test func monthsAreCutInTheUsersTimeZone() throws {
+        // 2025-11-30T23:30Z is 08:30 on December 1st in Tokyo.
+        let late = Events.job("late", createdAt: try Date("2025-11-30T23:30:00Z", strategy: .iso8601))
+        let early = Events.job("early", createdAt: try Date("2025-11-15T12:00:00Z", strategy: .iso8601))
+        let items = [late, early].map { HistoryItem(event: $0) }
+        let tokyo = MonthSections.group(items, timeZone: "Asia/Tokyo", locale: nil)
+        #expect(tokyo.map(\.month) == ["2025-12", "2025-11"])
+        #expect(tokyo.map(\.title) == ["December 2025", "November 2025"])
+        let utc = MonthSections.group(items, timeZone: nil, locale: nil)
+        #expect(utc.map(\.month) == ["2025-11"])
+        #expect(utc.first?.items.count == 2)
+    }
+
+    @Test func titlesFollowTheLanguageFoundationFormats() throws {
+        let item = HistoryItem(event: Events.job("a", createdAt: try Date("2025-11-15T12:00:00Z", strategy: .iso8601)))
+        #expect(MonthSections.group([item], timeZone: nil, locale: "fr-FR").first?.title == "novembre 2025")
+        #expect(MonthSections.group([item], timeZone: nil, locale: "de").first?.title == "November 2025")
+        #expect(MonthSections.group([item], timeZone: nil, locale: "xx-unknown").first?.title == "November 2025")
+    }
+
+    @Test func retentionNeverTakesAJobThatHasNotEnded() throws {
+        let now = Events.epoch.addingTimeInterval(31 * 86_400)
+        #expect(RetentionRule.isExpired(HistoryItem(event: Events.job("a")), now: now, retentionDays: 30))
+        #expect(!RetentionRule.isExpired(HistoryItem(event: Events.job("a")), now: now, retentionDays: 365))
+        #expect(!RetentionRule.isExpired(HistoryItem(event: Events.job("a", status: .processing)), now: now, retentionDays: 30))
+    }
+
+    @Test func theSweepDeletesOnlyEndedItemsPastTheCutoff() async throws {
+        let database = try HistoryDatabase.inMemory()
+        let now = Events.epoch.addingTimeInterval(31 * 86_400)
+        _ = try await database.applyJobEvents([
+            Events.job("old"), Events.job("old-running", status: .processing),
+            Events.job("recent", createdAt: now.addingTimeInterval(-86_400)),
+        ])
+        let cutoff = RetentionRule.cutoff(now: now, retentionDays: 30)
+        #expect(try await database.usersWithItems(before: cutoff, afterUser: "", limit: 10) == ["u1"])
+        #expect(try await database.deleteExpiredItems(userId: "u1", before: cutoff, limit: 10, now: now) == 1)
+        #expect(Set(try await database.page(ListHistory(userId: "u1")).items.map(\.jobId)) == ["old-running", "recent"])
+    }
+
+    @Test func aShareOpensUntilItExpiresOrIsRevoked() async throws {
+        let database = try HistoryDatabase.inMemory()
+        _ = try await database.applyJobEvents([Events.job("done"), Events.job("running", status: .processing)])
+        let now = Date()
+        let grant = try #require(try await database.shareItem("done", userId: "u1", token: "t1", expiresAt: now.addingTimeInterval(60)))
+        #expect(try await database.sharedResult(token: grant.token, now: now)?.resultKey == "results/done/1.jpg")
+        #expect(try await database.sharedResult(token: grant.token, now: now.addingTimeInterval(61)) == nil)
+        #expect(try await database.shareItem("done", userId: "u2", token: "t2", expiresAt: now.addingTimeInterval(60)) == nil)
+        await #expect(throws: BusError.self) { _ = try await database.shareItem("running", userId: "u1", token: "t3", expiresAt: now.addingTimeInterval(60)) }
+        #expect(try await database.revokeShares("done", userId: "u1"))
+        #expect(try await database.sharedResult(token: grant.token, now: now) == nil)
+    }
+}
+
+extension HistoryItem {
+    /// The item an event makes, for rules that take items.
+    init(event: JobEvent) {
+        let job = event.job
+        self.init(
+            jobId: job.id, userId: job.userId, effectId: job.effectId, effectTitle: event.effectTitle, prompt: job.prompt, status: job.status,
+            progress: job.progress, createdAt: job.createdAt, updatedAt: job.updatedAt, finishedAt: job.finishedAt, resultKey: job.resultKey,
+            thumbnailKey: job.thumbnailKey, originalImageKey: job.imageKey, parameters: job.parameters, cost: 1, lastError: job.lastError,
+            version: job.version
+        )
+    }
+}
