@@ -21,15 +21,19 @@ public func buildRouter(
     UsersController(clients: clients, authenticator: authenticator).addRoutes(to: router)
     AdminController(clients: clients, authenticator: authenticator).addRoutes(to: router)
     let signer = URLSigner(secret: configuration.urlSigningSecret)
+    let links = DownloadLinks(signer: signer, publicBaseURL: configuration.publicBaseURL, lifetime: configuration.signedURLLifetime)
+    LegacyJobsController(clients: clients, authenticator: authenticator, links: links).addRoutes(to: router)
     if let blobs = try? DiskBlobStore(root: URL(fileURLWithPath: configuration.blobDirectory)) {
+        let creator = JobCreator(clients: clients, blobs: blobs)
         UploadsController(
             authenticator: authenticator, blobs: blobs, signer: signer, publicBaseURL: configuration.publicBaseURL,
             maxBytes: configuration.uploadMaxBytes, lifetime: configuration.signedURLLifetime
         ).addRoutes(to: router)
-        JobsController(
-            clients: clients, authenticator: authenticator, blobs: blobs, signer: signer,
-            publicBaseURL: configuration.publicBaseURL, lifetime: configuration.signedURLLifetime
+        JobsController(clients: clients, authenticator: authenticator, creator: creator, links: links).addRoutes(to: router)
+        HistoryController(
+            clients: clients, authenticator: authenticator, creator: creator, links: links, shareLifetime: configuration.shareLifetime
         ).addRoutes(to: router)
+        SharesController(clients: clients, blobs: blobs).addRoutes(to: router)
     }
     return router
 }

@@ -30,6 +30,8 @@ public struct GatewayConfiguration: Sendable {
     /// download URL stays valid (`SIGNED_URL_TTL_S`, default 900).
     public var uploadMaxBytes: Int
     public var signedURLLifetime: Int
+    /// How long a history share link works (`SHARE_TTL_S`, default 7 days).
+    public var shareLifetime: Int
     /// CURVE keys for the bus (`BUS_CURVE_PUBLIC`); nil for plain traffic.
     public var curve: CurveClientKeys?
 
@@ -46,7 +48,8 @@ public struct GatewayConfiguration: Sendable {
         urlSigningSecret: String = "development-url-signing-secret",
         publicBaseURL: String? = nil,
         uploadMaxBytes: Int = 20 << 20,
-        signedURLLifetime: Int = 900
+        signedURLLifetime: Int = 900,
+        shareLifetime: Int = 7 * 86_400
     ) {
         self.host = host
         self.port = port
@@ -61,6 +64,7 @@ public struct GatewayConfiguration: Sendable {
         self.publicBaseURL = publicBaseURL ?? "http://\(host):\(port)"
         self.uploadMaxBytes = uploadMaxBytes
         self.signedURLLifetime = signedURLLifetime
+        self.shareLifetime = shareLifetime
     }
 
     /// Reads the configuration from `environment`.
@@ -84,7 +88,8 @@ public struct GatewayConfiguration: Sendable {
             urlSigningSecret: environment.string("URL_SIGNING_SECRET", default: "development-url-signing-secret"),
             publicBaseURL: environment.optional("PUBLIC_BASE_URL"),
             uploadMaxBytes: try environment.int("UPLOAD_MAX_BYTES", default: 20 << 20),
-            signedURLLifetime: try environment.int("SIGNED_URL_TTL_S", default: 900)
+            signedURLLifetime: try environment.int("SIGNED_URL_TTL_S", default: 900),
+            shareLifetime: try environment.int("SHARE_TTL_S", default: 7 * 86_400)
         )
         curve = try BusSecurity.clientKeys(environment)
     }
@@ -92,7 +97,7 @@ public struct GatewayConfiguration: Sendable {
     /// The environment variables `init(environment:)` reads.
     public static var environmentKeys: [String] {
         ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "JWT_SECRET", "ADMIN_TOKEN",
-         "BLOB_DIR", "DATA_DIR", "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "BUS_CURVE_PUBLIC"]
+         "BLOB_DIR", "DATA_DIR", "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S", "BUS_CURVE_PUBLIC"]
             + ServiceName.allCases.map(\.endpointVariable)
     }
 }

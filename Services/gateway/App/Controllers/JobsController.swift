@@ -11,10 +11,8 @@ import Messages
 struct JobsController<Context: RequestContext>: Sendable {
     let clients: ServiceClients
     let authenticator: Authenticator
-    let blobs: DiskBlobStore
-    let signer: URLSigner
-    let publicBaseURL: String
-    let lifetime: Int
+    let creator: JobCreator
+    let links: DownloadLinks
 
     struct CreateRequest: Decodable {
         var imageKey: String
@@ -24,12 +22,6 @@ struct JobsController<Context: RequestContext>: Sendable {
         var prompt: String?
     }
 
-    struct Accepted: Encodable {
-        var jobId: String
-        var status: JobStatus
-        var createdAt: Date
-    }
-
     func addRoutes(to router: Router<Context>) {
         router.post("/api/v1/jobs") { request, context in
             let caller = try await authenticator.caller(of: request)
@@ -37,7 +29,7 @@ struct JobsController<Context: RequestContext>: Sendable {
             guard let effect = body.effectId ?? body.model else {
                 throw Problem(.badRequest, detail: "Name the edit with effectId (or model).")
             }
-            return try await create(
+            return try await creator.create(
                 caller: caller, imageKey: body.imageKey, effect: effect, parameters: body.parameters ?? [:],
                 prompt: body.prompt, idempotencyKey: request.headers[.idempotencyKey]
             )
@@ -59,7 +51,7 @@ struct JobsController<Context: RequestContext>: Sendable {
         }
         router.post("/api/v1/jobs/:jobId/rerun") { request, context in
             let (caller, original) = try await ownedJob(request, context)
-            return try await create(
+            return try await creator.create(
                 caller: caller, imageKey: original.imageKey, effect: original.effectId, parameters: original.parameters,
                 prompt: original.prompt, idempotencyKey: request.headers[.idempotencyKey]
             )
@@ -71,51 +63,6 @@ struct JobsController<Context: RequestContext>: Sendable {
         let caller = try await authenticator.caller(of: request)
         let job = try await clients.call(.jobs, Jobs.get, JobReference(jobId: try context.parameters.require("jobId"), userId: caller.id))
         return (caller, job)
-    }
-
-    /// Validates, reserves quota for the job id, creates the job; releases on a definite failure.
-    func create(caller: Caller, imageKey: String, effect: String, parameters: [String: Double], prompt: String?, idempotencyKey: String?) async throws -> Response {
-        guard BlobKey.isValid(imageKey), let image = try await blobs.metadata(of: imageKey), image.owner == caller.id else {
-            throw Problem(.notFound, detail: "No uploaded image \(imageKey.prefix(100)).")
-        }
-        let jobId = try Self.jobId(user: caller.id, idempotencyKey: idempotencyKey)
-        let decision = try await clients.call(.quota, Quota.reserve, ReserveQuota(userId: caller.id, jobId: jobId, cost: 1))
-        guard decision.admitted else {
-            throw RateLimitHeaders.problem(for: decision, now: Date())
-        }
-        let job: JobRecord
-        do {
-            job = try await clients.client(for: .jobs).call(Jobs.create, CreateJob(
-                jobId: jobId, userId: caller.id, isPro: decision.status.isPro, imageKey: imageKey,
-                effectId: effect, parameters: parameters, prompt: prompt
-            ))
-        } catch {
-            // A definite answer means no job exists: give the units back. A timeout may hide a
-            // created job; quota resolves such reservations by asking jobs later.
-            if error.code != .timeout {
-                _ = try? await clients.client(for: .quota).call(Quota.release, ChargeReference(jobId: jobId))
-            }
-            throw Problem(error, service: "jobs")
-        }
-        return try JSONResponse.make(
-            .accepted, Accepted(jobId: job.id, status: job.status, createdAt: job.createdAt),
-            headers: [.location: "/api/v1/jobs/\(job.id)"] + RateLimitHeaders.headers(for: decision.status, now: Date())
-        )
-    }
-
-    /// With an `Idempotency-Key`, the job id is derived from (user, key): the same request sent
-    /// again names the same job, which is created and charged once.
-    static func jobId(user: String, idempotencyKey: String?) throws -> String {
-        guard let key = idempotencyKey else { return UUID().uuidString.lowercased() }
-        guard (1...255).contains(key.utf8.count) else {
-            throw Problem(.badRequest, detail: "Idempotency-Key must be 1 to 255 characters.")
-        }
-        var bytes = Array(SHA256.hash(data: Data("\(user)\n\(key)".utf8)).prefix(16))
-        bytes[6] = (bytes[6] & 0x0F) | 0x50  // name-based UUID layout
-        bytes[8] = (bytes[8] & 0x3F) | 0x80
-        let uuid = UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
-                               bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
-        return uuid.uuidString.lowercased()
     }
 
     struct StatusView: Encodable {
@@ -144,9 +91,7 @@ struct JobsController<Context: RequestContext>: Sendable {
         var finishedAt: Date?
     }
 
-    func url(_ key: String?) -> String? {
-        key.map { publicBaseURL + signer.downloadPath(for: $0, lifetime: lifetime) }
-    }
+    func url(_ key: String?) -> String? { links.url(key) }
 
     func status(_ job: JobRecord) -> StatusView {
         StatusView(
@@ -196,15 +141,3 @@ struct JobsController<Context: RequestContext>: Sendable {
     }
 }
 
-extension HTTPField.Name {
-    /// `Idempotency-Key`: the same key from the same user names the same job.
-    public static let idempotencyKey = HTTPField.Name("Idempotency-Key")!
-}
-
-extension HTTPFields {
-    static func + (lhs: HTTPFields, rhs: HTTPFields) -> HTTPFields {
-        var fields = lhs
-        fields.append(contentsOf: rhs)
-        return fields
-    }
-}

@@ -20,6 +20,9 @@ extension Problem {
         case Quota.ErrorCode.unknownPlan, Quota.ErrorCode.unknownTimeZone: status = .unprocessableContent
         case Quota.ErrorCode.chargeSettled, Quota.ErrorCode.jobIdTaken, Jobs.ErrorCode.alreadyFinished: status = .conflict
         case Jobs.ErrorCode.unknownEffect, Jobs.ErrorCode.invalidParameters: status = .unprocessableContent
+        case History.ErrorCode.invalidCursor: status = .badRequest
+        case History.ErrorCode.tokenExpired: status = .gone
+        case History.ErrorCode.notShareable: status = .conflict
         case Jobs.ErrorCode.queueFull:
             status = .serviceUnavailable
             headers[.retryAfter] = "5"

@@ -1,0 +1,78 @@
+import Blobs
+import Crypto
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Messages
+
+/// Creates jobs for the routes that start one (a new edit, a re-run from a job or from history):
+/// checks the image is the caller's, reserves quota for the job id, asks jobs to create the job,
+/// and gives the units back when creation definitely failed.
+struct JobCreator: Sendable {
+    let clients: ServiceClients
+    let blobs: DiskBlobStore
+
+    struct Accepted: Encodable {
+        var jobId: String
+        var status: JobStatus
+        var createdAt: Date
+    }
+
+    /// Validates, reserves quota for the job id, creates the job; releases on a definite failure.
+    func create(caller: Caller, imageKey: String, effect: String, parameters: [String: Double], prompt: String?, idempotencyKey: String?) async throws -> Response {
+        guard BlobKey.isValid(imageKey), let image = try await blobs.metadata(of: imageKey), image.owner == caller.id else {
+            throw Problem(.notFound, detail: "No uploaded image \(imageKey.prefix(100)).")
+        }
+        let jobId = try Self.jobId(user: caller.id, idempotencyKey: idempotencyKey)
+        let decision = try await clients.call(.quota, Quota.reserve, ReserveQuota(userId: caller.id, jobId: jobId, cost: Jobs.chargePerJob))
+        guard decision.admitted else {
+            throw RateLimitHeaders.problem(for: decision, now: Date())
+        }
+        let job: JobRecord
+        do {
+            job = try await clients.client(for: .jobs).call(Jobs.create, CreateJob(
+                jobId: jobId, userId: caller.id, isPro: decision.status.isPro, imageKey: imageKey,
+                effectId: effect, parameters: parameters, prompt: prompt
+            ))
+        } catch {
+            // A definite answer means no job exists: give the units back. A timeout may hide a
+            // created job; quota resolves such reservations by asking jobs later.
+            if error.code != .timeout {
+                _ = try? await clients.client(for: .quota).call(Quota.release, ChargeReference(jobId: jobId))
+            }
+            throw Problem(error, service: "jobs")
+        }
+        return try JSONResponse.make(
+            .accepted, Accepted(jobId: job.id, status: job.status, createdAt: job.createdAt),
+            headers: [.location: "/api/v1/jobs/\(job.id)"] + RateLimitHeaders.headers(for: decision.status, now: Date())
+        )
+    }
+
+    /// With an `Idempotency-Key`, the job id is derived from (user, key): the same request sent
+    /// again names the same job, which is created and charged once.
+    static func jobId(user: String, idempotencyKey: String?) throws -> String {
+        guard let key = idempotencyKey else { return UUID().uuidString.lowercased() }
+        guard (1...255).contains(key.utf8.count) else {
+            throw Problem(.badRequest, detail: "Idempotency-Key must be 1 to 255 characters.")
+        }
+        var bytes = Array(SHA256.hash(data: Data("\(user)\n\(key)".utf8)).prefix(16))
+        bytes[6] = (bytes[6] & 0x0F) | 0x50  // name-based UUID layout
+        bytes[8] = (bytes[8] & 0x3F) | 0x80
+        let uuid = UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
+                               bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
+        return uuid.uuidString.lowercased()
+    }
+}
+
+extension HTTPField.Name {
+    /// `Idempotency-Key`: the same key from the same user names the same job.
+    public static let idempotencyKey = HTTPField.Name("Idempotency-Key")!
+}
+
+extension HTTPFields {
+    static func + (lhs: HTTPFields, rhs: HTTPFields) -> HTTPFields {
+        var fields = lhs
+        fields.append(contentsOf: rhs)
+        return fields
+    }
+}
