@@ -1,5 +1,6 @@
 import Foundation
 import GatewayApp
+import HistoryService
 import JobsService
 import QuotaService
 import WorkerKit
@@ -39,6 +40,7 @@ struct ComposeFileTests {
         }
         expected["quota"]! += QuotaConfiguration.environmentKeys
         expected["jobs"]! += JobsConfiguration.environmentKeys
+        expected["history"]! += HistoryConfiguration.environmentKeys
         expected["worker"] = WorkerConfiguration.environmentKeys
         for (name, keys) in expected {
             let service = try #require(services[name], "compose.yaml has no service \(name)")

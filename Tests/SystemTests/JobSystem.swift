@@ -31,7 +31,7 @@ final class JobSystem: @unchecked Sendable {
     let provider: Task<Void, any Error>
     var blobDirectory: String { services.dataDirectory.appendingPathComponent("blobs").path }
 
-    init(workers count: Int = 1, uploadMaxBytes: Int = 20 << 20, workerCapacity: Int = 1) async throws {
+    init(workers count: Int = 1, uploadMaxBytes: Int = 20 << 20, workerCapacity: Int = 1, history: [String: String] = [:], shareLifetime: Int = 7 * 86_400) async throws {
         let port = providerPort
         provider = Task { try await Self.runProvider(port: port) }
         services = try RunningServices(only: [])
@@ -46,14 +46,17 @@ final class JobSystem: @unchecked Sendable {
             "JOBS_WORKER_BIND": workerEndpoint, "QUOTA_ENDPOINT": services.endpoints[.quota]!,
             "JOBS_EFFECTS": effects, "JOBS_RETRY_BASE_MS": "200",
         ])
+        try services.start(.history, extra: history)
         configuration = GatewayConfiguration(
             endpoints: services.endpoints, jwtSecret: Self.secret, adminToken: Self.adminToken,
             blobDirectory: services.dataDirectory.appendingPathComponent("blobs").path,
-            urlSigningSecret: Self.signingSecret, publicBaseURL: Self.publicBase, uploadMaxBytes: uploadMaxBytes
+            urlSigningSecret: Self.signingSecret, publicBaseURL: Self.publicBase, uploadMaxBytes: uploadMaxBytes,
+            shareLifetime: shareLifetime
         )
         clients = ServiceClients(configuration: configuration)
         _ = try await waitUntilHealthy(clients.quota)
         _ = try await waitUntilHealthy(clients.jobs)
+        _ = try await waitUntilHealthy(clients.history)
         for _ in 0..<count { try startWorker(capacity: workerCapacity) }
     }
 
@@ -105,11 +108,12 @@ final class JobSystem: @unchecked Sendable {
     }
 
     static func createJob(_ client: any TestClientProtocol, as user: HTTPFields, imageKey: String, effect: String,
-                          parameters: String = "{}", idempotencyKey: String? = nil) async throws -> TestResponse {
+                          parameters: String = "{}", idempotencyKey: String? = nil, prompt: String? = nil) async throws -> TestResponse {
         var headers = user
         if let idempotencyKey { headers[.init("Idempotency-Key")!] = idempotencyKey }
+        let promptField = prompt.map { #", "prompt": "\#($0)""# } ?? ""
         return try await client.execute(uri: "/api/v1/jobs", method: .post, headers: headers,
-                                        body: ByteBuffer(string: #"{"imageKey": "\#(imageKey)", "effectId": "\#(effect)", "parameters": \#(parameters)}"#))
+                                        body: ByteBuffer(string: #"{"imageKey": "\#(imageKey)", "effectId": "\#(effect)", "parameters": \#(parameters)\#(promptField)}"#))
     }
 
     /// Polls the status route until `done` holds (at most `limit`); returns the last answer.

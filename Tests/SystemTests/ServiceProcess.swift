@@ -109,6 +109,9 @@ final class RunningServices: @unchecked Sendable {
         for service in only { try start(service) }
     }
 
+    /// The extra variables each service was last started with, for `restart`.
+    var extras: [ServiceName: [String: String]] = [:]
+
     /// Starts `service` on its endpoint, with its other endpoints on free ports too (so tests
     /// running side by side never share one) and `extra` variables on top.
     func start(_ service: ServiceName, extra: [String: String] = [:]) throws {
@@ -116,12 +119,24 @@ final class RunningServices: @unchecked Sendable {
             service.bindVariable: endpoints[service]!,
             "DATA_DIR": dataDirectory.path,
         ]
+        for other in ServiceName.allCases where other != service {
+            environment[other.endpointVariable] = endpoints[other]!
+        }
         if service == .jobs {
             environment["JOBS_WORKER_BIND"] = "tcp://127.0.0.1:\(freePort())"
-            environment["QUOTA_ENDPOINT"] = endpoints[.quota]!
         }
-        if service == .quota { environment["JOBS_ENDPOINT"] = endpoints[.jobs]! }
+        extras[service] = extra
         processes[service] = try ServiceProcess(service.rawValue, environment: environment.merging(extra) { _, new in new })
+    }
+
+    /// Stops `service` (SIGTERM, then SIGKILL).
+    func stop(_ service: ServiceName) async {
+        await processes[service]?.stop()
+    }
+
+    /// Starts `service` again with the variables it was first started with.
+    func restart(_ service: ServiceName) throws {
+        try start(service, extra: extras[service] ?? [:])
     }
 
     func stopAll() async {
