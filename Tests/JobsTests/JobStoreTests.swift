@@ -11,11 +11,14 @@ struct JobStoreTests {
     let now = Date()
 
     init() throws {
-        store = JobStore(database: try JobsDatabase.inMemory(), retry: RetryPolicy(maxAttempts: 3, baseDelay: .milliseconds(10)))
+        store = JobStore(
+            database: try JobsDatabase.inMemory(), retry: RetryPolicy(maxAttempts: 3, baseDelay: .milliseconds(10)),
+            effectTitles: ["copy": "Original"]
+        )
     }
 
-    func created(_ id: String = "job-1", user: String = "alice") async throws -> JobRecord {
-        try await store.create(CreateJob(jobId: id, userId: user, isPro: false, imageKey: "uploads/x/y.jpg", effectId: "copy"), effectId: "copy", parameters: [:], now: now).job
+    func created(_ id: String = "job-1", user: String = "alice", imageKey: String = "uploads/x/y.jpg") async throws -> JobRecord {
+        try await store.create(CreateJob(jobId: id, userId: user, isPro: false, imageKey: imageKey, effectId: "copy"), effectId: "copy", parameters: [:], now: now).job
     }
 
     func outbox() async throws -> [OutboxEntry] {
@@ -65,8 +68,43 @@ struct JobStoreTests {
         _ = try await store.complete(JobAttempt(jobId: "job-1", attempt: 1), output: JobOutput(resultKey: "r", thumbnailKey: "t"), now: now)
         let events = try await outbox().filter { $0.topic == "history" }
         #expect(events.map(\.version) == [1, 2, 3])
-        let last = try JSONDecoder().decode(JobRecord.self, from: try #require(events.last?.payload))
-        #expect(last.status == .completed)
+        let last = try JSONDecoder().decode(JobEvent.self, from: try #require(events.last?.payload))
+        #expect(last.job.status == .completed)
+        #expect(last.effectTitle == "Original")
+    }
+
+    /// The files the blob janitor is told to delete.
+    func discarded() async throws -> [String] {
+        try await outbox().filter { $0.topic == "blobs" }.flatMap { try JSONDecoder().decode([String].self, from: $0.payload ?? Data()) }
+    }
+
+    @Test func purgingARunningJobReleasesItsChargeAndRemovesItsRowAndPendingEvents() async throws {
+        // Given a processing job
+        _ = try await created()
+        _ = try await store.start("job-1", now: now)
+        // When it is purged
+        let purge = try await store.purge("job-1", userId: "alice", now: now)
+        // Then it was there, its charge is released, and nothing of it is left but the deletions
+        #expect(purge.job?.status == .processing)
+        #expect(try await store.job("job-1") == nil)
+        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["release"])
+        #expect(try await outbox().filter { $0.topic == "history" }.isEmpty)
+        #expect(try await discarded() == ["uploads/x/y.jpg"])
+        // And purging again, or someone else's job, finds nothing
+        #expect(try await store.purge("job-1", userId: "alice", now: now).job == nil)
+    }
+
+    @Test func purgingKeepsAnOriginalAnotherJobUses() async throws {
+        _ = try await created("first", imageKey: "uploads/x/shared.jpg")
+        _ = try await created("second", imageKey: "uploads/x/shared.jpg")
+        _ = try await store.start("first", now: now)
+        _ = try await store.complete(JobAttempt(jobId: "first", attempt: 1), output: JobOutput(resultKey: "results/first/1.jpg", thumbnailKey: "thumbnails/first/1.jpg"), now: now)
+        #expect(try await store.purge("second", userId: "bob", now: now).job == nil)
+        _ = try await store.purge("first", userId: "alice", now: now)
+        #expect(try await discarded() == ["results/first/1.jpg", "thumbnails/first/1.jpg"])
+        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["commit"])
+        _ = try await store.purge("second", userId: "alice", now: now)
+        #expect(try await discarded().last == "uploads/x/shared.jpg")
     }
 
     @Test func cancellingQueuedAndProcessingJobs() async throws {
