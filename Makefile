@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CONFIG ?= debug
 
-.PHONY: deps build run test bench-bus bench-quota bench-jobs clean
+.PHONY: deps build run test bench-bus bench-quota bench-jobs bench-history clean
 
 deps:
 	@scripts/install-deps.sh
@@ -30,6 +30,10 @@ bench-quota: deps
 ## Jobs per second against Celery + Redis, and scale-out over 1 to 16 workers.
 bench-jobs: deps
 	@scripts/bench-jobs.sh
+
+## History pages and search over a 1,000,000-item history, through the gateway, against /healthz.
+bench-history: deps
+	@scripts/bench-history.sh
 
 clean:
 	rm -rf .build .data

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# History benchmark: a history database of $ITEMS items (default 1,000,000) for $USERS users
+# (10,000), one of whom has $BIG_ITEMS (100,000); quota, history, jobs and the gateway built for
+# release; wrk at 32 connections against the gateway's /healthz (the baseline) and, through the
+# gateway, a typical user's first page, a cursor page deep in the large history, an offset page
+# at 5,000, and a substring search, all in the same run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${BENCH_SECONDS:-10}
+ITEMS=${ITEMS:-1000000}
+USERS=${USERS:-10000}
+BIG_ITEMS=${BIG_ITEMS:-100000}
+
+command -v wrk >/dev/null || {
+  echo "installing wrk"
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq wrk >/dev/null
+}
+
+for product in quota history jobs gateway history-bench; do
+  swift build -c release --product "$product" >/dev/null 2>&1 || swift build -c release --product "$product"
+done
+BIN=$(swift build -c release --show-bin-path)
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+work=$(mktemp -d)
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+echo "filling a history of $ITEMS items ($USERS users, one with $BIG_ITEMS)..."
+"$BIN/history-bench" fill "$work/history.sqlite" "$USERS" "$ITEMS" "$BIG_ITEMS" | tail -1
+
+export DATA_DIR=$work LOG_LEVEL=warning
+export QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" HISTORY_ENDPOINT="tcp://127.0.0.1:$(port)" JOBS_ENDPOINT="tcp://127.0.0.1:$(port)"
+export QUOTA_BIND=$QUOTA_ENDPOINT HISTORY_BIND=$HISTORY_ENDPOINT JOBS_BIND=$JOBS_ENDPOINT JOBS_WORKER_BIND="tcp://127.0.0.1:$(port)"
+export GATEWAY_PORT=$(port) JWT_SECRET="bench-history-jwt-secret-0123456789abcdef" ADMIN_TOKEN=bench
+for name in quota history jobs gateway; do "$BIN/$name" & pids+=($!); done
+url="http://127.0.0.1:$GATEWAY_PORT"
+for _ in $(seq 1 100); do curl -fsS "$url/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
+
+small=$("$BIN/history-bench" token "$JWT_SECRET" user-00042)
+big=$("$BIN/history-bench" token "$JWT_SECRET" user-big)
+cursor=$(curl -fsS -H "Authorization: Bearer $big" "$url/api/v1/history?limit=50&offset=90000" |
+  python3 -c 'import sys, json, urllib.parse; print(urllib.parse.quote(json.load(sys.stdin)["nextCursor"], safe=""))')
+
+# Prints "req/s p50_ms p99_ms" of a wrk run.
+measure() {
+  local out
+  out=$(wrk -t2 -c32 -d"${DURATION}s" --latency "$@" 2>&1)
+  if echo "$out" | grep -q "Non-2xx"; then echo "non-2xx answers for $*:" >&2; echo "$out" >&2; exit 1; fi
+  echo "$out" | python3 -c '
+import re, sys
+text = sys.stdin.read()
+def ms(label):
+    m = re.search(r"^\s*" + label + r"%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+    v, u = float(m.group(1)), m.group(2)
+    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+print(f"{rps:.0f} {ms(\"50\"):.2f} {ms(\"99\"):.2f}")'
+}
+
+healthz=$(measure "$url/healthz")
+first=$(measure -H "Authorization: Bearer $small" "$url/api/v1/history")
+deep=$(measure -H "Authorization: Bearer $big" "$url/api/v1/history?limit=50&cursor=$cursor")
+offset=$(measure -H "Authorization: Bearer $big" "$url/api/v1/history?limit=50&offset=5000")
+search=$(measure -H "Authorization: Bearer $small" "$url/api/v1/history?q=unset")
+bigsearch=$(measure -H "Authorization: Bearer $big" "$url/api/v1/history?q=storm%20%231")
+
+row() { read -r rps p50 p99 <<<"$2"; printf "%-44s %8s req/s  p50 %6s ms  p99 %6s ms\n" "$1" "$rps" "$p50" "$p99"; }
+echo "history of $ITEMS items, wrk 32 connections, ${DURATION}s each, logs at warning:"
+row "gateway /healthz (baseline)" "$healthz"
+row "first page (a user with ~90 items)" "$first"
+row "cursor page at 90,000 (user with $BIG_ITEMS)" "$deep"
+row "offset page at 5,000 (user with $BIG_ITEMS)" "$offset"
+row "search 'unset' (a user with ~90 items)" "$search"
+row "search 'storm #1' (user with $BIG_ITEMS)" "$bigsearch"
+ratio() { awk -v a="${1%% *}" -v b="${healthz%% *}" 'BEGIN { printf "%.2f", a/b }'; }
+echo "history/healthz throughput ratio: first page $(ratio "$first")  deep cursor page $(ratio "$deep")  search $(ratio "$search")"
