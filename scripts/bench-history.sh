@@ -11,21 +11,9 @@ ITEMS=${ITEMS:-1000000}
 USERS=${USERS:-10000}
 BIG_ITEMS=${BIG_ITEMS:-100000}
 
-command -v wrk >/dev/null || {
-  echo "installing wrk"
-  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq wrk >/dev/null
-}
-
-for product in quota history jobs gateway history-bench; do
-  swift build -c release --product "$product" >/dev/null 2>&1 || swift build -c release --product "$product"
-done
-BIN=$(swift build -c release --show-bin-path)
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-work=$(mktemp -d)
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+source scripts/bench-lib.sh
+need wrk wrk
+build_release quota history jobs gateway history-bench
 
 echo "filling a history of $ITEMS items ($USERS users, one with $BIG_ITEMS)..."
 "$BIN/history-bench" fill "$work/history.sqlite" "$USERS" "$ITEMS" "$BIG_ITEMS" | tail -1
@@ -56,7 +44,7 @@ def ms(label):
     v, u = float(m.group(1)), m.group(2)
     return v / 1000 if u == "us" else v * 1000 if u == "s" else v
 rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
-print(f"{rps:.0f} {ms(\"50\"):.2f} {ms(\"99\"):.2f}")'
+print("%.0f %.2f %.2f" % (rps, ms("50"), ms("99")))'
 }
 
 healthz=$(measure "$url/healthz")

@@ -14,15 +14,8 @@ sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
 command -v redis-server >/dev/null || { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null; }
 python3 -c "import celery, redis" 2>/dev/null || pip install -q celery redis
 
-for product in jobs worker jobs-bench; do
-  swift build -c release --product "$product" >/dev/null 2>&1 || swift build -c release --product "$product"
-done
-BIN=$(swift build -c release --show-bin-path)
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-work=$(mktemp -d)
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+source scripts/bench-lib.sh
+build_release jobs worker jobs-bench
 image=Tests/Fixtures/images/photo.jpg
 
 provider_port=$(port)

@@ -14,14 +14,8 @@ command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null || {
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
 }
 
-swift build -c release --product quota >/dev/null 2>&1 || swift build -c release --product quota
-swift build -c release --product quota-bench >/dev/null 2>&1 || swift build -c release --product quota-bench
-BIN=$(swift build -c release --show-bin-path)
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-work=$(mktemp -d)
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
-pids=()
-trap cleanup EXIT
+source scripts/bench-lib.sh
+build_release quota quota-bench
 
 # Our quota service, durable.
 endpoint="tcp://127.0.0.1:$(port)"

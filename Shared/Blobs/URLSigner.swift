@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import Messages
 
 /// Signs and checks the expiring URLs of uploads and downloads: HMAC-SHA256 over the method, the
 /// blob key, the owner, the content type and the expiry, keyed by `URL_SIGNING_SECRET`.
@@ -14,10 +15,7 @@ public struct URLSigner: Sendable {
     public func signature(method: String, key blobKey: String, owner: String, contentType: String, expires: Int) -> String {
         let message = [method, blobKey, owner, contentType, String(expires)].joined(separator: "\n")
         let mac = HMAC<SHA256>.authenticationCode(for: Data(message.utf8), using: key)
-        return Data(mac).base64EncodedString()
-            .replacingOccurrences(of: "+", with: "-")
-            .replacingOccurrences(of: "/", with: "_")
-            .replacingOccurrences(of: "=", with: "")
+        return Base64URL.encode(Data(mac))
     }
 
     /// Whether `signature` is this signer's for the grant, and the grant has not expired at `now`.
@@ -34,6 +32,12 @@ public struct URLSigner: Sendable {
         let sig = signature(method: "GET", key: blobKey, owner: "", contentType: "", expires: expires)
         return "/files/\(blobKey)?exp=\(expires)&sig=\(sig)"
     }
+}
+
+extension URLSigner: CustomStringConvertible {
+    /// Names the type only: a signer never prints its key (a service group describes its services
+    /// in its log lines).
+    public var description: String { "URLSigner" }
 }
 
 /// What a file really is, from its first bytes.

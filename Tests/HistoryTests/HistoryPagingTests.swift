@@ -58,10 +58,10 @@ struct HistoryPagingTests {
         }
     }
 
-    @Test(arguments: [5_000, 0])
-    func searchFindsASubstringOfThePromptOrTitleIgnoringCase(searchEachItemUpTo: Int) async throws {
-        // Both ways of searching: item by item (a short history) and matches first (a long one).
-        let database = try HistoryDatabase.inMemory(searchEachItemUpTo: searchEachItemUpTo)
+    @Test(arguments: [10_000, 0])
+    func searchFindsASubstringOfThePromptOrTitleIgnoringCase(scanUpTo: Int) async throws {
+        // Both ways of searching: reading the items (a short history) and the trigram index (a long one).
+        let database = try HistoryDatabase.inMemory(scanUpTo: scanUpTo)
         _ = try await database.applyJobEvents([
             Events.job("a", prompt: "Golden SUNSET on the beach"),
             Events.job("b", prompt: "neon city lights", effectId: "grayscale"),

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import Messages
 
 /// Opaque tokens (page cursors, changes tokens) that only this service can mint: the values and
 /// an HMAC-SHA256 over them, the user and the query they belong to. A tampered token, or one
@@ -12,14 +13,14 @@ public struct TokenSigner: Sendable {
     /// `v1.<values, base64url>.<mac, base64url>`; values may not contain a newline.
     public func seal(_ values: [String], kind: String, userId: String, scope: String) -> String {
         let body = values.joined(separator: "\n")
-        return "v1." + Self.base64url(Data(body.utf8)) + "." + Self.base64url(mac(body, kind: kind, userId: userId, scope: scope))
+        return "v1." + Base64URL.encode(Data(body.utf8)) + "." + Base64URL.encode(mac(body, kind: kind, userId: userId, scope: scope))
     }
 
     /// The values of a token this signer sealed for the same kind, user and scope; nil otherwise.
     public func open(_ token: String, kind: String, userId: String, scope: String) -> [String]? {
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
         guard token.utf8.count <= 1024, parts.count == 3, parts[0] == "v1",
-              let bodyData = Self.data(base64url: parts[1]), let given = Self.data(base64url: parts[2])
+              let bodyData = Base64URL.decode(parts[1]), let given = Base64URL.decode(parts[2])
         else { return nil }
         let body = String(decoding: bodyData, as: UTF8.self)
         let expected = mac(body, kind: kind, userId: userId, scope: scope)
@@ -30,19 +31,6 @@ public struct TokenSigner: Sendable {
     private func mac(_ body: String, kind: String, userId: String, scope: String) -> Data {
         let message = [kind, userId, scope, body].joined(separator: "\u{0}")
         return Data(HMAC<SHA256>.authenticationCode(for: Data(message.utf8), using: key))
-    }
-
-    static func base64url(_ data: Data) -> String {
-        data.base64EncodedString()
-            .replacingOccurrences(of: "+", with: "-")
-            .replacingOccurrences(of: "/", with: "_")
-            .replacingOccurrences(of: "=", with: "")
-    }
-
-    static func data(base64url text: Substring) -> Data? {
-        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        while base64.utf8.count % 4 != 0 { base64 += "=" }
-        return Data(base64Encoded: base64)
     }
 }
 

@@ -74,7 +74,6 @@ public struct HistoryHandler: Sendable {
     /// 32 random bytes, base64url: the secret part of a share link.
     static func newToken() -> String {
         let key = SymmetricKey(size: .bits256)
-        return key.withUnsafeBytes { Data($0) }.base64EncodedString()
-            .replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
+        return key.withUnsafeBytes { Base64URL.encode(Data($0)) }
     }
 }

@@ -3,6 +3,7 @@ import Foundation
 import HistoryCore
 import Logging
 import Messages
+import ServiceKit
 import ServiceLifecycle
 
 /// Deletes, every `interval`, each user's items older than their current plan keeps them (asked
@@ -36,16 +37,9 @@ public struct RetentionSweeper: Service {
     }
 
     public func run() async throws {
-        try? await cancelWhenGracefulShutdown {
-            while !Task.isCancelled {
-                do {
-                    let deleted = try await sweep()
-                    if deleted > 0 { logger.info("retention sweep done", metadata: ["deleted": "\(deleted)"]) }
-                } catch {
-                    logger.warning("retention sweep stopped early; it runs again next time", metadata: ["error": "\(error)"])
-                }
-                try await Task.sleep(for: interval)
-            }
+        await Periodic.run(every: interval, logger: logger, failure: "retention sweep stopped early; it runs again next time") {
+            let deleted = try await sweep()
+            if deleted > 0 { logger.info("retention sweep done", metadata: ["deleted": "\(deleted)"]) }
         }
         await quota.shutdown()
     }

@@ -3,6 +3,7 @@ import Foundation
 import GRDB
 import Logging
 import Messages
+import ServiceKit
 import ServiceLifecycle
 
 /// Deletes the files that purged jobs and refused results left behind, as recorded in the outbox
@@ -22,16 +23,7 @@ public struct BlobJanitor: Service {
     }
 
     public func run() async throws {
-        try? await cancelWhenGracefulShutdown {
-            while !Task.isCancelled {
-                do {
-                    try await deleteDue()
-                } catch {
-                    logger.error("blob deletion failed", metadata: ["error": "\(error)"])
-                }
-                try await Task.sleep(for: interval)
-            }
-        }
+        await Periodic.run(every: interval, logger: logger, failure: "blob deletion failed") { try await deleteDue() }
     }
 
     /// Deletes the files of up to 100 entries; returns how many entries were done.

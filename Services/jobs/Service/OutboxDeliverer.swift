@@ -3,6 +3,7 @@ import Foundation
 import GRDB
 import Logging
 import Messages
+import ServiceKit
 import ServiceLifecycle
 
 /// Delivers the outbox's quota settlements: `commit` for completed jobs, `release` for failed and
@@ -23,17 +24,8 @@ public struct OutboxDeliverer: Service {
     }
 
     public func run() async throws {
-        // Graceful shutdown cancels the wait between rounds; undelivered entries stay in the outbox.
-        try? await cancelWhenGracefulShutdown {
-            while !Task.isCancelled {
-                do {
-                    try await deliverDue()
-                } catch {
-                    logger.error("outbox delivery failed", metadata: ["error": "\(error)"])
-                }
-                try await Task.sleep(for: interval)
-            }
-        }
+        // Undelivered entries stay in the outbox across a shutdown.
+        await Periodic.run(every: interval, logger: logger, failure: "outbox delivery failed") { try await deliverDue() }
         await quota.shutdown()
     }
 

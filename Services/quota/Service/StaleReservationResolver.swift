@@ -3,6 +3,7 @@ import Foundation
 import GRDB
 import Logging
 import Messages
+import ServiceKit
 import ServiceLifecycle
 
 /// Settles reservations nobody confirmed (the gateway died between reserve and create, say): a
@@ -27,16 +28,8 @@ public struct StaleReservationResolver: Service {
     }
 
     public func run() async throws {
-        // Graceful shutdown cancels the wait between scans, so the process exits at once.
-        try? await cancelWhenGracefulShutdown {
-            while !Task.isCancelled {
-                try await Task.sleep(for: interval)
-                do {
-                    try await resolve(now: Date())
-                } catch {
-                    logger.error("stale reservation scan failed", metadata: ["error": "\(error)"])
-                }
-            }
+        await Periodic.run(every: interval, logger: logger, failure: "stale reservation scan failed") {
+            try await resolve(now: Date())
         }
         await jobs.shutdown()
     }

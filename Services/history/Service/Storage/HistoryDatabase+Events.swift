@@ -18,11 +18,11 @@ extension HistoryDatabase {
     static func apply(_ db: Database, _ event: JobEvent) throws -> Bool {
         let job = event.job
         let createdAt = job.createdAt.milliseconds
-        if let deletedCreatedAt = try Int64.fetchOne(db, sql: "SELECT createdAt FROM deletion WHERE jobId = ?", arguments: [job.id]) {
+        if let deletedCreatedAt = try Int64.fetchOne(db.cachedStatement(sql: "SELECT createdAt FROM deletion WHERE jobId = ?"), arguments: [job.id]) {
             guard deletedCreatedAt != createdAt else { return false }
-            try db.execute(sql: "DELETE FROM deletion WHERE jobId = ?", arguments: [job.id])
+            try db.cachedStatement(sql: "DELETE FROM deletion WHERE jobId = ?").execute(arguments: [job.id])
         }
-        let existing = try Row.fetchOne(db, sql: "SELECT version, status, userId FROM item WHERE jobId = ?", arguments: [job.id])
+        let existing = try Row.fetchOne(db.cachedStatement(sql: "SELECT version, status, userId FROM item WHERE jobId = ?"), arguments: [job.id])
         if let existing, (existing["version"] as Int) >= job.version { return false }
         let cost = job.status == .failed || job.status == .cancelled ? 0 : Jobs.chargePerJob
         let parameters = String(decoding: try JSONEncoder().encode(job.parameters), as: UTF8.self)
@@ -33,25 +33,23 @@ extension HistoryDatabase {
             parameters, cost, job.lastError, job.version, sequence,
         ]
         if let existing {
-            try db.execute(
+            try db.cachedStatement(
                 sql: """
                     UPDATE item SET userId = ?, effectId = ?, effectTitle = ?, prompt = ?, status = ?, progress = ?, createdAt = ?,
                         updatedAt = ?, finishedAt = ?, resultKey = ?, thumbnailKey = ?, imageKey = ?, parameters = ?, cost = ?,
                         lastError = ?, version = ?, changeSequence = ?
                     WHERE jobId = ?
-                    """,
-                arguments: StatementArguments(values + [job.id])
-            )
+                    """
+            ).execute(arguments: StatementArguments(values + [job.id]))
             try adjustCount(db, userId: existing["userId"], status: existing["status"], by: -1)
         } else {
-            try db.execute(
+            try db.cachedStatement(
                 sql: """
                     INSERT INTO item (userId, effectId, effectTitle, prompt, status, progress, createdAt, updatedAt, finishedAt,
                         resultKey, thumbnailKey, imageKey, parameters, cost, lastError, version, changeSequence, jobId)
                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                    """,
-                arguments: StatementArguments(values + [job.id])
-            )
+                    """
+            ).execute(arguments: StatementArguments(values + [job.id]))
         }
         try adjustCount(db, userId: job.userId, status: job.status.rawValue, by: 1)
         return true

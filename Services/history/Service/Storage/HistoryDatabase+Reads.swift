@@ -18,7 +18,7 @@ extension HistoryDatabase {
         }
         let (items, total) = try await read { db in
             var filter = Filter(request)
-            filter.searchEachItem = try Filter.itemCount(db, userId: request.userId) <= searchEachItemUpTo
+            filter.scan = try Filter.itemCount(db, userId: request.userId) <= scanUpTo
             let total = try filter.count(db)
             if let after { filter.after(after) }
             let items = try filter.items(db, limit: request.limit + 1, offset: after == nil ? request.offset : 0)
@@ -38,7 +38,7 @@ extension HistoryDatabase {
     /// One of the user's items, nil for anyone else's or an unknown id.
     public func item(_ jobId: String, userId: String) async throws -> HistoryItem? {
         try await read { db in
-            try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM item WHERE jobId = ? AND userId = ?"), arguments: [jobId, userId])
+            try Row.fetchOne(db.cachedStatement(sql: "SELECT \(Self.itemColumns) FROM item WHERE jobId = ? AND userId = ?"), arguments: [jobId, userId])
                 .map(Self.item(from:))
         }
     }
@@ -60,9 +60,9 @@ extension HistoryDatabase {
                 throw BusError(History.ErrorCode.tokenExpired, "deletions this old are no longer kept: list the history again")
             }
             let upserts = try Row.fetchAll(
-                db, sql: "SELECT * FROM item WHERE userId = ? AND changeSequence > ? ORDER BY changeSequence LIMIT ?",
+                db, sql: "SELECT \(Self.itemColumns) FROM item WHERE userId = ? AND changeSequence > ? ORDER BY changeSequence LIMIT ?",
                 arguments: [request.userId, since, limit + 1]
-            ).map { (sequence: $0["changeSequence"] as Int64, change: HistoryChange(op: .upsert, item: Self.item(from: $0))) }
+            ).map { (sequence: $0[Self.changeSequenceColumn] as Int64, change: HistoryChange(op: .upsert, item: Self.item(from: $0))) }
             let deletions = try Row.fetchAll(
                 db, sql: "SELECT jobId, changeSequence FROM deletion WHERE userId = ? AND changeSequence > ? ORDER BY changeSequence LIMIT ?",
                 arguments: [request.userId, since, limit + 1]
@@ -90,15 +90,23 @@ extension HistoryDatabase {
 
     // MARK: Rows
 
+    /// The columns `item(from:)` reads, in its order: rows are read by position, since GRDB's
+    /// lookup by name folds the case of every name on every read.
+    static let itemColumns = """
+        jobId, userId, effectId, effectTitle, prompt, status, progress, createdAt, updatedAt, finishedAt, resultKey,
+        thumbnailKey, imageKey, parameters, cost, lastError, version, changeSequence
+        """
+
+    /// The position of `changeSequence` in `itemColumns`.
+    static let changeSequenceColumn = 17
+
     static func item(from row: Row) -> HistoryItem {
-        let parameters = (row["parameters"] as String?).flatMap { try? JSONDecoder().decode([String: Double].self, from: Data($0.utf8)) } ?? [:]
+        let parameters = (row[13] as String?).flatMap { try? JSONDecoder().decode([String: Double].self, from: Data($0.utf8)) } ?? [:]
         return HistoryItem(
-            jobId: row["jobId"], userId: row["userId"], effectId: row["effectId"], effectTitle: row["effectTitle"],
-            prompt: row["prompt"], status: JobStatus(rawValue: row["status"]) ?? .failed, progress: row["progress"],
-            createdAt: Date(milliseconds: row["createdAt"]), updatedAt: Date(milliseconds: row["updatedAt"]),
-            finishedAt: (row["finishedAt"] as Int64?).map(Date.init(milliseconds:)), resultKey: row["resultKey"],
-            thumbnailKey: row["thumbnailKey"], originalImageKey: row["imageKey"], parameters: parameters, cost: row["cost"],
-            lastError: row["lastError"], version: row["version"]
+            jobId: row[0], userId: row[1], effectId: row[2], effectTitle: row[3], prompt: row[4],
+            status: JobStatus(rawValue: row[5]) ?? .failed, progress: row[6], createdAt: Date(milliseconds: row[7]),
+            updatedAt: Date(milliseconds: row[8]), finishedAt: (row[9] as Int64?).map(Date.init(milliseconds:)), resultKey: row[10],
+            thumbnailKey: row[11], originalImageKey: row[12], parameters: parameters, cost: row[14], lastError: row[15], version: row[16]
         )
     }
 
@@ -113,9 +121,9 @@ extension HistoryDatabase {
         var statuses: [String]
         var query: String?
         var after: PageCursor?
-        /// Search by probing the index for each of the user's items rather than by collecting
-        /// every match of all users first (see `HistoryDatabase.searchEachItemUpTo`).
-        var searchEachItem = false
+        /// Search by reading the user's items rather than asking the index (see
+        /// `HistoryDatabase.scanUpTo`).
+        var scan = false
 
         init(_ request: ListHistory) {
             userId = request.userId
@@ -134,19 +142,15 @@ extension HistoryDatabase {
                 arguments += statuses
             }
             if let query {
-                if query.count >= 3 {
+                if scan || query.count < 3 {
+                    // A short history, or a query shorter than a trigram: read the user's items.
+                    sql += " AND (history_contains(prompt, ?) OR history_contains(effectTitle, ?))"
+                    arguments += [query.lowercased(), query.lowercased()]
+                } else {
                     // The trigram index finds any substring of three characters or more,
                     // case-insensitively; the query is one quoted phrase.
-                    sql += searchEachItem
-                        ? " AND EXISTS (SELECT 1 FROM item_search WHERE item_search MATCH ? AND item_search.rowid = item.id)"
-                        : " AND id IN (SELECT rowid FROM item_search WHERE item_search MATCH ?)"
+                    sql += " AND id IN (SELECT rowid FROM item_search WHERE item_search MATCH ?)"
                     arguments.append("\"" + query.replacingOccurrences(of: "\"", with: "\"\"") + "\"")
-                } else {
-                    // Shorter than a trigram: scan the user's own items.
-                    let pattern = "%" + query.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "%", with: "\\%")
-                        .replacingOccurrences(of: "_", with: "\\_") + "%"
-                    sql += " AND (prompt LIKE ? ESCAPE '\\' OR effectTitle LIKE ? ESCAPE '\\')"
-                    arguments += [pattern, pattern]
                 }
             }
             if let after, !counting {
@@ -179,7 +183,7 @@ extension HistoryDatabase {
         func items(_ db: Database, limit: Int, offset: Int) throws -> [HistoryItem] {
             let (sql, arguments) = clause(counting: false)
             return try Row.fetchAll(
-                db.cachedStatement(sql: "SELECT * FROM item WHERE " + sql + " ORDER BY createdAt DESC, jobId DESC LIMIT ? OFFSET ?"),
+                db.cachedStatement(sql: "SELECT \(HistoryDatabase.itemColumns) FROM item WHERE " + sql + " ORDER BY createdAt DESC, jobId DESC LIMIT ? OFFSET ?"),
                 arguments: StatementArguments(arguments + [limit, offset])
             ).map(HistoryDatabase.item(from:))
         }

@@ -12,13 +12,14 @@ public struct HistoryDatabase: Sendable {
     private let writer: any DatabaseWriter
     /// Mints and opens page cursors and changes tokens; its key lives in the database.
     public let signer: TokenSigner
-    /// A search of a user with at most this many items probes the search index item by item;
-    /// a longer history collects the matches from the index first (each is cheaper on its side).
-    public let searchEachItemUpTo: Int
+    /// A search of a user with at most this many items reads their items one by one; a longer
+    /// history asks the trigram index (see `docs/history.md` for the figures behind it).
+    public let scanUpTo: Int
 
-    public init(_ writer: any DatabaseWriter, searchEachItemUpTo: Int = 5_000) throws {
+    /// A database on `writer`, whose connections were prepared with `prepare(_:)`.
+    public init(_ writer: any DatabaseWriter, scanUpTo: Int = 10_000) throws {
         self.writer = writer
-        self.searchEachItemUpTo = searchEachItemUpTo
+        self.scanUpTo = scanUpTo
         try Self.migrator.migrate(writer)
         let key = try writer.read { db in try Data.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'tokenKey'") }
         signer = TokenSigner(key: Array(key ?? Data()))
@@ -26,12 +27,23 @@ public struct HistoryDatabase: Sendable {
 
     /// Opens (or creates) the file at `path`, WAL with `synchronous=FULL`.
     public static func open(path: String) throws -> HistoryDatabase {
-        try HistoryDatabase(DurableDatabase.open(path: path))
+        try HistoryDatabase(DurableDatabase.open(path: path, prepare: prepare))
     }
 
     /// A database in memory, for tests.
-    public static func inMemory(searchEachItemUpTo: Int = 5_000) throws -> HistoryDatabase {
-        try HistoryDatabase(DatabaseQueue(), searchEachItemUpTo: searchEachItemUpTo)
+    public static func inMemory(scanUpTo: Int = 10_000) throws -> HistoryDatabase {
+        var configuration = Configuration()
+        configuration.prepareDatabase(prepare)
+        return try HistoryDatabase(DatabaseQueue(configuration: configuration), scanUpTo: scanUpTo)
+    }
+
+    /// Adds `history_contains(text, foldedQuery)` to a connection: whether `text`, case-folded,
+    /// contains the (already folded) query. The search of a short history.
+    @Sendable static func prepare(_ db: Database) throws {
+        db.add(function: DatabaseFunction("history_contains", argumentCount: 2, pure: true) { values in
+            guard let text = String.fromDatabaseValue(values[0]), let query = String.fromDatabaseValue(values[1]) else { return false }
+            return text.lowercased().contains(query)
+        })
     }
 
     func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
@@ -129,18 +141,15 @@ public struct HistoryDatabase: Sendable {
 
     /// The next number of the changes feed.
     static func nextChangeSequence(_ db: Database) throws -> Int64 {
-        try db.execute(sql: "UPDATE meta SET value = value + 1 WHERE key = 'changeSequence'")
-        return try Int64.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'changeSequence'") ?? 0
+        try Int64.fetchOne(db.cachedStatement(sql: "UPDATE meta SET value = value + 1 WHERE key = 'changeSequence' RETURNING value")) ?? 0
     }
 
     static func adjustCount(_ db: Database, userId: String, status: String, by delta: Int) throws {
-        try db.execute(
-            sql: """
-                INSERT INTO item_count (userId, status, count) VALUES (?, ?, ?)
-                ON CONFLICT (userId, status) DO UPDATE SET count = count + excluded.count
-                """,
-            arguments: [userId, status, delta]
-        )
+        try db.cachedStatement(sql: """
+            INSERT INTO item_count (userId, status, count) VALUES (?, ?, ?)
+            ON CONFLICT (userId, status) DO UPDATE SET count = count + excluded.count
+            """
+        ).execute(arguments: [userId, status, delta])
     }
 
     /// Removes an item for good from every read (row, search entry, counts, share links), leaves
