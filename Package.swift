@@ -208,7 +208,7 @@ let package = Package(
         // Blobs on disk (uploads, results, thumbnails) and the signed URLs that reach them.
         .target(
             name: "Blobs",
-            dependencies: [.product(name: "Crypto", package: "swift-crypto")],
+            dependencies: ["Messages", .product(name: "Crypto", package: "swift-crypto")],
             path: "Shared/Blobs",
             swiftSettings: swiftSettings
         ),
