@@ -41,7 +41,7 @@ struct HistoryRulesTests {
             Events.job("recent", createdAt: now.addingTimeInterval(-86_400)),
         ])
         let cutoff = RetentionRule.cutoff(now: now, retentionDays: 30)
-        #expect(try await database.usersWithItems(before: cutoff, afterUser: "", limit: 10) == ["u1"])
+        #expect(try await database.usersWithItems(before: cutoff, afterUser: "", limit: 10).users == ["u1"])
         #expect(try await database.deleteExpiredItems(userId: "u1", before: cutoff, limit: 10, now: now) == 1)
         #expect(Set(try await database.page(ListHistory(userId: "u1")).items.map(\.jobId)) == ["old-running", "recent"])
     }
@@ -57,6 +57,33 @@ struct HistoryRulesTests {
         await #expect(throws: BusError.self) { _ = try await database.shareItem("running", userId: "u1", token: "t3", expiresAt: now.addingTimeInterval(60)) }
         #expect(try await database.revokeShares("done", userId: "u1"))
         #expect(try await database.sharedResult(token: grant.token, now: now) == nil)
+    }
+
+    @Test func anItemKeepsAtMostTenLiveLinksRevokingTheOldest() async throws {
+        let database = try HistoryDatabase.inMemory()
+        _ = try await database.applyJobEvents([Events.job("done")])
+        let now = Date()
+        for index in 0..<12 {
+            _ = try await database.shareItem("done", userId: "u1", token: "t\(index)", expiresAt: now.addingTimeInterval(Double(60 + index)))
+        }
+        #expect(try await database.sharedResult(token: "t0", now: now) == nil)
+        #expect(try await database.sharedResult(token: "t1", now: now) == nil)
+        #expect(try await database.sharedResult(token: "t2", now: now) != nil)
+        #expect(try await database.sharedResult(token: "t11", now: now) != nil)
+    }
+
+    @Test func sweepCandidatesAreThoseWithOldItemsAmongTheUsersScanned() async throws {
+        let database = try HistoryDatabase.inMemory()
+        let now = Events.epoch.addingTimeInterval(40 * 86_400)
+        _ = try await database.applyJobEvents([
+            Events.job("a", user: "a-old"), Events.job("b", user: "b-new", createdAt: now), Events.job("c", user: "c-old"),
+        ])
+        let cutoff = RetentionRule.cutoff(now: now, retentionDays: 30)
+        let first = try await database.usersWithItems(before: cutoff, afterUser: "", limit: 2)
+        #expect(first.users == ["a-old"] && first.scannedThrough == "b-new")
+        let second = try await database.usersWithItems(before: cutoff, afterUser: "b-new", limit: 2)
+        #expect(second.users == ["c-old"] && second.scannedThrough == "c-old")
+        #expect(try await database.usersWithItems(before: cutoff, afterUser: "c-old", limit: 2).scannedThrough == nil)
     }
 }
 

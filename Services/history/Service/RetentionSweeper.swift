@@ -19,7 +19,7 @@ public struct RetentionSweeper: Service {
     let now: @Sendable () -> Date
 
     /// Users looked at per batch, items deleted per user per batch, and items deleted per sweep.
-    let usersPerBatch = 100
+    let usersPerBatch = 500
     let itemsPerBatch = 500
     let itemsPerSweep = 50_000
 
@@ -55,11 +55,11 @@ public struct RetentionSweeper: Service {
         var deleted = 0
         var afterUser = ""
         while deleted < itemsPerSweep {
-            let users = try await database.usersWithItems(
+            let (users, scannedThrough) = try await database.usersWithItems(
                 before: RetentionRule.cutoff(now: started, retentionDays: shortest), afterUser: afterUser, limit: usersPerBatch
             )
-            guard let last = users.last else { break }
-            afterUser = last
+            guard let scannedThrough else { break }
+            afterUser = scannedThrough
             for user in users {
                 let status = try await quota.call(Quota.status, UserReference(userId: user), timeout: .seconds(2))
                 let cutoff = RetentionRule.cutoff(now: started, retentionDays: status.retentionDays)

@@ -24,18 +24,19 @@ extension HistoryDatabase {
         }
     }
 
-    /// Up to `limit` users, after `afterUser` in id order, who have an ended item created before
-    /// `before`: the candidates of a retention sweep.
-    public func usersWithItems(before: Date, afterUser: String, limit: Int) async throws -> [String] {
+    /// Of the next `limit` users after `afterUser` in id order, those who have an item created
+    /// before `before`: the candidates of a retention sweep, found by one index probe per user
+    /// (never a scan of every old item). `scannedThrough` is the last user looked at, nil when
+    /// there are no more.
+    public func usersWithItems(before: Date, afterUser: String, limit: Int) async throws -> (users: [String], scannedThrough: String?) {
         try await read { db in
-            try String.fetchAll(
-                db, sql: """
-                    SELECT DISTINCT userId FROM item
-                    WHERE createdAt < ? AND status IN ('completed', 'failed', 'cancelled') AND userId > ?
-                    ORDER BY userId LIMIT ?
-                    """,
-                arguments: [before.milliseconds, afterUser, limit]
+            let scanned = try String.fetchAll(
+                db, sql: "SELECT DISTINCT userId FROM item_count WHERE userId > ? ORDER BY userId LIMIT ?",
+                arguments: [afterUser, limit]
             )
+            let old = try db.cachedStatement(sql: "SELECT 1 FROM item WHERE userId = ? AND createdAt < ? LIMIT 1")
+            let users = try scanned.filter { try Int.fetchOne(old, arguments: [$0, before.milliseconds]) != nil }
+            return (users, scanned.last)
         }
     }
 

@@ -3,6 +3,9 @@ import GRDB
 import Messages
 
 extension HistoryDatabase {
+    /// Live share links kept per item.
+    public static let maxLinksPerItem = 10
+
     /// A new public link to the result of one of the user's completed items, valid until
     /// `expiresAt`. Nil for anyone else's item or an unknown id; `history.not_shareable` when the
     /// item has no result.
@@ -17,6 +20,14 @@ extension HistoryDatabase {
             try db.execute(
                 sql: "INSERT INTO share (token, jobId, userId, expiresAt) VALUES (?, ?, ?, ?)",
                 arguments: [token, jobId, userId, expiresAt.milliseconds]
+            )
+            // At most `maxLinksPerItem` live links an item: a new one past that revokes the oldest.
+            try db.execute(
+                sql: """
+                    DELETE FROM share WHERE jobId = ? AND token NOT IN
+                        (SELECT token FROM share WHERE jobId = ? ORDER BY expiresAt DESC LIMIT ?)
+                    """,
+                arguments: [jobId, jobId, Self.maxLinksPerItem]
             )
             return ShareGrant(token: token, expiresAt: expiresAt)
         }

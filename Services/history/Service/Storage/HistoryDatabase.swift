@@ -150,6 +150,9 @@ public struct HistoryDatabase: Sendable {
             ON CONFLICT (userId, status) DO UPDATE SET count = count + excluded.count
             """
         ).execute(arguments: [userId, status, delta])
+        if delta < 0 {
+            try db.cachedStatement(sql: "DELETE FROM item_count WHERE userId = ? AND status = ? AND count <= 0").execute(arguments: [userId, status])
+        }
     }
 
     /// Removes an item for good from every read (row, search entry, counts, share links), leaves
