@@ -51,22 +51,23 @@ public final class PurgeDeliverer: Service, Sendable {
         await jobs.shutdown()
     }
 
-    /// Sends every due purge once; returns how many failed (and were put back with a backoff).
+    /// Sends the due purges, oldest first, until none is left or one fails: that one is put back
+    /// with a backoff, and the rest wait for the next round rather than each waiting out a
+    /// timeout while jobs is down. Returns how many failed (0 or 1).
     @discardableResult
     public func deliverDue(now: Date = Date()) async throws -> Int {
-        var failed = 0
         while true {
             let due = try await database.duePurges(now: now, limit: 50)
-            if due.isEmpty { return failed }
+            if due.isEmpty { return 0 }
             for purge in due {
                 do {
                     _ = try await jobs.call(Jobs.purge, JobReference(jobId: purge.jobId, userId: purge.userId), timeout: .seconds(2))
                     try await database.purgeAcknowledged(purge.jobId)
                 } catch {
-                    failed += 1
                     let delay = min(60, pow(2, Double(purge.attempts)))
                     try await database.purgeFailed(purge.jobId, retryAt: now.addingTimeInterval(delay))
                     logger.debug("purge failed", metadata: ["job": "\(purge.jobId)", "error": "\(error)"])
+                    return 1
                 }
             }
         }

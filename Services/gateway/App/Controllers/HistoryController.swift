@@ -35,7 +35,7 @@ struct HistoryController<Context: RequestContext>: Sendable {
             return try JSONResponse.make(.ok, ChangesView(changes, links: links))
         }
         router.get("/api/v1/history/:jobId") { request, context in
-            let item = try await ownedItem(request, context)
+            let (_, item) = try await ownedItem(request, context)
             return try JSONResponse.make(.ok, ItemView(item, links: links))
         }
         router.delete("/api/v1/history/:jobId") { request, context in
@@ -44,8 +44,7 @@ struct HistoryController<Context: RequestContext>: Sendable {
             return try JSONResponse.make(.ok, Deleted(deletedItemId: deleted.jobId))
         }
         router.post("/api/v1/history/:jobId/rerun") { request, context in
-            let caller = try await authenticator.caller(of: request)
-            let item = try await clients.call(.history, History.get, HistoryItemReference(userId: caller.id, jobId: try context.parameters.require("jobId")))
+            let (caller, item) = try await ownedItem(request, context)
             return try await creator.create(
                 caller: caller, imageKey: item.originalImageKey, effect: item.effectId, parameters: item.parameters,
                 prompt: item.prompt, idempotencyKey: request.headers[.idempotencyKey]
@@ -65,9 +64,11 @@ struct HistoryController<Context: RequestContext>: Sendable {
         }
     }
 
-    func ownedItem(_ request: Request, _ context: Context) async throws -> HistoryItem {
+    /// The caller and the item named in the path, if it is theirs (404 otherwise).
+    func ownedItem(_ request: Request, _ context: Context) async throws -> (caller: Caller, item: HistoryItem) {
         let caller = try await authenticator.caller(of: request)
-        return try await clients.call(.history, History.get, HistoryItemReference(userId: caller.id, jobId: try context.parameters.require("jobId")))
+        let item = try await clients.call(.history, History.get, HistoryItemReference(userId: caller.id, jobId: try context.parameters.require("jobId")))
+        return (caller, item)
     }
 
     struct Deleted: Encodable {

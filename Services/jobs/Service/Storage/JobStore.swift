@@ -175,14 +175,9 @@ public struct JobStore: Sendable {
     /// result, thumbnail and, when no other job of the user uses it, its original upload.
     public func purge(_ id: String, userId: String, now: Date) async throws -> Purge {
         try await database.writer.write { db in
-            guard var job = try JobRecord.fetchOne(db, key: id), job.userId == userId else { return Purge(job: nil) }
-            let before = job
-            if !job.status.isTerminal {
-                job.status = .cancelled
-                job.cancelRequested = true
-                job.finishedAt = now
-                try Self.settle(db, job: job, kind: "release", now: now)
-            }
+            guard let job = try JobRecord.fetchOne(db, key: id), job.userId == userId else { return Purge(job: nil) }
+            // A job that has not ended gives its charge back, as a cancel would.
+            if !job.status.isTerminal { try Self.settle(db, job: job, kind: "release", now: now) }
             _ = try JobRecord.deleteOne(db, key: id)
             try OutboxEntry
                 .filter(OutboxEntry.Columns.topic == OutboxEntry.Topic.history && OutboxEntry.Columns.jobId == id)
@@ -193,7 +188,7 @@ public struct JobStore: Sendable {
                 .fetchCount(db)
             if sharing == 0 { keys.append(job.imageKey) }
             try Self.discardBlobs(db, keys, jobId: id, now: now)
-            return Purge(job: before)
+            return Purge(job: job)
         }
     }
 
