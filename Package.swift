@@ -201,7 +201,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "worker",
-            dependencies: ["WorkerKit", "ServiceKit"],
+            dependencies: ["WorkerKit", "ServiceKit", "ZeroMQ"],
             path: "Services/jobs/WorkerMain",
             swiftSettings: swiftSettings
         ),

@@ -1,6 +1,7 @@
 import Bus
 import Logging
 import ServiceLifecycle
+import ZeroMQ
 
 /// Runs a bus service process: reads its configuration, sets up logging, binds its endpoint with
 /// the methods it registers plus `health`, and serves until SIGTERM or SIGINT, when it finishes the
@@ -39,6 +40,10 @@ public enum BusServiceRunner {
         )
         logger.info("starting", metadata: ["version": "\(BuildInfo.version)", "methods": "\(router.methods.joined(separator: ","))"])
         try await group.run()
+        // Let libzmq send the last replies before the process ends with them still queued.
+        if !(await ZMQContext.shared.terminate(within: .seconds(3))) {
+            logger.warning("some bus messages may not have been sent: a socket was still open at exit")
+        }
         logger.info("exited cleanly")
     }
 }

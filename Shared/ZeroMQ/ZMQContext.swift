@@ -1,9 +1,13 @@
 import Clibzmq
+import Dispatch
+import Synchronization
 
 /// A libzmq context (`zmq_ctx_new`). Thread-safe; sockets keep their context alive.
 public final class ZMQContext: @unchecked Sendable {
     // zmq contexts are thread-safe by libzmq's contract, hence @unchecked Sendable.
     let handle: UnsafeMutableRawPointer
+    /// Set once `terminate(within:)` has taken the context down, so `deinit` does not again.
+    private let terminated = Atomic<Bool>(false)
 
     /// The process-wide context that bus endpoints share unless given their own.
     public static let shared = ZMQContext()
@@ -22,6 +26,33 @@ public final class ZMQContext: @unchecked Sendable {
     deinit {
         // Every socket holds a strong reference to its context, so none is open here and
         // zmq_ctx_term cannot block on one.
+        if !terminated.load(ordering: .acquiring) { Self.term(handle) }
+    }
+
+    /// Terminates the context (`zmq_ctx_term`) as a process exits: libzmq then sends what closed
+    /// sockets still hold (a service's last replies, within their linger) instead of dropping it
+    /// with the process. Waits at most `limit`, since a socket left open would block the call for
+    /// good; true if it finished. No socket can be opened in the context afterwards.
+    @discardableResult
+    public func terminate(within limit: Duration) async -> Bool {
+        guard terminated.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return true }
+        let (outcome, report) = AsyncStream.makeStream(of: Bool.self, bufferingPolicy: .bufferingNewest(2))
+        let context = TerminatingHandle(pointer: handle)
+        // zmq_ctx_term blocks: on a Dispatch thread of its own, never on the cooperative pool.
+        DispatchQueue.global().async {
+            Self.term(context.pointer)
+            report.yield(true)
+        }
+        let timer = Task {
+            try? await Task.sleep(for: limit)
+            report.yield(false)
+        }
+        defer { timer.cancel() }
+        for await finished in outcome { return finished }
+        return false
+    }
+
+    private static func term(_ handle: UnsafeMutableRawPointer) {
         while zmq_ctx_term(handle) != 0 && zmq_errno() == EINTR {}
     }
 
@@ -34,4 +65,9 @@ public final class ZMQContext: @unchecked Sendable {
 
     /// Whether libzmq was built with CURVE security (`zmq_has("curve")`).
     public static var hasCurve: Bool { zmq_has("curve") != 0 }
+}
+
+/// A context's handle handed to the thread that terminates it (libzmq allows that from any thread).
+private struct TerminatingHandle: @unchecked Sendable {
+    let pointer: UnsafeMutableRawPointer
 }

@@ -197,7 +197,10 @@ struct BusCurveTests {
         #expect(reply.text == "secret")
         // Then a plain caller gets nowhere
         let plain = BusClient(endpoint: endpoint)
-        #expect(await failure(plain, TestMethods.echo, Tagged(tag: 2, text: ""), timeout: .milliseconds(500))?.code == .timeout)
+        // (no reply before the deadline; or, caught between a refused handshake and libzmq's
+        // reconnect, no connection to queue on: `overloaded` at once)
+        let refused = await failure(plain, TestMethods.echo, Tagged(tag: 2, text: ""), timeout: .milliseconds(500))
+        #expect(refused?.code == .timeout || refused?.code == .overloaded, "\(String(describing: refused))")
         await trusted.shutdown()
         await plain.shutdown()
         bus.requestStop()

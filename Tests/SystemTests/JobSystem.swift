@@ -31,7 +31,8 @@ final class JobSystem: @unchecked Sendable {
     let provider: Task<Void, any Error>
     var blobDirectory: String { services.dataDirectory.appendingPathComponent("blobs").path }
 
-    init(workers count: Int = 1, uploadMaxBytes: Int = 20 << 20, workerCapacity: Int = 1, history: [String: String] = [:], shareLifetime: Int = 7 * 86_400) async throws {
+    init(workers count: Int = 1, uploadMaxBytes: Int = 20 << 20, workerCapacity: Int = 1, quota: [String: String] = [:], history: [String: String] = [:],
+         shareLifetime: Int = 7 * 86_400) async throws {
         let port = providerPort
         provider = Task { try await Self.runProvider(port: port) }
         services = try RunningServices(only: [])
@@ -41,7 +42,7 @@ final class JobSystem: @unchecked Sendable {
             """
         try services.start(.quota, extra: [
             "JOBS_ENDPOINT": services.endpoints[.jobs]!, "QUOTA_STALE_AFTER_S": "1", "QUOTA_STALE_SCAN_MS": "300",
-        ])
+        ].merging(quota) { _, new in new })
         try services.start(.jobs, extra: [
             "JOBS_WORKER_BIND": workerEndpoint, "QUOTA_ENDPOINT": services.endpoints[.quota]!,
             "JOBS_EFFECTS": effects, "JOBS_RETRY_BASE_MS": "200",

@@ -5,6 +5,7 @@ import Logging
 import ServiceKit
 import ServiceLifecycle
 import WorkerKit
+import ZeroMQ
 
 // A worker: runs edits for the jobs service. Start as many as the machine affords.
 await ProcessExit.run("worker") {
@@ -24,4 +25,6 @@ await ProcessExit.run("worker") {
     )
     let group = ServiceGroup(configuration: .init(services: [worker], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
     try await group.run()
+    // Let libzmq send the last reports (a job's `done`) before the process ends with them queued.
+    await ZMQContext.shared.terminate(within: .seconds(3))
 }
