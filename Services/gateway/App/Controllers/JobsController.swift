@@ -1,6 +1,4 @@
-import Blobs
 import Bus
-import Crypto
 import Foundation
 import HTTPTypes
 import Hummingbird

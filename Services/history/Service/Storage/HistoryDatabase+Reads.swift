@@ -18,7 +18,9 @@ extension HistoryDatabase {
         }
         let (items, total) = try await read { db in
             var filter = Filter(request)
-            filter.scan = try Filter.itemCount(db, userId: request.userId) <= scanUpTo
+            if filter.query != nil {
+                filter.scan = try Filter.storedCount(db, userId: request.userId, statuses: []) <= scanUpTo
+            }
             let total = try filter.count(db)
             if let after { filter.after(after) }
             let items = try filter.items(db, limit: request.limit + 1, offset: after == nil ? request.offset : 0)
@@ -160,22 +162,20 @@ extension HistoryDatabase {
             return (sql, arguments)
         }
 
-        /// All the user's items, from the counts kept per status.
-        static func itemCount(_ db: Database, userId: String) throws -> Int {
-            try Int.fetchOne(db.cachedStatement(sql: "SELECT COALESCE(SUM(count), 0) FROM item_count WHERE userId = ?"), arguments: [userId]) ?? 0
+        /// The user's items in `statuses` (all when empty), from the counts kept per user and
+        /// status as items change: no scan of a long history.
+        static func storedCount(_ db: Database, userId: String, statuses: [String]) throws -> Int {
+            var sql = "SELECT COALESCE(SUM(count), 0) FROM item_count WHERE userId = ?"
+            var arguments: [(any DatabaseValueConvertible)?] = [userId]
+            if !statuses.isEmpty {
+                sql += " AND status IN (" + statuses.map { _ in "?" }.joined(separator: ",") + ")"
+                arguments += statuses
+            }
+            return try Int.fetchOne(db.cachedStatement(sql: sql), arguments: StatementArguments(arguments)) ?? 0
         }
 
         func count(_ db: Database) throws -> Int {
-            if query == nil {
-                // Kept per user and status as items change: no scan of a long history.
-                var sql = "SELECT COALESCE(SUM(count), 0) FROM item_count WHERE userId = ?"
-                var arguments: [(any DatabaseValueConvertible)?] = [userId]
-                if !statuses.isEmpty {
-                    sql += " AND status IN (" + statuses.map { _ in "?" }.joined(separator: ",") + ")"
-                    arguments += statuses
-                }
-                return try Int.fetchOne(db.cachedStatement(sql: sql), arguments: StatementArguments(arguments)) ?? 0
-            }
+            if query == nil { return try Self.storedCount(db, userId: userId, statuses: statuses) }
             let (sql, arguments) = clause(counting: true)
             return try Int.fetchOne(db.cachedStatement(sql: "SELECT COUNT(*) FROM item WHERE " + sql), arguments: StatementArguments(arguments)) ?? 0
         }
