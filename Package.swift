@@ -107,7 +107,7 @@ let package = Package(
         // Opening a service's SQLite file durably (WAL, synchronous=FULL).
         .target(
             name: "Storage",
-            dependencies: [.product(name: "GRDB", package: "GRDB.swift")],
+            dependencies: ["Messages", "Bus", .product(name: "GRDB", package: "GRDB.swift")],
             path: "Shared/Storage",
             swiftSettings: swiftSettings
         ),
@@ -123,7 +123,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "quota",
-            dependencies: ["QuotaService", "ServiceKit"],
+            dependencies: ["QuotaService", "ServiceKit", "Storage"],
             path: "Services/quota/Main",
             swiftSettings: swiftSettings
         ),
@@ -148,7 +148,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "history",
-            dependencies: ["HistoryService", "ServiceKit"],
+            dependencies: ["HistoryService", "ServiceKit", "Storage"],
             path: "Services/history/Main",
             swiftSettings: swiftSettings
         ),
@@ -173,7 +173,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "jobs",
-            dependencies: ["JobsService", "ServiceKit"],
+            dependencies: ["JobsService", "ServiceKit", "Storage"],
             path: "Services/jobs/Main",
             swiftSettings: swiftSettings
         ),

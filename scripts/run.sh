@@ -28,7 +28,9 @@ fi
 swift build -c "$CONFIG" || exit 1
 BIN=$(swift build -c "$CONFIG" --show-bin-path)
 
-# Runs one process, restarting it after a crash until told to stop.
+# Runs one process, restarting it after a crash until told to stop. A process that exits with
+# status 0 was asked to stop (SIGTERM, or a SIGINT sent to the whole process group, which
+# background shells of a script cannot trap): it is not restarted.
 supervise() {
   local name=$1 label=${2:-$1} child=0 stop=0 status
   trap 'stop=1; [ "$child" -gt 0 ] && kill -TERM "$child" 2>/dev/null' TERM INT
@@ -38,6 +40,10 @@ supervise() {
     wait "$child"; status=$?
     while kill -0 "$child" 2>/dev/null; do wait "$child"; status=$?; done
     [ "$stop" -eq 1 ] && break
+    if [ "$status" -eq 0 ]; then
+      echo "[run] $label stopped"
+      break
+    fi
     echo "[run] $label exited with status $status; restarting in 1 s"
     sleep 1
   done

@@ -28,10 +28,12 @@ public struct BlobMetadata: Codable, Sendable, Equatable {
     }
 }
 
-/// A blob store problem: a key that is not a key, or a blob that is not there.
+/// A blob store problem: a key that is not a key, a blob that is not there, or one that is there
+/// already when it may be written once only.
 public enum BlobError: Error, Equatable {
     case invalidKey
     case notFound
+    case exists
 }
 
 /// Blob keys: 1 to 256 characters of `[A-Za-z0-9._/-]`, no empty, `.` or `..` segments.
@@ -66,9 +68,39 @@ public struct DiskBlobStore: BlobStore {
         try FileManager.default.createDirectory(at: target.deletingLastPathComponent(), withIntermediateDirectories: true)
         _ = try? FileManager.default.removeItem(at: target)
         try FileManager.default.moveItem(at: source, to: target)
+        try Self.metadataData(metadata).write(to: target.appendingPathExtension("meta.json"), options: .atomic)
+    }
+
+    /// Moves the file at `source` in under `key` only if `key` holds nothing yet (a hard link
+    /// made exclusively, so of two writers exactly one wins): `BlobError.exists` otherwise, and
+    /// `source` is left for the caller to remove. The metadata follows the link; until it is
+    /// written the blob reads as absent.
+    public func adoptOnce(file source: URL, as key: String, metadata: BlobMetadata) async throws {
+        let target = try path(key)
+        try FileManager.default.createDirectory(at: target.deletingLastPathComponent(), withIntermediateDirectories: true)
+        guard link(source.path, target.path) == 0 else {
+            let code = errno
+            if code == EEXIST { throw BlobError.exists }
+            throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EIO)
+        }
+        do {
+            try Self.metadataData(metadata).write(to: target.appendingPathExtension("meta.json"), options: .atomic)
+        } catch {
+            try? FileManager.default.removeItem(at: target)
+            throw error
+        }
+        try? FileManager.default.removeItem(at: source)
+    }
+
+    /// Whether `key` holds a blob.
+    public func exists(_ key: String) throws -> Bool {
+        FileManager.default.fileExists(atPath: try path(key).path)
+    }
+
+    static func metadataData(_ metadata: BlobMetadata) throws -> Data {
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601
-        try encoder.encode(metadata).write(to: target.appendingPathExtension("meta.json"), options: .atomic)
+        return try encoder.encode(metadata)
     }
 
     public func metadata(of key: String) async throws -> BlobMetadata? {

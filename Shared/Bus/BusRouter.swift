@@ -20,21 +20,37 @@ public struct BusRequestContext: Sendable {
     }
 }
 
+/// Turns errors a handler throws that are not `BusError`s, but that it recognises (a full disk,
+/// say), into typed bus errors.
+public struct BusErrorTranslator: Sendable {
+    public let translate: @Sendable (any Error) -> BusError?
+    public init(_ translate: @escaping @Sendable (any Error) -> BusError?) { self.translate = translate }
+}
+
 /// A service's methods: typed handlers registered by descriptor, dispatched by wire name.
 /// Usable without sockets, which is how handlers are unit-tested.
 public struct BusRouter: Sendable {
     typealias RawHandler = @Sendable ([UInt8], BusRequestContext) async -> Result<[UInt8], BusError>
 
     private var handlers: [String: RawHandler] = [:]
+    private let translator: BusErrorTranslator?
+    private let failures: FailureLog?
 
-    public init() {}
+    /// A router whose handlers' untyped errors become `internal`; `translator` turns the ones it
+    /// knows (a full disk, say) into typed errors instead, logged through `failures` once per
+    /// kind rather than once per request.
+    public init(translator: BusErrorTranslator? = nil, failures: FailureLog? = nil) {
+        self.translator = translator
+        self.failures = failures
+    }
 
     /// Registers `handler` for `method`. A handler throws a `BusError` for a typed failure; any
-    /// other error is logged and answered as `internal`.
+    /// other error is translated, or logged and answered as `internal`.
     public mutating func register<Request, Reply>(
         _ method: BusMethod<Request, Reply>,
         _ handler: @escaping @Sendable (Request, BusRequestContext) async throws -> Reply
     ) {
+        let translator = self.translator, failures = self.failures
         handlers[method.name] = { body, context in
             let request: Request
             do {
@@ -50,6 +66,10 @@ public struct BusRouter: Sendable {
             } catch is CancellationError {
                 return .failure(BusError(.cancelled, "cancelled"))
             } catch {
+                if let translated = translator?.translate(error) {
+                    failures?.record(translated.code.rawValue, "\(method.name) failed: \(translated.message)")
+                    return .failure(translated)
+                }
                 context.logger.error("handler failed", metadata: ["error": "\(error)"])
                 return .failure(BusError(.internal, "\(method.name) failed"))
             }

@@ -52,9 +52,15 @@ public struct BusError: Error, Codable, Sendable, Equatable, CustomStringConvert
         public static let cancelled = Code("cancelled")
         /// The service failed in a way it did not expect.
         public static let `internal` = Code("internal")
+        /// The service's disk is full: nothing was written; the same request may succeed once an
+        /// operator frees space.
+        public static let storageFull = Code("storage_full")
+        /// The service's storage failed for another reason (an I/O error, a locked file):
+        /// nothing was written; try again shortly.
+        public static let storageUnavailable = Code("storage_unavailable")
 
         var isRetryableByDefault: Bool {
-            self == .timeout || self == .unavailable || self == .overloaded
+            self == .timeout || self == .unavailable || self == .overloaded || self == .storageFull || self == .storageUnavailable
         }
     }
 }

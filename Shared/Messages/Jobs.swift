@@ -16,6 +16,10 @@ public enum Jobs {
     /// ended (its charge released), then its row, its result and thumbnail files, and its original
     /// upload once no other job of the user refers to it. Idempotent: an unknown job is purged.
     public static let purge = BusMethod<JobReference, JobPurged>("jobs.purge")
+    /// Of the jobs named (at most `WatchJobs.maxJobs`), those whose version or live progress
+    /// differs from what the caller has, and those that are gone: how the gateway feeds every
+    /// open event stream with one call a round instead of one call per stream.
+    public static let watch = BusMethod<WatchJobs, WatchedJobs>("jobs.watch")
 
     /// The credits one job is charged (reserved at creation, committed when it completes).
     public static let chargePerJob = 1
@@ -75,6 +79,39 @@ public struct JobReference: Codable, Sendable, Equatable {
 public struct JobPurged: Codable, Sendable, Equatable {
     public var existed: Bool
     public init(existed: Bool) { self.existed = existed }
+}
+
+/// The jobs a caller follows, each with the version and progress it has seen.
+public struct WatchJobs: Codable, Sendable, Equatable {
+    /// The most jobs one `watch` call may name.
+    public static let maxJobs = 1_000
+
+    public struct Seen: Codable, Sendable, Equatable {
+        public var jobId: String
+        public var userId: String
+        public var version: Int
+        public var progress: Double
+        public init(jobId: String, userId: String, version: Int, progress: Double) {
+            self.jobId = jobId
+            self.userId = userId
+            self.version = version
+            self.progress = progress
+        }
+    }
+
+    public var jobs: [Seen]
+    public init(jobs: [Seen]) { self.jobs = jobs }
+}
+
+/// The answer to `watch`: the jobs that changed, as they are now, and the ids of those that no
+/// longer exist (or are not the user's).
+public struct WatchedJobs: Codable, Sendable, Equatable {
+    public var changed: [JobRecord]
+    public var gone: [String]
+    public init(changed: [JobRecord], gone: [String]) {
+        self.changed = changed
+        self.gone = gone
+    }
 }
 
 /// Names a job without a user (service-to-service).

@@ -1,12 +1,14 @@
 /// The worker protocol (after the ZeroMQ Guide's Majordomo and Paranoid Pirate patterns): a worker
 /// connects to the jobs service's worker endpoint, says `ready` with its capacity and effects,
-/// is assigned jobs with an attempt number, sends heartbeats and progress, and ends each job with
-/// `done` or `failed`. Heartbeats go both ways about every second; a peer silent for three
-/// intervals is dead.
+/// is assigned jobs with an attempt number, sends heartbeats (naming the attempts it holds) and
+/// progress, and ends each job with `done`, `failed` or `cancelled`, which it sends again with
+/// every heartbeat until the service answers `recorded` (or `refused`). Heartbeats go both ways
+/// about every second; a peer silent for three intervals is dead.
 
 /// What a worker tells the jobs service.
 public enum WorkerMessage: Codable, Sendable, Equatable {
     case ready(WorkerReady)
+    /// The attempts the worker holds: running, or finished with the result not yet recorded.
     case heartbeat(running: [JobAttempt])
     case progress(JobAttempt, fraction: Double)
     case done(JobAttempt, JobOutput)
@@ -22,8 +24,10 @@ public enum DispatcherMessage: Codable, Sendable, Equatable {
     case heartbeat
     /// The service does not know this worker (it restarted, or declared it dead): say `ready` again.
     case reconnect
-    /// A result was refused, e.g. from a stale attempt.
+    /// A result was refused, e.g. from a stale attempt: the worker stops sending it.
     case refused(JobAttempt, reason: String)
+    /// A result (done, failed or cancelled) is durably recorded: the worker stops sending it.
+    case recorded(JobAttempt)
 }
 
 /// A worker's introduction.

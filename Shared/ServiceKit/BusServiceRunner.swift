@@ -1,5 +1,6 @@
 import Bus
 import Logging
+import Messages
 import ServiceLifecycle
 import ZeroMQ
 
@@ -8,17 +9,19 @@ import ZeroMQ
 /// requests in progress and returns.
 public enum BusServiceRunner {
     /// Runs `service` with the methods `register` adds; `extraServices` run beside the bus server
-    /// (and are shut down after it).
+    /// (and are shut down after it). `translateErrors` turns the handlers' untyped errors it
+    /// knows (a full disk) into typed bus errors, logged once per kind.
     public static func run(
         _ service: ServiceName,
         environment: Environment = Environment(),
+        translateErrors: BusErrorTranslator? = nil,
         register: @Sendable (inout BusRouter, ServiceConfiguration, Logger) async throws -> [any Service] = { _, _, _ in [] }
     ) async throws {
         let configuration = try ServiceConfiguration(service: service, environment: environment)
         ProcessLogging.bootstrap(level: configuration.logLevel)
         let logger = Logger(label: service.rawValue)
 
-        var router = BusRouter()
+        var router = BusRouter(translator: translateErrors, failures: FailureLog(logger: logger))
         HealthHandler(service: service.rawValue).register(on: &router)
         let extraServices = try await register(&router, configuration, logger)
 

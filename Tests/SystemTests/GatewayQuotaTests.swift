@@ -1,5 +1,6 @@
 import Bus
 import Foundation
+import Logging
 import GatewayApp
 import HTTPTypes
 import Hummingbird
@@ -35,7 +36,8 @@ struct GatewayQuotaTests {
         let clients = ServiceClients(configuration: configuration)
         _ = try await waitUntilHealthy(clients.quota)
         let authenticator = try await Authenticator(jwtSecret: Self.secret, adminToken: Self.adminToken)
-        let app = Application(router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration))
+        let streams = JobStreams(jobs: clients.jobs, perUser: configuration.streamsPerUser, total: configuration.streamsTotal, logger: Logger(label: "test"))
+        let app = Application(router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration, streams: streams), services: [streams])
         do {
             try await app.test(.router) { client in try await body(client, clients.quota) }
         } catch {

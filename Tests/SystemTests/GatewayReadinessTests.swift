@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import GatewayApp
 import Hummingbird
 import HummingbirdTesting
@@ -12,7 +13,8 @@ struct GatewayReadinessTests {
         let configuration = GatewayConfiguration(endpoints: endpoints, readinessTimeout: .milliseconds(500))
         let clients = ServiceClients(configuration: configuration)
         let authenticator = try await Authenticator(jwtSecret: nil, adminToken: nil)
-        let app = Application(router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration))
+        let streams = JobStreams(jobs: clients.jobs, perUser: configuration.streamsPerUser, total: configuration.streamsTotal, logger: Logger(label: "test"))
+        let app = Application(router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration, streams: streams), services: [streams])
         return (app, clients)
     }
 

@@ -1,6 +1,7 @@
 import Blobs
 import Bus
 import Foundation
+import Logging
 import GatewayApp
 import HTTPTypes
 import Hummingbird
@@ -78,11 +79,11 @@ final class JobSystem: @unchecked Sendable {
         provider.cancel()
     }
 
-    /// Runs `body` against the gateway's router.
+    /// Runs `body` against the gateway, built as its process builds it and served on a real
+    /// socket (event streams need a connection that can close).
     func gateway(_ body: @Sendable (any TestClientProtocol) async throws -> Void) async throws {
-        let authenticator = try await Authenticator(jwtSecret: Self.secret, adminToken: Self.adminToken)
-        let app = Application(router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration))
-        try await app.test(.router, body)
+        let app = try await buildApplication(configuration: configuration, logger: Logger(label: "gateway"))
+        try await app.test(.live, body)
     }
 
     // MARK: Steps

@@ -1,4 +1,5 @@
 import Blobs
+import Bus
 import Foundation
 import Hummingbird
 import Logging
@@ -11,7 +12,9 @@ public typealias GatewayContext = BasicRequestContext
 public func buildRouter(
     clients: ServiceClients,
     authenticator: Authenticator,
-    configuration: GatewayConfiguration
+    configuration: GatewayConfiguration,
+    streams: JobStreams,
+    logger: Logger = Logger(label: "gateway")
 ) -> Router<GatewayContext> {
     let router = Router(context: GatewayContext.self)
     router.middlewares.add(RequestIdMiddleware())
@@ -27,9 +30,10 @@ public func buildRouter(
         let creator = JobCreator(clients: clients, blobs: blobs)
         UploadsController(
             authenticator: authenticator, blobs: blobs, signer: signer, publicBaseURL: configuration.publicBaseURL,
-            maxBytes: configuration.uploadMaxBytes, lifetime: configuration.signedURLLifetime
+            maxBytes: configuration.uploadMaxBytes, maxPixels: configuration.imageMaxPixels, lifetime: configuration.signedURLLifetime,
+            failures: FailureLog(logger: logger)
         ).addRoutes(to: router)
-        JobsController(clients: clients, authenticator: authenticator, creator: creator, links: links).addRoutes(to: router)
+        JobsController(clients: clients, authenticator: authenticator, creator: creator, links: links, streams: streams).addRoutes(to: router)
         HistoryController(
             clients: clients, authenticator: authenticator, creator: creator, links: links, shareLifetime: configuration.shareLifetime
         ).addRoutes(to: router)
@@ -44,10 +48,11 @@ public func buildApplication(configuration: GatewayConfiguration, logger: Logger
     let clients = ServiceClients(configuration: configuration)
     if configuration.jwtSecret == nil { logger.warning("JWT_SECRET is not set: every bearer token will be refused") }
     if configuration.adminToken == nil { logger.warning("ADMIN_TOKEN is not set: every admin call will be refused") }
+    let streams = JobStreams(jobs: clients.jobs, perUser: configuration.streamsPerUser, total: configuration.streamsTotal, logger: logger)
     return Application(
-        router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration),
+        router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration, streams: streams, logger: logger),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "gateway"),
-        services: [clients],
+        services: [streams, clients],
         logger: logger
     )
 }

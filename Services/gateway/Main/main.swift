@@ -7,7 +7,8 @@ await ProcessExit.run("gateway") {
     let configuration = try GatewayConfiguration(environment: Environment())
     ProcessLogging.bootstrap(level: configuration.logLevel)
     let logger = Logger(label: "gateway")
+    let openFiles = ProcessLimits.raiseOpenFiles()
     let app = try await buildApplication(configuration: configuration, logger: logger)
-    logger.info("gateway listening", metadata: ["url": "http://\(configuration.host):\(configuration.port)"])
+    logger.info("gateway listening", metadata: ["url": "http://\(configuration.host):\(configuration.port)", "open-files": "\(openFiles)"])
     try await app.runService()
 }

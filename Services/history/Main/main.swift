@@ -3,10 +3,11 @@ import Foundation
 import HistoryService
 import Logging
 import ServiceKit
+import Storage
 
 // The history service: the read model of users' past edits in $DATA_DIR/history.sqlite, fed by
 // job events from jobs; deletes purge jobs through jobs; retention asks quota for each plan's.
-await ProcessExit.run("history") { try await BusServiceRunner.run(.history) { router, service, logger in
+await ProcessExit.run("history") { try await BusServiceRunner.run(.history, translateErrors: StorageFailure.translator) { router, service, logger in
     let configuration = try HistoryConfiguration(environment: Environment(), dataDirectory: service.dataDirectory)
     try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
     let database = try HistoryDatabase.open(path: configuration.databasePath)

@@ -5,11 +5,12 @@ import JobsCore
 import JobsService
 import Logging
 import ServiceKit
+import Storage
 
 // The jobs service: the job queue and lifecycle in $DATA_DIR/jobs.sqlite; workers connect to
 // JOBS_WORKER_BIND; quota settlements and history's job events leave through the outbox; purged
 // jobs' files are deleted from BLOB_DIR.
-await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs) { router, service, logger in
+await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateErrors: StorageFailure.translator) { router, service, logger in
     let configuration = try JobsConfiguration(environment: Environment(), dataDirectory: service.dataDirectory)
     try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
     let database = try JobsDatabase.open(path: configuration.databasePath)

@@ -9,18 +9,30 @@ import Messages
 ///
 /// Workers speak the worker protocol over a `BusChannel`. The dispatcher keeps, in memory, the
 /// fair queue of queued jobs (rebuilt from the database at start-up), the jobs waiting out a retry
-/// backoff, and each live worker's capacity, effects, running attempts and last sign of life.
-/// A worker silent for three heartbeat intervals is dead: its jobs go back to the front of their
-/// users' queues. Results are accepted from the current attempt only (fencing).
+/// backoff, and each live worker's capacity, effects, held attempts and last sign of life.
+/// Results are accepted from the current attempt only (fencing), and a worker's attempt stays
+/// held until its result is durably recorded (the worker re-sends it until then).
+///
+/// The invariant it keeps: a job the database says is `processing` is held, under its current
+/// attempt, by a live worker. Every way that can stop being true is repaired: a worker silent for
+/// three heartbeat intervals is dead and its jobs are queued again; an attempt missing from its
+/// worker's heartbeats (a lost assignment) is queued again; and `reconcile` finds any other
+/// processing job that nobody has held for a grace period (a failed write, a restart) and
+/// queues it again. Requeues are fenced by attempt, so a late repair never undoes a result.
 public actor Dispatcher {
     struct Worker {
         var id: String
         var capacity: Int
         var effects: Set<String>
         var lastSeen: ContinuousClock.Instant
-        /// Job id to attempt number (0 while the assignment is being recorded).
-        var running: [String: Int] = [:]
+        /// Job id to the attempt held (0 while the assignment is being recorded), and since when.
+        var running: [String: Held] = [:]
         var free: Int { capacity - running.count }
+    }
+
+    struct Held {
+        var attempt: Int
+        var since: ContinuousClock.Instant
     }
 
     struct Delayed: Comparable {
@@ -42,6 +54,11 @@ public actor Dispatcher {
     /// Progress of running jobs. Progress is not a state change: it is kept here, not written to
     /// disk and the outbox (a worker reports it several times a job).
     private var progress: [String: Double] = [:]
+    /// Results being written now: a copy re-sent meanwhile is ignored.
+    private var recording: Set<JobAttempt> = []
+    /// Processing jobs that no worker held at a reconcile, and since when.
+    private var unheld: [String: ContinuousClock.Instant] = [:]
+    private let failures: FailureLog
 
     public init(channel: BusChannel, store: JobStore, catalog: EffectCatalog, proFirst: Bool = true, heartbeatInterval: Duration = .seconds(1), logger: Logger) {
         self.channel = channel
@@ -50,7 +67,13 @@ public actor Dispatcher {
         self.queue = FairQueue(proFirst: proFirst)
         self.heartbeatInterval = heartbeatInterval
         self.logger = logger
+        self.failures = FailureLog(logger: logger)
     }
+
+    /// How long a processing job may go unheld, or an assigned attempt unmentioned by its
+    /// worker's heartbeats, before it is queued again: three heartbeat intervals, the time a
+    /// worker has to reconnect and name what it holds.
+    var grace: Duration { heartbeatInterval * 3 }
 
     /// Jobs waiting for a worker, backoffs included.
     public var queuedCount: Int { queue.count + delayed.count }
@@ -73,8 +96,8 @@ public actor Dispatcher {
     public func cancel(_ job: JobRecord) {
         if queue.remove(jobId: job.id, userId: job.userId) { return }
         for (peer, worker) in workers {
-            if let attempt = worker.running[job.id], attempt > 0 {
-                channel.send(DispatcherMessage.cancel(JobAttempt(jobId: job.id, attempt: attempt)), to: peer)
+            if let held = worker.running[job.id], held.attempt > 0 {
+                channel.send(DispatcherMessage.cancel(JobAttempt(jobId: job.id, attempt: held.attempt)), to: peer)
             }
         }
     }
@@ -105,37 +128,128 @@ public actor Dispatcher {
             return
         }
         workers[peer]?.lastSeen = now
-        do {
-            switch decoded {
-            case .ready, .heartbeat:
-                break
-            case .progress(let attempt, let fraction):
-                if workers[peer]?.running[attempt.jobId] == attempt.attempt, fraction.isFinite {
-                    progress[attempt.jobId] = min(1, max(progress[attempt.jobId] ?? 0, fraction))
-                }
-            case .done(let attempt, let output):
-                finished(attempt, on: peer)
-                if case .refused(let reason) = try await store.complete(attempt, output: output, now: Date()) {
-                    logger.warning("result refused", metadata: ["job": "\(attempt.jobId)", "attempt": "\(attempt.attempt)", "reason": "\(reason)"])
-                    channel.send(DispatcherMessage.refused(attempt, reason: reason), to: peer)
-                    try await store.discardOutput(output, of: attempt, now: Date())
-                }
-                await dispatch()
-            case .failed(let attempt, let error, let retryable):
-                finished(attempt, on: peer)
-                let (outcome, retryAfter) = try await store.fail(attempt, error: error, retryable: retryable, now: Date())
+        switch decoded {
+        case .ready:
+            break
+        case .heartbeat(let held):
+            await heard(held, from: peer, now: now)
+        case .progress(let attempt, let fraction):
+            if workers[peer]?.running[attempt.jobId]?.attempt == attempt.attempt, fraction.isFinite {
+                progress[attempt.jobId] = min(1, max(progress[attempt.jobId] ?? 0, fraction))
+            }
+        case .done(let attempt, let output):
+            await record(attempt, from: peer) {
+                let outcome = try await self.store.complete(attempt, output: output, now: Date())
+                if case .refused = outcome { try await self.store.discardOutput(output, of: attempt, now: Date()) }
+                return outcome
+            }
+        case .failed(let attempt, let error, let retryable):
+            await record(attempt, from: peer) {
+                let (outcome, retryAfter) = try await self.store.fail(attempt, error: error, retryable: retryable, now: Date())
                 if case .applied(let job) = outcome, job.status == .queued, let retryAfter {
-                    delayed.insert(Delayed(due: .now.advanced(by: retryAfter), job: Self.queued(job)))
+                    await self.delay(job, by: retryAfter)
                 }
-                await dispatch()
-            case .cancelled(let attempt):
-                finished(attempt, on: peer)
-                _ = try await store.cancelled(attempt, now: Date())
-                await dispatch()
+                return outcome
+            }
+        case .cancelled(let attempt):
+            await record(attempt, from: peer) { try await self.store.cancelled(attempt, now: Date()) }
+        }
+    }
+
+    /// Writes a worker's result, then tells the worker it is recorded (or refused) and frees the
+    /// slot. If the write fails the attempt stays held and the worker sends the result again.
+    private func record(_ attempt: JobAttempt, from peer: BusChannel.Peer, _ write: @Sendable () async throws -> JobStore.Outcome) async {
+        guard recording.insert(attempt).inserted else { return }
+        defer { recording.remove(attempt) }
+        do {
+            let outcome = try await write()
+            failures.recovered("record")
+            finished(attempt, on: peer)
+            switch outcome {
+            case .applied:
+                channel.send(DispatcherMessage.recorded(attempt), to: peer)
+            case .refused(let reason):
+                logger.warning("result refused", metadata: ["job": "\(attempt.jobId)", "attempt": "\(attempt.attempt)", "reason": "\(reason)"])
+                channel.send(DispatcherMessage.refused(attempt, reason: reason), to: peer)
             }
         } catch {
-            logger.error("cannot record a worker report", metadata: ["error": "\(error)"])
+            failures.record("record", "cannot record workers' results yet; they are kept and sent again: \(error)")
         }
+        await dispatch()
+    }
+
+    private func delay(_ job: JobRecord, by retryAfter: Duration) {
+        delayed.insert(Delayed(due: .now.advanced(by: retryAfter), job: Self.queued(job)))
+    }
+
+    /// A worker's heartbeat names the attempts it holds. One assigned to it more than `grace`
+    /// ago that it does not name never reached it (or it forgot it): queued again. One it names
+    /// that nobody holds here (this service restarted meanwhile) is taken back if it is still
+    /// the job's current attempt.
+    private func heard(_ held: [JobAttempt], from peer: BusChannel.Peer, now: ContinuousClock.Instant) async {
+        guard let worker = workers[peer] else { return }
+        let named = Set(held)
+        for (jobId, holding) in worker.running where holding.attempt > 0 && holding.since.duration(to: now) > grace {
+            let attempt = JobAttempt(jobId: jobId, attempt: holding.attempt)
+            if !named.contains(attempt), !recording.contains(attempt) {
+                workers[peer]?.running[jobId] = nil
+                progress[jobId] = nil
+                await requeue(attempt, reason: "worker \(worker.id) does not hold the job")
+            }
+        }
+        let unknown = held.filter { attempt in !workers.values.contains { $0.running[attempt.jobId] != nil } }
+        guard !unknown.isEmpty, let stored = try? await store.jobs(unknown.map(\.jobId)) else { return }
+        for job in stored where job.status == .processing && unknown.contains(JobAttempt(jobId: job.id, attempt: job.attempts)) {
+            guard workers[peer] != nil, !workers.values.contains(where: { $0.running[job.id] != nil }) else { continue }
+            workers[peer]?.running[job.id] = Held(attempt: job.attempts, since: now)
+            unheld[job.id] = nil
+        }
+    }
+
+    /// Queues a processing attempt again (fenced: nothing happens if it is no longer current).
+    private func requeue(_ attempt: JobAttempt, reason: String) async {
+        do {
+            if let job = try await store.requeue(attempt, reason: reason, now: Date()), job.status == .queued {
+                queue.push(Self.queued(job), atFront: true)
+            }
+        } catch {
+            failures.record("requeue", "cannot requeue jobs yet; the next reconcile tries again: \(error)")
+        }
+    }
+
+    /// Finds processing jobs that no worker holds under their current attempt and, once that
+    /// has lasted `grace`, queues them again. Runs every few seconds.
+    public func reconcile(now: ContinuousClock.Instant = .now) async {
+        let processing: [JobAttempt]
+        do {
+            processing = try await store.processingAttempts()
+        } catch {
+            failures.record("reconcile", "cannot read processing jobs to reconcile: \(error)")
+            return
+        }
+        var seen: Set<String> = []
+        for attempt in processing {
+            seen.insert(attempt.jobId)
+            let held = workers.values.contains { worker in
+                guard let holding = worker.running[attempt.jobId] else { return false }
+                return holding.attempt == 0 || holding.attempt == attempt.attempt
+            }
+            if held || recording.contains(attempt) {
+                unheld[attempt.jobId] = nil
+                continue
+            }
+            guard let since = unheld[attempt.jobId] else {
+                unheld[attempt.jobId] = now
+                continue
+            }
+            if since.duration(to: now) >= grace {
+                unheld[attempt.jobId] = nil
+                logger.warning("job processing with no worker holding it; queued again", metadata: ["job": "\(attempt.jobId)", "attempt": "\(attempt.attempt)"])
+                await requeue(attempt, reason: "no worker held the job")
+            }
+        }
+        unheld = unheld.filter { seen.contains($0.key) }
+        await dispatch()
     }
 
     /// Sends heartbeats, buries dead workers, releases due retries and dispatches.
@@ -145,16 +259,9 @@ public actor Dispatcher {
         for (peer, worker) in workers where worker.lastSeen.duration(to: now) > deadline {
             workers[peer] = nil
             logger.warning("worker lost", metadata: ["worker": "\(worker.id)", "jobs": "\(worker.running.count)"])
-            for (jobId, attempt) in worker.running where attempt > 0 {
+            for (jobId, holding) in worker.running where holding.attempt > 0 {
                 progress[jobId] = nil
-                do {
-                    if let job = try await store.requeue(JobAttempt(jobId: jobId, attempt: attempt), reason: "worker \(worker.id) was lost", now: Date()),
-                       job.status == .queued {
-                        queue.push(Self.queued(job), atFront: true)
-                    }
-                } catch {
-                    logger.error("cannot requeue a lost worker's job", metadata: ["job": "\(jobId)", "error": "\(error)"])
-                }
+                await requeue(JobAttempt(jobId: jobId, attempt: holding.attempt), reason: "worker \(worker.id) was lost")
             }
         }
         if lastHeartbeat.duration(to: now) >= heartbeatInterval {
@@ -168,7 +275,7 @@ public actor Dispatcher {
     }
 
     private func finished(_ attempt: JobAttempt, on peer: BusChannel.Peer) {
-        if workers[peer]?.running[attempt.jobId] == attempt.attempt {
+        if workers[peer]?.running[attempt.jobId]?.attempt == attempt.attempt {
             workers[peer]?.running[attempt.jobId] = nil
             progress[attempt.jobId] = nil
         }
@@ -182,24 +289,29 @@ public actor Dispatcher {
         return live
     }
 
+    /// The jobs as stored, each with its live progress laid over it.
+    public func withLiveProgress(_ jobs: [JobRecord]) -> [JobRecord] {
+        jobs.map { withLiveProgress($0) }
+    }
+
     /// Hands out queued jobs while some worker has a free slot for them.
     private func dispatch() async {
         while let (peer, job) = nextAssignment() {
-            workers[peer]?.running[job.jobId] = 0
+            workers[peer]?.running[job.jobId] = Held(attempt: 0, since: .now)
             do {
                 guard let started = try await store.start(job.jobId, now: Date()) else {
                     // Cancelled (or otherwise taken) meanwhile.
                     workers[peer]?.running[job.jobId] = nil
                     continue
                 }
+                failures.recovered("start")
                 let attempt = JobAttempt(jobId: started.id, attempt: started.attempts)
                 guard workers[peer] != nil, let effect = catalog.effect(started.effectId) else {
-                    if let again = try await store.requeue(attempt, reason: "worker lost before assignment", now: Date()), again.status == .queued {
-                        queue.push(Self.queued(again), atFront: true)
-                    }
+                    workers[peer]?.running[job.jobId] = nil
+                    await requeue(attempt, reason: "worker lost before assignment")
                     continue
                 }
-                workers[peer]?.running[job.jobId] = started.attempts
+                workers[peer]?.running[job.jobId] = Held(attempt: started.attempts, since: .now)
                 channel.send(DispatcherMessage.assign(JobAssignment(
                     attempt: attempt, userId: started.userId, imageKey: started.imageKey,
                     effect: effect, parameters: started.parameters, prompt: started.prompt
@@ -207,7 +319,7 @@ public actor Dispatcher {
             } catch {
                 workers[peer]?.running[job.jobId] = nil
                 queue.push(job, atFront: true)
-                logger.error("cannot start a job", metadata: ["job": "\(job.jobId)", "error": "\(error)"])
+                failures.record("start", "cannot start jobs yet; they stay queued: \(error)")
                 return
             }
         }

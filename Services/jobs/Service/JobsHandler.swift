@@ -39,9 +39,28 @@ public struct JobsHandler: Sendable {
             if let job = purge.job, !job.status.isTerminal { await dispatcher.cancel(job) }
             return JobPurged(existed: purge.job != nil)
         }
+        router.register(Jobs.watch) { request, _ in try await watch(request) }
         router.register(Jobs.effects) { _, _ in
             catalog.effects.values.sorted { $0.id < $1.id }
         }
+    }
+
+    func watch(_ request: WatchJobs) async throws -> WatchedJobs {
+        guard request.jobs.count <= WatchJobs.maxJobs else {
+            throw BusError(.badRequest, "watch at most \(WatchJobs.maxJobs) jobs a call")
+        }
+        let stored = try await store.jobs(request.jobs.map(\.jobId))
+        let live = await dispatcher.withLiveProgress(stored)
+        let byId = Dictionary(live.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
+        var changed: [JobRecord] = [], gone: [String] = []
+        for seen in request.jobs {
+            guard let job = byId[seen.jobId], job.userId == seen.userId else {
+                gone.append(seen.jobId)
+                continue
+            }
+            if job.version != seen.version || job.progress != seen.progress { changed.append(job) }
+        }
+        return WatchedJobs(changed: changed, gone: gone)
     }
 
     func create(_ request: CreateJob) async throws -> JobRecord {

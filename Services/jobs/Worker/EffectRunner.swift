@@ -20,11 +20,13 @@ public struct EffectRunner: Sendable {
     let blobs: DiskBlobStore
     let signer: URLSigner
     let publicBaseURL: String
+    let maxPixels: Int
 
-    public init(blobs: DiskBlobStore, signer: URLSigner, publicBaseURL: String) {
+    public init(blobs: DiskBlobStore, signer: URLSigner, publicBaseURL: String, maxPixels: Int = 50_000_000) {
         self.blobs = blobs
         self.signer = signer
         self.publicBaseURL = publicBaseURL
+        self.maxPixels = maxPixels
     }
 
     /// Starts libvips once per process.
@@ -43,8 +45,14 @@ public struct EffectRunner: Sendable {
         let inputExtension = input.pathExtension.isEmpty ? "jpg" : input.pathExtension.lowercased()
         let resultKey = "results/\(attempt.jobId)/\(attempt.attempt).\(job.effect.processor == "copy" ? inputExtension : "jpg")"
         let thumbnailKey = "thumbnails/\(attempt.jobId)/\(attempt.attempt).jpg"
+        try await checkSize(input)
         let result = try blobs.temporaryFile().appendingPathExtension(resultKey.split(separator: ".").last.map(String.init) ?? "jpg")
         let thumbnail = try blobs.temporaryFile().appendingPathExtension("jpg")
+        // Whatever happens, no temporary file outlives the attempt (adopted ones were moved).
+        defer {
+            try? FileManager.default.removeItem(at: result)
+            try? FileManager.default.removeItem(at: thumbnail)
+        }
         progress(0.1)
         switch job.effect.processor {
         case "copy":
@@ -63,6 +71,22 @@ public struct EffectRunner: Sendable {
         try await blobs.adopt(file: result, as: resultKey, metadata: BlobMetadata(owner: job.userId, contentType: resultType, size: Self.size(result)))
         try await blobs.adopt(file: thumbnail, as: thumbnailKey, metadata: BlobMetadata(owner: job.userId, contentType: "image/jpeg", size: Self.size(thumbnail)))
         return JobOutput(resultKey: resultKey, thumbnailKey: thumbnailKey)
+    }
+
+    /// Refuses an input over the pixel limit from its header alone (the gateway checks uploads;
+    /// this guards files that reached the store another way).
+    private func checkSize(_ input: URL) async throws {
+        let size = try await blocking {
+            var width: Int32 = 0, height: Int32 = 0
+            var error = [CChar](repeating: 0, count: 512)
+            guard imageops_probe(input.path, &width, &height, &error, error.count) == 0 else {
+                throw EffectError("the input image cannot be read: \(Self.text(error))", retryable: false)
+            }
+            return ImageSize(width: Int(width), height: Int(height))
+        }
+        guard size.pixels <= maxPixels else {
+            throw EffectError("the input image is \(size), over the limit of \(maxPixels) pixels", retryable: false)
+        }
     }
 
     private func vips(input: URL, output: URL, effect: String, amount: Double) async throws {
@@ -139,10 +163,10 @@ public struct EffectRunner: Sendable {
     }
 
     /// Runs blocking work (libvips, file copies) on a thread of its own, off the cooperative pool.
-    private func blocking(_ work: @escaping @Sendable () throws -> Void) async throws {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+    private func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
             let thread = Thread {
-                do { try work(); continuation.resume() } catch { continuation.resume(throwing: error) }
+                do { continuation.resume(returning: try work()) } catch { continuation.resume(throwing: error) }
             }
             thread.start()
         }

@@ -1,3 +1,4 @@
+import Blobs
 import Bus
 import Foundation
 import Logging
@@ -7,7 +8,9 @@ import Synchronization
 
 /// A worker process's loop (Paranoid Pirate): connect to the jobs service, say `ready`, run what
 /// is assigned (at most `capacity` at once), send heartbeats, progress and results; if the service
-/// is silent for three heartbeat intervals, reconnect and say `ready` again.
+/// is silent for three heartbeat intervals, reconnect and say `ready` again. A result is sent
+/// again with every heartbeat, across reconnects, until the service answers that it is recorded
+/// (or refused): a result lost on the way, or one the service could not write, is never lost.
 public struct Worker: Service {
     let configuration: WorkerConfiguration
     let runner: EffectRunner
@@ -40,6 +43,22 @@ public struct Worker: Service {
         func wasCancelled(_ attempt: JobAttempt) -> Bool { cancelled.withLock { $0.contains(attempt) } }
     }
 
+    /// Results sent and not yet recorded by the jobs service, by attempt (at most
+    /// `Self.maxUnrecorded`: a worker holds no more results than jobs it ran).
+    final class Unrecorded: Sendable {
+        static let maxUnrecorded = 1_024
+        private let results = Mutex<[JobAttempt: WorkerMessage]>([:])
+
+        func keep(_ attempt: JobAttempt, _ result: WorkerMessage) {
+            results.withLock { results in
+                if results.count >= Self.maxUnrecorded, let oldest = results.keys.first { results[oldest] = nil }
+                results[attempt] = result
+            }
+        }
+        func recorded(_ attempt: JobAttempt) { results.withLock { _ = $0.removeValue(forKey: attempt) } }
+        var all: [JobAttempt: WorkerMessage] { results.withLock { $0 } }
+    }
+
     /// When the jobs service was last heard from.
     final class LastHeard: Sendable {
         private let instant = Mutex(ContinuousClock.now)
@@ -49,10 +68,12 @@ public struct Worker: Service {
 
     public func run() async throws {
         let running = Running()
+        let unrecorded = Unrecorded()
         while !Task.isCancelled && !Task.isShuttingDownGracefully {
             let channel = try await BusChannel.connect(configuration.endpoint, curve: configuration.curve, logger: logger)
             let ready = WorkerMessage.ready(WorkerReady(workerId: configuration.workerId, capacity: configuration.capacity, effects: effects))
             channel.send(ready)
+            for result in unrecorded.all.values { channel.send(result) }
             logger.info("connected", metadata: ["endpoint": "\(configuration.endpoint)", "capacity": "\(configuration.capacity)"])
             let lastHeard = LastHeard()
             await withGracefulShutdownHandler {
@@ -61,14 +82,16 @@ public struct Worker: Service {
                         for await message in channel.incoming {
                             lastHeard.touch()
                             guard let decoded = BusChannel.decode(DispatcherMessage.self, message) else { continue }
-                            handle(decoded, channel: channel, running: running, ready: ready)
+                            handle(decoded, channel: channel, running: running, unrecorded: unrecorded, ready: ready)
                         }
                     }
                     group.addTask {
                         // Heartbeats out; silence in means the service is gone: reconnect.
                         while !Task.isCancelled {
                             try? await Task.sleep(for: configuration.heartbeat)
-                            channel.send(WorkerMessage.heartbeat(running: running.attempts))
+                            let results = unrecorded.all
+                            channel.send(WorkerMessage.heartbeat(running: running.attempts + results.keys))
+                            for result in results.values { channel.send(result) }
                             if lastHeard.silence > configuration.heartbeat * 3 {
                                 logger.warning("jobs service silent; reconnecting")
                                 return
@@ -87,13 +110,17 @@ public struct Worker: Service {
         while running.count > 0 { try? await Task.sleep(for: .milliseconds(50)) }
     }
 
-    private func handle(_ message: DispatcherMessage, channel: BusChannel, running: Running, ready: WorkerMessage) {
+    private func handle(_ message: DispatcherMessage, channel: BusChannel, running: Running, unrecorded: Unrecorded, ready: WorkerMessage) {
         switch message {
         case .heartbeat:
             break
         case .reconnect:
             channel.send(ready)
+            for result in unrecorded.all.values { channel.send(result) }
+        case .recorded(let attempt):
+            unrecorded.recorded(attempt)
         case .refused(let attempt, let reason):
+            unrecorded.recorded(attempt)
             logger.warning("result refused", metadata: ["job": "\(attempt.jobId)", "attempt": "\(attempt.attempt)", "reason": "\(reason)"])
         case .cancel(let attempt):
             if running.cancel(attempt) {
@@ -102,38 +129,50 @@ public struct Worker: Service {
         case .assign(let job):
             guard !running.contains(job.attempt) else { return }
             let task = Task {
-                await execute(job, channel: channel, running: running)
+                let result = await execute(job, channel: channel, running: running)
+                // Kept before it is sent, so a `recorded` that comes at once finds it.
+                unrecorded.keep(job.attempt, result)
+                channel.send(result)
+                running.remove(job.attempt)
             }
             running.add(job.attempt, task)
         }
     }
 
-    private func execute(_ job: JobAssignment, channel: BusChannel, running: Running) async {
+    /// Runs one attempt and returns its result message. While the disk is full the attempt
+    /// waits for space (up to `storageWait`) instead of failing: a full disk is the operator's
+    /// to fix, not a reason to use up the job's attempts.
+    private func execute(_ job: JobAssignment, channel: BusChannel, running: Running) async -> WorkerMessage {
         var jobLogger = logger
         jobLogger[metadataKey: "job"] = "\(job.attempt.jobId)"
         jobLogger[metadataKey: "attempt"] = "\(job.attempt.attempt)"
         jobLogger.info("started", metadata: ["effect": "\(job.effect.id)"])
         let started = ContinuousClock.now
-        do {
-            let output = try await runner.run(job) { fraction in
-                channel.send(WorkerMessage.progress(job.attempt, fraction: fraction))
-            }
-            if running.wasCancelled(job.attempt) {
-                channel.send(WorkerMessage.cancelled(job.attempt))
-                jobLogger.info("cancelled")
-            } else {
-                channel.send(WorkerMessage.done(job.attempt, output))
+        var pause = Duration.seconds(1)
+        while true {
+            do {
+                let output = try await runner.run(job) { fraction in
+                    channel.send(WorkerMessage.progress(job.attempt, fraction: fraction))
+                }
+                if running.wasCancelled(job.attempt) {
+                    jobLogger.info("cancelled")
+                    return .cancelled(job.attempt)
+                }
                 jobLogger.info("done", metadata: ["duration": "\(started.duration(to: .now))"])
-            }
-        } catch {
-            if running.wasCancelled(job.attempt) {
-                channel.send(WorkerMessage.cancelled(job.attempt))
-            } else {
+                return .done(job.attempt, output)
+            } catch {
+                if running.wasCancelled(job.attempt) { return .cancelled(job.attempt) }
+                if StorageErrors.isOutOfSpace(error) || (error as? EffectError).map({ StorageErrors.mentionsOutOfSpace($0.description) }) == true,
+                   started.duration(to: .now) + pause < configuration.storageWait {
+                    jobLogger.warning("the disk is full; waiting for space", metadata: ["retry-in": "\(pause)"])
+                    try? await Task.sleep(for: pause)
+                    pause = min(pause * 2, .seconds(30))
+                    continue
+                }
                 let effectError = error as? EffectError ?? EffectError("\(error)", retryable: true)
-                channel.send(WorkerMessage.failed(job.attempt, error: effectError.description, retryable: effectError.retryable))
                 jobLogger.warning("failed", metadata: ["error": "\(effectError.description)", "retryable": "\(effectError.retryable)"])
+                return .failed(job.attempt, error: effectError.description, retryable: effectError.retryable || StorageErrors.mentionsOutOfSpace(effectError.description))
             }
         }
-        running.remove(job.attempt)
     }
 }

@@ -26,6 +26,12 @@ public struct WorkerConfiguration: Sendable {
     public var effects: [String]
     /// CURVE keys for the worker channel (`BUS_CURVE_PUBLIC`); nil for plain traffic.
     public var curve: CurveClientKeys?
+    /// The most pixels an input image may have (`IMAGE_MAX_PIXELS`, default 50 megapixels, as
+    /// the gateway's upload check): a larger one fails the job before any pixel is decoded.
+    public var maxPixels: Int
+    /// How long a job waits for disk space when its output cannot be written because the disk
+    /// is full (`WORKER_STORAGE_WAIT_S`, default 600), before it fails as retryable.
+    public var storageWait: Duration
 
     public init(environment: Environment) throws {
         let dataDirectory = environment.string("DATA_DIR", default: ".data")
@@ -38,11 +44,14 @@ public struct WorkerConfiguration: Sendable {
         publicBaseURL = environment.string("PUBLIC_BASE_URL", default: "http://127.0.0.1:8080")
         logLevel = environment.string("LOG_LEVEL", default: "info")
         curve = try BusSecurity.clientKeys(environment)
+        maxPixels = try environment.int("IMAGE_MAX_PIXELS", default: 50_000_000)
+        storageWait = .seconds(max(0, try environment.int("WORKER_STORAGE_WAIT_S", default: 600)))
         effects = environment.string("WORKER_EFFECTS", default: "*").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
     }
 
     public static let environmentKeys = [
         "JOBS_WORKER_ENDPOINT", "WORKER_CAPACITY", "WORKER_ID", "BLOB_DIR", "DATA_DIR", "WORKER_HEARTBEAT_MS",
         "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "LOG_LEVEL", "WORKER_EFFECTS", "BUS_CURVE_PUBLIC",
+        "IMAGE_MAX_PIXELS", "WORKER_STORAGE_WAIT_S",
     ]
 }

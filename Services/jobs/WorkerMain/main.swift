@@ -16,7 +16,8 @@ await ProcessExit.run("worker") {
     let runner = EffectRunner(
         blobs: try DiskBlobStore(root: URL(fileURLWithPath: configuration.blobDirectory)),
         signer: URLSigner(secret: configuration.urlSigningSecret),
-        publicBaseURL: configuration.publicBaseURL
+        publicBaseURL: configuration.publicBaseURL,
+        maxPixels: configuration.maxPixels
     )
     let worker = Worker(
         configuration: configuration, runner: runner,

@@ -2,9 +2,10 @@ import Bus
 import Foundation
 import QuotaService
 import ServiceKit
+import Storage
 
 // The quota service: plans, usage windows, and the ledger of charges, in $DATA_DIR/quota.sqlite.
-await ProcessExit.run("quota") { try await BusServiceRunner.run(.quota) { router, service, logger in
+await ProcessExit.run("quota") { try await BusServiceRunner.run(.quota, translateErrors: StorageFailure.translator) { router, service, logger in
     let configuration = try QuotaConfiguration(environment: Environment(), dataDirectory: service.dataDirectory)
     try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
     let database = try QuotaDatabase.open(path: configuration.databasePath)

@@ -32,6 +32,13 @@ public struct GatewayConfiguration: Sendable {
     public var signedURLLifetime: Int
     /// How long a history share link works (`SHARE_TTL_S`, default 7 days).
     public var shareLifetime: Int
+    /// The most pixels an uploaded image may have, read from its header (`IMAGE_MAX_PIXELS`,
+    /// default 50 megapixels).
+    public var imageMaxPixels: Int
+    /// Open job event streams: at most `streamsPerUser` a user (`SSE_MAX_PER_USER`, default 8)
+    /// and `streamsTotal` in all (`SSE_MAX_STREAMS`, default 4,000); past either, 503.
+    public var streamsPerUser: Int
+    public var streamsTotal: Int
     /// CURVE keys for the bus (`BUS_CURVE_PUBLIC`); nil for plain traffic.
     public var curve: CurveClientKeys?
 
@@ -49,7 +56,10 @@ public struct GatewayConfiguration: Sendable {
         publicBaseURL: String? = nil,
         uploadMaxBytes: Int = 20 << 20,
         signedURLLifetime: Int = 900,
-        shareLifetime: Int = 7 * 86_400
+        shareLifetime: Int = 7 * 86_400,
+        imageMaxPixels: Int = 50_000_000,
+        streamsPerUser: Int = 8,
+        streamsTotal: Int = 4_000
     ) {
         self.host = host
         self.port = port
@@ -65,6 +75,9 @@ public struct GatewayConfiguration: Sendable {
         self.uploadMaxBytes = uploadMaxBytes
         self.signedURLLifetime = signedURLLifetime
         self.shareLifetime = shareLifetime
+        self.imageMaxPixels = imageMaxPixels
+        self.streamsPerUser = streamsPerUser
+        self.streamsTotal = streamsTotal
     }
 
     /// Reads the configuration from `environment`.
@@ -89,7 +102,10 @@ public struct GatewayConfiguration: Sendable {
             publicBaseURL: environment.optional("PUBLIC_BASE_URL"),
             uploadMaxBytes: try environment.int("UPLOAD_MAX_BYTES", default: 20 << 20),
             signedURLLifetime: try environment.int("SIGNED_URL_TTL_S", default: 900),
-            shareLifetime: try environment.int("SHARE_TTL_S", default: 7 * 86_400)
+            shareLifetime: try environment.int("SHARE_TTL_S", default: 7 * 86_400),
+            imageMaxPixels: try environment.int("IMAGE_MAX_PIXELS", default: 50_000_000),
+            streamsPerUser: try environment.int("SSE_MAX_PER_USER", default: 8),
+            streamsTotal: try environment.int("SSE_MAX_STREAMS", default: 4_000)
         )
         curve = try BusSecurity.clientKeys(environment)
     }
@@ -97,7 +113,8 @@ public struct GatewayConfiguration: Sendable {
     /// The environment variables `init(environment:)` reads.
     public static var environmentKeys: [String] {
         ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "JWT_SECRET", "ADMIN_TOKEN",
-         "BLOB_DIR", "DATA_DIR", "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S", "BUS_CURVE_PUBLIC"]
+         "BLOB_DIR", "DATA_DIR", "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S",
+         "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "BUS_CURVE_PUBLIC"]
             + ServiceName.allCases.map(\.endpointVariable)
     }
 }

@@ -11,6 +11,7 @@ struct JobsController<Context: RequestContext>: Sendable {
     let authenticator: Authenticator
     let creator: JobCreator
     let links: DownloadLinks
+    let streams: JobStreams
 
     struct CreateRequest: Decodable {
         var imageKey: String
@@ -40,7 +41,7 @@ struct JobsController<Context: RequestContext>: Sendable {
         }
         router.get("/api/v1/jobs/:jobId/events") { request, context in
             let (caller, job) = try await ownedJob(request, context)
-            return events(JobReference(jobId: job.id, userId: caller.id), first: job)
+            return try events(request, first: job, userId: caller.id)
         }
         router.post("/api/v1/jobs/:jobId/cancel") { request, context in
             let caller = try await authenticator.caller(of: request)
@@ -111,23 +112,42 @@ struct JobsController<Context: RequestContext>: Sendable {
         )
     }
 
-    /// Server-Sent Events: one `status` event per state change or progress step, closed after
-    /// the terminal state (or after 15 minutes; the client reconnects).
-    func events(_ reference: JobReference, first: JobRecord) -> Response {
+    /// Server-Sent Events: one `status` event per state change or progress step, fed by the
+    /// gateway's `JobStreams`; closed after the terminal state, when the job is deleted, after
+    /// 15 minutes (the client reconnects), or as soon as the client goes away. 503 past the open
+    /// streams allowed.
+    func events(_ request: Request, first: JobRecord, userId: String) throws -> Response {
+        let subscription = try streams.open(first, userId: userId)
         let body = ResponseBody { writer in
-            let encoder = JSONResponse.encoder()
-            var last: (Int, Double)? = nil
-            var job = first
-            let deadline = ContinuousClock.now.advanced(by: .seconds(900))
-            while true {
-                if last == nil || last! != (job.version, job.progress) {
+            defer { subscription.close() }
+            try await request.body.consumeWithInboundCloseHandler { _ in
+                let encoder = JSONResponse.encoder()
+                var last: (Int, Double)? = nil
+                let deadline = ContinuousClock.now.advanced(by: .seconds(900))
+                func send(_ job: JobRecord) async throws {
+                    if let last, last.0 > job.version || (last.0 == job.version && last.1 >= job.progress) { return }
                     last = (job.version, job.progress)
                     let data = try encoder.encode(status(job))
                     try await writer.write(ByteBuffer(string: "event: status\nid: \(job.version)\ndata: \(String(decoding: data, as: UTF8.self))\n\n"))
                 }
-                if job.status.isTerminal || ContinuousClock.now > deadline { break }
-                try await Task.sleep(for: .milliseconds(250))
-                job = try await clients.client(for: .jobs).call(Jobs.get, reference)
+                try await send(first)
+                guard !first.status.isTerminal else { return }
+                for await update in subscription.updates {
+                    switch update {
+                    case .status(let job):
+                        try await send(job)
+                        if job.status.isTerminal { return }
+                    case .keepalive:
+                        try await writer.write(ByteBuffer(string: ": keepalive\n\n"))
+                    case .gone:
+                        try await writer.write(ByteBuffer(string: "event: gone\ndata: {}\n\n"))
+                        return
+                    }
+                    if ContinuousClock.now > deadline { return }
+                }
+            } onInboundClosed: {
+                // The client went away: end the stream now, not when the job ends.
+                subscription.close()
             }
             try await writer.finish(nil)
         }
@@ -138,4 +158,3 @@ struct JobsController<Context: RequestContext>: Sendable {
         )
     }
 }
-

@@ -1,4 +1,5 @@
 import Blobs
+import Bus
 import Crypto
 import Foundation
 import HTTPTypes
@@ -12,7 +13,10 @@ struct UploadsController<Context: RequestContext>: Sendable {
     let signer: URLSigner
     let publicBaseURL: String
     let maxBytes: Int
+    let maxPixels: Int
     let lifetime: Int
+    /// Logs a full disk once, not once per upload.
+    let failures: FailureLog
 
     struct PresignRequest: Decodable {
         var filename: String
@@ -54,8 +58,11 @@ struct UploadsController<Context: RequestContext>: Sendable {
         }
     }
 
-    /// Checks signature and expiry (403), type (415), size (413) and the bytes themselves (415),
-    /// then streams the body into the blob store.
+    /// Checks signature and expiry (403), type (415), a declared size over the limit (413, before
+    /// reading the body), that the key holds nothing yet (409), then streams the body into a
+    /// temporary file (413 as soon as it passes the limit), checks the bytes are the signed type
+    /// (415) and the header's pixel count (422), and moves the file in under the key, once.
+    /// Nothing is left behind on any refusal; a full disk answers 507.
     func upload(_ request: Request, context: Context) async throws -> Response {
         let key = context.parameters.getCatchAll().joined(separator: "/")
         let query = request.uri.queryParameters
@@ -70,23 +77,85 @@ struct UploadsController<Context: RequestContext>: Sendable {
             throw Problem(.unsupportedMediaType, detail: "Uploads must be image/jpeg, image/png, image/webp or image/heic.")
         }
         if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > maxBytes {
-            throw Problem(.contentTooLarge, detail: "Uploads are limited to \(maxBytes) bytes.")
+            throw Self.tooLarge(maxBytes)
         }
-        let temporary = try blobs.temporaryFile()
+        guard try !blobs.exists(key) else { throw Self.alreadyUploaded }
+        let temporary = try storing { try blobs.temporaryFile() }
+        defer { try? FileManager.default.removeItem(at: temporary) }
         let counter = ByteCounter()
         do {
             try await FileIO().writeFile(contents: LimitedBody(base: request.body, limit: maxBytes, counter: counter), path: temporary.path, context: context)
-        } catch is UploadTooLarge {
-            try? FileManager.default.removeItem(at: temporary)
-            throw Problem(.contentTooLarge, detail: "Uploads are limited to \(maxBytes) bytes.")
+        } catch {
+            // The limit is checked on the bytes received, whatever error the file writer wrapped it in.
+            if counter.count > maxBytes { throw Self.tooLarge(maxBytes) }
+            throw storageProblem(error) ?? error
         }
-        let head = (try? FileHandle(forReadingFrom: temporary).read(upToCount: 16)) ?? nil
-        guard let sniffed = head.flatMap({ ImageSniffer.contentType(of: Array($0)) }), sniffed == contentType else {
-            try? FileManager.default.removeItem(at: temporary)
+        let head = Self.head(of: temporary)
+        guard let sniffed = ImageSniffer.contentType(of: Array(head.prefix(16))), sniffed == contentType else {
             throw Problem(.unsupportedMediaType, detail: "The bytes are not a \(contentType) image.")
         }
-        try await blobs.adopt(file: temporary, as: key, metadata: BlobMetadata(owner: owner, contentType: contentType, size: counter.count))
-        return try JSONResponse.make(.created, Uploaded(imageKey: key, size: counter.count, contentType: contentType))
+        guard let size = ImageSize.read(head, contentType: contentType) else {
+            throw Problem(.unprocessableContent, detail: "The image's width and height cannot be read from its header.",
+                          extensions: ["code": .string("unreadable_image_size")])
+        }
+        guard size.width > 0, size.height > 0, size.pixels <= maxPixels else {
+            throw Problem(
+                .unprocessableContent,
+                detail: "The image is \(size) (\(size.pixels) pixels); images are limited to \(maxPixels) pixels.",
+                extensions: ["code": .string("too_many_pixels"), "maxPixels": .int(maxPixels), "width": .int(size.width), "height": .int(size.height)]
+            )
+        }
+        do {
+            try await blobs.adoptOnce(file: temporary, as: key, metadata: BlobMetadata(owner: owner, contentType: contentType, size: counter.count))
+        } catch BlobError.exists {
+            throw Self.alreadyUploaded
+        } catch {
+            throw storageProblem(error) ?? error
+        }
+        return try JSONResponse.make(.created, Uploaded(imageKey: key, size: counter.count, contentType: contentType, width: size.width, height: size.height))
+    }
+
+    static func tooLarge(_ maxBytes: Int) -> Problem {
+        Problem(.contentTooLarge, detail: "Uploads are limited to \(maxBytes) bytes.",
+                extensions: ["code": .string("upload_too_large"), "maxBytes": .int(maxBytes)])
+    }
+
+    static var alreadyUploaded: Problem { Problem(
+        .conflict, detail: "This upload URL has been used: an upload key holds one image for good. Ask for a new upload URL.",
+        extensions: ["code": .string("already_uploaded")]
+    ) }
+
+    /// The file's first 256 KiB, where every image header this service reads lies.
+    static func head(of file: URL) -> [UInt8] {
+        guard let handle = try? FileHandle(forReadingFrom: file) else { return [] }
+        defer { try? handle.close() }
+        return Array((try? handle.read(upToCount: 256 << 10)) ?? Data())
+    }
+
+    /// Runs file work, turning a full disk into its problem.
+    func storing<T>(_ work: () throws -> T) throws -> T {
+        do { return try work() } catch { throw storageProblem(error) ?? error }
+    }
+
+    /// The answer to a failed file write: 507 for a full disk, 503 for another I/O error; the
+    /// cause is logged once, not per upload.
+    func storageProblem(_ error: any Error) -> Problem? {
+        if StorageErrors.isOutOfSpace(error) {
+            failures.record("storage_full", "uploads cannot be stored: the disk is full (\(error))")
+            return Problem(
+                .init(code: 507, reasonPhrase: "Insufficient Storage"),
+                detail: "The server's disk is full; the upload was not stored. Try again later.",
+                headers: [.retryAfter: "30"], extensions: ["code": .string("storage_full"), "service": .string("gateway")]
+            )
+        }
+        if error is CocoaError || error is POSIXError || "\(type(of: error))".contains("FileSystemError") {
+            failures.record("storage_unavailable", "uploads cannot be stored: \(error)")
+            return Problem(
+                .serviceUnavailable, detail: "The server could not store the upload. Try again shortly.",
+                headers: [.retryAfter: "5"], extensions: ["code": .string("storage_unavailable"), "service": .string("gateway")]
+            )
+        }
+        return nil
     }
 
     func download(_ request: Request, context: Context) async throws -> Response {
@@ -117,6 +186,8 @@ struct Uploaded: Encodable {
     var imageKey: String
     var size: Int
     var contentType: String
+    var width: Int
+    var height: Int
 }
 
 /// Counts the bytes an upload streamed.

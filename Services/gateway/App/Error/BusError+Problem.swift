@@ -12,6 +12,12 @@ extension Problem {
         case .unavailable, .overloaded:
             status = .serviceUnavailable
             headers[.retryAfter] = "1"
+        case .storageFull:
+            status = .init(code: 507, reasonPhrase: "Insufficient Storage")
+            headers[.retryAfter] = "30"
+        case .storageUnavailable:
+            status = .serviceUnavailable
+            headers[.retryAfter] = "5"
         case .notFound: status = .notFound
         case .badRequest: status = .badRequest
         case .conflict: status = .conflict

@@ -55,6 +55,12 @@ public struct JobStore: Sendable {
         }
     }
 
+    /// The jobs of these ids that exist, in one read.
+    public func jobs(_ ids: [String]) async throws -> [JobRecord] {
+        guard !ids.isEmpty else { return [] }
+        return try await database.writer.read { db in try JobRecord.fetchAll(db, keys: ids) }
+    }
+
     /// Starts attempt `attempts + 1`: the job is processing. Nil if it is no longer queued.
     public func start(_ id: String, now: Date) async throws -> JobRecord? {
         try await database.writer.write { db in
@@ -112,12 +118,25 @@ public struct JobStore: Sendable {
         }
     }
 
-    /// The worker running the current attempt was lost: queued again (or failed when attempts are
-    /// used up). Returns the job and whether it was queued.
+    /// No worker holds the current attempt any more (lost, or never told): queued again, or
+    /// failed when attempts are used up, or cancelled when a cancel was asked for meanwhile.
+    /// Nil when `attempt` is no longer the job's current processing attempt (fencing).
     public func requeue(_ attempt: JobAttempt, reason: String, now: Date) async throws -> JobRecord? {
+        if let job = try await job(attempt.jobId), job.cancelRequested, job.status == .processing, job.attempts == attempt.attempt {
+            if case .applied(let cancelled) = try await cancelled(attempt, now: now) { return cancelled }
+            return nil
+        }
         let (outcome, _) = try await fail(attempt, error: reason, retryable: true, now: now)
         if case .applied(let job) = outcome { return job }
         return nil
+    }
+
+    /// The current attempt of every processing job, for the dispatcher's reconcile.
+    public func processingAttempts() async throws -> [JobAttempt] {
+        try await database.writer.read { db in
+            try Row.fetchAll(db, sql: "SELECT id, attempts FROM job WHERE status = ?", arguments: [JobStatus.processing.rawValue])
+                .map { JobAttempt(jobId: $0["id"], attempt: $0["attempts"]) }
+        }
     }
 
     /// Cancels: a queued job at once (charge released); a processing job is marked and the
@@ -202,22 +221,18 @@ public struct JobStore: Sendable {
         }
     }
 
-    /// On start-up: jobs left processing by a previous run lost their workers; queue them again.
+    /// On start-up: jobs left processing with a cancel asked for are cancelled. Other processing
+    /// jobs stay as they are: their workers name them in their next heartbeats and are given
+    /// them back, and the dispatcher's reconcile queues again any that no worker claims.
     /// Returns every queued job, oldest first, for the dispatcher.
     public func recover(now: Date) async throws -> [JobRecord] {
         try await database.writer.write { db in
-            let orphans = try JobRecord.filter(JobRecord.Columns.status == JobStatus.processing.rawValue).fetchAll(db)
+            let orphans = try JobRecord.filter(JobRecord.Columns.status == JobStatus.processing.rawValue && Column("cancelRequested") == true).fetchAll(db)
             for var job in orphans {
-                if job.cancelRequested {
-                    job.status = .cancelled
-                    job.finishedAt = now
-                    try save(db, &job, now: now)
-                    try Self.settle(db, job: job, kind: "release", now: now)
-                } else {
-                    job.status = .queued
-                    job.lastError = "the jobs service restarted while the job was processing"
-                    try save(db, &job, now: now)
-                }
+                job.status = .cancelled
+                job.finishedAt = now
+                try save(db, &job, now: now)
+                try Self.settle(db, job: job, kind: "release", now: now)
             }
             return try JobRecord
                 .filter(JobRecord.Columns.status == JobStatus.queued.rawValue)
