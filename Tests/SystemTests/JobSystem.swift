@@ -28,15 +28,16 @@ final class JobSystem: @unchecked Sendable {
     let providerPort = freePort()
     var workers: [ServiceProcess] = []
     let clients: ServiceClients
-    let configuration: GatewayConfiguration
+    /// The in-process gateway's configuration; a test may change it before calling `gateway`.
+    var configuration: GatewayConfiguration
     let provider: Task<Void, any Error>
     var blobDirectory: String { services.dataDirectory.appendingPathComponent("blobs").path }
 
     init(workers count: Int = 1, uploadMaxBytes: Int = 20 << 20, workerCapacity: Int = 1, quota: [String: String] = [:], history: [String: String] = [:],
-         shareLifetime: Int = 7 * 86_400) async throws {
+         shareLifetime: Int = 7 * 86_400, dataDirectory: URL? = nil) async throws {
         let port = providerPort
         provider = Task { try await Self.runProvider(port: port) }
-        services = try RunningServices(only: [])
+        services = try RunningServices(only: [], dataDirectory: dataDirectory)
         let effects = """
             [{"id": "slow-remote", "title": "Slow AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/slow"},
              {"id": "broken-remote", "title": "Broken AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/bad"}]

@@ -101,11 +101,12 @@ final class RunningServices: @unchecked Sendable {
     let endpoints: [ServiceName: String]
     let dataDirectory: URL
 
-    /// Starts `only` those services (all by default), each on a free port.
-    init(only: [ServiceName] = ServiceName.allCases) throws {
+    /// Starts `only` those services (all by default), each on a free port, their data in
+    /// `dataDirectory` (a fresh temporary folder by default).
+    init(only: [ServiceName] = ServiceName.allCases, dataDirectory: URL? = nil) throws {
         endpoints = Dictionary(uniqueKeysWithValues: ServiceName.allCases.map { ($0, "tcp://127.0.0.1:\(freePort())") })
-        dataDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("data-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: dataDirectory, withIntermediateDirectories: true)
+        self.dataDirectory = dataDirectory ?? FileManager.default.temporaryDirectory.appendingPathComponent("data-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: self.dataDirectory, withIntermediateDirectories: true)
         for service in only { try start(service) }
     }
 
