@@ -45,12 +45,12 @@ final class RawConnection: @unchecked Sendable {
     @discardableResult
     func send(_ text: String) -> Bool { send(Array(text.utf8)) }
 
-    /// Reads until the text received contains `marker`, the peer closes, or a read times out;
-    /// returns what was received.
-    func read(until marker: String) -> String {
+    /// Reads until the text received contains one of `markers`, the peer closes, or a read times
+    /// out; returns what was received.
+    func read(until markers: String...) -> String {
         var received: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 16 << 10)
-        while !String(decoding: received, as: UTF8.self).contains(marker) {
+        while !markers.contains(where: { String(decoding: received, as: UTF8.self).contains($0) }) {
             let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
             guard count > 0 else { break }
             received += buffer[0..<count]

@@ -1,0 +1,112 @@
+import Bus
+import Foundation
+import Messages
+import ServiceKit
+import Testing
+
+@Suite("Job event streams against a gateway process", .serialized)
+struct EventStreamTests {
+    /// Open descriptors of process `pid`.
+    static func openDescriptors(_ pid: Int32) -> Int {
+        (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count) ?? -1
+    }
+
+    /// The gateway as its own process in front of `system`'s services, on a free port.
+    static func gatewayProcess(_ system: JobSystem, extra: [String: String]) async throws -> (ServiceProcess, Int) {
+        let port = freePort()
+        var environment = [
+            "GATEWAY_PORT": "\(port)", "JWT_SECRET": JobSystem.secret, "ADMIN_TOKEN": JobSystem.adminToken,
+            "BLOB_DIR": system.blobDirectory, "URL_SIGNING_SECRET": JobSystem.signingSecret, "PUBLIC_BASE_URL": JobSystem.publicBase,
+        ]
+        for service in ServiceName.allCases { environment[service.endpointVariable] = system.services.endpoints[service]! }
+        let gateway = try ServiceProcess("gateway", environment: environment.merging(extra) { _, new in new })
+        try await waitUntil {
+            guard let connection = try? RawConnection(port: port, timeout: 2) else { return false }
+            connection.send("GET /healthz HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n")
+            return connection.read(until: "\r\n\r\n").hasPrefix("HTTP/1.1 200")
+        }
+        return (gateway, port)
+    }
+
+    /// Opens an event stream of `jobId` as the guest `device`; returns it with the head and first event read.
+    static func openStream(port: Int, device: UUID, jobId: String) throws -> (RawConnection, String) {
+        let connection = try RawConnection(port: port)
+        connection.send("GET /api/v1/jobs/\(jobId)/events HTTP/1.1\r\nHost: g\r\nX-Device-Id: \(device.uuidString)\r\n\r\n")
+        // An event ends with a blank line; a refusal is a problem object.
+        let received = connection.read(until: "\n\n", "}")
+        return (connection, received)
+    }
+
+    @Test func droppedStreamsFreeTheirSocketsAndTheBoundsAnswer503() async throws {
+        let system = try await JobSystem(workers: 0)
+        let (gateway, port) = try await Self.gatewayProcess(system, extra: ["SSE_MAX_PER_USER": "200", "SSE_MAX_STREAMS": "300"])
+        // Given a user with two queued jobs (no workers: they stay queued, their streams stay open)
+        let device = UUID()
+        let user = "device:\(device.uuidString.lowercased())"
+        var jobs: [String] = []
+        for _ in 0..<2 {
+            let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: "uploads/x/a.jpg", effectId: "copy"))
+            jobs.append(job.id)
+        }
+        let (warm, _) = try Self.openStream(port: port, device: device, jobId: jobs[0])
+        warm.close()
+        try await waitUntil { Self.openDescriptors(gateway.pid) > 0 }
+        let before = Self.openDescriptors(gateway.pid)
+        // When 200 streams are open
+        var streams: [RawConnection] = []
+        for index in 0..<200 {
+            let (stream, first) = try Self.openStream(port: port, device: device, jobId: jobs[index % 2])
+            #expect(first.hasPrefix("HTTP/1.1 200") && first.contains("event: status"), "stream \(index): \(first.prefix(60))")
+            streams.append(stream)
+        }
+        let open = Self.openDescriptors(gateway.pid)
+        // Then the user's 201st is 503 with Retry-After, as a problem
+        let (refused, answer) = try Self.openStream(port: port, device: device, jobId: jobs[0])
+        #expect(answer.hasPrefix("HTTP/1.1 503"), "answered \(answer.prefix(60))")
+        #expect(answer.lowercased().contains("retry-after: 5"))
+        refused.close()
+        // And once the clients drop their streams, the gateway's descriptors return within seconds
+        for stream in streams { stream.close() }
+        let dropped = ContinuousClock.now
+        try await waitUntil(within: .seconds(10)) { Self.openDescriptors(gateway.pid) <= before }
+        let after = Self.openDescriptors(gateway.pid)
+        #expect(after <= before && open >= after + 200)
+        print("freed in \(dropped.duration(to: .now))")
+        print("gateway descriptors: \(before) before, \(open) with 200 streams, \(after) after they were dropped")
+        // And the places are free again
+        let (again, reopened) = try Self.openStream(port: port, device: device, jobId: jobs[1])
+        #expect(reopened.hasPrefix("HTTP/1.1 200"))
+        again.close()
+        await gateway.stop()
+        await system.stop()
+    }
+
+    @Test func everyStreamOfAJobHearsItsChangesAndEndsWithIt() async throws {
+        let system = try await JobSystem(workers: 0)
+        let (gateway, port) = try await Self.gatewayProcess(system, extra: [:])
+        let device = UUID()
+        let user = "device:\(device.uuidString.lowercased())"
+        let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: "uploads/x/a.jpg", effectId: "copy"))
+        // Given three streams of one queued job, and a stranger's attempt at it
+        var streams: [RawConnection] = []
+        for _ in 0..<3 {
+            let (stream, first) = try Self.openStream(port: port, device: device, jobId: job.id)
+            #expect(first.contains(#""status":"queued""#))
+            streams.append(stream)
+        }
+        let (stranger, strangerAnswer) = try Self.openStream(port: port, device: UUID(), jobId: job.id)
+        #expect(strangerAnswer.hasPrefix("HTTP/1.1 404"))
+        stranger.close()
+        // When the job is cancelled
+        _ = try await system.clients.jobs.call(Jobs.cancel, JobReference(jobId: job.id, userId: user))
+        // Then every stream hears it and the gateway ends each one
+        for stream in streams {
+            let rest = stream.read(until: "0\r\n\r\n")
+            #expect(rest.contains(#""status":"cancelled""#), "stream got \(rest.suffix(120))")
+            #expect(rest.hasSuffix("0\r\n\r\n"), "the stream did not end")
+            stream.close()
+        }
+        await gateway.stop()
+        await system.stop()
+    }
+}
