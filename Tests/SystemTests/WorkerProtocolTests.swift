@@ -1,5 +1,7 @@
 import Bus
 import Foundation
+import GRDB
+import HTTPTypes
 import Messages
 import Testing
 
@@ -57,9 +59,10 @@ struct WorkerProtocolTests {
         let attempt1 = await next(firstInbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
         #expect(attempt1 == JobAttempt(jobId: job.id, attempt: 1))
         await first.shutdown()
-        // When it has been silent for more than three heartbeat intervals
-        try await Task.sleep(for: .seconds(4))
-        #expect(try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user)).status == .queued)
+        // When it has been silent for more than three heartbeat intervals, the job is queued again
+        try await waitUntil {
+            try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user)).status == .queued
+        }
         // And another worker takes the job as attempt 2
         let second = try await BusChannel.connect(system.workerEndpoint)
         let secondInbox = Inbox(second)
@@ -81,6 +84,71 @@ struct WorkerProtocolTests {
         second.send(WorkerMessage.done(JobAttempt(jobId: "no-such-job", attempt: 1), JobOutput(resultKey: "x", thumbnailKey: "y")))
         #expect(try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user)).resultKey == "fresh")
         await second.shutdown()
+        await system.stop()
+    }
+
+    @Test func anAssignmentItsWorkerDoesNotHoldIsQueuedAgainAndResultsAreAcknowledged() async throws {
+        let system = try await JobSystem(workers: 0)
+        let user = "device:\(UUID().uuidString.lowercased())"
+        let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: "uploads/none/x.jpg", effectId: "copy"))
+        // Given a live worker whose heartbeats never name the attempt it was assigned (the
+        // assignment was lost on the way)
+        let worker = try await BusChannel.connect(system.workerEndpoint)
+        let inbox = Inbox(worker)
+        worker.send(WorkerMessage.ready(WorkerReady(workerId: "forgetful", capacity: 1, effects: ["*"])))
+        let first = await next(inbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
+        #expect(first == JobAttempt(jobId: job.id, attempt: 1))
+        let beating = Task {
+            while !Task.isCancelled {
+                worker.send(WorkerMessage.heartbeat(running: []))
+                try? await Task.sleep(for: .milliseconds(300))
+            }
+        }
+        // Then after three heartbeat intervals the job is queued again and handed out anew
+        let second = await next(inbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
+        beating.cancel()
+        #expect(second == JobAttempt(jobId: job.id, attempt: 2))
+        // And a result is acknowledged once durably recorded
+        let output = JobOutput(resultKey: "r", thumbnailKey: "t")
+        worker.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 2), output))
+        let recorded = await next(inbox) { if case .recorded(let attempt) = $0 { return attempt } else { return nil } }
+        #expect(recorded == JobAttempt(jobId: job.id, attempt: 2))
+        // And the same result sent again (its acknowledgement lost) changes nothing and is answered
+        worker.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 2), output))
+        let answered = await next(inbox) { if case .refused(let attempt, _) = $0 { return attempt } else { return nil } }
+        #expect(answered == JobAttempt(jobId: job.id, attempt: 2))
+        let done = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user))
+        #expect(done.status == .completed && done.resultKey == "r" && done.attempts == 2)
+        await worker.shutdown()
+        await system.stop()
+    }
+
+    @Test func aProcessingJobNobodyHoldsGoesBackToTheQueueAndCompletes() async throws {
+        let system = try await JobSystem(workers: 0)
+        let user = JobSystem.guest(UUID())
+        try await system.gateway { client in
+            let key = try await JobSystem.upload(client, as: user)
+            let created = JobSystem.json(try await JobSystem.createJob(client, as: user, imageKey: key, effect: "copy"))
+            let jobId = try #require(created["jobId"] as? String)
+            // Given the database says the job is processing, but no worker holds it (as after a
+            // write that failed half-way through the protocol, or an assignment lost in a restart)
+            let database = try DatabaseQueue(path: system.services.dataDirectory.appendingPathComponent("jobs.sqlite").path)
+            try await database.write { db in
+                try db.execute(sql: "UPDATE job SET status = 'processing', attempts = attempts + 1, version = version + 1 WHERE id = ?", arguments: [jobId])
+            }
+            try database.close()
+            try system.startWorker()
+            // Then within seconds it is queued again, a worker runs it, and its charge is committed
+            let done = try await JobSystem.waitForStatus(client, as: user, jobId: jobId, within: .seconds(20))
+            #expect(done["status"] as? String == "completed")
+            let userId = "device:\(user[.deviceId]!.lowercased())"
+            try await waitUntil {
+                let usage = try await system.clients.quota.call(Quota.usage, UserReference(userId: userId))
+                return usage.charges.first { $0.jobId == jobId }?.state == .committed
+            }
+            let record = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: jobId, userId: userId))
+            #expect(record.attempts == 2)
+        }
         await system.stop()
     }
 }

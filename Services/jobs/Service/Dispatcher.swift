@@ -223,6 +223,8 @@ public actor Dispatcher {
         let processing: [JobAttempt]
         do {
             processing = try await store.processingAttempts()
+        } catch is CancellationError {
+            return
         } catch {
             failures.record("reconcile", "cannot read processing jobs to reconcile: \(error)")
             return
