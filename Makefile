@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CONFIG ?= debug
 
-.PHONY: deps build run test bench-bus bench-quota bench-jobs bench-history clean
+.PHONY: deps build run test bench-bus bench-quota bench-jobs bench-history stream-cost clean
 
 deps:
 	@scripts/install-deps.sh
@@ -34,6 +34,12 @@ bench-jobs: deps
 ## History pages and search over a 1,000,000-item history, through the gateway, against /healthz.
 bench-history: deps
 	@scripts/bench-history.sh
+
+## What 1,000 open job event streams cost the jobs service and the gateway (CPU, descriptors).
+stream-cost: deps
+	swift build -c release --product quota && swift build -c release --product history
+	swift build -c release --product jobs && swift build -c release --product gateway
+	scripts/stream-cost.py $$(swift build -c release --show-bin-path) 1000
 
 clean:
 	rm -rf .build .data
