@@ -64,11 +64,11 @@ final class JobSystem: @unchecked Sendable {
     }
 
     @discardableResult
-    func startWorker(capacity: Int = 1) throws -> ServiceProcess {
+    func startWorker(capacity: Int = 1, extra: [String: String] = [:]) throws -> ServiceProcess {
         let worker = try ServiceProcess("worker", environment: [
             "JOBS_WORKER_ENDPOINT": workerEndpoint, "BLOB_DIR": blobDirectory, "WORKER_ID": "w\(workers.count + 1)",
             "WORKER_CAPACITY": "\(capacity)", "URL_SIGNING_SECRET": Self.signingSecret,
-        ])
+        ].merging(extra) { _, new in new })
         workers.append(worker)
         return worker
     }

@@ -135,4 +135,25 @@ struct UploadAbuseTests {
         #expect(ImageSize.read(Array(jpeg.prefix(20)), contentType: "image/jpeg") == nil)
         #expect(ImageSize.read([UInt8](repeating: 0xFF, count: 64), contentType: "image/png") == nil)
     }
+
+    @Test func aWorkerRefusesAnInputOverThePixelLimitBeforeDecodingIt() async throws {
+        let system = try await JobSystem(workers: 0)
+        // Given an image over the limit that reached the store without the gateway's check
+        let key = "uploads/elsewhere/large.png"
+        let blobs = try DiskBlobStore(root: URL(fileURLWithPath: system.blobDirectory))
+        let file = try blobs.temporaryFile()
+        try TestImages.png(width: 100, height: 101).write(to: file)
+        let user = "device:\(UUID().uuidString.lowercased())"
+        try await blobs.adopt(file: file, as: key, metadata: BlobMetadata(owner: user, contentType: "image/png", size: 0))
+        try system.startWorker(extra: ["IMAGE_MAX_PIXELS": "10000"])
+        // When a job is made of it
+        let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: key, effectId: "grayscale"))
+        // Then the job fails at once, naming the limit, and is not retried
+        try await waitUntil {
+            try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user)).status == .failed
+        }
+        let failed = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user))
+        #expect(failed.attempts == 1 && failed.lastError?.contains("over the limit of 10000 pixels") == true, "\(failed.lastError ?? "")")
+        await system.stop()
+    }
 }
