@@ -291,6 +291,13 @@ public actor Dispatcher {
         return live
     }
 
+    /// The live progress of those of these jobs that are running and have reported some.
+    public func liveProgress(of ids: [String]) -> [String: Double] {
+        var found: [String: Double] = [:]
+        for id in ids { if let fraction = progress[id] { found[id] = fraction } }
+        return found
+    }
+
     /// The jobs as stored, each with its live progress laid over it.
     public func withLiveProgress(_ jobs: [JobRecord]) -> [JobRecord] {
         jobs.map { withLiveProgress($0) }

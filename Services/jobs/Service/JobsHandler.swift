@@ -45,22 +45,25 @@ public struct JobsHandler: Sendable {
         }
     }
 
+    /// Reads only each watched job's owner, version, status and progress (a stream's job
+    /// rarely changes between two rounds), then the whole record of those that changed.
     func watch(_ request: WatchJobs) async throws -> WatchedJobs {
         guard request.jobs.count <= WatchJobs.maxJobs else {
             throw BusError(.badRequest, "watch at most \(WatchJobs.maxJobs) jobs a call")
         }
-        let stored = try await store.jobs(request.jobs.map(\.jobId))
-        let live = await dispatcher.withLiveProgress(stored)
-        let byId = Dictionary(live.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
-        var changed: [JobRecord] = [], gone: [String] = []
+        let states = try await store.states(request.jobs.map(\.jobId))
+        let live = await dispatcher.liveProgress(of: request.jobs.map(\.jobId))
+        var changed: [String] = [], gone: [String] = []
         for seen in request.jobs {
-            guard let job = byId[seen.jobId], job.userId == seen.userId else {
+            guard let state = states[seen.jobId], state.userId == seen.userId else {
                 gone.append(seen.jobId)
                 continue
             }
-            if job.version != seen.version || job.progress != seen.progress { changed.append(job) }
+            let progress = state.status == .processing ? live[seen.jobId] ?? state.progress : state.progress
+            if state.version != seen.version || progress != seen.progress { changed.append(seen.jobId) }
         }
-        return WatchedJobs(changed: changed, gone: gone)
+        let records = await dispatcher.withLiveProgress(try await store.jobs(changed))
+        return WatchedJobs(changed: records, gone: gone)
     }
 
     func create(_ request: CreateJob) async throws -> JobRecord {
