@@ -43,15 +43,16 @@ public struct Worker: Service {
         func wasCancelled(_ attempt: JobAttempt) -> Bool { cancelled.withLock { $0.contains(attempt) } }
     }
 
-    /// Results sent and not yet recorded by the jobs service, by attempt (at most
-    /// `Self.maxUnrecorded`: a worker holds no more results than jobs it ran).
+    /// Results sent and not yet recorded by the jobs service, by attempt. The service holds a
+    /// worker's slot until its result is recorded, so there are about `capacity` of them; past
+    /// `Self.maxUnrecorded` one is dropped (its job is then repaired by the service's reconcile).
     final class Unrecorded: Sendable {
         static let maxUnrecorded = 1_024
         private let results = Mutex<[JobAttempt: WorkerMessage]>([:])
 
         func keep(_ attempt: JobAttempt, _ result: WorkerMessage) {
             results.withLock { results in
-                if results.count >= Self.maxUnrecorded, let oldest = results.keys.first { results[oldest] = nil }
+                if results.count >= Self.maxUnrecorded, let dropped = results.keys.first { results[dropped] = nil }
                 results[attempt] = result
             }
         }
