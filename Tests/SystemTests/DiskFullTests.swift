@@ -36,7 +36,7 @@ struct SmallFileSystem {
     /// Fills the file system with one file, 1 MiB at a time, until the disk is full.
     func fill() -> URL {
         let filler = mountPoint.appendingPathComponent("filler")
-        FileManager.default.createFile(atPath: filler.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: filler.path, contents: nil)
         guard let handle = try? FileHandle(forWritingTo: filler) else { return filler }
         let block = Data(repeating: 0xAB, count: 1 << 20)
         while (try? handle.write(contentsOf: block)) != nil {}

@@ -2,6 +2,7 @@ import Bus
 import Foundation
 import Messages
 import ServiceKit
+import Synchronization
 
 /// One of the project's executables started as a real process for a test, its output in a file.
 final class ServiceProcess: @unchecked Sendable {
@@ -80,18 +81,37 @@ func waitUntilHealthy(_ client: BusClient, within limit: Duration = .seconds(20)
     }
 }
 
-/// A TCP port on loopback that nothing listens on right now.
+/// A TCP port on loopback that nothing listens on right now, and that no other call in this test
+/// run returns. Ports come from below the kernel's ephemeral range (32768 and up on Linux): an
+/// ephemeral port handed out by the kernel may be taken a moment later by an outgoing
+/// connection, and a service started on it would fail to bind.
 func freePort() -> Int {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    defer { close(fd) }
-    var address = sockaddr_in()
-    address.sin_family = sa_family_t(AF_INET)
-    address.sin_addr.s_addr = inet_addr("127.0.0.1")
-    address.sin_port = 0
-    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-    _ = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) } }
-    _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) } }
-    return Int(UInt16(bigEndian: address.sin_port))
+    while true {
+        let candidate = PortPicker.next()
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = in_port_t(UInt16(candidate).bigEndian)
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        close(fd)
+        if bound == 0 { return candidate }
+    }
+}
+
+/// Hands out the ports `freePort` tries, in turn, from a start that differs between runs.
+enum PortPicker {
+    static let range = 20_000..<32_000
+    private static let counter = Mutex(Int(getpid()) &* 7_919 % 12_000)
+
+    static func next() -> Int {
+        counter.withLock { value in
+            value = (value + 1) % range.count
+            return range.lowerBound + value
+        }
+    }
 }
 
 /// The three services as real processes on free loopback ports, each with its own data folder.
