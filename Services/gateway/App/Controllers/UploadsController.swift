@@ -90,7 +90,7 @@ struct UploadsController<Context: RequestContext>: Sendable {
             if counter.count > maxBytes { throw Self.tooLarge(maxBytes) }
             throw storageProblem(error) ?? error
         }
-        let head = Self.head(of: temporary)
+        let head = counter.head
         guard let sniffed = ImageSniffer.contentType(of: Array(head.prefix(16))), sniffed == contentType else {
             throw Problem(.unsupportedMediaType, detail: "The bytes are not a \(contentType) image.")
         }
@@ -124,13 +124,6 @@ struct UploadsController<Context: RequestContext>: Sendable {
         .conflict, detail: "This upload URL has been used: an upload key holds one image for good. Ask for a new upload URL.",
         extensions: ["code": .string("already_uploaded")]
     ) }
-
-    /// The file's first 256 KiB, where every image header this service reads lies.
-    static func head(of file: URL) -> [UInt8] {
-        guard let handle = try? FileHandle(forReadingFrom: file) else { return [] }
-        defer { try? handle.close() }
-        return Array((try? handle.read(upToCount: 256 << 10)) ?? Data())
-    }
 
     /// Runs file work, turning a full disk into its problem.
     func storing<T>(_ work: () throws -> T) throws -> T {
@@ -190,10 +183,20 @@ struct Uploaded: Encodable {
     var height: Int
 }
 
-/// Counts the bytes an upload streamed.
+/// Counts the bytes an upload streamed and keeps its first 256 KiB, where every image header
+/// the gateway reads lies (so the file is not read back).
 final class ByteCounter: @unchecked Sendable {
     // Written by the one task that streams the body, read after it finished.
+    static let headBytes = 256 << 10
     var count = 0
+    var head: [UInt8] = []
+
+    func add(_ buffer: ByteBuffer) {
+        count += buffer.readableBytes
+        if head.count < Self.headBytes {
+            head += buffer.readableBytesView.prefix(Self.headBytes - head.count)
+        }
+    }
 }
 
 /// A request body that throws once more than `limit` bytes have arrived.
@@ -209,7 +212,7 @@ struct LimitedBody<Base: AsyncSequence & Sendable>: AsyncSequence, Sendable wher
         let counter: ByteCounter
         mutating func next() async throws -> ByteBuffer? {
             guard let buffer = try await base.next() else { return nil }
-            counter.count += buffer.readableBytes
+            counter.add(buffer)
             if counter.count > limit { throw UploadTooLarge() }
             return buffer
         }
