@@ -18,6 +18,10 @@ if [ -z "${URL_SIGNING_SECRET:-}" ]; then
   export URL_SIGNING_SECRET="development-url-signing-secret"
   echo "[run] URL_SIGNING_SECRET not set: using the development secret"
 fi
+if [ -z "${ADAPTY_WEBHOOK_SECRET:-}" ]; then
+  export ADAPTY_WEBHOOK_SECRET="development-adapty-webhook-secret"
+  echo "[run] ADAPTY_WEBHOOK_SECRET not set: POST /webhooks/adapty takes 'Authorization: $ADAPTY_WEBHOOK_SECRET'"
+fi
 export PUBLIC_BASE_URL=${PUBLIC_BASE_URL:-http://127.0.0.1:$GATEWAY_PORT}
 WORKERS=${WORKERS:-2}
 if [ -z "${ADMIN_TOKEN:-}" ]; then

@@ -17,6 +17,10 @@ public enum Quota {
     public static let usage = BusMethod<UserReference, UserUsage>("quota.usage")
     /// The plan catalogue: limits and history retention of each plan.
     public static let plans = BusMethod<Empty, [PlanDescription]>("quota.plans")
+    /// Applies a subscription event from the app store side (a purchase, renewal, expiry or
+    /// refund): once per event id, and only if it is not older than the last one applied for
+    /// the user. Durable before it answers.
+    public static let applySubscription = BusMethod<SubscriptionEvent, SubscriptionOutcome>("quota.apply-subscription")
 
     /// Error codes the quota service answers with.
     public enum ErrorCode {
@@ -56,16 +60,62 @@ public struct UserReference: Codable, Sendable, Equatable {
     public init(userId: String) { self.userId = userId }
 }
 
-/// Sets a user's plan and time zone (nil keeps the current zone; "" clears it to UTC).
+/// Sets a user's plan and time zone (nil keeps the current zone; "" clears it to UTC), and
+/// until when the plan holds (nil: no end); past `endsAt` the user is on the default plan.
 public struct SetPlan: Codable, Sendable, Equatable {
     public var userId: String
     public var plan: String
     public var timeZone: String?
+    public var endsAt: Date?
 
-    public init(userId: String, plan: String, timeZone: String? = nil) {
+    public init(userId: String, plan: String, timeZone: String? = nil, endsAt: Date? = nil) {
         self.userId = userId
         self.plan = plan
         self.timeZone = timeZone
+        self.endsAt = endsAt
+    }
+}
+
+/// A subscription event, as the gateway reads it from a store's webhook.
+public struct SubscriptionEvent: Codable, Sendable, Equatable {
+    /// Grants the plan until `endsAt` (nil: no end), or ends it (the user is on the default plan).
+    public enum Effect: String, Codable, Sendable {
+        case grant, revoke
+    }
+
+    /// The event's id at its source (or a hash of its body): applied once.
+    public var eventId: String
+    public var userId: String
+    public var effect: Effect
+    /// The plan a grant gives (`pro`).
+    public var plan: String
+    public var endsAt: Date?
+    /// When the event happened at its source: events older than the last applied change nothing.
+    public var occurredAt: Date
+    /// The source's name for the event (`subscription_started`), kept with it.
+    public var type: String
+
+    public init(eventId: String, userId: String, effect: Effect, plan: String, endsAt: Date?, occurredAt: Date, type: String) {
+        self.eventId = eventId
+        self.userId = userId
+        self.effect = effect
+        self.plan = plan
+        self.endsAt = endsAt
+        self.occurredAt = occurredAt
+        self.type = type
+    }
+}
+
+/// What applying a subscription event did.
+public struct SubscriptionOutcome: Codable, Sendable, Equatable {
+    /// `applied`, `duplicate` (this event id was seen before) or `stale` (older than the last
+    /// event applied for the user).
+    public var result: String
+    public var status: QuotaStatus
+
+    public init(result: String, status: QuotaStatus) {
+        self.result = result
+        self.status = status
     }
 }
 
@@ -107,8 +157,10 @@ public struct QuotaStatus: Codable, Sendable, Equatable {
     public var monthly: QuotaWindow
     /// Days the plan keeps history items.
     public var retentionDays: Int
+    /// When the plan ends (the user is then on the default plan); nil when it does not.
+    public var planEndsAt: Date?
 
-    public init(userId: String, plan: String, isPro: Bool, timeZone: String?, daily: QuotaWindow, monthly: QuotaWindow, retentionDays: Int = 30) {
+    public init(userId: String, plan: String, isPro: Bool, timeZone: String?, daily: QuotaWindow, monthly: QuotaWindow, retentionDays: Int = 30, planEndsAt: Date? = nil) {
         self.userId = userId
         self.plan = plan
         self.isPro = isPro
@@ -116,6 +168,7 @@ public struct QuotaStatus: Codable, Sendable, Equatable {
         self.daily = daily
         self.monthly = monthly
         self.retentionDays = retentionDays
+        self.planEndsAt = planEndsAt
     }
 }
 

@@ -23,6 +23,17 @@ public struct Environment: Sendable {
         return number
     }
 
+    /// The value of `key` as a boolean (`true`/`false`, `1`/`0`, `yes`/`no`), or `defaultValue`
+    /// when unset or empty.
+    public func bool(_ key: String, default defaultValue: Bool) throws -> Bool {
+        guard let value = values[key]?.lowercased(), !value.isEmpty else { return defaultValue }
+        switch value {
+        case "true", "1", "yes": return true
+        case "false", "0", "no": return false
+        default: throw ConfigurationError(key: key, value: value, expected: "true or false")
+        }
+    }
+
     /// The value of `key` or nil when unset or empty.
     public func optional(_ key: String) -> String? {
         guard let value = values[key], !value.isEmpty else { return nil }

@@ -26,12 +26,13 @@ public func buildRouter(
     let signer = URLSigner(secret: configuration.urlSigningSecret)
     let links = DownloadLinks(signer: signer, publicBaseURL: configuration.publicBaseURL, lifetime: configuration.signedURLLifetime)
     LegacyJobsController(clients: clients, authenticator: authenticator, links: links).addRoutes(to: router)
+    WebhooksController(clients: clients, authenticator: authenticator, adaptySecret: configuration.adaptyWebhookSecret, logger: logger).addRoutes(to: router)
     if let blobs = try? DiskBlobStore(root: URL(fileURLWithPath: configuration.blobDirectory)) {
         let creator = JobCreator(clients: clients, blobs: blobs)
         UploadsController(
-            authenticator: authenticator, blobs: blobs, signer: signer, publicBaseURL: configuration.publicBaseURL,
+            clients: clients, authenticator: authenticator, blobs: blobs, signer: signer, publicBaseURL: configuration.publicBaseURL,
             maxBytes: configuration.uploadMaxBytes, maxPixels: configuration.imageMaxPixels, lifetime: configuration.signedURLLifetime,
-            failures: FailureLog(logger: logger)
+            failures: FailureLog(logger: logger), requireQuota: configuration.uploadsRequireQuota
         ).addRoutes(to: router)
         JobsController(clients: clients, authenticator: authenticator, creator: creator, links: links, streams: streams).addRoutes(to: router)
         HistoryController(

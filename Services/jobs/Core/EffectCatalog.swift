@@ -13,7 +13,10 @@ public struct EffectCatalog: Sendable {
         EffectDescription(id: "blur", title: "Soft Focus", parameters: [.init(name: "sigma", minimum: 0.1, maximum: 50, defaultValue: 2)]),
         EffectDescription(id: "sharpen", title: "Sharpen", parameters: [.init(name: "sigma", minimum: 0.1, maximum: 10, defaultValue: 1)]),
         EffectDescription(id: "upscale", title: "Upscale", parameters: [.init(name: "factor", minimum: 1, maximum: 4, defaultValue: 2)]),
-        EffectDescription(id: "auto-enhance", title: "Auto Enhance"),
+        EffectDescription(id: "auto-enhance", title: "Auto Enhance", parameters: [
+            .init(name: "fidelity", minimum: 0, maximum: 1, defaultValue: 1),
+            .init(name: "upscale", minimum: 1, maximum: 4, defaultValue: 1),
+        ]),
         EffectDescription(id: "copy", title: "Original", processor: "copy"),
     ]
 

@@ -32,8 +32,6 @@ int imageops_apply(const char *input, const char *output, const char *effect, do
         rc = vips_sharpen(in, &out, "sigma", amount, NULL);
     } else if (strcmp(effect, "upscale") == 0) {
         rc = vips_resize(in, &out, amount, NULL);
-    } else if (strcmp(effect, "auto-enhance") == 0) {
-        rc = vips_hist_equal(in, &out, NULL);
     } else {
         g_object_unref(in);
         if (error && error_size > 0) snprintf(error, error_size, "unknown effect %s", effect);
@@ -46,6 +44,41 @@ int imageops_apply(const char *input, const char *output, const char *effect, do
     rc = vips_image_write_to_file(out, output, NULL);
     g_object_unref(out);
     g_object_unref(in);
+    return rc == 0 ? 0 : fail(error, error_size);
+}
+
+int imageops_enhance(const char *input, const char *output, double fidelity, double scale, char *error, size_t error_size) {
+    /* Random access: equalisation reads the image twice (its histogram, then the mapping). */
+    VipsImage *base = vips_image_new_from_file(input, NULL);
+    if (!base) return fail(error, error_size);
+    VipsObject *scope = VIPS_OBJECT(vips_image_new());
+    VipsImage **t = (VipsImage **) vips_object_local_array(scope, 6);
+    int rc = 0;
+    VipsImage *current = base;
+    if (vips_image_get_format(base) != VIPS_FORMAT_UCHAR) {
+        rc = vips_cast_uchar(base, &t[0], NULL);
+        current = t[0];
+    }
+    /* The enhanced image blended over the original: out = (1 - f) * original + f * enhanced. */
+    if (rc == 0) rc = vips_hist_equal(current, &t[1], NULL);
+    if (rc == 0 && fidelity < 1.0) {
+        rc = vips_linear1(current, &t[2], 1.0 - fidelity, 0.0, NULL)
+            || vips_linear1(t[1], &t[3], fidelity, 0.0, NULL)
+            || vips_add(t[2], t[3], &t[4], NULL)
+            || vips_cast_uchar(t[4], &t[5], NULL);
+        if (rc == 0) current = t[5];
+    } else if (rc == 0) {
+        current = t[1];
+    }
+    VipsImage *scaled = NULL;
+    if (rc == 0 && scale != 1.0) {
+        rc = vips_resize(current, &scaled, scale, NULL);
+        if (rc == 0) current = scaled;
+    }
+    if (rc == 0) rc = vips_image_write_to_file(current, output, NULL);
+    if (scaled) g_object_unref(scaled);
+    g_object_unref(scope);
+    g_object_unref(base);
     return rc == 0 ? 0 : fail(error, error_size);
 }
 

@@ -45,7 +45,7 @@ public struct EffectRunner: Sendable {
         let inputExtension = input.pathExtension.isEmpty ? "jpg" : input.pathExtension.lowercased()
         let resultKey = "results/\(attempt.jobId)/\(attempt.attempt).\(job.effect.processor == "copy" ? inputExtension : "jpg")"
         let thumbnailKey = "thumbnails/\(attempt.jobId)/\(attempt.attempt).jpg"
-        try await checkSize(input)
+        let size = try await checkSize(input)
         let result = try blobs.temporaryFile().appendingPathExtension(resultKey.split(separator: ".").last.map(String.init) ?? "jpg")
         let thumbnail = try blobs.temporaryFile().appendingPathExtension("jpg")
         // Whatever happens, no temporary file outlives the attempt (adopted ones were moved).
@@ -59,8 +59,12 @@ public struct EffectRunner: Sendable {
             try await blocking { try FileManager.default.copyItem(at: input, to: result) }
         case "remote":
             try await remote(job, to: result)
+        case _ where job.effect.id == "auto-enhance":
+            let scale = fittingScale(job.parameters["upscale"] ?? 1, of: size)
+            try await enhance(input: input, output: result, fidelity: job.parameters["fidelity"] ?? 1, scale: scale)
         default:
-            let amount = job.parameters["sigma"] ?? job.parameters["factor"] ?? 0
+            var amount = job.parameters["sigma"] ?? job.parameters["factor"] ?? 0
+            if job.effect.id == "upscale" { amount = fittingScale(amount, of: size) }
             try await vips(input: input, output: result, effect: job.effect.id, amount: amount)
         }
         progress(0.6)
@@ -73,9 +77,17 @@ public struct EffectRunner: Sendable {
         return JobOutput(resultKey: resultKey, thumbnailKey: thumbnailKey)
     }
 
+    /// `scale`, or less so that the output stays within the pixel limit (an upscale never makes
+    /// an image bigger than the limit an upload may have).
+    func fittingScale(_ scale: Double, of size: ImageSize) -> Double {
+        let pixels = Double(size.width) * Double(size.height)
+        guard pixels > 0, pixels * scale * scale > Double(maxPixels) else { return scale }
+        return max(1, (Double(maxPixels) / pixels).squareRoot())
+    }
+
     /// Refuses an input over the pixel limit from its header alone (the gateway checks uploads;
-    /// this guards files that reached the store another way).
-    private func checkSize(_ input: URL) async throws {
+    /// this guards files that reached the store another way); returns its size.
+    private func checkSize(_ input: URL) async throws -> ImageSize {
         let size = try await blocking {
             var width: Int32 = 0, height: Int32 = 0
             var error = [CChar](repeating: 0, count: 512)
@@ -86,6 +98,16 @@ public struct EffectRunner: Sendable {
         }
         guard size.pixels <= maxPixels else {
             throw EffectError("the input image is \(size), over the limit of \(maxPixels) pixels", retryable: false)
+        }
+        return size
+    }
+
+    private func enhance(input: URL, output: URL, fidelity: Double, scale: Double) async throws {
+        try await blocking {
+            var error = [CChar](repeating: 0, count: 512)
+            guard imageops_enhance(input.path, output.path, fidelity, scale, &error, error.count) == 0 else {
+                throw EffectError("auto-enhance failed: \(Self.text(error))", retryable: false)
+            }
         }
     }
 

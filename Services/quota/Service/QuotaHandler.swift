@@ -43,6 +43,10 @@ public struct QuotaHandler: Sendable {
             let now = now()
             return try await committer.perform { [ledger] db in try ledger.setPlan(db, request, now: now) }
         }
+        router.register(Quota.applySubscription) { request, _ in
+            let now = now()
+            return try await committer.perform { [ledger] db in try ledger.applySubscription(db, request, now: now) }
+        }
         router.register(Quota.plans) { _, _ in
             plans.plans.values.sorted { $0.name < $1.name }.map {
                 PlanDescription(name: $0.name, dailyLimit: $0.dailyLimit, monthlyLimit: $0.monthlyLimit, isPro: $0.isPro, retentionDays: $0.retentionDays)

@@ -39,6 +39,12 @@ public struct GatewayConfiguration: Sendable {
     /// and `streamsTotal` in all (`SSE_MAX_STREAMS`, default 4,000); past either, 503.
     public var streamsPerUser: Int
     public var streamsTotal: Int
+    /// Whether a presign is refused with the quota 429 when the user has no edit left in some
+    /// window (`UPLOADS_REQUIRE_QUOTA`, default true).
+    public var uploadsRequireQuota: Bool
+    /// The `Authorization` header value Adapty's webhook sends (`ADAPTY_WEBHOOK_SECRET`); none:
+    /// `POST /webhooks/adapty` answers 404.
+    public var adaptyWebhookSecret: String?
     /// CURVE keys for the bus (`BUS_CURVE_PUBLIC`); nil for plain traffic.
     public var curve: CurveClientKeys?
 
@@ -59,7 +65,9 @@ public struct GatewayConfiguration: Sendable {
         shareLifetime: Int = 7 * 86_400,
         imageMaxPixels: Int = 50_000_000,
         streamsPerUser: Int = 8,
-        streamsTotal: Int = 4_000
+        streamsTotal: Int = 4_000,
+        uploadsRequireQuota: Bool = true,
+        adaptyWebhookSecret: String? = nil
     ) {
         self.host = host
         self.port = port
@@ -78,6 +86,8 @@ public struct GatewayConfiguration: Sendable {
         self.imageMaxPixels = imageMaxPixels
         self.streamsPerUser = streamsPerUser
         self.streamsTotal = streamsTotal
+        self.uploadsRequireQuota = uploadsRequireQuota
+        self.adaptyWebhookSecret = adaptyWebhookSecret
     }
 
     /// Reads the configuration from `environment`.
@@ -105,7 +115,9 @@ public struct GatewayConfiguration: Sendable {
             shareLifetime: try environment.int("SHARE_TTL_S", default: 7 * 86_400),
             imageMaxPixels: try environment.int("IMAGE_MAX_PIXELS", default: 50_000_000),
             streamsPerUser: try environment.int("SSE_MAX_PER_USER", default: 8),
-            streamsTotal: try environment.int("SSE_MAX_STREAMS", default: 4_000)
+            streamsTotal: try environment.int("SSE_MAX_STREAMS", default: 4_000),
+            uploadsRequireQuota: try environment.bool("UPLOADS_REQUIRE_QUOTA", default: true),
+            adaptyWebhookSecret: environment.optional("ADAPTY_WEBHOOK_SECRET")
         )
         curve = try BusSecurity.clientKeys(environment)
     }
@@ -114,7 +126,7 @@ public struct GatewayConfiguration: Sendable {
     public static var environmentKeys: [String] {
         ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "JWT_SECRET", "ADMIN_TOKEN",
          "BLOB_DIR", "DATA_DIR", "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S",
-         "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "BUS_CURVE_PUBLIC"]
+         "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "BUS_CURVE_PUBLIC"]
             + ServiceName.allCases.map(\.endpointVariable)
     }
 }

@@ -12,6 +12,8 @@ struct AdminController<Context: RequestContext>: Sendable {
     struct PlanChange: Decodable {
         var plan: String
         var timeZone: String?
+        /// Until when the plan holds (ISO 8601); none: no end.
+        var endsAt: Date?
     }
 
     func addRoutes(to router: Router<Context>) {
@@ -19,7 +21,7 @@ struct AdminController<Context: RequestContext>: Sendable {
             try authenticator.requireAdmin(request)
             let userId = try context.parameters.require("userId")
             let change = try await JSONBody.decode(PlanChange.self, from: request, context: context)
-            let status = try await clients.call(.quota, Quota.setPlan, SetPlan(userId: userId, plan: change.plan, timeZone: change.timeZone))
+            let status = try await clients.call(.quota, Quota.setPlan, SetPlan(userId: userId, plan: change.plan, timeZone: change.timeZone, endsAt: change.endsAt))
             return try JSONResponse.make(.ok, status)
         }
         router.get("/admin/v1/users/:userId/usage") { request, context in

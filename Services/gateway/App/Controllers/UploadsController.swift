@@ -4,10 +4,12 @@ import Crypto
 import Foundation
 import HTTPTypes
 import Hummingbird
+import Messages
 
 /// Uploads through signed, expiring URLs that point at the gateway's own `PUT` route, and
 /// downloads of results and thumbnails through signed, expiring `GET` URLs.
 struct UploadsController<Context: RequestContext>: Sendable {
+    let clients: ServiceClients
     let authenticator: Authenticator
     let blobs: DiskBlobStore
     let signer: URLSigner
@@ -17,6 +19,8 @@ struct UploadsController<Context: RequestContext>: Sendable {
     let lifetime: Int
     /// Logs a full disk once, not once per upload.
     let failures: FailureLog
+    /// Refuse a presign with the quota 429 when the user has no edit left (the app's "blocks at 0").
+    let requireQuota: Bool
 
     struct PresignRequest: Decodable {
         var filename: String
@@ -40,6 +44,10 @@ struct UploadsController<Context: RequestContext>: Sendable {
             }
             guard let ext = ImageSniffer.accepted[ask.contentType] else {
                 throw Problem(.unsupportedMediaType, detail: "Uploads must be image/jpeg, image/png, image/webp or image/heic.")
+            }
+            if requireQuota {
+                let status = try await clients.call(.quota, Quota.status, UserReference(userId: caller.id))
+                if let denial = RateLimitHeaders.problem(ifExhausted: status, now: Date()) { throw denial }
             }
             let key = "uploads/\(Self.ownerFolder(caller.id))/\(UUID().uuidString.lowercased()).\(ext)"
             let expires = Int(Date().timeIntervalSince1970) + lifetime

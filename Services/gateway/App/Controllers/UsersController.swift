@@ -4,7 +4,8 @@ import HTTPTypes
 import Hummingbird
 import Messages
 
-/// `GET /api/v1/users/me`: who the caller is and their quota, with the rate-limit headers.
+/// `GET /api/v1/users/me`: who the caller is and their quota; `GET /api/v1/users/me/credits`:
+/// the quota alone (the Chat screen's badge); both with the rate-limit headers.
 struct UsersController<Context: RequestContext>: Sendable {
     let clients: ServiceClients
     let authenticator: Authenticator
@@ -16,6 +17,28 @@ struct UsersController<Context: RequestContext>: Sendable {
             let now = Date()
             return try JSONResponse.make(.ok, Me(caller: caller, status: status), headers: RateLimitHeaders.headers(for: status, now: now))
         }
+        router.get("/api/v1/users/me/credits") { request, _ in
+            let caller = try await authenticator.caller(of: request)
+            let status = try await clients.call(.quota, Quota.status, UserReference(userId: caller.id))
+            return try JSONResponse.make(.ok, Credits(status: status), headers: RateLimitHeaders.headers(for: status, now: Date()))
+        }
+    }
+
+    /// The quota object of `users/me`, with the plan: `{isPro, plan, planEndsAt?, dailyRemaining,
+    /// dailyLimit, dailyUsed, monthlyRemaining, monthlyLimit, monthlyUsed, dailyResetsAt,
+    /// monthlyResetsAt}`.
+    struct Credits: Encodable {
+        var status: QuotaStatus
+
+        enum Keys: String, CodingKey { case isPro, plan, planEndsAt }
+
+        func encode(to encoder: any Encoder) throws {
+            var container = encoder.container(keyedBy: Keys.self)
+            try container.encode(status.isPro, forKey: .isPro)
+            try container.encode(status.plan, forKey: .plan)
+            try container.encodeIfPresent(status.planEndsAt, forKey: .planEndsAt)
+            try Me.encodeQuota(status, to: encoder.container(keyedBy: Me.QuotaKeys.self))
+        }
     }
 
     /// The app's user: `{id, email?, isPro, plan, quota: {...}}`; a limit the plan lacks is null.
@@ -23,7 +46,7 @@ struct UsersController<Context: RequestContext>: Sendable {
         var caller: Caller
         var status: QuotaStatus
 
-        enum Keys: String, CodingKey { case id, email, isGuest, isPro, plan, timeZone, quota }
+        enum Keys: String, CodingKey { case id, email, isGuest, isPro, plan, planEndsAt, timeZone, quota }
         enum QuotaKeys: String, CodingKey {
             case dailyRemaining, dailyLimit, dailyUsed, monthlyRemaining, monthlyLimit, monthlyUsed, dailyResetsAt, monthlyResetsAt
         }
@@ -35,8 +58,13 @@ struct UsersController<Context: RequestContext>: Sendable {
             try container.encode(caller.isGuest, forKey: .isGuest)
             try container.encode(status.isPro, forKey: .isPro)
             try container.encode(status.plan, forKey: .plan)
+            try container.encodeIfPresent(status.planEndsAt, forKey: .planEndsAt)
             try container.encode(status.timeZone ?? "UTC", forKey: .timeZone)
-            var quota = container.nestedContainer(keyedBy: QuotaKeys.self, forKey: .quota)
+            try Self.encodeQuota(status, to: container.nestedContainer(keyedBy: QuotaKeys.self, forKey: .quota))
+        }
+
+        static func encodeQuota(_ status: QuotaStatus, to container: KeyedEncodingContainer<QuotaKeys>) throws {
+            var quota = container
             // `encode` of an Optional writes null, which the app reads as "no limit".
             try quota.encode(status.daily.remaining, forKey: .dailyRemaining)
             try quota.encode(status.daily.limit, forKey: .dailyLimit)

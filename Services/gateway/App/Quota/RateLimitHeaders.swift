@@ -23,20 +23,32 @@ public enum RateLimitHeaders {
     /// The 429 answer to a denied reservation: problem+json naming the violated windows, with
     /// `Retry-After` (seconds until a retry can succeed) and the rate-limit headers.
     public static func problem(for decision: QuotaDecision, now: Date) -> Problem {
-        var fields = headers(for: decision.status, now: now)
-        let retryAfter = decision.retryAt.map { secondsUntil($0, from: now) } ?? 1
+        problem(status: decision.status, violated: decision.violated, retryAt: decision.retryAt, now: now)
+    }
+
+    /// The same 429 for a user with no room left in some window, before anything is charged
+    /// (a presign at 0); nil when every window has room.
+    public static func problem(ifExhausted status: QuotaStatus, now: Date) -> Problem? {
+        let exhausted = [status.daily, status.monthly].filter { $0.remaining == 0 }
+        guard !exhausted.isEmpty else { return nil }
+        return problem(status: status, violated: exhausted.map(\.name), retryAt: exhausted.map(\.resetsAt).max(), now: now)
+    }
+
+    static func problem(status: QuotaStatus, violated: [String], retryAt: Date?, now: Date) -> Problem {
+        var fields = headers(for: status, now: now)
+        let retryAfter = retryAt.map { secondsUntil($0, from: now) } ?? 1
         fields[.retryAfter] = "\(retryAfter)"
-        let names = decision.violated.joined(separator: " and ")
+        let names = violated.joined(separator: " and ")
         return Problem(
             .tooManyRequests,
             title: "Quota exceeded",
-            detail: "The \(names) edit limit of the \(decision.status.plan) plan is used up; try again in \(retryAfter) seconds.",
+            detail: "The \(names) edit limit of the \(status.plan) plan is used up; try again in \(retryAfter) seconds.",
             type: "/problems/quota-exceeded",
             headers: fields,
             extensions: [
-                "violated-policies": .strings(decision.violated),
+                "violated-policies": .strings(violated),
                 "retryAfter": .int(retryAfter),
-                "plan": .string(decision.status.plan),
+                "plan": .string(status.plan),
             ]
         )
     }

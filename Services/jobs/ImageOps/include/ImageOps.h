@@ -8,9 +8,13 @@
 /* Starts libvips once per process; `threads` bounds its worker threads. */
 int imageops_start(const char *program, int threads);
 
-/* Applies `effect` (grayscale, blur, sharpen, upscale, auto-enhance) from `input` to `output`
+/* Applies `effect` (grayscale, blur, sharpen, upscale) from `input` to `output`
  * (format from its extension); `amount` is sigma for blur and sharpen, the factor for upscale. */
 int imageops_apply(const char *input, const char *output, const char *effect, double amount, char *error, size_t error_size);
+
+/* Auto-enhance (histogram equalisation) blended over the original by `fidelity` (0: the
+ * original, 1: fully enhanced), then resized by `scale`. */
+int imageops_enhance(const char *input, const char *output, double fidelity, double scale, char *error, size_t error_size);
 
 /* Writes a `size`x`size` centre-cropped thumbnail of `input` to `output`. */
 int imageops_thumbnail(const char *input, const char *output, int size, char *error, size_t error_size);

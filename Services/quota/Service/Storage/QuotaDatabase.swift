@@ -53,6 +53,20 @@ public struct QuotaDatabase: Sendable {
             try db.create(index: "charge_by_user", on: "charge", columns: ["userId", "reservedAt"])
             try db.create(index: "charge_by_state", on: "charge", columns: ["state", "reservedAt"])
         }
+        migrator.registerMigration("v2: plans with an end, subscription events") { db in
+            try db.alter(table: "user") { table in
+                table.add(column: "planEndsAt", .datetime)
+                table.add(column: "subscriptionEventAt", .datetime)
+            }
+            try db.create(table: "subscription_event") { table in
+                table.primaryKey("id", .text)
+                table.column("userId", .text).notNull()
+                table.column("type", .text).notNull()
+                table.column("occurredAt", .datetime).notNull()
+                table.column("result", .text).notNull()
+                table.column("receivedAt", .datetime).notNull()
+            }
+        }
         return migrator
     }
 }

@@ -110,8 +110,41 @@ public struct QuotaLedger: Sendable {
             }
             timeZone = requested.isEmpty ? nil : requested
         }
-        try UserRecord(id: request.userId, plan: request.plan, timeZone: timeZone, updatedAt: now).save(db)
+        try UserRecord(
+            id: request.userId, plan: request.plan, timeZone: timeZone, updatedAt: now,
+            planEndsAt: request.endsAt, subscriptionEventAt: existing?.subscriptionEventAt
+        ).save(db)
         return try userContext(db, request.userId, now: now).status()
+    }
+
+    /// Applies a subscription event once per event id, in order per user: a grant puts the user
+    /// on the event's plan until its end; a revoke puts them on the default plan. An event older
+    /// than the last one applied for the user is recorded and changes nothing.
+    public func applySubscription(_ db: Database, _ event: SubscriptionEvent, now: Date) throws -> SubscriptionOutcome {
+        try validate(user: event.userId)
+        guard QuotaRules.validId(event.eventId) else { throw BusError(.badRequest, "event id must be 1 to \(QuotaRules.maxIdLength) bytes") }
+        guard event.effect == .revoke || plans.plan(named: event.plan) != nil else {
+            throw BusError(Quota.ErrorCode.unknownPlan, "no plan named '\(event.plan.prefix(64))'")
+        }
+        if try Bool.fetchOne(db, sql: "SELECT 1 FROM subscription_event WHERE id = ?", arguments: [event.eventId]) != nil {
+            return SubscriptionOutcome(result: "duplicate", status: try status(db, user: event.userId, now: now))
+        }
+        let existing = try UserRecord.fetchOne(db, key: event.userId)
+        let result: String
+        if let last = existing?.subscriptionEventAt, event.occurredAt < last {
+            result = "stale"
+        } else {
+            result = "applied"
+            try UserRecord(
+                id: event.userId, plan: event.effect == .grant ? event.plan : plans.defaultPlan, timeZone: existing?.timeZone,
+                updatedAt: now, planEndsAt: event.effect == .grant ? event.endsAt : nil, subscriptionEventAt: event.occurredAt
+            ).save(db)
+        }
+        try db.execute(
+            sql: "INSERT INTO subscription_event (id, userId, type, occurredAt, result, receivedAt) VALUES (?, ?, ?, ?, ?, ?)",
+            arguments: [event.eventId, event.userId, String(event.type.prefix(100)), event.occurredAt, result, now]
+        )
+        return SubscriptionOutcome(result: result, status: try status(db, user: event.userId, now: now))
     }
 
     /// The user's status and their most recent charges (at most `limit`).
@@ -130,6 +163,7 @@ public struct QuotaLedger: Sendable {
     struct UserContext {
         var userId: String
         var plan: Plan
+        var planEndsAt: Date?
         var timeZone: String?
         var day: CalendarWindow
         var month: CalendarWindow
@@ -141,22 +175,29 @@ public struct QuotaLedger: Sendable {
                 userId: userId, plan: plan.name, isPro: plan.isPro, timeZone: timeZone,
                 daily: QuotaRules.window(day, limit: plan.dailyLimit, used: dailyUsed),
                 monthly: QuotaRules.window(month, limit: plan.monthlyLimit, used: monthlyUsed),
-                retentionDays: plan.retentionDays
+                retentionDays: plan.retentionDays, planEndsAt: planEndsAt
             )
         }
     }
 
     func userContext(_ db: Database, _ userId: String, now: Date) throws -> UserContext {
-        let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT plan, timeZone FROM user WHERE id = ?"), arguments: [userId])
-        let planName: String? = row?["plan"]
+        let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT plan, timeZone, planEndsAt FROM user WHERE id = ?"), arguments: [userId])
         let timeZone: String? = row?["timeZone"]
+        // A plan with an end is the default plan from that instant on, whether or not anyone
+        // said so: an expiry event that never comes changes nothing.
+        var planName: String? = row?["plan"]
+        var planEndsAt: Date? = row?["planEndsAt"]
+        if let end = planEndsAt, now >= end {
+            planName = nil
+            planEndsAt = nil
+        }
         let (day, month) = windows.windows(containing: now, timeZone: timeZone)
         let usage = try db.cachedStatement(sql: "SELECT used FROM usage WHERE userId = ? AND window = ? AND windowKey = ?")
         func used(_ window: CalendarWindow) throws -> Int {
             try Int.fetchOne(usage, arguments: [userId, window.kind.rawValue, window.key]) ?? 0
         }
         return UserContext(
-            userId: userId, plan: plans.effectivePlan(planName), timeZone: timeZone,
+            userId: userId, plan: plans.effectivePlan(planName), planEndsAt: planEndsAt, timeZone: timeZone,
             day: day, month: month, dailyUsed: try used(day), monthlyUsed: try used(month)
         )
     }

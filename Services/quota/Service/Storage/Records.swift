@@ -2,13 +2,16 @@ import Foundation
 import GRDB
 import Messages
 
-/// A user's plan and time zone (users without a row are on the default plan, in UTC).
+/// A user's plan, until when it holds, and time zone (users without a row are on the default
+/// plan, in UTC), with the time of the last subscription event applied to them.
 struct UserRecord: Codable, FetchableRecord, PersistableRecord {
     static let databaseTableName = "user"
     var id: String
     var plan: String
     var timeZone: String?
     var updatedAt: Date
+    var planEndsAt: Date?
+    var subscriptionEventAt: Date?
 }
 
 extension Charge: FetchableRecord, PersistableRecord {
