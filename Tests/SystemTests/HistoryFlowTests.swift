@@ -282,6 +282,12 @@ struct HistoryFlowTests {
             #expect(try await JobSystem.get(client, "/get-video-jobs?user_id=user-42", as: guest).0.status == .forbidden)
             #expect(try await JobSystem.get(client, "/get-video-jobs?device_id=\(UUID().uuidString)", as: guest).0.status == .forbidden)
             #expect(try await JobSystem.get(client, "/get-video-jobs?user_id=user-42", as: [:]).0.status == .unauthorized)
+            // The older build's status poll: one job in the same shape; anyone else's is 404
+            let (status, one) = try await JobSystem.get(client, "/get-video-status?job_id=done", as: member)
+            #expect(status.status == .ok && one["job_id"] as? String == "done" && one["status"] as? String == "completed")
+            #expect(Set(one.keys) == ["job_id", "prompt", "model_name", "credits_used", "status", "video_url", "thumbnail_url", "created_at"])
+            #expect(try await JobSystem.get(client, "/get-video-status?job_id=done", as: guest).0.status == .notFound)
+            #expect(try await JobSystem.get(client, "/get-video-status", as: member).0.status == .badRequest)
         }
         await system.stop()
     }

@@ -4,7 +4,8 @@ import Messages
 
 /// `GET /get-video-jobs?user_id=` or `?device_id=`: the older app build's history, in its own
 /// snake_case shape and status enum (pending, processing, completed, failed). The id in the query
-/// must be the caller's own; another answers 403.
+/// must be the caller's own; another answers 403. `GET /get-video-status?job_id=`: one of the
+/// caller's jobs in the same shape (the older build's status poll); anyone else's answers 404.
 struct LegacyJobsController<Context: RequestContext>: Sendable {
     let clients: ServiceClients
     let authenticator: Authenticator
@@ -28,6 +29,14 @@ struct LegacyJobsController<Context: RequestContext>: Sendable {
             }
             let page = try await clients.call(.history, History.list, ListHistory(userId: caller.id, limit: 100))
             return try JSONResponse.make(.ok, JobList(jobs: page.items.map { VideoJob($0, links: links) }))
+        }
+        router.get("/get-video-status") { request, _ in
+            let caller = try await authenticator.caller(of: request)
+            guard let jobId = request.uri.queryParameters["job_id"].map(String.init), !jobId.isEmpty else {
+                throw Problem(.badRequest, detail: "Name the job with job_id.")
+            }
+            let item = try await clients.call(.history, History.get, HistoryItemReference(userId: caller.id, jobId: jobId))
+            return try JSONResponse.make(.ok, VideoJob(item, links: links))
         }
     }
 
