@@ -8,8 +8,10 @@ let swiftSettings: [SwiftSetting] = [
 
 let package = Package(
     name: "photoedit-backend",
-    platforms: [.macOS(.v15)],
+    platforms: [.macOS(.v15), .iOS(.v17)],
     products: [
+        // The app's side: the client library (Foundation only).
+        .library(name: "PhotoEditKit", targets: ["PhotoEditKit"]),
         .executable(name: "gateway", targets: ["gateway"]),
         .executable(name: "quota", targets: ["quota"]),
         .executable(name: "history", targets: ["history"]),
@@ -222,6 +224,18 @@ let package = Package(
             name: "bus-fixture",
             dependencies: ["Bus", "Messages", "ServiceKit"],
             path: "Tests/Fixtures/bus-fixture",
+            swiftSettings: swiftSettings
+        ),
+        // The client library the app (and `photoedit`) use: Foundation only.
+        .target(
+            name: "PhotoEditKit",
+            path: "Clients/PhotoEditKit",
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "PhotoEditKitTests",
+            dependencies: ["PhotoEditKit"],
+            path: "Tests/PhotoEditKitTests",
             swiftSettings: swiftSettings
         ),
         .testTarget(

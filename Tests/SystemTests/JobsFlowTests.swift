@@ -277,6 +277,12 @@ struct JobInputTests {
         let user = JobSystem.guest(UUID())
         try await system.gateway { client in
             let key = try await JobSystem.upload(client, as: user)
+            // The catalogue the app shows: ids, titles, parameter schemas, nothing of the operator's
+            let catalogue = JobSystem.json(try await client.execute(uri: "/api/v1/effects", method: .get))
+            let effects = try #require(catalogue["effects"] as? [[String: Any]])
+            let enhance = try #require(effects.first { $0["id"] as? String == "auto-enhance" })
+            #expect((enhance["parameters"] as? [[String: Any]])?.compactMap { $0["name"] as? String } == ["fidelity", "upscale"])
+            #expect(effects.contains { $0["id"] as? String == "slow-remote" && $0["endpoint"] == nil && $0["processor"] == nil })
             let unknown = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "teleport")
             #expect(unknown.status == .unprocessableContent)
             let outOfRange = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "blur", parameters: #"{"sigma": 9000}"#)

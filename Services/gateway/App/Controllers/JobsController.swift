@@ -21,7 +21,18 @@ struct JobsController<Context: RequestContext>: Sendable {
         var prompt: String?
     }
 
+    /// An effect as the app shows it: no processor or endpoint (those are the operator's).
+    struct EffectView: Encodable {
+        var id: String
+        var title: String
+        var parameters: [EffectDescription.Parameter]
+    }
+
     func addRoutes(to router: Router<Context>) {
+        router.get("/api/v1/effects") { _, _ in
+            let effects = try await clients.call(.jobs, Jobs.effects, Empty())
+            return try JSONResponse.make(.ok, ["effects": effects.map { EffectView(id: $0.id, title: $0.title, parameters: $0.parameters) }])
+        }
         router.post("/api/v1/jobs") { request, context in
             let caller = try await authenticator.caller(of: request)
             let body = try await JSONBody.decode(CreateRequest.self, from: request, context: context)
