@@ -8,6 +8,7 @@ COPY Shared Shared
 COPY Services Services
 COPY Benchmarks Benchmarks
 COPY Tests Tests
+COPY Clients Clients
 RUN swift build -c release --static-swift-stdlib \
     && mkdir /out && for p in gateway quota history jobs worker; do cp "$(swift build -c release --show-bin-path)/$p" /out/; done
 
@@ -15,8 +16,9 @@ FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends libzmq5 libsqlite3-0 libvips42 ca-certificates tzdata \
     && rm -rf /var/lib/apt/lists/* && useradd --system --home /data app && mkdir /data && chown app /data
 COPY --from=build /out/ /usr/local/bin/
+COPY openapi.yaml /usr/local/share/photoedit/openapi.yaml
 USER app
 VOLUME /data
-ENV DATA_DIR=/data
+ENV DATA_DIR=/data OPENAPI_FILE=/usr/local/share/photoedit/openapi.yaml
 EXPOSE 8080
 CMD ["gateway"]

@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CONFIG ?= debug
 
-.PHONY: deps build run test bench-bus bench-quota bench-jobs bench-history stream-cost clean
+.PHONY: deps build run test conformance bench-bus bench-quota bench-jobs bench-history stream-cost clean
 
 deps:
 	@scripts/install-deps.sh
@@ -14,10 +14,17 @@ build: deps
 run: deps
 	@CONFIG=$(CONFIG) scripts/run.sh
 
-## Builds everything (services, fixtures, tests) and runs the whole suite.
+## Builds everything (services, fixtures, tests), runs the whole suite, then the contract
+## conformance run (schemathesis against openapi.yaml on a live stack).
 test: deps
 	swift build --build-tests
 	swift test --skip-build
+	scripts/conformance.sh
+
+## The contract conformance run alone (needs the debug build).
+conformance: deps
+	swift build
+	scripts/conformance.sh
 
 ## Bus against raw libzmq, same machine, same run.
 bench-bus: deps

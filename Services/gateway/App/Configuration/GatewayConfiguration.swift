@@ -45,6 +45,9 @@ public struct GatewayConfiguration: Sendable {
     /// The `Authorization` header value Adapty's webhook sends (`ADAPTY_WEBHOOK_SECRET`); none:
     /// `POST /webhooks/adapty` answers 404.
     public var adaptyWebhookSecret: String?
+    /// Where the OpenAPI document is (`OPENAPI_FILE`; by default `openapi.yaml` in the working
+    /// folder or the repo root above the executable).
+    public var openAPIFile: String?
     /// CURVE keys for the bus (`BUS_CURVE_PUBLIC`); nil for plain traffic.
     public var curve: CurveClientKeys?
 
@@ -67,7 +70,8 @@ public struct GatewayConfiguration: Sendable {
         streamsPerUser: Int = 8,
         streamsTotal: Int = 4_000,
         uploadsRequireQuota: Bool = true,
-        adaptyWebhookSecret: String? = nil
+        adaptyWebhookSecret: String? = nil,
+        openAPIFile: String? = nil
     ) {
         self.host = host
         self.port = port
@@ -88,6 +92,7 @@ public struct GatewayConfiguration: Sendable {
         self.streamsTotal = streamsTotal
         self.uploadsRequireQuota = uploadsRequireQuota
         self.adaptyWebhookSecret = adaptyWebhookSecret
+        self.openAPIFile = openAPIFile
     }
 
     /// Reads the configuration from `environment`.
@@ -117,7 +122,8 @@ public struct GatewayConfiguration: Sendable {
             streamsPerUser: try environment.int("SSE_MAX_PER_USER", default: 8),
             streamsTotal: try environment.int("SSE_MAX_STREAMS", default: 4_000),
             uploadsRequireQuota: try environment.bool("UPLOADS_REQUIRE_QUOTA", default: true),
-            adaptyWebhookSecret: environment.optional("ADAPTY_WEBHOOK_SECRET")
+            adaptyWebhookSecret: environment.optional("ADAPTY_WEBHOOK_SECRET"),
+            openAPIFile: environment.optional("OPENAPI_FILE")
         )
         curve = try BusSecurity.clientKeys(environment)
     }
@@ -126,7 +132,7 @@ public struct GatewayConfiguration: Sendable {
     public static var environmentKeys: [String] {
         ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "JWT_SECRET", "ADMIN_TOKEN",
          "BLOB_DIR", "DATA_DIR", "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S",
-         "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "BUS_CURVE_PUBLIC"]
+         "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "OPENAPI_FILE", "BUS_CURVE_PUBLIC"]
             + ServiceName.allCases.map(\.endpointVariable)
     }
 }

@@ -1,0 +1,30 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import HummingbirdTesting
+import Testing
+
+@Suite("The contract", .serialized)
+struct ContractTests {
+    static let file = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("openapi.yaml")
+
+    @Test func theDocumentServedIsTheFile() async throws {
+        let system = try await JobSystem(workers: 0)
+        system.configuration.openAPIFile = Self.file.path
+        let text = try String(contentsOf: Self.file, encoding: .utf8)
+        try await system.gateway { client in
+            let yaml = try await client.execute(uri: "/openapi.yaml", method: .get)
+            #expect(yaml.status == .ok && yaml.headers[.contentType] == "application/yaml")
+            #expect(String(buffer: yaml.body) == text)
+            // The JSON form is the same document: every path of the file, with its operations
+            let json = try await client.execute(uri: "/openapi.json", method: .get)
+            let document = try #require(try JSONSerialization.jsonObject(with: Data(buffer: json.body)) as? [String: Any])
+            #expect(document["openapi"] as? String == "3.1.0")
+            let paths = try #require(document["paths"] as? [String: Any])
+            let filePaths = text.split(separator: "\n").filter { $0.hasPrefix("  /") }.map { String($0.dropFirst(2).dropLast()) }
+            #expect(Set(paths.keys) == Set(filePaths) && paths.count >= 28)
+        }
+        await system.stop()
+    }
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Contract conformance: starts quota, history, jobs, a worker and the gateway (the debug build
+# `make test` made) on free ports with data in a scratch folder, and runs schemathesis against
+# openapi.yaml: every operation, examples, coverage (positive and negative data), fuzzing and
+# stateful links, as a guest (X-Device-Id) and for the admin routes with the admin token. It
+# passes only with no server error and no response that breaks the document.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
+SCHEMATHESIS_VERSION=4.32.5
+if ! command -v schemathesis >/dev/null || [ "$(schemathesis --version | awk '{print $NF}')" != "$SCHEMATHESIS_VERSION" ]; then
+  echo "installing schemathesis $SCHEMATHESIS_VERSION"
+  python3 -m pip install -q "schemathesis==$SCHEMATHESIS_VERSION"
+fi
+BIN=$(swift build --show-bin-path)
+MAX_EXAMPLES=${CONFORMANCE_EXAMPLES:-25}
+
+export DATA_DIR=$work LOG_LEVEL=warning
+export QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" HISTORY_ENDPOINT="tcp://127.0.0.1:$(port)" JOBS_ENDPOINT="tcp://127.0.0.1:$(port)"
+export QUOTA_BIND=$QUOTA_ENDPOINT HISTORY_BIND=$HISTORY_ENDPOINT JOBS_BIND=$JOBS_ENDPOINT
+export JOBS_WORKER_BIND="tcp://127.0.0.1:$(port)"
+export JOBS_WORKER_ENDPOINT=$JOBS_WORKER_BIND
+export GATEWAY_PORT=$(port) JWT_SECRET="conformance-jwt-secret-0123456789abcdef" ADMIN_TOKEN=conformance-admin
+export ADAPTY_WEBHOOK_SECRET=conformance-adapty URL_SIGNING_SECRET=conformance-signing OPENAPI_FILE=$PWD/openapi.yaml
+export PUBLIC_BASE_URL="http://127.0.0.1:$GATEWAY_PORT"
+for name in quota history jobs worker gateway; do "$BIN/$name" > "$work/$name.log" 2>&1 & pids+=($!); done
+url="http://127.0.0.1:$GATEWAY_PORT"
+for _ in $(seq 1 150); do curl -fsS "$url/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
+
+checks=not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,response_headers_conformance
+run() {
+  schemathesis run openapi.yaml --url "$url" --checks "$checks" --max-examples "$MAX_EXAMPLES" --request-timeout 10 \
+    --seed 1 --generation-deterministic --report junit --report-dir "$work/reports" "$@"
+}
+status=0
+echo "== as a guest"
+run -H "X-Device-Id: $(python3 -c 'import uuid; print(uuid.uuid4())')" --exclude-path-regex '^/admin' || status=1
+echo "== the admin routes, with the admin token"
+run -H "Authorization: Bearer $ADMIN_TOKEN" --include-path-regex '^/admin' --phases examples,coverage,fuzzing || status=1
+if [ "$status" -ne 0 ]; then
+  echo "conformance failed; the gateway's log:"; tail -50 "$work/gateway.log"
+fi
+exit $status
