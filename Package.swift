@@ -34,6 +34,10 @@ let package = Package(
         .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.8.0"),
         .package(url: "https://github.com/apple/swift-crypto.git", "4.0.0"..<"5.0.0"),
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
+        .package(url: "https://github.com/apple/swift-openapi-runtime.git", from: "1.13.4"),
+        .package(url: "https://github.com/apple/swift-openapi-urlsession.git", from: "1.4.0"),
+        // Only `make generate` builds it: the client's code is generated once and committed.
+        .package(url: "https://github.com/apple/swift-openapi-generator.git", from: "1.14.3"),
     ],
     targets: [
         // libzmq through pkg-config; the only C module the bus uses.
@@ -230,6 +234,11 @@ let package = Package(
         // The client library the app (and `photoedit`) use: Foundation only.
         .target(
             name: "PhotoEditKit",
+            dependencies: [
+                .product(name: "OpenAPIRuntime", package: "swift-openapi-runtime"),
+                .product(name: "OpenAPIURLSession", package: "swift-openapi-urlsession"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+            ],
             path: "Clients/PhotoEditKit",
             swiftSettings: swiftSettings
         ),
@@ -294,6 +303,7 @@ let package = Package(
             name: "SystemTests",
             dependencies: [
                 "Bus", "Messages", "ZeroMQ", "ServiceKit", "GatewayApp", "QuotaService", "JobsService", "HistoryService", "WorkerKit", "JobsCore", "ImageOps", "Blobs",
+                "PhotoEditKit",
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdTesting", package: "hummingbird"),

@@ -12,8 +12,7 @@ struct EventStreamTests {
     }
 
     /// The gateway as its own process in front of `system`'s services, on a free port.
-    static func gatewayProcess(_ system: JobSystem, extra: [String: String]) async throws -> (ServiceProcess, Int) {
-        let port = freePort()
+    static func gatewayProcess(_ system: JobSystem, extra: [String: String], port: Int = freePort()) async throws -> (ServiceProcess, Int) {
         var environment = [
             "GATEWAY_PORT": "\(port)", "JWT_SECRET": JobSystem.secret, "ADMIN_TOKEN": JobSystem.adminToken,
             "BLOB_DIR": system.blobDirectory, "URL_SIGNING_SECRET": JobSystem.signingSecret, "PUBLIC_BASE_URL": JobSystem.publicBase,
