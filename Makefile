@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CONFIG ?= debug
 
-.PHONY: deps build run test conformance bench-bus bench-quota bench-jobs bench-history stream-cost clean
+.PHONY: deps build run test conformance generate bench-bus bench-quota bench-jobs bench-history stream-cost clean
 
 deps:
 	@scripts/install-deps.sh
@@ -18,8 +18,16 @@ run: deps
 ## conformance run (schemathesis against openapi.yaml on a live stack).
 test: deps
 	swift build --build-tests
+	swift build --product swift-openapi-generator
 	swift test --skip-build
 	scripts/conformance.sh
+
+## Regenerates the client code from openapi.yaml (committed; a test fails when it is stale).
+generate: deps
+	swift build --product swift-openapi-generator
+	rm -rf Clients/PhotoEditKit/Generated && mkdir -p Clients/PhotoEditKit/Generated
+	$$(swift build --show-bin-path)/swift-openapi-generator generate openapi.yaml \
+	  --config Clients/openapi-generator-config.yaml --output-directory Clients/PhotoEditKit/Generated
 
 ## The contract conformance run alone (needs the debug build).
 conformance: deps

@@ -28,3 +28,34 @@ struct ContractTests {
         await system.stop()
     }
 }
+
+@Suite("The generated client")
+struct GeneratedClientTests {
+    @Test func theCommittedCodeIsWhatTheGeneratorMakesOfTheDocument() throws {
+        let root = ContractTests.file.deletingLastPathComponent()
+        let generator = ServiceProcess.binaryDirectory.appendingPathComponent("swift-openapi-generator")
+        try #require(FileManager.default.isExecutableFile(atPath: generator.path),
+                     "build the generator first: swift build --product swift-openapi-generator (make test does)")
+        let output = FileManager.default.temporaryDirectory.appendingPathComponent("generated-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: output) }
+        try FileManager.default.createDirectory(at: output, withIntermediateDirectories: true)
+        let process = Process()
+        process.executableURL = generator
+        process.arguments = ["generate", root.appendingPathComponent("openapi.yaml").path,
+                             "--config", root.appendingPathComponent("Clients/openapi-generator-config.yaml").path,
+                             "--output-directory", output.path]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0)
+        let committed = root.appendingPathComponent("Clients/PhotoEditKit/Generated")
+        let names = try FileManager.default.contentsOfDirectory(atPath: output.path).sorted()
+        #expect(names == (try FileManager.default.contentsOfDirectory(atPath: committed.path).sorted()))
+        for name in names {
+            let fresh = try Data(contentsOf: output.appendingPathComponent(name))
+            let kept = try Data(contentsOf: committed.appendingPathComponent(name))
+            #expect(fresh == kept, "Clients/PhotoEditKit/Generated/\(name) is stale: run make generate")
+        }
+    }
+}
