@@ -12,6 +12,7 @@ let package = Package(
     products: [
         // The app's side: the client library (Foundation only).
         .library(name: "PhotoEditKit", targets: ["PhotoEditKit"]),
+        .executable(name: "photoedit", targets: ["photoedit"]),
         .executable(name: "gateway", targets: ["gateway"]),
         .executable(name: "quota", targets: ["quota"]),
         .executable(name: "history", targets: ["history"]),
@@ -34,6 +35,7 @@ let package = Package(
         .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.8.0"),
         .package(url: "https://github.com/apple/swift-crypto.git", "4.0.0"..<"5.0.0"),
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-openapi-runtime.git", from: "1.13.4"),
         .package(url: "https://github.com/apple/swift-openapi-urlsession.git", from: "1.4.0"),
         // Only `make generate` builds it: the client's code is generated once and committed.
@@ -240,6 +242,17 @@ let package = Package(
                 .product(name: "HTTPTypes", package: "swift-http-types"),
             ],
             path: "Clients/PhotoEditKit",
+            swiftSettings: swiftSettings
+        ),
+        // The command-line client, on the library.
+        .executableTarget(
+            name: "photoedit",
+            dependencies: [
+                "PhotoEditKit",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
+            path: "Clients/photoedit",
             swiftSettings: swiftSettings
         ),
         .testTarget(
