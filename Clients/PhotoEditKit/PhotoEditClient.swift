@@ -111,15 +111,25 @@ public struct PhotoEditClient: Sendable {
         try await call { JobUpdate(try await api.jobStatus(path: .init(jobId: jobId)).ok.body.json) }
     }
 
-    /// A job's updates until it ends (the last one is completed, failed or cancelled), polled
-    /// every `pollInterval` (the app's rhythm; Server-Sent Events need a streaming URLSession
-    /// that Linux's Foundation does not have, so this client polls everywhere).
+    /// A job's updates until it ends (the last one is completed, failed or cancelled): from the
+    /// job's Server-Sent Events where URLSession can stream them (Apple platforms), falling back
+    /// to polling every `pollInterval` when the stream fails or cannot be had (Linux's
+    /// URLSession does not stream).
     public func updates(of jobId: String) -> AsyncThrowingStream<JobUpdate, any Error> {
         let interval = pollInterval
         return AsyncThrowingStream { continuation in
             let task = Task {
                 var last: JobUpdate?
                 do {
+                    #if !canImport(FoundationNetworking)
+                    last = try? await streamEvents(of: jobId) { update in
+                        continuation.yield(update)
+                    }
+                    if let last, last.isFinished {
+                        continuation.finish()
+                        return
+                    }
+                    #endif
                     while !Task.isCancelled {
                         let update = try await status(of: jobId)
                         if update != last { continuation.yield(update) }
@@ -135,6 +145,32 @@ public struct PhotoEditClient: Sendable {
             continuation.onTermination = { _ in task.cancel() }
         }
     }
+
+    #if !canImport(FoundationNetworking)
+    /// Reads `GET /api/v1/jobs/{id}/events` until the job ends or the stream does; hands each
+    /// `status` event to `yield`; returns the last one.
+    func streamEvents(of jobId: String, yield: (JobUpdate) -> Void) async throws -> JobUpdate? {
+        var request = URLRequest(url: baseURL.appendingPathComponent("api/v1/jobs/\(jobId)/events"))
+        request.setValue("text/event-stream", forHTTPHeaderField: "Accept")
+        switch identity {
+        case .guest(let deviceId): request.setValue(deviceId.uuidString, forHTTPHeaderField: "X-Device-Id")
+        case .token(let token): request.setValue("Bearer \(try await token())", forHTTPHeaderField: "Authorization")
+        }
+        let (bytes, response) = try await session.bytes(for: request)
+        guard (response as? HTTPURLResponse)?.statusCode == 200 else { return nil }
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        var last: JobUpdate?
+        for try await line in bytes.lines where line.hasPrefix("data:") {
+            guard let view = try? decoder.decode(Components.Schemas.JobStatusView.self, from: Data(line.dropFirst(5).utf8)) else { continue }
+            let update = JobUpdate(view)
+            yield(update)
+            last = update
+            if update.isFinished { break }
+        }
+        return last
+    }
+    #endif
 
     /// Cancels a job.
     public func cancel(_ jobId: String) async throws(PhotoEditError) -> JobUpdate {
