@@ -15,6 +15,11 @@ internal protocol APIProtocol: Sendable {
     /// - Remark: HTTP `GET /readyz`.
     /// - Remark: Generated from `#/paths//readyz/get(readyz)`.
     func readyz(_ input: Operations.Readyz.Input) async throws -> Operations.Readyz.Output
+    /// The gateway's metrics (Prometheus text format).
+    ///
+    /// - Remark: HTTP `GET /metrics`.
+    /// - Remark: Generated from `#/paths//metrics/get(metrics)`.
+    func metrics(_ input: Operations.Metrics.Input) async throws -> Operations.Metrics.Output
     /// This document.
     ///
     /// - Remark: HTTP `GET /openapi.yaml`.
@@ -156,6 +161,13 @@ extension APIProtocol {
     /// - Remark: Generated from `#/paths//readyz/get(readyz)`.
     internal func readyz(headers: Operations.Readyz.Input.Headers = .init()) async throws -> Operations.Readyz.Output {
         try await readyz(Operations.Readyz.Input(headers: headers))
+    }
+    /// The gateway's metrics (Prometheus text format).
+    ///
+    /// - Remark: HTTP `GET /metrics`.
+    /// - Remark: Generated from `#/paths//metrics/get(metrics)`.
+    internal func metrics(headers: Operations.Metrics.Input.Headers = .init()) async throws -> Operations.Metrics.Output {
+        try await metrics(Operations.Metrics.Input(headers: headers))
     }
     /// This document.
     ///

@@ -3,6 +3,7 @@ import Bus
 import Foundation
 import Hummingbird
 import Logging
+import Prometheus
 import ServiceKit
 
 /// The gateway's request context.
@@ -14,14 +15,17 @@ public func buildRouter(
     authenticator: Authenticator,
     configuration: GatewayConfiguration,
     streams: JobStreams,
+    metrics: PrometheusCollectorRegistry = PrometheusCollectorRegistry(),
     logger: Logger = Logger(label: "gateway")
 ) -> Router<GatewayContext> {
     let router = Router(context: GatewayContext.self)
+    router.middlewares.add(MetricsMiddleware())
     router.middlewares.add(RequestIdMiddleware())
     router.middlewares.add(LogRequestsMiddleware(.info))
     router.middlewares.add(ProblemMiddleware())
     HealthController(clients: clients, readinessTimeout: configuration.readinessTimeout).addRoutes(to: router)
     OpenAPIController(path: configuration.openAPIFile, logger: logger).addRoutes(to: router)
+    MetricsController(registry: metrics).addRoutes(to: router)
     UsersController(clients: clients, authenticator: authenticator).addRoutes(to: router)
     AdminController(clients: clients, authenticator: authenticator).addRoutes(to: router)
     let signer = URLSigner(secret: configuration.urlSigningSecret)
@@ -44,15 +48,19 @@ public func buildRouter(
     return router
 }
 
-/// Builds the gateway: its bus clients, its authenticator and its HTTP server, from its configuration.
-public func buildApplication(configuration: GatewayConfiguration, logger: Logger = Logger(label: "gateway")) async throws -> some ApplicationProtocol {
+/// Builds the gateway: its bus clients, its authenticator and its HTTP server, from its
+/// configuration. `metrics` is the registry `/metrics` shows: the one the process bootstrapped
+/// swift-metrics with (the gateway's main does; in-process tests leave metrics off).
+public func buildApplication(
+    configuration: GatewayConfiguration, metrics: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "gateway")
+) async throws -> some ApplicationProtocol {
     let authenticator = try await Authenticator(jwtSecret: configuration.jwtSecret, adminToken: configuration.adminToken)
     let clients = ServiceClients(configuration: configuration)
     if configuration.jwtSecret == nil { logger.warning("JWT_SECRET is not set: every bearer token will be refused") }
     if configuration.adminToken == nil { logger.warning("ADMIN_TOKEN is not set: every admin call will be refused") }
     let streams = JobStreams(jobs: clients.jobs, perUser: configuration.streamsPerUser, total: configuration.streamsTotal, logger: logger)
     return Application(
-        router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration, streams: streams, logger: logger),
+        router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration, streams: streams, metrics: metrics, logger: logger),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "gateway"),
         services: [streams, clients],
         logger: logger

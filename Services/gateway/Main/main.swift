@@ -1,5 +1,7 @@
 import GatewayApp
 import Logging
+import Metrics
+import Prometheus
 import ServiceKit
 
 // The gateway: REST for the app, turned into bus requests.
@@ -8,7 +10,9 @@ await ProcessExit.run("gateway") {
     ProcessLogging.bootstrap(level: configuration.logLevel)
     let logger = Logger(label: "gateway")
     let openFiles = ProcessLimits.raiseOpenFiles()
-    let app = try await buildApplication(configuration: configuration, logger: logger)
+    let registry = PrometheusCollectorRegistry()
+    MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
+    let app = try await buildApplication(configuration: configuration, metrics: registry, logger: logger)
     logger.info("gateway listening", metadata: ["url": "http://\(configuration.host):\(configuration.port)", "open-files": "\(openFiles)"])
     try await app.runService()
 }
