@@ -101,14 +101,17 @@ struct WebhooksController<Context: RequestContext>: Sendable {
             return try ignored(type, "the event has no customer_user_id")
         }
         let effect: SubscriptionEvent.Effect
-        var endsAt = try Self.date(envelope.eventProperties?.subscriptionExpiresAt, field: "subscription_expires_at")
+        let endsAt: Date?
         if Self.grants.contains(type) {
             effect = .grant
+            endsAt = try Self.date(envelope.eventProperties?.subscriptionExpiresAt, field: "subscription_expires_at")
         } else if Self.revokes.contains(type) {
             effect = .revoke
+            endsAt = nil
         } else if type == "access_level_updated", let active = envelope.eventProperties?.isActive {
             effect = active ? .grant : .revoke
-            endsAt = try Self.date(envelope.eventProperties?.expiresAt, field: "expires_at") ?? endsAt
+            endsAt = try Self.date(envelope.eventProperties?.expiresAt, field: "expires_at")
+                ?? Self.date(envelope.eventProperties?.subscriptionExpiresAt, field: "subscription_expires_at")
         } else {
             return try ignored(type, "the event type is not one this backend acts on")
         }
