@@ -15,12 +15,13 @@ struct BusFailureTests {
             let started = ContinuousClock.now
             let error = await failure(client, TestMethods.echo, Tagged(tag: 1, text: ""), timeout: .milliseconds(500))
             let elapsed = started.duration(to: .now)
-            // Then it fails as a timeout, not before the deadline and within a margin that allows
-            // for a loaded 2-core machine running the rest of the suite in parallel
+            // Then it fails as a timeout, not before the deadline, and it does not hang (the bound
+            // is far above the deadline: a loaded 2-core machine, running the rest of the suite
+            // and a build beside it, was seen to take 3.5 s)
             #expect(error?.code == .timeout)
             #expect(error?.retryable == true)
             #expect(elapsed >= .milliseconds(500))
-            #expect(elapsed < .milliseconds(2500))
+            #expect(elapsed < .seconds(10))
         }
     }
 
