@@ -20,8 +20,12 @@ final class RawConnection: @unchecked Sendable {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
         guard connected == 0 else {
+            // Closed once, here: a class whose init throws still runs its deinit, and a second
+            // close would hit whatever descriptor took the number meanwhile (another thread's).
+            let code = errno
             Glibc.close(fd)
-            throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .ECONNREFUSED)
+            fd = -1
+            throw POSIXError(POSIXErrorCode(rawValue: code) ?? .ECONNREFUSED)
         }
         var limit = timeval(tv_sec: timeout, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
