@@ -256,7 +256,7 @@ let package = Package(
         .executableTarget(
             name: "photoedit",
             dependencies: [
-                "PhotoEditKit",
+                "PhotoEditKit", "Messages",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ],

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Crypto
 import Foundation
+import Messages
 import PhotoEditKit
 
 /// `photoedit`: the system by hand, on PhotoEditKit. Works against `make run` with no flags: the
@@ -71,14 +72,11 @@ struct Connection: ParsableArguments {
 /// An HS256 token for a user id, valid for an hour: what `make run`'s development secret allows.
 enum DevelopmentToken {
     static func sign(sub: String, secret: String) -> String {
-        func base64URL(_ data: Data) -> String {
-            data.base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
-        }
-        let header = base64URL(Data(#"{"alg":"HS256","typ":"JWT"}"#.utf8))
+        let header = Base64URL.encode(Data(#"{"alg":"HS256","typ":"JWT"}"#.utf8))
         let claims = try! JSONSerialization.data(withJSONObject: ["sub": sub, "exp": Int(Date().timeIntervalSince1970) + 3600])
-        let input = header + "." + base64URL(claims)
+        let input = header + "." + Base64URL.encode(claims)
         let mac = HMAC<SHA256>.authenticationCode(for: Data(input.utf8), using: SymmetricKey(data: Data(secret.utf8)))
-        return input + "." + base64URL(Data(mac))
+        return input + "." + Base64URL.encode(Data(mac))
     }
 }
 

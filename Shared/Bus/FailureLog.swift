@@ -50,9 +50,4 @@ public final class FailureLog: Sendable {
             logger.info("recovered", metadata: ["kind": "\(kind)", "repeated": "\(had.suppressed)"])
         }
     }
-
-    /// Whether failures of `kind` are being recorded now.
-    public func isFailing(_ kind: String) -> Bool {
-        kinds.withLock { $0[kind] != nil }
-    }
 }

@@ -138,25 +138,19 @@ struct UploadsController<Context: RequestContext>: Sendable {
         do { return try work() } catch { throw storageProblem(error) ?? error }
     }
 
-    /// The answer to a failed file write: 507 for a full disk, 503 for another I/O error; the
-    /// cause is logged once, not per upload.
+    /// The answer to a failed file write, through the gateway's one mapping of storage errors
+    /// (507 for a full disk, 503 for another I/O error); the cause is logged once, not per upload.
     func storageProblem(_ error: any Error) -> Problem? {
+        let storage: BusError
         if StorageErrors.isOutOfSpace(error) {
-            failures.record("storage_full", "uploads cannot be stored: the disk is full (\(error))")
-            return Problem(
-                .init(code: 507, reasonPhrase: "Insufficient Storage"),
-                detail: "The server's disk is full; the upload was not stored. Try again later.",
-                headers: [.retryAfter: "30"], extensions: ["code": .string("storage_full"), "service": .string("gateway")]
-            )
+            storage = BusError(.storageFull, "The server's disk is full; the upload was not stored. Try again later.")
+        } else if error is CocoaError || error is POSIXError || "\(type(of: error))".contains("FileSystemError") {
+            storage = BusError(.storageUnavailable, "The server could not store the upload. Try again shortly.")
+        } else {
+            return nil
         }
-        if error is CocoaError || error is POSIXError || "\(type(of: error))".contains("FileSystemError") {
-            failures.record("storage_unavailable", "uploads cannot be stored: \(error)")
-            return Problem(
-                .serviceUnavailable, detail: "The server could not store the upload. Try again shortly.",
-                headers: [.retryAfter: "5"], extensions: ["code": .string("storage_unavailable"), "service": .string("gateway")]
-            )
-        }
-        return nil
+        failures.record(storage.code.rawValue, "uploads cannot be stored: \(error)")
+        return Problem(storage, service: "gateway")
     }
 
     func download(_ request: Request, context: Context) async throws -> Response {

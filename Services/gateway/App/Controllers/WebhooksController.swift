@@ -71,7 +71,7 @@ struct WebhooksController<Context: RequestContext>: Sendable {
         guard let secret = adaptySecret else {
             throw Problem(.notFound, detail: "No webhook is configured here.")
         }
-        guard let given = request.headers[.authorization], Self.constantTimeEqual(given, secret) else {
+        guard let given = request.headers[.authorization], Authenticator.constantTimeEqual(Array(given.utf8), Array(secret.utf8)) else {
             throw Problem(.unauthorized, detail: "The Authorization header does not match the webhook secret.")
         }
         let body: ByteBuffer
@@ -158,15 +158,6 @@ struct WebhooksController<Context: RequestContext>: Sendable {
             if let date = formatter.date(from: text) { return date }
         }
         throw Problem(.badRequest, detail: "\(field) is not an ISO 8601 time: \(text.prefix(64))")
-    }
-
-    static func constantTimeEqual(_ lhs: String, _ rhs: String) -> Bool {
-        let left = Array(lhs.utf8), right = Array(rhs.utf8)
-        var difference = UInt8(left.count == right.count ? 0 : 1)
-        for index in 0..<max(left.count, right.count) {
-            difference |= (index < left.count ? left[index] : 0) ^ (index < right.count ? right[index] : 0)
-        }
-        return difference == 0
     }
 }
 

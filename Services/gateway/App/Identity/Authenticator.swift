@@ -78,7 +78,8 @@ public struct Authenticator: Sendable {
         return String(parts[1])
     }
 
-    private static func constantTimeEqual(_ lhs: [UInt8], _ rhs: [UInt8]) -> Bool {
+    /// Whether two secrets are equal, in time that tells nothing of either.
+    static func constantTimeEqual(_ lhs: [UInt8], _ rhs: [UInt8]) -> Bool {
         // Compare digests so neither the length nor the contents leak through timing.
         let left = SHA256.hash(data: lhs), right = SHA256.hash(data: rhs)
         return zip(left, right).reduce(UInt8(0)) { $0 | ($1.0 ^ $1.1) } == 0

@@ -75,9 +75,6 @@ public final class JobStreams: Service, Sendable {
         self.failures = FailureLog(logger: logger)
     }
 
-    /// Streams open now.
-    public var openCount: Int { state.withLock { $0.total } }
-
     /// Opens a stream of `job` for `userId`; a 503 problem when the user or the gateway has as
     /// many open as allowed.
     func open(_ job: JobRecord, userId: String) throws -> Subscription {
