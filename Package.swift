@@ -73,6 +73,7 @@ let package = Package(
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "HeapModule", package: "swift-collections"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Metrics", package: "swift-metrics"),
             ],
             path: "Shared/Bus",
             swiftSettings: swiftSettings
@@ -84,6 +85,8 @@ let package = Package(
                 "Bus", "Messages", "ZeroMQ",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
             ],
             path: "Shared/ServiceKit",
             swiftSettings: swiftSettings
@@ -108,8 +111,6 @@ let package = Package(
             name: "gateway",
             dependencies: [
                 "GatewayApp", "ServiceKit",
-                .product(name: "Metrics", package: "swift-metrics"),
-                .product(name: "Prometheus", package: "swift-prometheus"),
             ],
             path: "Services/gateway/Main",
             swiftSettings: swiftSettings
@@ -133,6 +134,7 @@ let package = Package(
             dependencies: [
                 "QuotaCore", "Messages", "Bus", "ServiceKit", "Storage",
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             path: "Services/quota/Service",
@@ -156,6 +158,7 @@ let package = Package(
             dependencies: [
                 "HistoryCore", "Messages", "Bus", "ServiceKit", "Storage",
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -181,6 +184,7 @@ let package = Package(
             dependencies: [
                 "JobsCore", "Messages", "Bus", "ServiceKit", "Storage", "Blobs",
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "HeapModule", package: "swift-collections"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -212,6 +216,7 @@ let package = Package(
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Metrics", package: "swift-metrics"),
             ],
             path: "Services/jobs/Worker",
             swiftSettings: swiftSettings

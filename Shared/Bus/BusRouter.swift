@@ -76,6 +76,9 @@ public struct BusRouter: Sendable {
         }
     }
 
+    /// Whether `method` is registered.
+    public func knows(_ method: String) -> Bool { handlers[method] != nil }
+
     /// The names of the registered methods.
     public var methods: [String] { handlers.keys.sorted() }
 

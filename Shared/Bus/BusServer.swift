@@ -2,6 +2,7 @@ import DequeModule
 import Foundation
 import Logging
 import Messages
+import Metrics
 import ServiceLifecycle
 import Synchronization
 import ZeroMQ
@@ -223,11 +224,15 @@ public final class BusServer: Service, Sendable {
             return
         }
         if inFlight >= configuration.maxInFlight {
+            let method = router.knows(header.method) ? header.method : "unknown"
+            Counter(label: "bus_overloaded_total", dimensions: [("method", method)]).increment()
+            BusServerMetrics.answered(method: method, code: BusError.Code.overloaded.rawValue)
             let error = BusError(.overloaded, "\(configuration.maxInFlight) requests already in progress")
             send(Reply(identity: identity, requestId: header.requestId, result: .failure(error)), on: socket)
             return
         }
         inFlight += 1
+        BusServerMetrics.inProgress.increment()
         var requestLogger = logger
         requestLogger[metadataKey: "request-id"] = "\(header.traceId)"
         requestLogger[metadataKey: "method"] = "\(header.method)"
@@ -244,10 +249,16 @@ public final class BusServer: Service, Sendable {
                 await router.handle(method: header.method, body: body, context: requestContext)
             }
             let elapsed = started.duration(to: .now)
+            let method = router.knows(header.method) ? header.method : "unknown"
+            BusServerMetrics.inProgress.decrement()
+            Metrics.Timer(label: "bus_handler_duration_seconds", dimensions: [("method", method)]).recordNanoseconds(
+                elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000)
             switch result {
             case .success:
+                BusServerMetrics.answered(method: method, code: "ok")
                 requestLogger.info("handled", metadata: ["duration-us": "\(elapsed.wholeMicroseconds)"])
             case .failure(let error):
+                BusServerMetrics.answered(method: method, code: error.code.rawValue)
                 requestLogger.info("failed", metadata: ["code": "\(error.code.rawValue)", "duration-us": "\(elapsed.wholeMicroseconds)"])
             }
             self.enqueue(Reply(identity: identity, requestId: header.requestId, result: result))
@@ -268,6 +279,19 @@ public final class BusServer: Service, Sendable {
             // A full queue to that caller, or a caller gone: it will time out; never block here.
             logger.warning("reply dropped", metadata: ["error": "\(error)"])
         }
+    }
+}
+
+/// The bus server's metrics (recorded through swift-metrics: nothing unless the process
+/// bootstrapped a metrics backend). Methods a service does not have count as `unknown`, so
+/// garbage cannot grow the number of series.
+enum BusServerMetrics {
+    /// Requests being handled now.
+    static let inProgress = Meter(label: "bus_requests_in_progress")
+
+    /// Counts an answer by method and code (`ok`, or the error code).
+    static func answered(method: String, code: String) {
+        Counter(label: "bus_requests_total", dimensions: [("method", method), ("code", code)]).increment()
     }
 }
 

@@ -15,6 +15,9 @@ public enum WorkerMessage: Codable, Sendable, Equatable {
     case failed(JobAttempt, error: String, retryable: Bool)
     /// The worker stopped a job after a `cancel`.
     case cancelled(JobAttempt)
+    /// The worker's metrics (Prometheus text), sent every few seconds; the jobs service answers
+    /// for them when it is scraped.
+    case metrics(String)
 }
 
 /// What the jobs service tells a worker.

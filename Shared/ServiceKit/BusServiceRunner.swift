@@ -4,8 +4,8 @@ import Messages
 import ServiceLifecycle
 import ZeroMQ
 
-/// Runs a bus service process: reads its configuration, sets up logging, binds its endpoint with
-/// the methods it registers plus `health`, and serves until SIGTERM or SIGINT, when it finishes the
+/// Runs a bus service process: reads its configuration, sets up logging and metrics, binds its
+/// endpoint with the methods it registers plus `health` and `metrics.scrape`, and serves until SIGTERM or SIGINT, when it finishes the
 /// requests in progress and returns.
 public enum BusServiceRunner {
     /// Runs `service` with the methods `register` adds; `extraServices` run beside the bus server
@@ -20,9 +20,11 @@ public enum BusServiceRunner {
         let configuration = try ServiceConfiguration(service: service, environment: environment)
         ProcessLogging.bootstrap(level: configuration.logLevel)
         let logger = Logger(label: service.rawValue)
+        ProcessMetrics.bootstrap()
 
         var router = BusRouter(translator: translateErrors, failures: FailureLog(logger: logger))
         HealthHandler(service: service.rawValue).register(on: &router)
+        router.register(Telemetry.scrape) { _, _ in await ProcessMetrics.snapshot() }
         let extraServices = try await register(&router, configuration, logger)
 
         let server = BusServer(

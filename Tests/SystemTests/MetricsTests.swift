@@ -1,7 +1,10 @@
 import Foundation
+import HTTPTypes
+import Messages
+import ServiceKit
 import Testing
 
-/// The gateway process's `/metrics`.
+/// `GET /metrics`: the gateway's own metrics and those it gathers from every service and worker.
 @Suite("Metrics", .serialized)
 struct MetricsTests {
     static func get(_ path: String, port: Int, headers: String = "") -> String {
@@ -10,18 +13,22 @@ struct MetricsTests {
         return connection.read(until: "\u{0}")
     }
 
-    /// Every line of a Prometheus text exposition is a comment or a well-formed sample.
-    static func parsesStrictly(_ body: String) -> Bool {
-        let sample = /^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*"(,[a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*")*\})? (-?[0-9.]+([eE][+-]?[0-9]+)?|NaN|\+Inf|-Inf)$/
-        return body.split(separator: "\n").allSatisfy { line in
-            line.hasPrefix("# HELP ") || line.hasPrefix("# TYPE ") || line.wholeMatch(of: sample) != nil
+    /// The scrape's head and its exposition, parsed strictly (a parse failure fails the test).
+    static func scrape(port: Int) throws -> (head: String, exposition: PrometheusExposition) {
+        let response = get("/metrics", port: port)
+        let parts = response.components(separatedBy: "\r\n\r\n")
+        let body = parts.dropFirst().joined(separator: "\r\n\r\n")
+        do {
+            return (parts.first ?? "", try PrometheusExposition(body))
+        } catch {
+            Issue.record("the exposition does not parse: \(error)\n\(body.prefix(3000))")
+            throw error
         }
     }
 
     /// The value of the `hb_requests` sample of `route` with `status`.
-    static func requests(_ body: String, route: String, status: Int) -> Int {
-        body.split(separator: "\n").first { $0.hasPrefix("hb_requests{") && $0.contains(#"http_route="\#(route)""#) && $0.contains(#"http_response_status_code="\#(status)""#) }
-            .flatMap { Int($0.split(separator: " ").last ?? "") } ?? 0
+    static func requests(_ exposition: PrometheusExposition, route: String, status: Int) -> Double {
+        exposition.sum("hb_requests", ["service": "gateway", "http_route": route, "http_response_status_code": "\(status)"])
     }
 
     @Test func theGatewaysCountersMoveAndTheExpositionParses() async throws {
@@ -30,22 +37,101 @@ struct MetricsTests {
         let device = "X-Device-Id: \(UUID().uuidString)\r\n"
         for _ in 0..<3 { #expect(Self.get("/api/v1/users/me", port: port, headers: device).hasPrefix("HTTP/1.1 200")) }
         #expect(Self.get("/api/v1/users/me", port: port).hasPrefix("HTTP/1.1 401"))
-        var body = ""
+        var scraped = try Self.scrape(port: port)
         try await waitUntil {
-            body = Self.get("/metrics", port: port)
-            return Self.requests(body, route: "/api/v1/users/me", status: 200) >= 3
+            scraped = try Self.scrape(port: port)
+            return Self.requests(scraped.exposition, route: "/api/v1/users/me", status: 200) >= 3
         }
-        let head = body.components(separatedBy: "\r\n\r\n").first ?? ""
-        let exposition = body.components(separatedBy: "\r\n\r\n").dropFirst().joined(separator: "\r\n\r\n")
-        #expect(head.contains("text/plain; version=0.0.4"))
-        #expect(Self.parsesStrictly(exposition), "\(exposition.prefix(2000))")
-        #expect(Self.requests(exposition, route: "/api/v1/users/me", status: 401) == 1)
-        #expect(exposition.contains("http_server_request_duration_bucket") && exposition.contains("http_server_active_requests"))
+        #expect(scraped.head.contains("text/plain; version=0.0.4"))
+        #expect(Self.requests(scraped.exposition, route: "/api/v1/users/me", status: 401) == 1)
+        #expect(scraped.exposition.types["http_server_request_duration"] == "histogram")
+        #expect(scraped.exposition.value("http_server_active_requests", ["service": "gateway"]) != nil)
         // One more request moves its counter by one
-        let before = Self.requests(exposition, route: "/api/v1/users/me", status: 200)
+        let before = Self.requests(scraped.exposition, route: "/api/v1/users/me", status: 200)
         _ = Self.get("/api/v1/users/me", port: port, headers: device)
-        try await waitUntil { Self.requests(Self.get("/metrics", port: port), route: "/api/v1/users/me", status: 200) == before + 1 }
+        try await waitUntil { Self.requests(try Self.scrape(port: port).exposition, route: "/api/v1/users/me", status: 200) == before + 1 }
         await gateway.stop()
         await system.stop()
+    }
+
+    /// Each service's and each worker's metrics reach the gateway's scrape, labelled, and move as
+    /// a job is created, run and recorded in history.
+    @Test func everyServiceAndWorkerIsScrapedThroughTheGateway() async throws {
+        let system = try await JobSystem(workers: 1)
+        let (gateway, port) = try await ClientLibraryTests.gateway(system)
+        let user = JobSystem.guest(UUID())
+        var first = try Self.scrape(port: port).exposition
+        for service in ["quota", "history", "jobs"] {
+            #expect(first.value("photoedit_scrape_up", ["service": service]) == 1, "\(service) did not answer")
+        }
+        let reserves = first.sum("bus_requests_total", ["service": "quota", "method": "quota.reserve", "code": "ok"])
+        try await system.gateway { client in
+            let key = try await JobSystem.upload(client, as: user)
+            for _ in 0..<2 {
+                let created = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "copy")
+                #expect(created.status == .accepted)
+                let jobId = try #require(JobSystem.json(created)["jobId"] as? String)
+                #expect(try await JobSystem.waitForStatus(client, as: user, jobId: jobId)["status"] as? String == "completed")
+            }
+        }
+        // The worker reports every 5 s: wait for its count and history's events.
+        try await waitUntil(within: .seconds(20)) {
+            first = try Self.scrape(port: port).exposition
+            return first.sum("worker_jobs_total", ["service": "worker", "worker": "w1", "effect": "copy", "outcome": "completed"]) == 2
+                && first.sum("history_events_applied_total", ["service": "history"]) >= 2
+        }
+        let exposition = first
+        #expect(exposition.sum("bus_requests_total", ["service": "quota", "method": "quota.reserve", "code": "ok"]) == reserves + 2)
+        #expect(exposition.sum("quota_decisions_total", ["service": "quota", "decision": "admitted", "window": "daily"]) == 2)
+        #expect(exposition.sum("quota_decisions_total", ["service": "quota", "decision": "admitted", "window": "monthly"]) == 2)
+        #expect(exposition.sum("bus_handler_duration_seconds_count", ["service": "jobs", "method": "jobs.create"]) == 2)
+        #expect(exposition.value("bus_requests_in_progress", ["service": "quota"]) != nil)
+        #expect(exposition.value("jobs_by_state", ["service": "jobs", "state": "completed"]) == 2)
+        #expect(exposition.value("jobs_queue_length", ["service": "jobs"]) == 0)
+        #expect(exposition.value("jobs_workers_connected", ["service": "jobs"]) == 1)
+        #expect(exposition.sum("jobs_results_total", ["service": "jobs", "effect": "copy", "state": "completed"]) == 2)
+        #expect(exposition.sum("jobs_wait_before_assignment_seconds_count", ["service": "jobs"]) == 2)
+        #expect(exposition.sum("jobs_run_duration_seconds_count", ["service": "jobs", "effect": "copy"]) == 2)
+        #expect(exposition.value("jobs_outbox_backlog", ["service": "jobs", "topic": "quota"]) != nil)
+        #expect(exposition.sum("history_event_lag_seconds_count", ["service": "history"]) >= 2)
+        #expect(exposition.sum("worker_job_duration_seconds_count", ["service": "worker", "worker": "w1", "effect": "copy"]) == 2)
+
+        // A quota denial counts by window; an unknown method does not add a series of its own.
+        let denials = exposition.sum("quota_decisions_total", ["decision": "denied"])
+        let report = try await system.clients.quota.call(Quota.reserve, ReserveQuota(userId: "metrics-user", jobId: UUID().uuidString, cost: 1000))
+        #expect(!report.admitted)
+        _ = try? await system.clients.quota.call(BusMethod<Empty, Empty>("no.such.method"), Empty())
+        try await waitUntil {
+            let now = try Self.scrape(port: port).exposition
+            return now.sum("quota_decisions_total", ["decision": "denied", "window": "daily"]) == denials + 1
+                && now.sum("bus_requests_total", ["service": "quota", "method": "unknown", "code": "unknown_method"]) == 1
+        }
+
+        // A service that is down answers 0 in photoedit_scrape_up; the others still come.
+        await system.services.stop(.history)
+        let partial = try Self.scrape(port: port).exposition
+        #expect(partial.value("photoedit_scrape_up", ["service": "history"]) == 0)
+        #expect(partial.value("photoedit_scrape_up", ["service": "quota"]) == 1)
+        #expect(partial.sum("history_events_applied_total") == 0)
+        await gateway.stop()
+        await system.stop()
+    }
+
+    @Test func mergingKeepsOneFamilyTogetherAndDropsGarbage() throws {
+        let gateway = "# HELP bus_requests_total Requests.\n# TYPE bus_requests_total counter\nbus_requests_total{method=\"a\"} 1\n"
+        let quota = "# TYPE bus_requests_total counter\nbus_requests_total{method=\"b\"} 2\nnot a sample\n{bad} 3\n# TYPE up gauge\nup 1\n"
+        let merged = PrometheusText.merge([
+            MetricsSection(labels: ["service": "gateway"], text: gateway),
+            MetricsSection(labels: ["service": "quota", "worker": "a\"b"], text: quota),
+        ])
+        let exposition = try PrometheusExposition(merged)
+        #expect(merged.components(separatedBy: "# TYPE bus_requests_total").count == 2)
+        #expect(exposition.value("bus_requests_total", ["service": "gateway", "method": "a"]) == 1)
+        #expect(exposition.value("bus_requests_total", ["service": "quota", "method": "b", "worker": "a\"b"]) == 2)
+        #expect(exposition.value("up", ["service": "quota"]) == 1)
+        #expect(exposition.samples.count == 3)
+        // The reader itself refuses a family split in two and a repeated series.
+        #expect(throws: PrometheusExposition.Malformed.self) { try PrometheusExposition("a 1\nb 1\na{x=\"1\"} 2\n") }
+        #expect(throws: PrometheusExposition.Malformed.self) { try PrometheusExposition("a 1\na 2\n") }
     }
 }

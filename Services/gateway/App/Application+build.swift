@@ -25,7 +25,7 @@ public func buildRouter(
     router.middlewares.add(ProblemMiddleware())
     HealthController(clients: clients, readinessTimeout: configuration.readinessTimeout).addRoutes(to: router)
     OpenAPIController(path: configuration.openAPIFile, logger: logger).addRoutes(to: router)
-    MetricsController(registry: metrics).addRoutes(to: router)
+    MetricsController(registry: metrics, clients: clients).addRoutes(to: router)
     UsersController(clients: clients, authenticator: authenticator).addRoutes(to: router)
     AdminController(clients: clients, authenticator: authenticator).addRoutes(to: router)
     let signer = URLSigner(secret: configuration.urlSigningSecret)

@@ -1,7 +1,5 @@
 import GatewayApp
 import Logging
-import Metrics
-import Prometheus
 import ServiceKit
 
 // The gateway: REST for the app, turned into bus requests.
@@ -10,9 +8,8 @@ await ProcessExit.run("gateway") {
     ProcessLogging.bootstrap(level: configuration.logLevel)
     let logger = Logger(label: "gateway")
     let openFiles = ProcessLimits.raiseOpenFiles()
-    let registry = PrometheusCollectorRegistry()
-    MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
-    let app = try await buildApplication(configuration: configuration, metrics: registry, logger: logger)
+    ProcessMetrics.bootstrap()
+    let app = try await buildApplication(configuration: configuration, metrics: ProcessMetrics.registry, logger: logger)
     logger.info("gateway listening", metadata: ["url": "http://\(configuration.host):\(configuration.port)", "open-files": "\(openFiles)"])
     try await app.runService()
 }

@@ -2,6 +2,7 @@ import Bus
 import Crypto
 import Foundation
 import Messages
+import Metrics
 
 /// The history service's bus methods.
 public struct HistoryHandler: Sendable {
@@ -15,10 +16,23 @@ public struct HistoryHandler: Sendable {
         self.now = now
     }
 
+    /// `history_events_received_total`, `history_events_applied_total` (those that changed an
+    /// item) and `history_event_lag_seconds`: from the job change an event carries to now.
+    static func count(_ events: [JobEvent], applied: Int, now: Date) {
+        Counter(label: "history_events_received_total").increment(by: events.count)
+        Counter(label: "history_events_applied_total").increment(by: applied)
+        let lag = Metrics.Timer(label: "history_event_lag_seconds")
+        for event in events {
+            lag.recordSeconds(max(0, now.timeIntervalSince(event.job.updatedAt)))
+        }
+    }
+
     public func register(on router: inout BusRouter) {
         router.register(History.apply) { request, _ in
             guard request.events.count <= 1000 else { throw BusError(.badRequest, "at most 1,000 events a batch") }
-            return EventsApplied(applied: try await database.applyJobEvents(request.events))
+            let applied = try await database.applyJobEvents(request.events)
+            Self.count(request.events, applied: applied, now: Date())
+            return EventsApplied(applied: applied)
         }
         router.register(History.list) { request, _ in
             try Self.validate(request)

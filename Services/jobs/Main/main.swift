@@ -21,6 +21,11 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
     let dispatcher = Dispatcher(channel: channel, store: store, catalog: catalog, proFirst: configuration.proFirst, logger: logger)
     let recovered = try await store.recover(now: Date())
     await dispatcher.load(recovered)
+    ProcessMetrics.onScrape {
+        guard let counts = try? await store.counts() else { return }
+        JobsMetrics.refresh(states: counts.states, outbox: counts.outbox, queued: await dispatcher.queuedCount)
+    }
+    ProcessMetrics.addReporter { await dispatcher.workerSections() }
     JobsHandler(store: store, dispatcher: dispatcher, catalog: catalog, maxQueued: configuration.maxQueued).register(on: &router)
     logger.info("jobs ready", metadata: ["workers": "\(configuration.workerEndpoint)", "queued": "\(recovered.count)"])
     return [

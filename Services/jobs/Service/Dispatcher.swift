@@ -4,6 +4,7 @@ import HeapModule
 import JobsCore
 import Logging
 import Messages
+import Metrics
 
 /// Hands queued jobs to workers, fairly, and watches the workers.
 ///
@@ -59,6 +60,10 @@ public actor Dispatcher {
     /// Processing jobs that no worker held at a reconcile, and since when.
     private var unheld: [String: ContinuousClock.Instant] = [:]
     private let failures: FailureLog
+    /// The latest metrics each connected worker sent, by worker id.
+    private var workerMetrics: [BusChannel.Peer: MetricsSection] = [:]
+    /// The largest metrics text kept from one worker.
+    static let maxWorkerMetricsBytes = 256 << 10
 
     public init(channel: BusChannel, store: JobStore, catalog: EffectCatalog, proFirst: Bool = true, heartbeatInterval: Duration = .seconds(1), logger: Logger) {
         self.channel = channel
@@ -119,6 +124,7 @@ public actor Dispatcher {
                 logger.info("worker ready", metadata: ["worker": "\(ready.workerId)", "capacity": "\(capacity)"])
             }
             workers[peer] = worker
+            JobsMetrics.workersConnected.record(workers.count)
             await dispatch()
             return
         }
@@ -153,7 +159,16 @@ public actor Dispatcher {
             }
         case .cancelled(let attempt):
             await record(attempt, from: peer) { try await self.store.cancelled(attempt, now: Date()) }
+        case .metrics(let text):
+            if let worker = workers[peer], text.utf8.count <= Self.maxWorkerMetricsBytes {
+                workerMetrics[peer] = MetricsSection(labels: ["service": "worker", "worker": worker.id], text: text)
+            }
         }
+    }
+
+    /// The latest metrics of each connected worker, labelled with its id.
+    public func workerSections() -> [MetricsSection] {
+        workerMetrics.filter { workers[$0.key] != nil }.values.sorted { ($0.labels["worker"] ?? "") < ($1.labels["worker"] ?? "") }
     }
 
     /// Writes a worker's result, then tells the worker it is recorded (or refused) and frees the
@@ -161,12 +176,14 @@ public actor Dispatcher {
     private func record(_ attempt: JobAttempt, from peer: BusChannel.Peer, _ write: @Sendable () async throws -> JobStore.Outcome) async {
         guard recording.insert(attempt).inserted else { return }
         defer { recording.remove(attempt) }
+        let since = workers[peer]?.running[attempt.jobId].flatMap { $0.attempt == attempt.attempt ? $0.since : nil }
         do {
             let outcome = try await write()
             failures.recovered("record")
             finished(attempt, on: peer)
             switch outcome {
-            case .applied:
+            case .applied(let job):
+                JobsMetrics.finished(job, runningSince: since)
                 channel.send(DispatcherMessage.recorded(attempt), to: peer)
             case .refused(let reason):
                 logger.warning("result refused", metadata: ["job": "\(attempt.jobId)", "attempt": "\(attempt.attempt)", "reason": "\(reason)"])
@@ -194,7 +211,7 @@ public actor Dispatcher {
             if !named.contains(attempt), !recording.contains(attempt) {
                 workers[peer]?.running[jobId] = nil
                 progress[jobId] = nil
-                await requeue(attempt, reason: "worker \(worker.id) does not hold the job")
+                await requeue(attempt, reason: "worker \(worker.id) does not hold the job", cause: .assignmentLost)
             }
         }
         let unknown = held.filter { attempt in !workers.values.contains { $0.running[attempt.jobId] != nil } }
@@ -207,10 +224,11 @@ public actor Dispatcher {
     }
 
     /// Queues a processing attempt again (fenced: nothing happens if it is no longer current).
-    private func requeue(_ attempt: JobAttempt, reason: String) async {
+    private func requeue(_ attempt: JobAttempt, reason: String, cause: JobsMetrics.RequeueCause) async {
         do {
             if let job = try await store.requeue(attempt, reason: reason, now: Date()), job.status == .queued {
                 queue.push(Self.queued(job), atFront: true)
+                Counter(label: "jobs_requeued_total", dimensions: [("cause", cause.rawValue)]).increment()
             }
         } catch {
             failures.record("requeue", "cannot requeue jobs yet; the next reconcile tries again: \(error)")
@@ -247,7 +265,7 @@ public actor Dispatcher {
             if since.duration(to: now) >= grace {
                 unheld[attempt.jobId] = nil
                 logger.warning("job processing with no worker holding it; queued again", metadata: ["job": "\(attempt.jobId)", "attempt": "\(attempt.attempt)"])
-                await requeue(attempt, reason: "no worker held the job")
+                await requeue(attempt, reason: "no worker held the job", cause: .unheld)
             }
         }
         unheld = unheld.filter { seen.contains($0.key) }
@@ -260,10 +278,12 @@ public actor Dispatcher {
         let deadline = heartbeatInterval * 3
         for (peer, worker) in workers where worker.lastSeen.duration(to: now) > deadline {
             workers[peer] = nil
+            workerMetrics[peer] = nil
+            JobsMetrics.workersConnected.record(workers.count)
             logger.warning("worker lost", metadata: ["worker": "\(worker.id)", "jobs": "\(worker.running.count)"])
             for (jobId, holding) in worker.running where holding.attempt > 0 {
                 progress[jobId] = nil
-                await requeue(JobAttempt(jobId: jobId, attempt: holding.attempt), reason: "worker \(worker.id) was lost")
+                await requeue(JobAttempt(jobId: jobId, attempt: holding.attempt), reason: "worker \(worker.id) was lost", cause: .workerLost)
             }
         }
         if lastHeartbeat.duration(to: now) >= heartbeatInterval {
@@ -317,10 +337,13 @@ public actor Dispatcher {
                 let attempt = JobAttempt(jobId: started.id, attempt: started.attempts)
                 guard workers[peer] != nil, let effect = catalog.effect(started.effectId) else {
                     workers[peer]?.running[job.jobId] = nil
-                    await requeue(attempt, reason: "worker lost before assignment")
+                    await requeue(attempt, reason: "worker lost before assignment", cause: .workerLost)
                     continue
                 }
                 workers[peer]?.running[job.jobId] = Held(attempt: started.attempts, since: .now)
+                if started.attempts == 1 {
+                    JobsMetrics.waitBeforeAssignment.recordSeconds(max(0, Date().timeIntervalSince(started.createdAt)))
+                }
                 channel.send(DispatcherMessage.assign(JobAssignment(
                     attempt: attempt, userId: started.userId, imageKey: started.imageKey,
                     effect: effect, parameters: started.parameters, prompt: started.prompt

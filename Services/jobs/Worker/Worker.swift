@@ -2,7 +2,9 @@ import Blobs
 import Bus
 import Foundation
 import Logging
+import Metrics
 import Messages
+import ServiceKit
 import ServiceLifecycle
 import Synchronization
 
@@ -67,6 +69,9 @@ public struct Worker: Service {
         var silence: Duration { instant.withLock { $0 }.duration(to: .now) }
     }
 
+    /// How often the worker sends its metrics to the jobs service.
+    static let metricsInterval = Duration.seconds(5)
+
     public func run() async throws {
         let running = Running()
         let unrecorded = Unrecorded()
@@ -88,11 +93,17 @@ public struct Worker: Service {
                     }
                     group.addTask {
                         // Heartbeats out; silence in means the service is gone: reconnect.
+                        // Metrics go to the service with the first heartbeat and every 5 s.
+                        var metricsSent: ContinuousClock.Instant?
                         while !Task.isCancelled {
                             try? await Task.sleep(for: configuration.heartbeat)
                             let results = unrecorded.all
                             channel.send(WorkerMessage.heartbeat(running: running.attempts + results.keys))
                             for result in results.values { channel.send(result) }
+                            if metricsSent.map({ $0.duration(to: .now) >= Self.metricsInterval }) ?? true {
+                                metricsSent = .now
+                                channel.send(WorkerMessage.metrics(ProcessMetrics.exposition()))
+                            }
                             if lastHeard.silence > configuration.heartbeat * 3 {
                                 logger.warning("jobs service silent; reconnecting")
                                 return
@@ -149,6 +160,14 @@ public struct Worker: Service {
         jobLogger[metadataKey: "attempt"] = "\(job.attempt.attempt)"
         jobLogger.info("started", metadata: ["effect": "\(job.effect.id)"])
         let started = ContinuousClock.now
+        WorkerMetrics.inProgress.increment()
+        defer { WorkerMetrics.inProgress.decrement() }
+        let result = await attempt(job, channel: channel, running: running, logger: jobLogger, started: started)
+        WorkerMetrics.finished(job.effect.id, result, after: started.duration(to: .now))
+        return result
+    }
+
+    private func attempt(_ job: JobAssignment, channel: BusChannel, running: Running, logger jobLogger: Logger, started: ContinuousClock.Instant) async -> WorkerMessage {
         var pause = Duration.seconds(1)
         while true {
             do {
@@ -174,6 +193,25 @@ public struct Worker: Service {
                 jobLogger.warning("failed", metadata: ["error": "\(effectError.description)", "retryable": "\(effectError.retryable)"])
                 return .failed(job.attempt, error: effectError.description, retryable: effectError.retryable || StorageErrors.mentionsOutOfSpace(effectError.description))
             }
+        }
+    }
+}
+
+/// A worker's metrics: jobs in progress, results by effect and outcome, run time by effect.
+enum WorkerMetrics {
+    static let inProgress = Meter(label: "worker_jobs_in_progress")
+
+    static func finished(_ effect: String, _ result: WorkerMessage, after elapsed: Duration) {
+        let outcome = switch result {
+        case .done: "completed"
+        case .failed(_, _, let retryable): retryable ? "failed_retryable" : "failed"
+        case .cancelled: "cancelled"
+        default: "other"
+        }
+        Counter(label: "worker_jobs_total", dimensions: [("effect", effect), ("outcome", outcome)]).increment()
+        if case .done = result {
+            Metrics.Timer(label: "worker_job_duration_seconds", dimensions: [("effect", effect)]).recordNanoseconds(
+                elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000)
         }
     }
 }

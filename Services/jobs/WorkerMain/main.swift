@@ -12,6 +12,7 @@ await ProcessExit.run("worker") {
     let configuration = try WorkerConfiguration(environment: Environment())
     ProcessLogging.bootstrap(level: Logger.Level(rawValue: configuration.logLevel) ?? .info)
     let logger = Logger(label: "worker")
+    ProcessMetrics.bootstrap()
     EffectRunner.startImageLibrary()
     let runner = EffectRunner(
         blobs: try DiskBlobStore(root: URL(fileURLWithPath: configuration.blobDirectory)),

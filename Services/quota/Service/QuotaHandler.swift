@@ -1,6 +1,7 @@
 import Bus
 import Foundation
 import Messages
+import Metrics
 import QuotaCore
 
 /// The quota service's bus methods: each write runs the ledger operation in a group-committed
@@ -21,11 +22,27 @@ public struct QuotaHandler: Sendable {
         self.now = now
     }
 
+    /// Counts a decision in `quota_decisions_total`, by window: an admission in each window the
+    /// plan limits, a denial in each window that refused.
+    static func count(_ decision: QuotaDecision) {
+        if decision.admitted {
+            for window in [decision.status.daily, decision.status.monthly] where window.limit != nil {
+                Counter(label: "quota_decisions_total", dimensions: [("decision", "admitted"), ("window", window.name)]).increment()
+            }
+        } else {
+            for window in decision.violated {
+                Counter(label: "quota_decisions_total", dimensions: [("decision", "denied"), ("window", window)]).increment()
+            }
+        }
+    }
+
     /// Registers every quota method on `router`.
     public func register(on router: inout BusRouter) {
         router.register(Quota.reserve) { request, _ in
             let now = now()
-            return try await committer.perform { [ledger] db in try ledger.reserve(db, request, now: now) }
+            let decision = try await committer.perform { [ledger] db in try ledger.reserve(db, request, now: now) }
+            Self.count(decision)
+            return decision
         }
         router.register(Quota.commit) { request, _ in
             let now = now()

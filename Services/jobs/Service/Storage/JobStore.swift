@@ -86,6 +86,21 @@ public struct JobStore: Sendable {
         }
     }
 
+    /// How many jobs are in each state, and how many outbox entries wait for each topic.
+    public func counts() async throws -> (states: [JobStatus: Int], outbox: [String: Int]) {
+        try await database.writer.read { db in
+            var states: [JobStatus: Int] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT status, COUNT(*) AS n FROM job GROUP BY status") {
+                if let status = JobStatus(rawValue: row["status"]) { states[status] = row["n"] }
+            }
+            var outbox: [String: Int] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT topic, COUNT(*) AS n FROM outbox GROUP BY topic") {
+                outbox[row["topic"]] = row["n"]
+            }
+            return (states, outbox)
+        }
+    }
+
     /// Starts attempt `attempts + 1`: the job is processing. Nil if it is no longer queued.
     public func start(_ id: String, now: Date) async throws -> JobRecord? {
         try await database.writer.write { db in

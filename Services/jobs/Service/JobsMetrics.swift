@@ -1,0 +1,45 @@
+import Foundation
+import Messages
+import Metrics
+
+/// The jobs service's metrics (swift-metrics; the process exposes them through `metrics.scrape`).
+/// Gauges read from the database (`jobs_by_state`, `jobs_outbox_backlog`) and the dispatcher
+/// (`jobs_queue_length`) are set just before each scrape.
+public enum JobsMetrics {
+    /// Why a processing job was queued again.
+    public enum RequeueCause: String, Sendable {
+        /// Its worker went silent for three heartbeat intervals.
+        case workerLost = "worker_lost"
+        /// Its worker's heartbeats did not name it: the assignment never arrived.
+        case assignmentLost = "assignment_lost"
+        /// No worker held it for a grace period (found by the reconcile).
+        case unheld
+    }
+
+    /// Workers connected now.
+    static let workersConnected = Gauge(label: "jobs_workers_connected")
+    /// From a job's creation to its first assignment to a worker.
+    static let waitBeforeAssignment = Metrics.Timer(label: "jobs_wait_before_assignment_seconds")
+
+    /// Counts a recorded result by effect and final state; a completed job's run time (from its
+    /// assignment to the recorded result) goes to `jobs_run_duration_seconds` by effect.
+    static func finished(_ job: JobRecord, runningSince: ContinuousClock.Instant?) {
+        Counter(label: "jobs_results_total", dimensions: [("effect", job.effectId), ("state", job.status.rawValue)]).increment()
+        if job.status == .completed, let runningSince {
+            let elapsed = runningSince.duration(to: .now)
+            Metrics.Timer(label: "jobs_run_duration_seconds", dimensions: [("effect", job.effectId)]).recordNanoseconds(
+                elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000)
+        }
+    }
+
+    /// Sets the gauges read at scrape time.
+    public static func refresh(states: [JobStatus: Int], outbox: [String: Int], queued: Int) {
+        for status in JobStatus.allCases {
+            Gauge(label: "jobs_by_state", dimensions: [("state", status.rawValue)]).record(states[status] ?? 0)
+        }
+        for topic in ["quota", "history", "blobs"] {
+            Gauge(label: "jobs_outbox_backlog", dimensions: [("topic", topic)]).record(outbox[topic] ?? 0)
+        }
+        Gauge(label: "jobs_queue_length").record(queued)
+    }
+}
