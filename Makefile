@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CONFIG ?= debug
 
-.PHONY: deps build run test conformance generate bench-bus bench-quota bench-jobs bench-history stream-cost clean
+.PHONY: deps build run test conformance generate loadtest bench-bus bench-quota bench-jobs bench-history stream-cost clean
 
 deps:
 	@scripts/install-deps.sh
@@ -33,6 +33,11 @@ generate: deps
 conformance: deps
 	swift build
 	scripts/conformance.sh
+
+## The app's flows for 60 s against the stack `make run` started; invariants checked after.
+## ARGS="--chaos" kills a process every 8 s; see `loadtest --help` and docs/loadtest.md.
+loadtest: deps
+	@ARGS="$(ARGS)" CONFIG=$(CONFIG) scripts/loadtest.sh
 
 ## Bus against raw libzmq, same machine, same run.
 bench-bus: deps

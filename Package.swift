@@ -18,6 +18,7 @@ let package = Package(
         .executable(name: "history", targets: ["history"]),
         .executable(name: "jobs", targets: ["jobs"]),
         .executable(name: "worker", targets: ["worker"]),
+        .executable(name: "loadtest", targets: ["loadtest"]),
         .executable(name: "bus-bench", targets: ["bus-bench"]),
         .executable(name: "bus-fixture", targets: ["bus-fixture"]),
         .executable(name: "quota-bench", targets: ["quota-bench"]),
@@ -40,6 +41,7 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
         .package(url: "https://github.com/apple/swift-openapi-runtime.git", from: "1.13.4"),
         .package(url: "https://github.com/apple/swift-openapi-urlsession.git", from: "1.4.0"),
+        .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift.git", from: "0.2.0"),
         // Only `make generate` builds it: the client's code is generated once and committed.
         .package(url: "https://github.com/apple/swift-openapi-generator.git", from: "1.14.3"),
     ],
@@ -266,6 +268,19 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
             ],
             path: "Clients/photoedit",
+            swiftSettings: swiftSettings
+        ),
+        // Drives the app's flows through the gateway and checks the system's promises after.
+        .executableTarget(
+            name: "loadtest",
+            dependencies: [
+                "Messages", "Blobs",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
+                .product(name: "JWTKit", package: "jwt-kit"),
+            ],
+            path: "Tools/loadtest",
             swiftSettings: swiftSettings
         ),
         .testTarget(

@@ -1,33 +1,19 @@
 #!/usr/bin/env bash
 # Builds and runs the whole system on localhost: quota, history, jobs, the gateway and $WORKERS
-# workers (default 2), each under a
-# supervisor that restarts it if it crashes, log lines prefixed with the process's name. Ctrl-C
-# (or SIGTERM) stops every process gracefully and waits for them.
+# workers (default 2), each under a supervisor that restarts it if it crashes (its pid in
+# $DATA_DIR/pids/NAME.pid), log lines prefixed with the process's name. Ctrl-C (or SIGTERM) stops
+# every process gracefully and waits for them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 CONFIG=${CONFIG:-debug}
-export DATA_DIR=${DATA_DIR:-.data}
-export GATEWAY_PORT=${GATEWAY_PORT:-8080}
+source scripts/dev-env.sh
 mkdir -p "$DATA_DIR"
-if [ -z "${JWT_SECRET:-}" ]; then
-  export JWT_SECRET="development-jwt-secret-not-for-production-use"
-  echo "[run] JWT_SECRET not set: using the development secret '$JWT_SECRET'"
-fi
-if [ -z "${URL_SIGNING_SECRET:-}" ]; then
-  export URL_SIGNING_SECRET="development-url-signing-secret"
-  echo "[run] URL_SIGNING_SECRET not set: using the development secret"
-fi
-if [ -z "${ADAPTY_WEBHOOK_SECRET:-}" ]; then
-  export ADAPTY_WEBHOOK_SECRET="development-adapty-webhook-secret"
-  echo "[run] ADAPTY_WEBHOOK_SECRET not set: POST /webhooks/adapty takes 'Authorization: $ADAPTY_WEBHOOK_SECRET'"
-fi
-export PUBLIC_BASE_URL=${PUBLIC_BASE_URL:-http://127.0.0.1:$GATEWAY_PORT}
 WORKERS=${WORKERS:-2}
-if [ -z "${ADMIN_TOKEN:-}" ]; then
-  export ADMIN_TOKEN="development-admin-token"
-  echo "[run] ADMIN_TOKEN not set: using the development token '$ADMIN_TOKEN'"
-fi
+# One NAME.pid per supervised process, rewritten at each restart (`loadtest --chaos` reads them).
+PID_DIR="$DATA_DIR/pids"
+mkdir -p "$PID_DIR"
+rm -f "$PID_DIR"/*.pid
 
 swift build -c "$CONFIG" || exit 1
 BIN=$(swift build -c "$CONFIG" --show-bin-path)
@@ -41,6 +27,7 @@ supervise() {
   while [ "$stop" -eq 0 ]; do
     "$BIN/$name" > >(sed -u "s/^/[$label] /") 2>&1 &
     child=$!
+    echo "$child" > "$PID_DIR/$label.pid"
     wait "$child"; status=$?
     while kill -0 "$child" 2>/dev/null; do wait "$child"; status=$?; done
     [ "$stop" -eq 1 ] && break
@@ -51,6 +38,7 @@ supervise() {
     echo "[run] $label exited with status $status; restarting in 1 s"
     sleep 1
   done
+  rm -f "$PID_DIR/$label.pid"
 }
 
 pids=()

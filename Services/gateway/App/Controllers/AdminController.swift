@@ -16,17 +16,27 @@ struct AdminController<Context: RequestContext>: Sendable {
         var endsAt: Date?
     }
 
+    /// The `userId` path parameter, percent-decoded: a guest's `device:UUID` may arrive as
+    /// `device%3AUUID`, and both name the same user.
+    static func userId(_ context: Context) throws -> String {
+        let raw = try context.parameters.require("userId")
+        guard let decoded = raw.removingPercentEncoding, !decoded.isEmpty else {
+            throw Problem(.badRequest, detail: "The user id in the path is not valid percent-encoding.")
+        }
+        return decoded
+    }
+
     func addRoutes(to router: Router<Context>) {
         router.put("/admin/v1/users/:userId/plan") { request, context in
             try authenticator.requireAdmin(request)
-            let userId = try context.parameters.require("userId")
+            let userId = try Self.userId(context)
             let change = try await JSONBody.decode(PlanChange.self, from: request, context: context)
             let status = try await clients.call(.quota, Quota.setPlan, SetPlan(userId: userId, plan: change.plan, timeZone: change.timeZone, endsAt: change.endsAt))
             return try JSONResponse.make(.ok, status)
         }
         router.get("/admin/v1/users/:userId/usage") { request, context in
             try authenticator.requireAdmin(request)
-            let userId = try context.parameters.require("userId")
+            let userId = try Self.userId(context)
             let usage = try await clients.call(.quota, Quota.usage, UserReference(userId: userId))
             return try JSONResponse.make(.ok, usage)
         }
