@@ -218,9 +218,13 @@ public final class BusClient: Sendable {
             stop(reason: BusError(.unavailable, "cannot connect to \(configuration.endpoint): \(error)", retryable: false))
             return
         }
+        // Disconnections, so that calls already sent to a service that died fail at once
+        // (`connection_lost`) instead of at their deadline. Without a monitor, only the deadline.
+        let monitor = Self.monitor(socket, context: context, logger: logger)
         var poller = ZMQPoller()
         poller.addReadable(socket)
         let wakeIndex = poller.addReadable(fileDescriptor: wakeup.fileDescriptor)
+        let monitorIndex = monitor.map { poller.addReadable($0) }
         var timers = Heap<Timer>()
 
         var stopping = false
@@ -249,6 +253,10 @@ public final class BusClient: Sendable {
                 sendRequest(item, on: socket, timers: &timers)
             }
             receiveReplies(on: socket)
+            if let monitor, let monitorIndex, poller.isReadable(monitorIndex) {
+                // Replies that arrived before the disconnection were read just above.
+                if Self.disconnected(monitor) { failSent(&timers) }
+            }
             executor.runQueuedJobs()
             busy = executor.hasJobs || state.withLock { !$0.outbox.isEmpty }
 
@@ -265,8 +273,49 @@ public final class BusClient: Sendable {
             }
             if stopping { break }
         }
+        // In this order: an event sent to a closed reader would block libzmq's I/O thread.
+        if monitor != nil { socket.stopMonitor() }
         socket.close()
+        monitor?.close()
         stop(reason: BusError(.unavailable, "bus client for \(configuration.endpoint) is shut down"))
+    }
+
+    private static let monitors = Atomic<Int>(0)
+
+    /// A PAIR socket that hears `socket`'s disconnections; nil if the monitor cannot be set up.
+    private static func monitor(_ socket: ZMQSocket, context: ZMQContext, logger: Logger) -> ZMQSocket? {
+        let address = "inproc://bus-client-monitor-\(getpid())-\(monitors.add(1, ordering: .relaxed).newValue)"
+        do {
+            try socket.monitor(address, events: .disconnected)
+            let monitor = try ZMQSocket(.pair, context: context)
+            try monitor.setLinger(milliseconds: 0)
+            try monitor.connect(address)
+            return monitor
+        } catch {
+            logger.warning("bus client cannot monitor its connection; lost calls wait for their deadline", metadata: ["error": "\(error)"])
+            return nil
+        }
+    }
+
+    /// Reads the monitor's events; whether one was a disconnection.
+    private static func disconnected(_ monitor: ZMQSocket) -> Bool {
+        var lost = false
+        while let message = try? monitor.receive(maxFrames: 2) {
+            if let (event, _) = ZMQSocket.monitorEvent(message), event.contains(.disconnected) { lost = true }
+        }
+        return lost
+    }
+
+    /// The connection broke: every call already sent will not be answered. They fail now as
+    /// `connection_lost`; calls sent from here on wait for the reconnection.
+    private func failSent(_ timers: inout Heap<Timer>) {
+        let sent = timers.unordered.map(\.id)
+        timers = Heap()
+        guard !sent.isEmpty else { return }
+        logger.debug("connection lost with calls in flight", metadata: ["endpoint": "\(configuration.endpoint)", "calls": "\(sent.count)"])
+        for id in sent {
+            finish(id, with: .failure(BusError(.connectionLost, "the connection to \(configuration.endpoint) broke before the reply; the request may or may not have been handled")))
+        }
     }
 
     private func sendRequest(_ item: Outgoing, on socket: ZMQSocket, timers: inout Heap<Timer>) {

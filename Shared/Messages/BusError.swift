@@ -34,6 +34,10 @@ public struct BusError: Error, Codable, Sendable, Equatable, CustomStringConvert
 
         /// No reply came before the request's deadline.
         public static let timeout = Code("timeout")
+        /// The connection to the service broke with the request sent and no reply (the service
+        /// died, say): it may or may not have been handled, as with a timeout, but the caller
+        /// hears at once instead of at the deadline.
+        public static let connectionLost = Code("connection_lost")
         /// The service cannot be reached, is shutting down, or the caller is closed.
         public static let unavailable = Code("unavailable")
         /// The service (or the caller's own queue) holds as many requests as it may; try later.
@@ -60,7 +64,7 @@ public struct BusError: Error, Codable, Sendable, Equatable, CustomStringConvert
         public static let storageUnavailable = Code("storage_unavailable")
 
         var isRetryableByDefault: Bool {
-            self == .timeout || self == .unavailable || self == .overloaded || self == .storageFull || self == .storageUnavailable
+            self == .timeout || self == .connectionLost || self == .unavailable || self == .overloaded || self == .storageFull || self == .storageUnavailable
         }
     }
 }

@@ -33,6 +33,9 @@ public enum Jobs {
         public static let alreadyFinished = BusError.Code("jobs.already_finished")
         /// Too many jobs are queued; try later.
         public static let queueFull = BusError.Code("jobs.queue_full")
+        /// The id was abandoned: its creation came so late that quota had already given its
+        /// reservation back (a lost request retried long after). Send a new creation.
+        public static let abandoned = BusError.Code("jobs.abandoned")
     }
 }
 
@@ -117,7 +120,23 @@ public struct WatchedJobs: Codable, Sendable, Equatable {
 /// Names a job without a user (service-to-service).
 public struct JobLookup: Codable, Sendable, Equatable {
     public var jobId: String
-    public init(jobId: String) { self.jobId = jobId }
+    /// If no such job exists, record the id as abandoned in the same transaction, so that it
+    /// can never be created later (quota's stale-reservation resolver asks this before it gives
+    /// the units back: a creation still on its way then fails instead of running free).
+    public var abandonIfAbsent: Bool
+
+    public init(jobId: String, abandonIfAbsent: Bool = false) {
+        self.jobId = jobId
+        self.abandonIfAbsent = abandonIfAbsent
+    }
+
+    enum CodingKeys: String, CodingKey { case jobId, abandonIfAbsent }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        jobId = try container.decode(String.self, forKey: .jobId)
+        abandonIfAbsent = try container.decodeIfPresent(Bool.self, forKey: .abandonIfAbsent) ?? false
+    }
 }
 
 /// Whether a job exists, and its status if it does.

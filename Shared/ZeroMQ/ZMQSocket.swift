@@ -64,6 +64,37 @@ public final class ZMQSocket {
         return String(decoding: bytes, as: UTF8.self)
     }
 
+    // MARK: Monitoring
+
+    /// Connection events a monitor reports (`ZMQ_EVENT_*`).
+    public struct Events: OptionSet, Sendable {
+        public let rawValue: Int32
+        public init(rawValue: Int32) { self.rawValue = rawValue }
+        public static let connected = Events(rawValue: Int32(ZMQ_EVENT_CONNECTED))
+        public static let disconnected = Events(rawValue: Int32(ZMQ_EVENT_DISCONNECTED))
+    }
+
+    /// Publishes this socket's `events` on a PAIR socket bound at `address` (an `inproc://`
+    /// address of the same context) that a monitor connects to (`zmq_socket_monitor`).
+    public func monitor(_ address: String, events: Events) throws(ZMQError) {
+        try zmqTry(zmq_socket_monitor(handle, address, events.rawValue))
+    }
+
+    /// Stops publishing events (`zmq_socket_monitor` with no address). Call it before closing the
+    /// monitor's reader: libzmq's I/O thread blocks sending an event nobody will read, and with
+    /// it every socket of the context.
+    public func stopMonitor() {
+        _ = zmq_socket_monitor(handle, nil, 0)
+    }
+
+    /// The event a monitor socket received: its first frame is a 16-bit event and a 32-bit value
+    /// (host order), its second the endpoint. Nil for anything else.
+    public static func monitorEvent(_ message: ReceivedMessage) -> (event: Events, endpoint: String)? {
+        guard case .frames(let frames) = message, frames.count == 2, frames[0].count == 6 else { return nil }
+        let event = frames[0].withUnsafeBytes { $0.loadUnaligned(as: UInt16.self) }
+        return (Events(rawValue: Int32(event)), String(decoding: frames[1], as: UTF8.self))
+    }
+
     // MARK: Sending and receiving
 
     /// Sends `frames` as one multipart message (`zmq_send`, `ZMQ_SNDMORE` on all but the last).

@@ -43,6 +43,40 @@ struct BusProcessTests {
         await client.shutdown()
     }
 
+    @Test func aCallInFlightToAServiceThatDiesFailsAtOnceAsConnectionLost() async throws {
+        // Given a service handling a request that takes 5 s, with a 20 s deadline
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        let service = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
+        let client = BusClient(endpoint: endpoint)
+        _ = try await waitUntilHealthy(client)
+        let slow = Task { () -> (BusError?, Duration) in
+            let started = ContinuousClock.now
+            do {
+                _ = try await client.call(FixtureMethods.sleep, 5000, timeout: .seconds(20))
+                return (nil, started.duration(to: .now))
+            } catch {
+                return (error as? BusError, started.duration(to: .now))
+            }
+        }
+        let reached = try await waitForValue { service.output.contains("sleeping") ? true : nil }
+        #expect(reached == true, "the request never reached the service")
+        // When the process is killed outright
+        service.signal(SIGKILL)
+        // Then the call fails as connection_lost (outcome unknown, retryable), long before both
+        // the handler's 5 s and the 20 s deadline
+        let (error, elapsed) = await slow.value
+        #expect(error?.code == .connectionLost)
+        #expect(error?.retryable == true)
+        #expect(elapsed < .seconds(4), "the call waited \(elapsed)")
+        // And a call made while the service is down still waits for it (not failed at once)
+        let waiting = Task { try await client.call(FixtureMethods.echo, "later", timeout: .seconds(15)) }
+        _ = try await service.waitForExit()
+        let again = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
+        #expect(try await waiting.value == "later")
+        await again.stop()
+        await client.shutdown()
+    }
+
     @Test func sameCallerSucceedsAfterTheServiceIsKilledAndRestarted() async throws {
         // Given a caller of a service process
         let endpoint = "tcp://127.0.0.1:\(freePort())"
@@ -82,7 +116,8 @@ struct BusProcessTests {
             _ = try await plain.call(FixtureMethods.echo, "open", timeout: .milliseconds(500))
             Issue.record("a plain caller was answered by a CURVE service")
         } catch {
-            #expect(error.code == .timeout)
+            // The handshake fails and the connection drops: unanswered, at the deadline or before.
+            #expect(error.code == .timeout || error.code == .connectionLost)
         }
         await trusted.shutdown()
         await plain.shutdown()

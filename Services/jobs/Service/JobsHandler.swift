@@ -31,8 +31,8 @@ public struct JobsHandler: Sendable {
             return job
         }
         router.register(Jobs.lookup) { request, _ in
-            let job = try await store.job(request.jobId)
-            return JobExistence(exists: job != nil, status: job?.status)
+            let status = try await store.lookup(request.jobId, abandonIfAbsent: request.abandonIfAbsent, now: Date())
+            return JobExistence(exists: status != nil, status: status)
         }
         router.register(Jobs.purge) { request, _ in
             let purge = try await store.purge(request.jobId, userId: request.userId, now: Date())

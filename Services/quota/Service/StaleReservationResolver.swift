@@ -7,7 +7,9 @@ import ServiceKit
 import ServiceLifecycle
 
 /// Settles reservations nobody confirmed (the gateway died between reserve and create, say): a
-/// reservation older than `staleAfter` is looked up in the jobs service. No such job: released.
+/// reservation older than `staleAfter` is looked up in the jobs service. No such job: released,
+/// and jobs records the id as abandoned in the same step, so a creation still on its way (a lost
+/// request retried late) fails rather than running on units given back.
 /// A completed job: committed; a failed or cancelled one: released. A job still queued or
 /// processing is left alone: its own settlement arrives through the jobs outbox.
 public struct StaleReservationResolver: Service {
@@ -45,7 +47,7 @@ public struct StaleReservationResolver: Service {
         for jobId in stale {
             let existence: JobExistence
             do {
-                existence = try await jobs.call(Jobs.lookup, JobLookup(jobId: jobId), timeout: .seconds(2))
+                existence = try await jobs.call(Jobs.lookup, JobLookup(jobId: jobId, abandonIfAbsent: true), timeout: .seconds(2))
             } catch {
                 logger.warning("jobs did not answer about a stale reservation", metadata: ["job": "\(jobId)", "error": "\(error)"])
                 return settled

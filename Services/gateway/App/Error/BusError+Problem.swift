@@ -9,7 +9,7 @@ extension Problem {
         var headers: HTTPFields = [:]
         switch error.code {
         case .timeout: status = .gatewayTimeout
-        case .unavailable, .overloaded:
+        case .unavailable, .overloaded, .connectionLost:
             status = .serviceUnavailable
             headers[.retryAfter] = "1"
         case .storageFull:
@@ -24,7 +24,7 @@ extension Problem {
         case .cancelled: status = .init(code: 499, reasonPhrase: "Client Closed Request")
         case .unknownMethod, .badReply: status = .badGateway
         case Quota.ErrorCode.unknownPlan, Quota.ErrorCode.unknownTimeZone: status = .unprocessableContent
-        case Quota.ErrorCode.chargeSettled, Quota.ErrorCode.jobIdTaken, Jobs.ErrorCode.alreadyFinished: status = .conflict
+        case Quota.ErrorCode.chargeSettled, Quota.ErrorCode.jobIdTaken, Jobs.ErrorCode.alreadyFinished, Jobs.ErrorCode.abandoned: status = .conflict
         case Jobs.ErrorCode.unknownEffect, Jobs.ErrorCode.invalidParameters: status = .unprocessableContent
         case History.ErrorCode.invalidCursor: status = .badRequest
         case History.ErrorCode.tokenExpired: status = .gone

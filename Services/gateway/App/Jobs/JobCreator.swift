@@ -35,9 +35,10 @@ struct JobCreator: Sendable {
                 effectId: effect, parameters: parameters, prompt: prompt
             ))
         } catch {
-            // A definite answer means no job exists: give the units back. A timeout may hide a
-            // created job; quota resolves such reservations by asking jobs later.
-            if error.code != .timeout {
+            // A definite answer means no job exists: give the units back. A timeout or a lost
+            // connection may hide a created job; quota resolves such reservations by asking
+            // jobs later.
+            if error.code != .timeout && error.code != .connectionLost {
                 _ = try? await clients.client(for: .quota).call(Quota.release, ChargeReference(jobId: jobId))
             }
             throw Problem(error, service: "jobs")

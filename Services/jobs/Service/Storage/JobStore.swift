@@ -34,6 +34,9 @@ public struct JobStore: Sendable {
                 }
                 return (existing, false)
             }
+            if try Bool.fetchOne(db, sql: "SELECT 1 FROM abandoned WHERE jobId = ?", arguments: [request.jobId]) == true {
+                throw BusError(Jobs.ErrorCode.abandoned, "job \(request.jobId) was abandoned: its reservation was given back before it was created; send a new request", retryable: false)
+            }
             let job = JobRecord(
                 id: request.jobId, userId: request.userId, isPro: request.isPro, imageKey: request.imageKey,
                 effectId: effectId, parameters: parameters, prompt: request.prompt, status: .queued, progress: 0,
@@ -43,6 +46,17 @@ public struct JobStore: Sendable {
             try job.insert(db)
             try emit(db, job: job, now: now)
             return (job, true)
+        }
+    }
+
+    /// Whether the job exists, and its status; with `abandonIfAbsent`, an id with no job is
+    /// recorded as abandoned in the same transaction, so a creation arriving later fails.
+    public func lookup(_ id: String, abandonIfAbsent: Bool, now: Date) async throws -> JobStatus? {
+        guard abandonIfAbsent else { return try await job(id)?.status }
+        return try await database.writer.write { db in
+            if let job = try JobRecord.fetchOne(db, key: id) { return job.status }
+            try db.execute(sql: "INSERT OR IGNORE INTO abandoned (jobId, at) VALUES (?, ?)", arguments: [id, now])
+            return nil
         }
     }
 

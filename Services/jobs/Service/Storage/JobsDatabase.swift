@@ -62,6 +62,13 @@ public struct JobsDatabase: Sendable {
         migrator.registerMigration("v2: jobs by original image") { db in
             try db.create(index: "job_by_image", on: "job", columns: ["userId", "imageKey"])
         }
+        migrator.registerMigration("v3: abandoned job ids") { db in
+            // Ids quota gave the reservation of back because no such job existed: never created.
+            try db.create(table: "abandoned") { table in
+                table.primaryKey("jobId", .text)
+                table.column("at", .datetime).notNull()
+            }
+        }
         return migrator
     }
 }
