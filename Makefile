@@ -15,12 +15,14 @@ run: deps
 	@CONFIG=$(CONFIG) scripts/run.sh
 
 ## Builds everything (services, fixtures, tests), runs the whole suite, then the contract
-## conformance run (schemathesis against openapi.yaml on a live stack).
+## conformance run (schemathesis against openapi.yaml on a live stack), then 30 s of loadtest
+## under chaos on a stack of its own (fails on any broken invariant).
 test: deps
 	swift build --build-tests
 	swift build --product swift-openapi-generator
 	swift test --skip-build
 	scripts/conformance.sh
+	scripts/chaos-check.sh
 
 ## Regenerates the client code from openapi.yaml (committed; a test fails when it is stale).
 generate: deps

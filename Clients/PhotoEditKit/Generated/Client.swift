@@ -177,7 +177,7 @@ internal struct Client: APIProtocol {
             }
         )
     }
-    /// The gateway's metrics (Prometheus text format).
+    /// Every process's metrics (Prometheus text format), each sample labelled with its service.
     ///
     /// - Remark: HTTP `GET /metrics`.
     /// - Remark: Generated from `#/paths//metrics/get(metrics)`.

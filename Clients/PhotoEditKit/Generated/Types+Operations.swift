@@ -301,7 +301,7 @@ internal enum Operations {
             }
         }
     }
-    /// The gateway's metrics (Prometheus text format).
+    /// Every process's metrics (Prometheus text format), each sample labelled with its service.
     ///
     /// - Remark: HTTP `GET /metrics`.
     /// - Remark: Generated from `#/paths//metrics/get(metrics)`.
@@ -357,7 +357,7 @@ internal enum Operations {
                     self.body = body
                 }
             }
-            /// HTTP requests by route, method and status, their durations, requests in progress.
+            /// The gateway's HTTP requests, durations and requests in progress; each service's bus requests, handler latency and its own figures; the workers' (through jobs).
             ///
             /// - Remark: Generated from `#/paths//metrics/get(metrics)/responses/200`.
             ///

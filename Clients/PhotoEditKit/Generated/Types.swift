@@ -15,7 +15,7 @@ internal protocol APIProtocol: Sendable {
     /// - Remark: HTTP `GET /readyz`.
     /// - Remark: Generated from `#/paths//readyz/get(readyz)`.
     func readyz(_ input: Operations.Readyz.Input) async throws -> Operations.Readyz.Output
-    /// The gateway's metrics (Prometheus text format).
+    /// Every process's metrics (Prometheus text format), each sample labelled with its service.
     ///
     /// - Remark: HTTP `GET /metrics`.
     /// - Remark: Generated from `#/paths//metrics/get(metrics)`.
@@ -162,7 +162,7 @@ extension APIProtocol {
     internal func readyz(headers: Operations.Readyz.Input.Headers = .init()) async throws -> Operations.Readyz.Output {
         try await readyz(Operations.Readyz.Input(headers: headers))
     }
-    /// The gateway's metrics (Prometheus text format).
+    /// Every process's metrics (Prometheus text format), each sample labelled with its service.
     ///
     /// - Remark: HTTP `GET /metrics`.
     /// - Remark: Generated from `#/paths//metrics/get(metrics)`.
