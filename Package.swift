@@ -284,6 +284,12 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(
+            name: "LoadTestTests",
+            dependencies: ["loadtest", "Blobs", .product(name: "Histogram", package: "hdrhistogram-swift")],
+            path: "Tests/LoadTestTests",
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
             name: "PhotoEditKitTests",
             dependencies: ["PhotoEditKit"],
             path: "Tests/PhotoEditKitTests",

@@ -97,17 +97,22 @@ final class Chaos: Sendable {
 
     /// The spans, in seconds since the start, when a process was down or recovering.
     func downWindows(runEnd: Double) -> [ClosedRange<Double>] {
+        Self.windows(of: events, runEnd: runEnd)
+    }
+
+    /// From each kill to `recovery` seconds after the next restart (or after the run's end).
+    static func windows(of events: [Event], runEnd: Double) -> [ClosedRange<Double>] {
         var windows: [ClosedRange<Double>] = []
         var open: Double?
         for event in events {
             switch event.kind {
             case "kill": open = event.at
             default:
-                if let start = open { windows.append(start...(event.at + Self.recovery)) }
+                if let start = open { windows.append(start...(event.at + recovery)) }
                 open = nil
             }
         }
-        if let start = open { windows.append(start...(runEnd + Self.recovery)) }
+        if let start = open { windows.append(start...(runEnd + recovery)) }
         return windows
     }
 }

@@ -37,6 +37,8 @@ struct LoadTest: AsyncParsableCommand {
     var users: Int = 20
     @Option(help: "The most sessions in progress at once; an arrival past it is dropped and counted.")
     var maxSessions: Int = 2000
+    @Option(help: "Requests at most: past it no session sends another.")
+    var maxRequests: Int = 1_000_000
     @Option(help: "Seconds the sessions in progress may go on after --duration before they are stopped.")
     var drain: Double = 20
     @Option(help: "Seconds the invariants may wait for the system to settle (jobs to end, charges to settle, history to catch up).")
@@ -66,6 +68,7 @@ struct LoadTest: AsyncParsableCommand {
         guard duration > 0, duration <= 24 * 3600 else { throw ValidationError("--duration: 1 s to 24 h") }
         guard rate > 0, rate <= 10_000, (rampTo ?? 1) > 0, (rampTo ?? 1) <= 10_000 else { throw ValidationError("--rate and --ramp-to: more than 0, at most 10000") }
         guard (1...100_000).contains(users), (1...100_000).contains(maxSessions) else { throw ValidationError("--users and --max-sessions: 1 to 100000") }
+        guard (1...100_000_000).contains(maxRequests) else { throw ValidationError("--max-requests: 1 to 100000000") }
         guard chaosInterval >= 1, drain >= 0, settle >= 0, (1...10_000).contains(connections) else {
             throw ValidationError("--chaos-interval at least 1 s; --drain and --settle not negative; --connections 1 to 10000")
         }
@@ -85,7 +88,7 @@ struct LoadTest: AsyncParsableCommand {
         let images = FixtureImages.make()
         let start = ContinuousClock.now
         let startedAt = ISO8601DateFormatter().string(from: Date())
-        let recorder = Recorder(start: start)
+        let recorder = Recorder(start: start, maxRequests: maxRequests)
         let ledger = Ledger()
         let client = await GatewayClient(base: target, jwtSecret: jwtSecret, adminToken: adminToken, recorder: recorder, connections: connections)
         defer { Task { await client.shutdown() } }
@@ -164,7 +167,7 @@ struct LoadTest: AsyncParsableCommand {
         await withDiscardingTaskGroup { group in
             var index = 0
             var at = 0.0
-            while at < duration && !Task.isCancelled {
+            while at < duration && !Task.isCancelled && !client.recorder.full {
                 let arrival = start + .milliseconds(Int(at * 1000))
                 try? await Task.sleep(until: arrival, clock: .continuous)
                 if active.value >= maxSessions {
@@ -195,7 +198,7 @@ struct LoadTest: AsyncParsableCommand {
             for user in 0..<users {
                 group.addTask {
                     var round = 0
-                    while ContinuousClock.now < loadEnd && !Task.isCancelled {
+                    while ContinuousClock.now < loadEnd && !Task.isCancelled && !client.recorder.full {
                         let index = user * 1_000_000 + round
                         sessions.increment()
                         var session = Session(client: client.forSession(), ledger: ledger, mix: mix, images: images, stopAt: stopAt, seed: seed &+ UInt64(index) &* 0x9E37_79B9)

@@ -60,9 +60,16 @@ final class Recorder: Sendable {
     /// Failures kept with their details (the rest are counted).
     static let maxFailuresKept = 100_000
 
-    init(start: ContinuousClock.Instant) {
+    /// Requests at most; past it sessions send no more (`full`).
+    let maxRequests: Int
+
+    init(start: ContinuousClock.Instant, maxRequests: Int = 1_000_000) {
         self.start = start
+        self.maxRequests = maxRequests
     }
+
+    /// Whether the run has sent its most requests.
+    var full: Bool { state.withLock { $0.totals.requests >= maxRequests } }
 
     static func newHistogram() -> Histogram<UInt64> {
         // 1 µs to 10 minutes, three significant digits.

@@ -36,7 +36,7 @@ struct Session {
         next = .now + .milliseconds(Int(seconds * 1000))
     }
 
-    private var stopped: Bool { ContinuousClock.now >= stopAt || Task.isCancelled }
+    private var stopped: Bool { ContinuousClock.now >= stopAt || Task.isCancelled || recorder.full }
 
     /// Runs one session for a new user of a profile drawn from the mix, arriving at `arrival`.
     mutating func run(index: Int, runId: String, arrival: ContinuousClock.Instant) async {
@@ -179,7 +179,7 @@ struct Session {
         }
         var planned = max(next, .now)
         let interval = Duration.milliseconds(Int(mix.pollInterval * 1000))
-        while planned < deadline && !Task.isCancelled {
+        while planned < deadline && !stopped {
             let answer = await client.send("GET /api/v1/jobs/{id}/status", .GET, "/api/v1/jobs/\(job)/status", as: user, planned: planned)
             if answer?.status == 404 { return nil }
             if answer?.status == 200, let state = answer?.object?["status"] as? String {
