@@ -58,9 +58,10 @@ struct BusFailureTests {
                 let reply = try await client.call(TestMethods.echo, Tagged(tag: 1, text: "before"))
                 #expect(reply.text == "before")
             }
-            // When the service is gone, calls fail in bounded time
+            // When the service is gone, calls fail in bounded time (`connection_lost` if the
+            // client hears of the closed connection only after sending)
             let whileDown = await failure(client, TestMethods.echo, Tagged(tag: 2, text: ""), timeout: .milliseconds(300))
-            #expect(whileDown?.code == .timeout)
+            #expect([.timeout, .connectionLost].contains(whileDown?.code))
             // Then, once it is back on the same endpoint, the same caller's next request succeeds
             try await withServer(endpoint: endpoint) { _ in
                 let reply = try await client.call(TestMethods.echo, Tagged(tag: 3, text: "after"), timeout: .seconds(5))
@@ -199,9 +200,10 @@ struct BusCurveTests {
         // Then a plain caller gets nowhere
         let plain = BusClient(endpoint: endpoint)
         // (no reply before the deadline; or, caught between a refused handshake and libzmq's
-        // reconnect, no connection to queue on: `overloaded` at once)
+        // reconnect, no connection to queue on: `overloaded` at once; or the refused handshake
+        // drops the connection the request was sent on: `connection_lost`)
         let refused = await failure(plain, TestMethods.echo, Tagged(tag: 2, text: ""), timeout: .milliseconds(500))
-        #expect(refused?.code == .timeout || refused?.code == .overloaded, "\(String(describing: refused))")
+        #expect([.timeout, .overloaded, .connectionLost].contains(refused?.code), "\(String(describing: refused))")
         await trusted.shutdown()
         await plain.shutdown()
         bus.requestStop()
