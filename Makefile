@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CONFIG ?= debug
 
-.PHONY: deps build run test conformance generate loadtest bench-bus bench-quota bench-jobs bench-history stream-cost clean
+.PHONY: deps build run test conformance generate loadtest bench-gateway bench-bus bench-quota bench-jobs bench-history stream-cost clean
 
 deps:
 	@scripts/install-deps.sh
@@ -40,6 +40,10 @@ conformance: deps
 ## ARGS="--chaos" kills a process every 8 s; see `loadtest --help` and docs/loadtest.md.
 loadtest: deps
 	@ARGS="$(ARGS)" CONFIG=$(CONFIG) scripts/loadtest.sh
+
+## The gateway's hot paths (healthz, users/me, job creation) against a bare Hummingbird route.
+bench-gateway: deps
+	@scripts/bench-gateway.sh
 
 ## Bus against raw libzmq, same machine, same run.
 bench-bus: deps

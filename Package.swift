@@ -242,6 +242,13 @@ let package = Package(
             path: "Benchmarks/bus-bench",
             swiftSettings: swiftSettings
         ),
+        // The baseline of `make bench-gateway`: a bare Hummingbird route.
+        .executableTarget(
+            name: "bench-bare",
+            dependencies: [.product(name: "Hummingbird", package: "hummingbird"), .product(name: "Logging", package: "swift-log")],
+            path: "Benchmarks/bench-bare",
+            swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "bus-fixture",
             dependencies: ["Bus", "Messages", "ServiceKit"],

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs the whole system on localhost: quota, history, jobs, the gateway and $WORKERS
 # workers (default 2), each under a supervisor that restarts it if it crashes (its pid in
-# $DATA_DIR/pids/NAME.pid), log lines prefixed with the process's name. Ctrl-C (or SIGTERM) stops
+# $DATA_DIR/pids/NAME.pid), each log line labelled with its process. Ctrl-C (or SIGTERM) stops
 # every process gracefully and waits for them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ supervise() {
   local name=$1 label=${2:-$1} child=0 stop=0 status
   trap 'stop=1; [ "$child" -gt 0 ] && kill -TERM "$child" 2>/dev/null' TERM INT
   while [ "$stop" -eq 0 ]; do
-    "$BIN/$name" > >(sed -u "s/^/[$label] /") 2>&1 &
+    "$BIN/$name" 2>&1 &
     child=$!
     echo "$child" > "$PID_DIR/$label.pid"
     wait "$child"; status=$?

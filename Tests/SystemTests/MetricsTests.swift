@@ -135,3 +135,25 @@ struct MetricsTests {
         #expect(throws: PrometheusExposition.Malformed.self) { try PrometheusExposition("a 1\na 2\n") }
     }
 }
+
+/// What the processes log at `info`, the level `make run` uses.
+@Suite("Logs at info", .serialized)
+struct InfoLogTests {
+    @Test func eachHTTPRequestIsOneAccessLineAndBusRequestsAreNotLogged() async throws {
+        let system = try await JobSystem(workers: 0, quota: ["LOG_LEVEL": "info"])
+        let (gateway, port) = try await ClientLibraryTests.gateway(system, extra: ["LOG_LEVEL": "info"])
+        let requestId = "access-\(UUID().uuidString)"
+        let answer = MetricsTests.get("/api/v1/users/me?x=secret", port: port, headers: "X-Device-Id: \(UUID().uuidString)\r\nX-Request-Id: \(requestId)\r\n")
+        #expect(answer.hasPrefix("HTTP/1.1 200"))
+        // One line, with method, path (no query), status, duration and the request id
+        try await waitUntil { gateway.output.contains(requestId) }
+        let lines = gateway.output.split(separator: "\n").filter { $0.contains(requestId) }
+        #expect(lines.count == 1, "\(lines)")
+        #expect(lines.first?.contains("GET /api/v1/users/me 200 ") == true && lines.first?.contains("secret") == false, "\(lines)")
+        // Quota answered the gateway's bus call without a line for it
+        #expect(!system.services.processes[.quota]!.output.contains(requestId))
+        #expect(!system.services.processes[.quota]!.output.contains("handled"))
+        await gateway.stop()
+        await system.stop()
+    }
+}

@@ -26,7 +26,8 @@ final class ServiceProcess: @unchecked Sendable {
         let log = try FileHandle(forWritingTo: logURL)
         process.executableURL = Self.binaryDirectory.appendingPathComponent(executable)
         var env = ProcessInfo.processInfo.environment
-        env["LOG_LEVEL"] = env["TEST_LOG_LEVEL"] ?? "info"
+        // Debug: tests read the per-request and per-job lines (request ids, job ids).
+        env["LOG_LEVEL"] = env["TEST_LOG_LEVEL"] ?? "debug"
         for (key, value) in environment { env[key] = value }
         process.environment = env
         process.standardOutput = log

@@ -9,7 +9,8 @@ import ServiceKit
 /// The gateway's request context.
 public typealias GatewayContext = BasicRequestContext
 
-/// Builds the gateway's router: request ids, request logs, problem+json errors, then the routes.
+/// Builds the gateway's router: metrics, request ids, one access line per request, problem+json
+/// errors, then the routes.
 public func buildRouter(
     clients: ServiceClients,
     authenticator: Authenticator,
@@ -21,7 +22,7 @@ public func buildRouter(
     let router = Router(context: GatewayContext.self)
     router.middlewares.add(MetricsMiddleware())
     router.middlewares.add(RequestIdMiddleware())
-    router.middlewares.add(LogRequestsMiddleware(.info))
+    router.middlewares.add(AccessLogMiddleware())
     router.middlewares.add(ProblemMiddleware())
     HealthController(clients: clients, readinessTimeout: configuration.readinessTimeout).addRoutes(to: router)
     OpenAPIController(path: configuration.openAPIFile, logger: logger).addRoutes(to: router)

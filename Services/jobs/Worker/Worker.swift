@@ -158,7 +158,7 @@ public struct Worker: Service {
         var jobLogger = logger
         jobLogger[metadataKey: "job"] = "\(job.attempt.jobId)"
         jobLogger[metadataKey: "attempt"] = "\(job.attempt.attempt)"
-        jobLogger.info("started", metadata: ["effect": "\(job.effect.id)"])
+        jobLogger.debug("started", metadata: ["effect": "\(job.effect.id)"])
         let started = ContinuousClock.now
         WorkerMetrics.inProgress.increment()
         defer { WorkerMetrics.inProgress.decrement() }
@@ -178,7 +178,7 @@ public struct Worker: Service {
                     jobLogger.info("cancelled")
                     return .cancelled(job.attempt)
                 }
-                jobLogger.info("done", metadata: ["duration": "\(started.duration(to: .now))"])
+                jobLogger.debug("done", metadata: ["duration": "\(started.duration(to: .now))"])
                 return .done(job.attempt, output)
             } catch {
                 if running.wasCancelled(job.attempt) { return .cancelled(job.attempt) }

@@ -1,0 +1,31 @@
+import Hummingbird
+import Logging
+
+/// One line per HTTP request at info, written once the response is ready: method, path (without
+/// the query, which may carry signatures or search terms), status, duration and the request id
+/// from the logger's metadata. Nothing is built when info is off.
+public struct AccessLogMiddleware<Context: RequestContext>: RouterMiddleware {
+    public init() {}
+
+    public func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        guard context.logger.logLevel <= .info else { return try await next(request, context) }
+        let started = ContinuousClock.now
+        do {
+            let response = try await next(request, context)
+            log(request, context: context, status: Int(response.status.code), since: started)
+            return response
+        } catch let error as any HTTPResponseError {
+            log(request, context: context, status: Int(error.status.code), since: started)
+            throw error
+        } catch {
+            log(request, context: context, status: 500, since: started)
+            throw error
+        }
+    }
+
+    private func log(_ request: Request, context: Context, status: Int, since started: ContinuousClock.Instant) {
+        let elapsed = started.duration(to: .now)
+        let micros = elapsed.components.seconds * 1_000_000 + elapsed.components.attoseconds / 1_000_000_000_000
+        context.logger.info("\(request.method) \(request.uri.path) \(status) \(micros)us")
+    }
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Gateway benchmark: in one run, built for release, wrk (installed if missing) at 32 connections
+# for $BENCH_SECONDS (10) each against a bare Hummingbird route (bench-bare, the baseline), then
+# the gateway's /healthz, GET /api/v1/users/me and POST /api/v1/jobs (a plan with room for the
+# whole run, no workers, so jobs only queue), all with logs at warning; then /healthz and the
+# bare route again with `make run`'s default logging (info, to a file). Prints req/s, p50 and p99
+# of each and the line `gateway/bare throughput ratio: healthz A  users/me B  jobs C`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${BENCH_SECONDS:-10}
+
+source scripts/bench-lib.sh
+need wrk wrk
+build_release quota history jobs gateway bench-bare history-bench
+
+export DATA_DIR=$work LOG_LEVEL=warning
+export QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" HISTORY_ENDPOINT="tcp://127.0.0.1:$(port)" JOBS_ENDPOINT="tcp://127.0.0.1:$(port)"
+export QUOTA_BIND=$QUOTA_ENDPOINT HISTORY_BIND=$HISTORY_ENDPOINT JOBS_BIND=$JOBS_ENDPOINT JOBS_WORKER_BIND="tcp://127.0.0.1:$(port)"
+export JWT_SECRET="bench-gateway-jwt-secret-0123456789abcdef" ADMIN_TOKEN=bench URL_SIGNING_SECRET=bench-signing
+export QUOTA_PLANS='{"free": {"daily": 20, "monthly": 600, "retentionDays": 30}, "pro": {"daily": 500, "isPro": true, "retentionDays": 365}, "bench": {"daily": 100000000, "monthly": 100000000, "retentionDays": 30}}'
+export JOBS_MAX_QUEUED=10000000
+GATEWAY_PORT=$(port); BARE_PORT=$(port)
+export GATEWAY_PORT PUBLIC_BASE_URL="http://127.0.0.1:$GATEWAY_PORT"
+for name in quota history jobs; do "$BIN/$name" > "$work/$name.log" 2>&1 & pids+=($!); done
+start_gateway() {
+  "$BIN/gateway" > "$work/gateway.log" 2>&1 & gateway=$!; pids+=($gateway)
+  for _ in $(seq 1 100); do curl -fsS "$url/readyz" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  echo "the gateway did not become ready" >&2; exit 1
+}
+start_bare() {
+  "$BIN/bench-bare" "$BARE_PORT" > "$work/bare.log" 2>&1 & bare=$!; pids+=($bare)
+  for _ in $(seq 1 100); do curl -fsS "$bare_url/healthz" >/dev/null 2>&1 && return 0; sleep 0.1; done
+  echo "bench-bare did not start" >&2; exit 1
+}
+url="http://127.0.0.1:$GATEWAY_PORT"; bare_url="http://127.0.0.1:$BARE_PORT"
+start_gateway; start_bare
+
+user=bench-user
+token=$("$BIN/history-bench" token "$JWT_SECRET" "$user")
+curl -fsS -X PUT -H "Authorization: Bearer $ADMIN_TOKEN" -H "Content-Type: application/json" -d '{"plan": "bench"}' "$url/admin/v1/users/$user/plan" >/dev/null
+upload=$(curl -fsS -X POST -H "Authorization: Bearer $token" -H "Content-Type: application/json" \
+  -d '{"filename": "photo.jpg", "contentType": "image/jpeg"}' "$url/api/v1/uploads/presigned")
+upload_url=$(echo "$upload" | python3 -c 'import sys, json; print(json.load(sys.stdin)["uploadUrl"])')
+image_key=$(echo "$upload" | python3 -c 'import sys, json; print(json.load(sys.stdin)["imageKey"])')
+curl -fsS -X PUT -H "Content-Type: image/jpeg" --data-binary @Tests/Fixtures/images/photo.jpg "$upload_url" >/dev/null
+cat > "$work/create.lua" <<LUA
+wrk.method = "POST"
+wrk.body = '{"imageKey": "$image_key", "effectId": "copy", "parameters": {}}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer $token"
+LUA
+
+# Prints "req/s p50_ms p99_ms" of a wrk run; fails on answers that are not 2xx.
+measure() {
+  local out
+  out=$(wrk -t2 -c32 -d"${DURATION}s" --latency "$@" 2>&1)
+  if echo "$out" | grep -q "Non-2xx"; then echo "non-2xx answers for $*:" >&2; echo "$out" >&2; exit 1; fi
+  echo "$out" | python3 -c '
+import re, sys
+text = sys.stdin.read()
+def ms(label):
+    m = re.search(r"^\s*" + label + r"%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+    v, u = float(m.group(1)), m.group(2)
+    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+print("%.0f %.2f %.2f" % (rps, ms("50"), ms("99")))'
+}
+
+bare=$(measure "$bare_url/healthz")
+healthz=$(measure "$url/healthz")
+me=$(measure -H "Authorization: Bearer $token" "$url/api/v1/users/me")
+jobs=$(measure -s "$work/create.lua" "$url/api/v1/jobs")
+
+# make run's default logging: info, each process writing its lines (to a file here).
+kill "$gateway"; wait "$gateway" 2>/dev/null || true
+LOG_LEVEL=info start_gateway
+healthz_info=$(measure "$url/healthz")
+info_lines=$(wc -l < "$work/gateway.log")
+
+row() { read -r rps p50 p99 <<<"$2"; printf "%-48s %8s req/s  p50 %6s ms  p99 %6s ms\n" "$1" "$rps" "$p50" "$p99"; }
+echo "wrk 32 connections, ${DURATION}s each, release build:"
+row "bare Hummingbird route (baseline)" "$bare"
+row "gateway /healthz, logs at warning" "$healthz"
+row "gateway GET /api/v1/users/me" "$me"
+row "gateway POST /api/v1/jobs (durable reserve + create)" "$jobs"
+row "gateway /healthz, logs at info ($info_lines lines)" "$healthz_info"
+ratio() { awk -v a="${1%% *}" -v b="${bare%% *}" 'BEGIN { printf "%.2f", a/b }'; }
+echo "gateway/bare throughput ratio (logs at info): healthz $(ratio "$healthz_info")"
+echo "gateway/bare throughput ratio: healthz $(ratio "$healthz")  users/me $(ratio "$me")  jobs $(ratio "$jobs")"
