@@ -60,7 +60,7 @@ public actor Dispatcher {
     /// Processing jobs that no worker held at a reconcile, and since when.
     private var unheld: [String: ContinuousClock.Instant] = [:]
     private let failures: FailureLog
-    /// The latest metrics each connected worker sent, by worker id.
+    /// The latest metrics each connected worker sent (labelled with its id), by connection.
     private var workerMetrics: [BusChannel.Peer: MetricsSection] = [:]
     /// The largest metrics text kept from one worker.
     static let maxWorkerMetricsBytes = 256 << 10
