@@ -13,8 +13,6 @@ final class Ledger: Sendable {
         /// Job id to the last state seen.
         var states: [String: String] = [:]
         var deleted: Set<String> = []
-        /// Creations answered 429.
-        var denied = 0
     }
 
     private let users = Mutex<[String: User]>([:])
@@ -40,7 +38,6 @@ final class Ledger: Sendable {
         }
     }
 
-    func denied(user: String) { users.withLock { $0[user]?.denied += 1 } }
     func saw(_ state: String, job: String, user: String) { users.withLock { $0[user]?.states[job] = state } }
     func deleted(_ job: String, user: String) { users.withLock { _ = $0[user]?.deleted.insert(job) } }
 

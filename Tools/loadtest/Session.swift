@@ -161,7 +161,6 @@ struct Session {
                               json: ["imageKey": imageKey, "effectId": effect, "parameters": [String: Double]()], planned: planned)
         }
         guard let answer else { return nil }
-        if answer.status == 429 { ledger.denied(user: user.userId) }
         guard answer.status == 202, let job = answer.object?["jobId"] as? String else { return nil }
         if ledger.accepted(job, user: user.userId) { recorder.jobAccepted() }
         return job
