@@ -50,22 +50,6 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $token"
 LUA
 
-# Prints "req/s p50_ms p99_ms" of a wrk run; fails on answers that are not 2xx.
-measure() {
-  local out
-  out=$(wrk -t2 -c32 -d"${DURATION}s" --latency "$@" 2>&1)
-  if echo "$out" | grep -q "Non-2xx"; then echo "non-2xx answers for $*:" >&2; echo "$out" >&2; exit 1; fi
-  echo "$out" | python3 -c '
-import re, sys
-text = sys.stdin.read()
-def ms(label):
-    m = re.search(r"^\s*" + label + r"%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
-    v, u = float(m.group(1)), m.group(2)
-    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
-rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
-print("%.0f %.2f %.2f" % (rps, ms("50"), ms("99")))'
-}
-
 bare=$(measure "$bare_url/healthz")
 healthz=$(measure "$url/healthz")
 me=$(measure -H "Authorization: Bearer $token" "$url/api/v1/users/me")

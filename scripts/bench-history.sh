@@ -31,22 +31,6 @@ big=$("$BIN/history-bench" token "$JWT_SECRET" user-big)
 cursor=$(curl -fsS -H "Authorization: Bearer $big" "$url/api/v1/history?limit=50&offset=90000" |
   python3 -c 'import sys, json, urllib.parse; print(urllib.parse.quote(json.load(sys.stdin)["nextCursor"], safe=""))')
 
-# Prints "req/s p50_ms p99_ms" of a wrk run.
-measure() {
-  local out
-  out=$(wrk -t2 -c32 -d"${DURATION}s" --latency "$@" 2>&1)
-  if echo "$out" | grep -q "Non-2xx"; then echo "non-2xx answers for $*:" >&2; echo "$out" >&2; exit 1; fi
-  echo "$out" | python3 -c '
-import re, sys
-text = sys.stdin.read()
-def ms(label):
-    m = re.search(r"^\s*" + label + r"%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
-    v, u = float(m.group(1)), m.group(2)
-    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
-rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
-print("%.0f %.2f %.2f" % (rps, ms("50"), ms("99")))'
-}
-
 healthz=$(measure "$url/healthz")
 first=$(measure -H "Authorization: Bearer $small" "$url/api/v1/history")
 deep=$(measure -H "Authorization: Bearer $big" "$url/api/v1/history?limit=50&cursor=$cursor")

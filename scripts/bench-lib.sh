@@ -20,6 +20,23 @@ need() {
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2" >/dev/null
 }
 
+# Prints "req/s p50_ms p99_ms" of a wrk run at 32 connections for $DURATION seconds (wrk's own
+# arguments after); fails on answers that are not 2xx.
+measure() {
+  local out
+  out=$(wrk -t2 -c32 -d"${DURATION}s" --latency "$@" 2>&1)
+  if echo "$out" | grep -q "Non-2xx"; then echo "non-2xx answers for $*:" >&2; echo "$out" >&2; exit 1; fi
+  echo "$out" | python3 -c '
+import re, sys
+text = sys.stdin.read()
+def ms(label):
+    m = re.search(r"^\s*" + label + r"%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+    v, u = float(m.group(1)), m.group(2)
+    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+print("%.0f %.2f %.2f" % (rps, ms("50"), ms("99")))'
+}
+
 work=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
