@@ -251,8 +251,7 @@ public final class BusServer: Service, Sendable {
             let elapsed = started.duration(to: .now)
             let method = router.knows(header.method) ? header.method : "unknown"
             BusServerMetrics.inProgress.decrement()
-            Metrics.Timer(label: "bus_handler_duration_seconds", dimensions: [("method", method)]).recordNanoseconds(
-                elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000)
+            Metrics.Timer(label: "bus_handler_duration_seconds", dimensions: [("method", method)]).record(elapsed)
             switch result {
             case .success:
                 BusServerMetrics.answered(method: method, code: "ok")
@@ -296,7 +295,8 @@ enum BusServerMetrics {
 }
 
 extension Duration {
-    var wholeMicroseconds: Int64 {
+    /// The duration in whole microseconds, rounded down.
+    public var wholeMicroseconds: Int64 {
         let (seconds, attoseconds) = components
         return seconds * 1_000_000 + attoseconds / 1_000_000_000_000
     }

@@ -1,3 +1,4 @@
+import Bus
 import Foundation
 import Messages
 import Metrics
@@ -26,9 +27,7 @@ public enum JobsMetrics {
     static func finished(_ job: JobRecord, runningSince: ContinuousClock.Instant?) {
         Counter(label: "jobs_results_total", dimensions: [("effect", job.effectId), ("state", job.status.rawValue)]).increment()
         if job.status == .completed, let runningSince {
-            let elapsed = runningSince.duration(to: .now)
-            Metrics.Timer(label: "jobs_run_duration_seconds", dimensions: [("effect", job.effectId)]).recordNanoseconds(
-                elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000)
+            Metrics.Timer(label: "jobs_run_duration_seconds", dimensions: [("effect", job.effectId)]).record(runningSince.duration(to: .now))
         }
     }
 

@@ -210,8 +210,7 @@ enum WorkerMetrics {
         }
         Counter(label: "worker_jobs_total", dimensions: [("effect", effect), ("outcome", outcome)]).increment()
         if case .done = result {
-            Metrics.Timer(label: "worker_job_duration_seconds", dimensions: [("effect", effect)]).recordNanoseconds(
-                elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000)
+            Metrics.Timer(label: "worker_job_duration_seconds", dimensions: [("effect", effect)]).record(elapsed)
         }
     }
 }

@@ -1,3 +1,4 @@
+import Bus
 import Hummingbird
 import Logging
 
@@ -24,8 +25,6 @@ public struct AccessLogMiddleware<Context: RequestContext>: RouterMiddleware {
     }
 
     private func log(_ request: Request, context: Context, status: Int, since started: ContinuousClock.Instant) {
-        let elapsed = started.duration(to: .now)
-        let micros = elapsed.components.seconds * 1_000_000 + elapsed.components.attoseconds / 1_000_000_000_000
-        context.logger.info("\(request.method) \(request.uri.path) \(status) \(micros)us")
+        context.logger.info("\(request.method) \(request.uri.path) \(status) \(started.duration(to: .now).wholeMicroseconds)us")
     }
 }
