@@ -26,7 +26,9 @@ measure() { # measure SERVER_CMD CLIENT_CMD: "zmq_echo bus" speaks the bus's fra
 raw=$(measure ".build/bench/zmq_echo " ".build/bench/zmq_echo ")
 bus=$(measure "$BIN/bus-bench " "$BIN/bus-bench ")
 swift_client=$(measure ".build/bench/zmq_echo bus" "$BIN/bus-bench ")
-swift_server=$(measure "$BIN/bus-bench " ".build/bench/zmq_echo bus")
+hex_body=$("$BIN/bus-bench" body -)
+c_bus_client() { .build/bench/zmq_echo busclient "$1" "$2" "$hex_body"; }  # with a binary body
+swift_server=$(measure "$BIN/bus-bench " "c_bus_")
 field() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 raw_lat=$(field "$raw" latency_us); raw_tp=$(field "$raw" throughput_rps)
 bus_lat=$(field "$bus" latency_us); bus_tp=$(field "$bus" throughput_rps)
@@ -41,6 +43,6 @@ echo "bus, callers on the client's thread latency, 1 in flight:    ${bus_exec_la
 echo "bus, callers on the client's thread throughput, 64 in flight: ${bus_exec_tp} req/s"
 echo "diagnostic: bus client vs C server  $(field "$swift_client" latency_us) us, $(field "$swift_client" throughput_rps) req/s"
 echo "diagnostic: C client vs bus server  $(field "$swift_server" latency_us) us, $(field "$swift_server" throughput_rps) req/s"
-echo "diagnostic: handler path alone (JSON decode, handle, encode): $("$BIN/bus-bench" handler -)"
+echo "diagnostic: handler path alone (decode, handle, encode; binary and JSON): $("$BIN/bus-bench" handler -)"
 awk -v bl="$bus_lat" -v rl="$raw_lat" -v bt="$bus_tp" -v rt="$raw_tp" \
   'BEGIN { printf "bus/raw latency ratio: %.2f  bus/raw throughput ratio: %.2f\n", bl/rl, bt/rt }'

@@ -8,7 +8,8 @@ import ServiceKit
 // [SECONDS]` measures round-trip latency with one request in flight and throughput with 64 in
 // flight, with a Codable body of about 200 bytes, for callers on the cooperative pool and for
 // callers on the client's I/O executor. `bus-bench inproc ENDPOINT` runs both ends in one process;
-// `bus-bench handler -` times the handler path alone (decode, handle, encode) without sockets.
+// `bus-bench handler -` times the handler path alone (decode, handle, encode) without sockets, in
+// binary and in JSON; `bus-bench body -` prints the sample's binary body in hex.
 
 struct EchoBody: Codable, Sendable {
     var userId: String
@@ -70,12 +71,17 @@ func echoRouter() -> BusRouter {
     return router
 }
 
-func handlerCost(_ router: BusRouter) async -> Duration {
-    let body = Array(try! JSONEncoder().encode(sample))
+/// The sample as a request body in `encoding`.
+func sampleBody(_ encoding: BusEncoding) -> [UInt8] {
+    encoding == .json ? Array(try! JSONEncoder().encode(sample)) : try! BinaryCoding.encode(sample)
+}
+
+func handlerCost(_ router: BusRouter, _ encoding: BusEncoding) async -> Duration {
+    let body = sampleBody(encoding)
     let context = BusRequestContext(method: echo.name, traceId: "", deadlineMilliseconds: .max, logger: Logger(label: "bench"))
     let count = 20_000
     let start = ContinuousClock.now
-    for _ in 0..<count { _ = await router.handle(method: echo.name, body: body, context: context) }
+    for _ in 0..<count { _ = await router.handle(method: echo.name, body: body, encoding: encoding, context: context) }
     return start.duration(to: .now) / count
 }
 
@@ -113,8 +119,16 @@ case "client":
     await client.shutdown()
 case "handler":
     // The handler path alone, no sockets: decode, handle, encode.
-    let cost = await handlerCost(echoRouter())
-    print(String(format: "handler_us=%.2f", Double(cost / .nanoseconds(1)) / 1000))
+    let binary = await handlerCost(echoRouter(), .binary)
+    let json = await handlerCost(echoRouter(), .json)
+    print(String(
+        format: "handler_us=%.2f json_handler_us=%.2f binary_bytes=%d json_bytes=%d",
+        Double(binary / .nanoseconds(1)) / 1000, Double(json / .nanoseconds(1)) / 1000,
+        sampleBody(.binary).count, sampleBody(.json).count
+    ))
+case "body":
+    // The sample's binary body in hex, for the C client's bus mode.
+    print(sampleBody(.binary).map { String(format: "%02x", $0) }.joined())
 case "inproc":
     var router = BusRouter()
     router.register(echo) { body, _ in body }

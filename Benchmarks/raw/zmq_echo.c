@@ -49,12 +49,13 @@ static int serve_bus(const char *endpoint) {
             more = zmq_msg_more(&parts[count]);
             count++;
         }
-        if (count != 3 || zmq_msg_size(&parts[1]) < 10) { for (int i = 0; i < count; i++) zmq_msg_close(&parts[i]); continue; }
-        unsigned char reply[10];
-        memcpy(reply, zmq_msg_data(&parts[1]), 10);
+        if (count != 3 || zmq_msg_size(&parts[1]) < 11) { for (int i = 0; i < count; i++) zmq_msg_close(&parts[i]); continue; }
+        /* version, kind, encoding, request id: the request's, with kind 1 (reply) */
+        unsigned char reply[11];
+        memcpy(reply, zmq_msg_data(&parts[1]), 11);
         reply[1] = 1;
         zmq_msg_send(&parts[0], router, ZMQ_SNDMORE);
-        zmq_send(router, reply, 10, ZMQ_SNDMORE);
+        zmq_send(router, reply, 11, ZMQ_SNDMORE);
         zmq_msg_send(&parts[2], router, 0);
         zmq_msg_close(&parts[1]);
     }
@@ -111,39 +112,50 @@ static int client(const char *endpoint, double seconds) {
     return 0;
 }
 
-/* Diagnostic variant: a DEALER that speaks the bus's request format with a JSON body, so a Swift
- * BusServer can be measured alone against a C client. */
-static int client_bus(const char *endpoint, double seconds) {
+/* Diagnostic variant: a DEALER that speaks the bus's request format, so a Swift BusServer can be
+ * measured alone against a C client. The body is JSON, or the bytes given in hex as a binary
+ * body (`bus-bench body -` prints the sample's). */
+static int client_bus(const char *endpoint, double seconds, const char *hex) {
     void *ctx = zmq_ctx_new();
     void *dealer = zmq_socket(ctx, ZMQ_DEALER);
     if (zmq_connect(dealer, endpoint) != 0) { perror("zmq_connect"); return 1; }
     const char *body = "{\"userId\":\"device:2b7f4c1e-8a53-4f0e-9d55-0c6c1c1a9e77\",\"jobId\":\"4f1c2d9e-6b7a-4c3e-8f21-9a0b1c2d3e4f\","
         "\"effectId\":\"auto-enhance\",\"prompt\":\"brighten the sky a little\",\"cost\":1,\"parameters\":{\"sigma\":1.5,\"factor\":2}}";
+    static char binary[1024];
+    unsigned char encoding = 0; /* JSON */
+    if (hex && strlen(hex) / 2 < sizeof binary) {
+        size_t length = strlen(hex) / 2;
+        for (size_t i = 0; i < length; i++) { unsigned int byte; sscanf(hex + 2 * i, "%2x", &byte); binary[i] = (char)byte; }
+        binary[length] = 0;
+        body = binary;
+        encoding = 1;
+    }
+    size_t body_len = encoding ? strlen(hex) / 2 : strlen(body);
     unsigned char header[64];
     size_t n = 0;
-    header[n++] = 1; header[n++] = 0;
+    header[n++] = 2; header[n++] = 0; header[n++] = encoding;
     unsigned long long id = 1;
     memcpy(header + n, &id, 8); n += 8;
     long long deadline = (long long)time(NULL) * 1000 + 3600 * 1000;
     memcpy(header + n, &deadline, 8); n += 8;
     header[n++] = 10; memcpy(header + n, "bench.echo", 10); n += 10;
     header[n++] = 0;
-    for (int i = 0; i < 2000; i++) { send_request(dealer, (char *)header, n, body, strlen(body)); receive_reply(dealer); }
+    for (int i = 0; i < 2000; i++) { send_request(dealer, (char *)header, n, body, body_len); receive_reply(dealer); }
     long latency_count = 0;
     double start = now_seconds();
     while (now_seconds() - start < seconds) {
-        send_request(dealer, (char *)header, n, body, strlen(body));
+        send_request(dealer, (char *)header, n, body, body_len);
         receive_reply(dealer);
         latency_count++;
     }
     double latency_us = (now_seconds() - start) * 1e6 / latency_count;
     long completed = 0;
-    for (int i = 0; i < 64; i++) send_request(dealer, (char *)header, n, body, strlen(body));
+    for (int i = 0; i < 64; i++) send_request(dealer, (char *)header, n, body, body_len);
     start = now_seconds();
     while (now_seconds() - start < seconds) {
         receive_reply(dealer);
         completed++;
-        send_request(dealer, (char *)header, n, body, strlen(body));
+        send_request(dealer, (char *)header, n, body, body_len);
     }
     double elapsed = now_seconds() - start;
     for (int i = 0; i < 64; i++) receive_reply(dealer);
@@ -155,7 +167,7 @@ int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "server") == 0) return serve(argv[2]);
     if (argc >= 3 && strcmp(argv[1], "busserver") == 0) return serve_bus(argv[2]);
     if (argc >= 4 && strcmp(argv[1], "client") == 0) return client(argv[2], atof(argv[3]));
-    if (argc >= 4 && strcmp(argv[1], "busclient") == 0) return client_bus(argv[2], atof(argv[3]));
+    if (argc >= 4 && strcmp(argv[1], "busclient") == 0) return client_bus(argv[2], atof(argv[3]), argc >= 5 ? argv[4] : NULL);
     fprintf(stderr, "usage: zmq_echo server ENDPOINT | client ENDPOINT SECONDS\n");
     return 2;
 }

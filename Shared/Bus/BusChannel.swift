@@ -48,6 +48,7 @@ public final class BusChannel: Sendable {
     private let logger: Logger
     private let curveSecretKey: [UInt8]?
     private let curveClient: CurveClientKeys?
+    private let encoding = BusEncoding.fromEnvironment()
 
     private init(role: Role, endpoint: String, maxQueued: Int, context: ZMQContext, logger: Logger, curveSecretKey: [UInt8]? = nil, curveClient: CurveClientKeys? = nil) {
         self.curveSecretKey = curveSecretKey
@@ -95,16 +96,25 @@ public final class BusChannel: Sendable {
         return accepted
     }
 
-    /// Encodes `message` as JSON and queues it.
+    /// Encodes `message` (one byte naming the encoding, then the body in `BusEncoding`'s
+    /// default: binary, or JSON under `BUS_ENCODING=json`) and queues it.
     @discardableResult
     public func send<T: Encodable>(_ message: T, to peer: Peer? = nil) -> Bool {
-        guard let body = try? BusCodec.encode(message) else { return false }
+        guard let body = try? Self.encode(message, as: encoding) else { return false }
         return send(body, to: peer)
     }
 
-    /// Decodes a message body as `T`; nil for garbage.
+    /// A message as `send` writes it: its encoding's byte, then the body.
+    static func encode<T: Encodable>(_ message: T, as encoding: BusEncoding) throws -> [UInt8] {
+        var bytes = [encoding.rawValue]
+        bytes.append(contentsOf: try BusCodec.encode(message, as: encoding))
+        return bytes
+    }
+
+    /// Decodes a message written by `send` as `T`, in whichever encoding it names; nil for garbage.
     public static func decode<T: Decodable>(_ type: T.Type, _ message: Message) -> T? {
-        try? BusCodec.decode(type, from: message.body)
+        guard let first = message.body.first, let encoding = BusEncoding(rawValue: first) else { return nil }
+        return try? BusCodec.decode(type, from: Array(message.body.dropFirst()), as: encoding)
     }
 
     /// Stops the I/O thread, sends nothing more and ends `incoming`. Idempotent.

@@ -27,6 +27,9 @@ public final class BusClient: Sendable {
         public var maxMessageBytes: Int64
         /// CURVE keys; nil for a plain connection.
         public var curve: CurveClientKeys?
+        /// How request bodies are written (replies come back the same way): binary, or JSON to
+        /// read them when debugging. `BUS_ENCODING` sets the default.
+        public var encoding: BusEncoding
 
         public init(
             endpoint: String,
@@ -34,8 +37,10 @@ public final class BusClient: Sendable {
             maxInFlight: Int = 10_000,
             sendHighWaterMark: Int32 = 10_000,
             maxMessageBytes: Int64 = 4 << 20,
-            curve: CurveClientKeys? = nil
+            curve: CurveClientKeys? = nil,
+            encoding: BusEncoding = .fromEnvironment()
         ) {
+            self.encoding = encoding
             self.endpoint = endpoint
             self.defaultTimeout = defaultTimeout
             self.maxInFlight = maxInFlight
@@ -47,7 +52,7 @@ public final class BusClient: Sendable {
 
     /// What a call hears back before its body is decoded.
     enum Outcome: Sendable {
-        case reply([UInt8])
+        case reply([UInt8], BusEncoding)
         case failure(BusError)
     }
 
@@ -115,16 +120,16 @@ public final class BusClient: Sendable {
     ) async throws(BusError) -> Reply {
         let body: [UInt8]
         do {
-            body = try BusCodec.encode(request)
+            body = try BusCodec.encode(request, as: configuration.encoding)
         } catch {
             throw BusError(.badRequest, "cannot encode \(Request.self): \(error)")
         }
         switch await send(method: method.name, body: body, timeout: timeout ?? configuration.defaultTimeout) {
         case .failure(let error):
             throw error
-        case .reply(let bytes):
+        case .reply(let bytes, let encoding):
             do {
-                return try BusCodec.decode(Reply.self, from: bytes)
+                return try BusCodec.decode(Reply.self, from: bytes, as: encoding)
             } catch {
                 throw BusError(.badReply, "\(method.name): reply is not a \(Reply.self): \(error)")
             }
@@ -132,10 +137,12 @@ public final class BusClient: Sendable {
     }
 
     /// Sends already-encoded frames; the seam `call` and tests of raw bodies share.
-    func send(method: String, body: [UInt8], timeout: Duration) async -> Outcome {
+    func send(method: String, body: [UInt8], encoding: BusEncoding? = nil, timeout: Duration) async -> Outcome {
+        let encoding = encoding ?? configuration.encoding
         let deadline = ContinuousClock.now.advanced(by: timeout)
         let header = { (id: UInt64) in
             WireFormat.encodeRequest(.init(
+                encoding: encoding,
                 requestId: id,
                 deadlineMilliseconds: BusCodec.nowMilliseconds() + timeout.wholeMilliseconds,
                 method: method,
@@ -344,15 +351,15 @@ public final class BusClient: Sendable {
             }
             guard let received else { return }
             guard case .frames(let frames) = received, frames.count == 2,
-                  let (id, kind) = WireFormat.decodeReplyHeader(frames[0])
+                  let (id, kind, encoding) = WireFormat.decodeReplyHeader(frames[0])
             else {
                 logger.warning("dropped a malformed reply", metadata: ["endpoint": "\(configuration.endpoint)"])
                 continue
             }
             if kind == .reply {
-                finish(id, with: .reply(frames[1]))
+                finish(id, with: .reply(frames[1], encoding))
             } else {
-                let error = (try? BusCodec.decode(BusError.self, from: frames[1]))
+                let error = (try? BusCodec.decode(BusError.self, from: frames[1], as: encoding))
                     ?? BusError(.badReply, "undecodable error reply")
                 finish(id, with: .failure(error))
             }

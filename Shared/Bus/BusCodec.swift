@@ -1,19 +1,40 @@
 import Foundation
 import Messages
 
-/// How message bodies are written on the bus: JSON through `Codable`.
-enum BusCodec {
-    static func encode<T: Encodable>(_ value: T) throws -> [UInt8] {
-        Array(try JSONEncoder().encode(value))
+/// How a message body is written, named in each request's header; a reply uses its request's.
+/// Binary is the default; JSON can be chosen per client (`BUS_ENCODING=json`) to read bodies when
+/// debugging, and a server answers either.
+public enum BusEncoding: UInt8, Sendable, CaseIterable, CustomStringConvertible {
+    case json = 0
+    case binary = 1
+
+    /// The encoding named by `BUS_ENCODING` (`json` or `binary`); binary if unset.
+    public static func fromEnvironment(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> BusEncoding {
+        environment["BUS_ENCODING"]?.lowercased() == "json" ? .json : .binary
     }
 
-    static func decode<T: Decodable>(_ type: T.Type, from bytes: [UInt8]) throws -> T {
-        try JSONDecoder().decode(type, from: Data(bytes))
+    public var description: String { self == .json ? "json" : "binary" }
+}
+
+/// How message bodies are written on the bus: `Codable` values as JSON or in `BinaryCoding`.
+enum BusCodec {
+    static func encode<T: Encodable>(_ value: T, as encoding: BusEncoding) throws -> [UInt8] {
+        switch encoding {
+        case .binary: try BinaryCoding.encode(value)
+        case .json: Array(try JSONEncoder().encode(value))
+        }
+    }
+
+    static func decode<T: Decodable>(_ type: T.Type, from bytes: [UInt8], as encoding: BusEncoding) throws -> T {
+        switch encoding {
+        case .binary: try BinaryCoding.decode(type, from: bytes)
+        case .json: try JSONDecoder().decode(type, from: Data(bytes))
+        }
     }
 
     /// A `BusError` as a reply body. Encoding a struct of strings and a flag cannot fail.
-    static func encode(error: BusError) -> [UInt8] {
-        (try? encode(error)) ?? Array(#"{"code":"internal","message":"unencodable error","retryable":false}"#.utf8)
+    static func encode(error: BusError, as encoding: BusEncoding) -> [UInt8] {
+        (try? encode(error, as: encoding)) ?? Array(#"{"code":"internal","message":"unencodable error","retryable":false}"#.utf8)
     }
 
     /// Wall-clock milliseconds since 1970, the unit of request deadlines on the wire.

@@ -30,7 +30,7 @@ public struct BusErrorTranslator: Sendable {
 /// A service's methods: typed handlers registered by descriptor, dispatched by wire name.
 /// Usable without sockets, which is how handlers are unit-tested.
 public struct BusRouter: Sendable {
-    typealias RawHandler = @Sendable ([UInt8], BusRequestContext) async -> Result<[UInt8], BusError>
+    typealias RawHandler = @Sendable ([UInt8], BusEncoding, BusRequestContext) async -> Result<[UInt8], BusError>
 
     private var handlers: [String: RawHandler] = [:]
     private let translator: BusErrorTranslator?
@@ -51,16 +51,16 @@ public struct BusRouter: Sendable {
         _ handler: @escaping @Sendable (Request, BusRequestContext) async throws -> Reply
     ) {
         let translator = self.translator, failures = self.failures
-        handlers[method.name] = { body, context in
+        handlers[method.name] = { body, encoding, context in
             let request: Request
             do {
-                request = try BusCodec.decode(Request.self, from: body)
+                request = try BusCodec.decode(Request.self, from: body, as: encoding)
             } catch {
                 return .failure(BusError(.badRequest, "body is not a valid \(Request.self): \(Self.describe(error))"))
             }
             do {
                 let reply = try await handler(request, context)
-                return .success(try BusCodec.encode(reply))
+                return .success(try BusCodec.encode(reply, as: encoding))
             } catch let error as BusError {
                 return .failure(error)
             } catch is CancellationError {
@@ -82,27 +82,29 @@ public struct BusRouter: Sendable {
     /// The names of the registered methods.
     public var methods: [String] { handlers.keys.sorted() }
 
-    /// Runs the handler for `method` on an encoded body; `unknown_method` if there is none.
-    public func handle(method: String, body: [UInt8], context: BusRequestContext) async -> Result<[UInt8], BusError> {
+    /// Runs the handler for `method` on a body in `encoding`, and encodes its reply the same way;
+    /// `unknown_method` if there is none.
+    public func handle(method: String, body: [UInt8], encoding: BusEncoding = .binary, context: BusRequestContext) async -> Result<[UInt8], BusError> {
         guard let handler = handlers[method] else {
             return .failure(BusError(.unknownMethod, "no method named '\(method)'"))
         }
-        return await handler(body, context)
+        return await handler(body, encoding, context)
     }
 
     /// Calls a typed method directly, without sockets: encode, dispatch, decode.
     public func call<Request, Reply>(
         _ method: BusMethod<Request, Reply>,
         _ request: Request,
+        encoding: BusEncoding = .binary,
         context: BusRequestContext
     ) async throws(BusError) -> Reply {
         let body: [UInt8]
-        do { body = try BusCodec.encode(request) } catch { throw BusError(.badRequest, "\(error)") }
-        switch await handle(method: method.name, body: body, context: context) {
+        do { body = try BusCodec.encode(request, as: encoding) } catch { throw BusError(.badRequest, "\(error)") }
+        switch await handle(method: method.name, body: body, encoding: encoding, context: context) {
         case .failure(let error):
             throw error
         case .success(let bytes):
-            do { return try BusCodec.decode(Reply.self, from: bytes) } catch {
+            do { return try BusCodec.decode(Reply.self, from: bytes, as: encoding) } catch {
                 throw BusError(.badReply, "\(error)")
             }
         }

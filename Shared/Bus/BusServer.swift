@@ -52,6 +52,7 @@ public final class BusServer: Service, Sendable {
     private struct Reply {
         var identity: [UInt8]
         var requestId: UInt64
+        var encoding: BusEncoding
         var result: Result<[UInt8], BusError>
     }
 
@@ -203,14 +204,14 @@ public final class BusServer: Service, Sendable {
             logger.debug("dropped a message without a readable header")
             return
         case .failure(.malformed(let requestId, let reason)):
-            send(Reply(identity: identity, requestId: requestId, result: .failure(BusError(.badRequest, reason))), on: socket)
+            send(Reply(identity: identity, requestId: requestId, encoding: .binary, result: .failure(BusError(.badRequest, reason))), on: socket)
             return
         case .success(let decoded):
             header = decoded
         }
         guard wellFormed else {
             let error = BusError(.badRequest, "a request is a header frame and a body frame")
-            send(Reply(identity: identity, requestId: header.requestId, result: .failure(error)), on: socket)
+            send(Reply(identity: identity, requestId: header.requestId, encoding: header.encoding, result: .failure(error)), on: socket)
             return
         }
         if header.deadlineMilliseconds < BusCodec.nowMilliseconds() {
@@ -220,7 +221,7 @@ public final class BusServer: Service, Sendable {
         }
         if draining {
             let error = BusError(.unavailable, "service is shutting down")
-            send(Reply(identity: identity, requestId: header.requestId, result: .failure(error)), on: socket)
+            send(Reply(identity: identity, requestId: header.requestId, encoding: header.encoding, result: .failure(error)), on: socket)
             return
         }
         if inFlight >= configuration.maxInFlight {
@@ -228,7 +229,7 @@ public final class BusServer: Service, Sendable {
             Counter(label: "bus_overloaded_total", dimensions: [("method", method)]).increment()
             BusServerMetrics.answered(method: method, code: BusError.Code.overloaded.rawValue)
             let error = BusError(.overloaded, "\(configuration.maxInFlight) requests already in progress")
-            send(Reply(identity: identity, requestId: header.requestId, result: .failure(error)), on: socket)
+            send(Reply(identity: identity, requestId: header.requestId, encoding: header.encoding, result: .failure(error)), on: socket)
             return
         }
         inFlight += 1
@@ -246,7 +247,7 @@ public final class BusServer: Service, Sendable {
         Task(executorPreference: executor) { [router] in
             let started = ContinuousClock.now
             let result = await BusTrace.$id.withValue(header.traceId) {
-                await router.handle(method: header.method, body: body, context: requestContext)
+                await router.handle(method: header.method, body: body, encoding: header.encoding, context: requestContext)
             }
             let elapsed = started.duration(to: .now)
             let method = router.knows(header.method) ? header.method : "unknown"
@@ -260,7 +261,7 @@ public final class BusServer: Service, Sendable {
                 BusServerMetrics.answered(method: method, code: error.code.rawValue)
                 requestLogger.debug("failed", metadata: ["code": "\(error.code.rawValue)", "duration-us": "\(elapsed.wholeMicroseconds)"])
             }
-            self.enqueue(Reply(identity: identity, requestId: header.requestId, result: result))
+            self.enqueue(Reply(identity: identity, requestId: header.requestId, encoding: header.encoding, result: result))
         }
     }
 
@@ -268,9 +269,13 @@ public final class BusServer: Service, Sendable {
         let frames: [[UInt8]]
         switch reply.result {
         case .success(let body):
-            frames = [reply.identity, WireFormat.encodeReplyHeader(requestId: reply.requestId, kind: .reply), body]
+            frames = [reply.identity, WireFormat.encodeReplyHeader(requestId: reply.requestId, kind: .reply, encoding: reply.encoding), body]
         case .failure(let error):
-            frames = [reply.identity, WireFormat.encodeReplyHeader(requestId: reply.requestId, kind: .error), BusCodec.encode(error: error)]
+            frames = [
+                reply.identity,
+                WireFormat.encodeReplyHeader(requestId: reply.requestId, kind: .error, encoding: reply.encoding),
+                BusCodec.encode(error: error, as: reply.encoding),
+            ]
         }
         do {
             try socket.send(frames)

@@ -4,17 +4,19 @@
 ///
 /// | bytes | field |
 /// | --- | --- |
-/// | 1 | protocol version (1) |
+/// | 1 | protocol version (2) |
 /// | 1 | kind: 0 request |
+/// | 1 | body encoding: 0 JSON, 1 binary (`BinaryCoding`) |
 /// | 8 | request id, little-endian, unique per caller socket |
 /// | 8 | deadline, milliseconds since 1970 (UTC), little-endian |
 /// | 1 + n | method name, length then UTF-8 (1 to 255 bytes) |
 /// | 1 + m | trace id, length then UTF-8 (0 to 255 bytes) |
 ///
-/// A reply is `[header, body]` with a header of version, kind (1 reply, 2 error) and request id;
-/// the body is the JSON reply, or for kind 2 the JSON `BusError` `{code, message, retryable}`.
+/// A reply is `[header, body]` with a header of version, kind (1 reply, 2 error), body encoding
+/// (the request's) and request id; the body is the reply, or for kind 2 the `BusError`
+/// `{code, message, retryable}`, in that encoding.
 enum WireFormat {
-    static let version: UInt8 = 1
+    static let version: UInt8 = 2
 
     enum Kind: UInt8 {
         case request = 0
@@ -23,6 +25,7 @@ enum WireFormat {
     }
 
     struct RequestHeader: Equatable {
+        var encoding: BusEncoding
         var requestId: UInt64
         var deadlineMilliseconds: Int64
         var method: String
@@ -38,13 +41,15 @@ enum WireFormat {
         case malformed(requestId: UInt64, reason: String)
     }
 
-    static let fixedRequestBytes = 1 + 1 + 8 + 8
+    static let fixedRequestBytes = 1 + 1 + 1 + 8 + 8
+    static let replyHeaderBytes = 1 + 1 + 1 + 8
 
     static func encodeRequest(_ header: RequestHeader) -> [UInt8] {
         var bytes: [UInt8] = []
         bytes.reserveCapacity(fixedRequestBytes + 2 + header.method.utf8.count + header.traceId.utf8.count)
         bytes.append(version)
         bytes.append(Kind.request.rawValue)
+        bytes.append(header.encoding.rawValue)
         appendLittleEndian(header.requestId, to: &bytes)
         appendLittleEndian(UInt64(bitPattern: header.deadlineMilliseconds), to: &bytes)
         let method = Array(header.method.utf8.prefix(255))
@@ -57,14 +62,17 @@ enum WireFormat {
     }
 
     static func decodeRequest(_ bytes: [UInt8]) -> Result<RequestHeader, HeaderProblem> {
-        guard bytes.count >= 10, bytes[0] == version, bytes[1] == Kind.request.rawValue else {
+        guard bytes.count >= 11, bytes[0] == version, bytes[1] == Kind.request.rawValue else {
             return .failure(.unreadable)
         }
-        let requestId = readLittleEndian(bytes, at: 2)
+        let requestId = readLittleEndian(bytes, at: 3)
+        guard let encoding = BusEncoding(rawValue: bytes[2]) else {
+            return .failure(.malformed(requestId: requestId, reason: "unknown body encoding \(bytes[2])"))
+        }
         guard bytes.count >= fixedRequestBytes + 2 else {
             return .failure(.malformed(requestId: requestId, reason: "request header too short"))
         }
-        let deadline = Int64(bitPattern: readLittleEndian(bytes, at: 10))
+        let deadline = Int64(bitPattern: readLittleEndian(bytes, at: 11))
         var index = fixedRequestBytes
         let methodCount = Int(bytes[index])
         index += 1
@@ -83,22 +91,24 @@ enum WireFormat {
         else {
             return .failure(.malformed(requestId: requestId, reason: "method or trace id is not UTF-8"))
         }
-        return .success(RequestHeader(requestId: requestId, deadlineMilliseconds: deadline, method: method, traceId: trace))
+        return .success(RequestHeader(encoding: encoding, requestId: requestId, deadlineMilliseconds: deadline, method: method, traceId: trace))
     }
 
-    static func encodeReplyHeader(requestId: UInt64, kind: Kind) -> [UInt8] {
-        var bytes: [UInt8] = [version, kind.rawValue]
-        bytes.reserveCapacity(10)
+    static func encodeReplyHeader(requestId: UInt64, kind: Kind, encoding: BusEncoding) -> [UInt8] {
+        var bytes: [UInt8] = [version, kind.rawValue, encoding.rawValue]
+        bytes.reserveCapacity(replyHeaderBytes)
         appendLittleEndian(requestId, to: &bytes)
         return bytes
     }
 
     /// Reads a reply header; nil for anything that is not exactly one.
-    static func decodeReplyHeader(_ bytes: [UInt8]) -> (requestId: UInt64, kind: Kind)? {
-        guard bytes.count == 10, bytes[0] == version, let kind = Kind(rawValue: bytes[1]), kind != .request else {
+    static func decodeReplyHeader(_ bytes: [UInt8]) -> (requestId: UInt64, kind: Kind, encoding: BusEncoding)? {
+        guard bytes.count == replyHeaderBytes, bytes[0] == version, let kind = Kind(rawValue: bytes[1]), kind != .request,
+              let encoding = BusEncoding(rawValue: bytes[2])
+        else {
             return nil
         }
-        return (readLittleEndian(bytes, at: 2), kind)
+        return (readLittleEndian(bytes, at: 3), kind, encoding)
     }
 
     private static func appendLittleEndian(_ value: UInt64, to bytes: inout [UInt8]) {

@@ -150,7 +150,7 @@ private func sendMalformedMessages(endpoint: String) async throws -> [UInt64: St
     try dealer.connect(endpoint)
     let far = BusCodec.nowMilliseconds() + 60_000
     func header(id: UInt64, method: String = "test.echo") -> [UInt8] {
-        WireFormat.encodeRequest(.init(requestId: id, deadlineMilliseconds: far, method: method, traceId: "garbage-test"))
+        WireFormat.encodeRequest(.init(encoding: .binary, requestId: id, deadlineMilliseconds: far, method: method, traceId: "garbage-test"))
     }
     let messages: [[[UInt8]]] = [
         [[1, 2, 3]],                                            // one short frame: dropped
@@ -166,12 +166,12 @@ private func sendMalformedMessages(endpoint: String) async throws -> [UInt64: St
     let deadline = ContinuousClock.now.advanced(by: .seconds(5))
     while replies.count < 3 && ContinuousClock.now < deadline {
         guard let received = try dealer.receive(), case .frames(let frames) = received, frames.count == 2,
-              let (id, kind) = WireFormat.decodeReplyHeader(frames[0]), kind == .error
+              let (id, kind, encoding) = WireFormat.decodeReplyHeader(frames[0]), kind == .error
         else {
             try await Task.sleep(for: .milliseconds(10))
             continue
         }
-        replies[id] = try BusCodec.decode(BusError.self, from: frames[1]).code.rawValue
+        replies[id] = try BusCodec.decode(BusError.self, from: frames[1], as: encoding).code.rawValue
     }
     return replies
 }

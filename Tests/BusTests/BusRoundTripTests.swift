@@ -55,17 +55,23 @@ struct BusRoundTripTests {
         let endpoint = uniqueInproc()
         try await withServer(endpoint: endpoint) { _ in
             try await withClient(endpoint: endpoint) { client in
-                // When the body is not JSON, then is JSON of the wrong shape
-                let garbage = await client.send(method: TestMethods.echo.name, body: Array("{not json".utf8), timeout: .seconds(5))
-                let wrongShape = await client.send(method: TestMethods.echo.name, body: Array(#"{"tag":"seven"}"#.utf8), timeout: .seconds(5))
-                // Then both are typed bad_request errors, and the server still answers
-                guard case .failure(let first) = garbage, case .failure(let second) = wrongShape else {
-                    Issue.record("expected failures, got \(garbage) and \(wrongShape)")
-                    return
+                // When the body is not JSON, then is JSON of the wrong shape, then neither in binary
+                let garbage = await client.send(method: TestMethods.echo.name, body: Array("{not json".utf8), encoding: .json, timeout: .seconds(5))
+                let wrongShape = await client.send(method: TestMethods.echo.name, body: Array(#"{"tag":"seven"}"#.utf8), encoding: .json, timeout: .seconds(5))
+                let binaryGarbage = await client.send(method: TestMethods.echo.name, body: [9, 200, 0, 0, 0, 1], encoding: .binary, timeout: .seconds(5))
+                let binaryWrongShape = await client.send(
+                    method: TestMethods.echo.name, body: try BinaryCoding.encode(["tag": "seven"]), encoding: .binary, timeout: .seconds(5)
+                )
+                // Then all are typed bad_request errors, and the server still answers
+                for outcome in [garbage, wrongShape, binaryGarbage, binaryWrongShape] {
+                    guard case .failure(let error) = outcome else {
+                        Issue.record("expected a failure, got \(outcome)")
+                        continue
+                    }
+                    #expect(error.code == .badRequest)
                 }
-                #expect(first.code == .badRequest)
-                #expect(second.code == .badRequest)
-                #expect(second.message.contains("tag"))
+                if case .failure(let error) = wrongShape { #expect(error.message.contains("tag")) }
+                if case .failure(let error) = binaryWrongShape { #expect(error.message.contains("tag")) }
                 let reply = try await client.call(TestMethods.echo, Tagged(tag: 1, text: "still here"))
                 #expect(reply.text == "still here")
             }
