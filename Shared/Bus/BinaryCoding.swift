@@ -95,14 +95,20 @@ final class BinaryWriter {
         open.count >= depth && bytes[open[depth - 1] - 1] == BinaryCoding.Tag.keyed.rawValue
     }
 
-    func encodeValue<T: Encodable>(_ value: T, codingPath: [any CodingKey]) throws {
-        if T.self == Data.self {
-            writeBytes(value as! Data)
-            return
+    func encodeValue<T: Encodable>(_ value: T, codingPath: @autoclosure () -> [any CodingKey]) throws {
+        // The common leaves and string-keyed dictionaries directly, without an encoder and its
+        // containers for each.
+        if T.self == String.self { return write(value as! String) }
+        if T.self == Double.self { return write(value as! Double) }
+        if T.self == Int.self { return write(Int64(value as! Int)) }
+        if T.self == Bool.self { return write(value as! Bool) }
+        if T.self == Data.self { return writeBytes(value as! Data) }
+        if let dictionary = value as? any BinaryStringKeyedDictionary {
+            return try dictionary.encodeBinary(self, codingPath: codingPath())
         }
         let depth = open.count
         let start = bytes.count
-        try value.encode(to: BinaryValueEncoder(writer: self, depth: depth, codingPath: codingPath))
+        try value.encode(to: BinaryValueEncoder(writer: self, depth: depth, codingPath: codingPath()))
         close(downTo: depth)
         if bytes.count == start {
             // A value that wrote nothing is an empty keyed container, as in JSON.
@@ -334,6 +340,51 @@ struct IndexKey: CodingKey {
     init?(intValue: Int) { self.intValue = intValue }
 }
 
+/// `[String: Value]`, written and read as a keyed container without a coding key per entry.
+protocol BinaryStringKeyedDictionary {
+    func encodeBinary(_ writer: BinaryWriter, codingPath: [any CodingKey]) throws
+    static func decodeBinary(_ reader: BinaryReader, at offset: Int, limit: Int, depth: Int, codingPath: [any CodingKey]) throws -> Self
+}
+
+extension Dictionary: BinaryStringKeyedDictionary where Key == String, Value: Codable {
+    func encodeBinary(_ writer: BinaryWriter, codingPath: [any CodingKey]) throws {
+        let depth = writer.depth
+        writer.openContainer(.keyed)
+        for (key, value) in self {
+            writer.prepare(depth: depth + 1, codingPath: codingPath)
+            writer.writeRawString(key)
+            try writer.encodeValue(value, codingPath: codingPath + [DictionaryKey(key)])
+        }
+        writer.close(downTo: depth)
+    }
+
+    static func decodeBinary(_ reader: BinaryReader, at offset: Int, limit: Int, depth: Int, codingPath: [any CodingKey]) throws -> Self {
+        let tag = try reader.tag(at: offset, limit: limit, codingPath: codingPath)
+        guard tag == .keyed else { throw reader.typeMismatch(Self.self, tag, codingPath) }
+        guard depth < BinaryCoding.maxDepth else { throw reader.corrupt(codingPath, "nested deeper than \(BinaryCoding.maxDepth)") }
+        let body = try reader.containerBody(at: offset, limit: limit, codingPath: codingPath)
+        var result: Self = [:]
+        var position = body.lowerBound
+        while position < body.upperBound {
+            let keyRange = try reader.run(at: position, limit: body.upperBound, codingPath: codingPath)
+            guard let key = String(validating: reader.bytes[keyRange], as: UTF8.self) else { throw reader.corrupt(codingPath, "key is not UTF-8") }
+            let end = try reader.valueEnd(at: keyRange.upperBound, limit: body.upperBound, codingPath: codingPath)
+            result[key] = try reader.decodeValue(Value.self, at: keyRange.upperBound, limit: end, depth: depth + 1, codingPath: codingPath + [DictionaryKey(key)])
+            position = end
+        }
+        return result
+    }
+}
+
+/// A dictionary's key as a coding key, for error paths.
+struct DictionaryKey: CodingKey {
+    let stringValue: String
+    var intValue: Int? { nil }
+    init(_ key: String) { stringValue = key }
+    init?(stringValue: String) { self.stringValue = stringValue }
+    init?(intValue: Int) { return nil }
+}
+
 // MARK: - Reading
 
 /// Reads values in place from the bytes; every offset and length is checked against the end of
@@ -347,19 +398,19 @@ final class BinaryReader {
         .dataCorrupted(.init(codingPath: codingPath, debugDescription: description))
     }
 
-    @inline(__always) func tag(at offset: Int, limit: Int, codingPath: [any CodingKey]) throws -> BinaryCoding.Tag {
-        guard offset < limit else { throw corrupt(codingPath, "value missing at the end of its container") }
-        guard let tag = BinaryCoding.Tag(rawValue: bytes[offset]) else { throw corrupt(codingPath, "unknown value tag \(bytes[offset])") }
+    @inline(__always) func tag(at offset: Int, limit: Int, codingPath: @autoclosure () -> [any CodingKey]) throws -> BinaryCoding.Tag {
+        guard offset < limit else { throw corrupt(codingPath(), "value missing at the end of its container") }
+        guard let tag = BinaryCoding.Tag(rawValue: bytes[offset]) else { throw corrupt(codingPath(), "unknown value tag \(bytes[offset])") }
         return tag
     }
 
     /// Reads a varint at `offset`; the value and the offset after it.
-    @inline(__always) func varint(at offset: Int, limit: Int, codingPath: [any CodingKey]) throws -> (UInt64, Int) {
+    @inline(__always) func varint(at offset: Int, limit: Int, codingPath: @autoclosure () -> [any CodingKey]) throws -> (UInt64, Int) {
         var value: UInt64 = 0
         var shift: UInt64 = 0
         var index = offset
         while true {
-            guard index < limit, shift < 64 else { throw corrupt(codingPath, "truncated or overlong integer") }
+            guard index < limit, shift < 64 else { throw corrupt(codingPath(), "truncated or overlong integer") }
             let byte = bytes[index]
             value |= UInt64(byte & 0x7F) << shift
             index += 1
@@ -369,79 +420,79 @@ final class BinaryReader {
     }
 
     /// A length-prefixed run (string, bytes, key) at `offset`: where its bytes start and end.
-    @inline(__always) func run(at offset: Int, limit: Int, codingPath: [any CodingKey]) throws -> Range<Int> {
-        let (count, start) = try varint(at: offset, limit: limit, codingPath: codingPath)
-        guard count <= UInt64(limit - start) else { throw corrupt(codingPath, "length \(count) runs past the end") }
+    @inline(__always) func run(at offset: Int, limit: Int, codingPath: @autoclosure () -> [any CodingKey]) throws -> Range<Int> {
+        let (count, start) = try varint(at: offset, limit: limit, codingPath: codingPath())
+        guard count <= UInt64(limit - start) else { throw corrupt(codingPath(), "length \(count) runs past the end") }
         return start..<(start + Int(count))
     }
 
     /// The contents of the container whose tag is at `offset`.
-    @inline(__always) func containerBody(at offset: Int, limit: Int, codingPath: [any CodingKey]) throws -> Range<Int> {
-        guard limit - offset >= 5 else { throw corrupt(codingPath, "truncated container") }
+    @inline(__always) func containerBody(at offset: Int, limit: Int, codingPath: @autoclosure () -> [any CodingKey]) throws -> Range<Int> {
+        guard limit - offset >= 5 else { throw corrupt(codingPath(), "truncated container") }
         let size = Int(bytes[offset + 1]) | Int(bytes[offset + 2]) << 8 | Int(bytes[offset + 3]) << 16 | Int(bytes[offset + 4]) << 24
-        guard size <= limit - offset - 5 else { throw corrupt(codingPath, "container size \(size) runs past the end") }
+        guard size <= limit - offset - 5 else { throw corrupt(codingPath(), "container size \(size) runs past the end") }
         return (offset + 5)..<(offset + 5 + size)
     }
 
     /// Where the value at `offset` ends, without reading inside containers.
-    func valueEnd(at offset: Int, limit: Int, codingPath: [any CodingKey]) throws -> Int {
-        switch try tag(at: offset, limit: limit, codingPath: codingPath) {
+    func valueEnd(at offset: Int, limit: Int, codingPath: @autoclosure () -> [any CodingKey]) throws -> Int {
+        switch try tag(at: offset, limit: limit, codingPath: codingPath()) {
         case .null, .false, .true: return offset + 1
-        case .int, .uint: return try varint(at: offset + 1, limit: limit, codingPath: codingPath).1
+        case .int, .uint: return try varint(at: offset + 1, limit: limit, codingPath: codingPath()).1
         case .double:
-            guard limit - offset >= 9 else { throw corrupt(codingPath, "truncated number") }
+            guard limit - offset >= 9 else { throw corrupt(codingPath(), "truncated number") }
             return offset + 9
-        case .string, .bytes: return try run(at: offset + 1, limit: limit, codingPath: codingPath).upperBound
-        case .array, .keyed: return try containerBody(at: offset, limit: limit, codingPath: codingPath).upperBound
+        case .string, .bytes: return try run(at: offset + 1, limit: limit, codingPath: codingPath()).upperBound
+        case .array, .keyed: return try containerBody(at: offset, limit: limit, codingPath: codingPath()).upperBound
         }
     }
 
-    func typeMismatch<T>(_ type: T.Type, _ tag: BinaryCoding.Tag, _ codingPath: [any CodingKey]) -> DecodingError {
-        .typeMismatch(type, .init(codingPath: codingPath, debugDescription: "expected \(type), found \(tag.description)"))
+    func typeMismatch<T>(_ type: T.Type, _ tag: BinaryCoding.Tag, _ codingPath: @autoclosure () -> [any CodingKey]) -> DecodingError {
+        .typeMismatch(type, .init(codingPath: codingPath(), debugDescription: "expected \(type), found \(tag.description)"))
     }
 
-    func decodeNil(at offset: Int, limit: Int, codingPath: [any CodingKey]) throws -> Bool {
-        try tag(at: offset, limit: limit, codingPath: codingPath) == .null
+    func decodeNil(at offset: Int, limit: Int, codingPath: @autoclosure () -> [any CodingKey]) throws -> Bool {
+        try tag(at: offset, limit: limit, codingPath: codingPath()) == .null
     }
 
-    func decodeBool(at offset: Int, limit: Int, codingPath: [any CodingKey]) throws -> Bool {
-        switch try tag(at: offset, limit: limit, codingPath: codingPath) {
+    func decodeBool(at offset: Int, limit: Int, codingPath: @autoclosure () -> [any CodingKey]) throws -> Bool {
+        switch try tag(at: offset, limit: limit, codingPath: codingPath()) {
         case .true: return true
         case .false: return false
-        case let other: throw typeMismatch(Bool.self, other, codingPath)
+        case let other: throw typeMismatch(Bool.self, other, codingPath())
         }
     }
 
-    func decodeString(at offset: Int, limit: Int, codingPath: [any CodingKey]) throws -> String {
-        let tag = try tag(at: offset, limit: limit, codingPath: codingPath)
-        guard tag == .string else { throw typeMismatch(String.self, tag, codingPath) }
-        let range = try run(at: offset + 1, limit: limit, codingPath: codingPath)
-        guard let string = String(validating: bytes[range], as: UTF8.self) else { throw corrupt(codingPath, "string is not UTF-8") }
+    func decodeString(at offset: Int, limit: Int, codingPath: @autoclosure () -> [any CodingKey]) throws -> String {
+        let tag = try tag(at: offset, limit: limit, codingPath: codingPath())
+        guard tag == .string else { throw typeMismatch(String.self, tag, codingPath()) }
+        let range = try run(at: offset + 1, limit: limit, codingPath: codingPath())
+        guard let string = String(validating: bytes[range], as: UTF8.self) else { throw corrupt(codingPath(), "string is not UTF-8") }
         return string
     }
 
-    func decodeData(at offset: Int, limit: Int, codingPath: [any CodingKey]) throws -> Data {
-        let tag = try tag(at: offset, limit: limit, codingPath: codingPath)
-        guard tag == .bytes else { throw typeMismatch(Data.self, tag, codingPath) }
-        return Data(bytes[try run(at: offset + 1, limit: limit, codingPath: codingPath)])
+    func decodeData(at offset: Int, limit: Int, codingPath: @autoclosure () -> [any CodingKey]) throws -> Data {
+        let tag = try tag(at: offset, limit: limit, codingPath: codingPath())
+        guard tag == .bytes else { throw typeMismatch(Data.self, tag, codingPath()) }
+        return Data(bytes[try run(at: offset + 1, limit: limit, codingPath: codingPath())])
     }
 
-    func decodeDouble(at offset: Int, limit: Int, codingPath: [any CodingKey]) throws -> Double {
-        switch try tag(at: offset, limit: limit, codingPath: codingPath) {
+    func decodeDouble(at offset: Int, limit: Int, codingPath: @autoclosure () -> [any CodingKey]) throws -> Double {
+        switch try tag(at: offset, limit: limit, codingPath: codingPath()) {
         case .double:
-            guard limit - offset >= 9 else { throw corrupt(codingPath, "truncated number") }
+            guard limit - offset >= 9 else { throw corrupt(codingPath(), "truncated number") }
             var bits: UInt64 = 0
             for index in 0..<8 { bits |= UInt64(bytes[offset + 1 + index]) << UInt64(index * 8) }
             return Double(bitPattern: bits)
-        case .int: return Double(try decodeInteger(Int64.self, at: offset, limit: limit, codingPath: codingPath))
-        case .uint: return Double(try decodeInteger(UInt64.self, at: offset, limit: limit, codingPath: codingPath))
-        case let other: throw typeMismatch(Double.self, other, codingPath)
+        case .int: return Double(try decodeInteger(Int64.self, at: offset, limit: limit, codingPath: codingPath()))
+        case .uint: return Double(try decodeInteger(UInt64.self, at: offset, limit: limit, codingPath: codingPath()))
+        case let other: throw typeMismatch(Double.self, other, codingPath())
         }
     }
 
-    func decodeInteger<T: FixedWidthInteger>(_ type: T.Type, at offset: Int, limit: Int, codingPath: [any CodingKey]) throws -> T {
-        let tag = try tag(at: offset, limit: limit, codingPath: codingPath)
-        let (raw, _) = try varint(at: offset + 1, limit: limit, codingPath: codingPath)
+    func decodeInteger<T: FixedWidthInteger>(_ type: T.Type, at offset: Int, limit: Int, codingPath: @autoclosure () -> [any CodingKey]) throws -> T {
+        let tag = try tag(at: offset, limit: limit, codingPath: codingPath())
+        let (raw, _) = try varint(at: offset + 1, limit: limit, codingPath: codingPath())
         let value: T?
         switch tag {
         case .int:
@@ -450,18 +501,25 @@ final class BinaryReader {
         case .uint:
             value = T(exactly: raw)
         default:
-            throw typeMismatch(type, tag, codingPath)
+            throw typeMismatch(type, tag, codingPath())
         }
-        guard let value else { throw corrupt(codingPath, "number does not fit in \(type)") }
+        guard let value else { throw corrupt(codingPath(), "number does not fit in \(type)") }
         return value
     }
 
-    func decodeValue<T: Decodable>(_ type: T.Type, at offset: Int, limit: Int, depth: Int, codingPath: [any CodingKey]) throws -> T {
-        if T.self == Data.self {
-            return try decodeData(at: offset, limit: limit, codingPath: codingPath) as! T
+    func decodeValue<T: Decodable>(_ type: T.Type, at offset: Int, limit: Int, depth: Int, codingPath: @autoclosure () -> [any CodingKey]) throws -> T {
+        // The common leaves and string-keyed dictionaries directly, without a decoder and its
+        // containers for each.
+        if T.self == String.self { return try decodeString(at: offset, limit: limit, codingPath: codingPath()) as! T }
+        if T.self == Double.self { return try decodeDouble(at: offset, limit: limit, codingPath: codingPath()) as! T }
+        if T.self == Int.self { return try decodeInteger(Int.self, at: offset, limit: limit, codingPath: codingPath()) as! T }
+        if T.self == Bool.self { return try decodeBool(at: offset, limit: limit, codingPath: codingPath()) as! T }
+        if T.self == Data.self { return try decodeData(at: offset, limit: limit, codingPath: codingPath()) as! T }
+        if let dictionary = T.self as? any BinaryStringKeyedDictionary.Type {
+            return try dictionary.decodeBinary(self, at: offset, limit: limit, depth: depth, codingPath: codingPath()) as! T
         }
-        guard depth < BinaryCoding.maxDepth else { throw corrupt(codingPath, "nested deeper than \(BinaryCoding.maxDepth)") }
-        return try T(from: BinaryValueDecoder(reader: self, offset: offset, limit: limit, depth: depth, codingPath: codingPath))
+        guard depth < BinaryCoding.maxDepth else { throw corrupt(codingPath(), "nested deeper than \(BinaryCoding.maxDepth)") }
+        return try T(from: BinaryValueDecoder(reader: self, offset: offset, limit: limit, depth: depth, codingPath: codingPath()))
     }
 }
 
@@ -688,21 +746,21 @@ struct BinaryUnkeyedDecoder: UnkeyedDecodingContainer {
     }
 
     mutating func decode(_ type: Bool.Type) throws -> Bool {
-        let path = self.path
+        let index = currentIndex
         let (start, limit) = try next()
-        return try reader.decodeBool(at: start, limit: limit, codingPath: path)
+        return try reader.decodeBool(at: start, limit: limit, codingPath: codingPath + [IndexKey(index)])
     }
 
     mutating func decode(_ type: String.Type) throws -> String {
-        let path = self.path
+        let index = currentIndex
         let (start, limit) = try next()
-        return try reader.decodeString(at: start, limit: limit, codingPath: path)
+        return try reader.decodeString(at: start, limit: limit, codingPath: codingPath + [IndexKey(index)])
     }
 
     mutating func decode(_ type: Double.Type) throws -> Double {
-        let path = self.path
+        let index = currentIndex
         let (start, limit) = try next()
-        return try reader.decodeDouble(at: start, limit: limit, codingPath: path)
+        return try reader.decodeDouble(at: start, limit: limit, codingPath: codingPath + [IndexKey(index)])
     }
 
     mutating func decode(_ type: Float.Type) throws -> Float { Float(try decode(Double.self)) }
@@ -718,27 +776,27 @@ struct BinaryUnkeyedDecoder: UnkeyedDecodingContainer {
     mutating func decode(_ type: UInt64.Type) throws -> UInt64 { try integer() }
 
     private mutating func integer<T: FixedWidthInteger>() throws -> T {
-        let path = self.path
+        let index = currentIndex
         let (start, limit) = try next()
-        return try reader.decodeInteger(T.self, at: start, limit: limit, codingPath: path)
+        return try reader.decodeInteger(T.self, at: start, limit: limit, codingPath: codingPath + [IndexKey(index)])
     }
 
     mutating func decode<T: Decodable>(_ type: T.Type) throws -> T {
-        let path = self.path
+        let index = currentIndex
         let (start, limit) = try next()
-        return try reader.decodeValue(type, at: start, limit: limit, depth: depth, codingPath: path)
+        return try reader.decodeValue(type, at: start, limit: limit, depth: depth, codingPath: codingPath + [IndexKey(index)])
     }
 
     mutating func nestedContainer<NestedKey: CodingKey>(keyedBy type: NestedKey.Type) throws -> KeyedDecodingContainer<NestedKey> {
-        let path = self.path
+        let index = currentIndex
         let (start, limit) = try next()
-        return try BinaryValueDecoder(reader: reader, offset: start, limit: limit, depth: depth, codingPath: path).container(keyedBy: type)
+        return try BinaryValueDecoder(reader: reader, offset: start, limit: limit, depth: depth, codingPath: codingPath + [IndexKey(index)]).container(keyedBy: type)
     }
 
     mutating func nestedUnkeyedContainer() throws -> any UnkeyedDecodingContainer {
-        let path = self.path
+        let index = currentIndex
         let (start, limit) = try next()
-        return try BinaryValueDecoder(reader: reader, offset: start, limit: limit, depth: depth, codingPath: path).unkeyedContainer()
+        return try BinaryValueDecoder(reader: reader, offset: start, limit: limit, depth: depth, codingPath: codingPath + [IndexKey(index)]).unkeyedContainer()
     }
 
     mutating func superDecoder() throws -> any Decoder {

@@ -69,6 +69,7 @@ public final class BusServer: Service, Sendable {
     private let state = Mutex(State())
     private let wakeup: Wakeup
     private let executor: IOThreadExecutor
+    private let metrics = BusServerMetrics()
 
     public init(configuration: Configuration, router: BusRouter, context: ZMQContext = .shared, logger: Logger) {
         self.configuration = configuration
@@ -227,7 +228,7 @@ public final class BusServer: Service, Sendable {
         if inFlight >= configuration.maxInFlight {
             let method = router.knows(header.method) ? header.method : "unknown"
             Counter(label: "bus_overloaded_total", dimensions: [("method", method)]).increment()
-            BusServerMetrics.answered(method: method, code: BusError.Code.overloaded.rawValue)
+            metrics.answered(method: method, code: BusError.Code.overloaded.rawValue, after: nil)
             let error = BusError(.overloaded, "\(configuration.maxInFlight) requests already in progress")
             send(Reply(identity: identity, requestId: header.requestId, encoding: header.encoding, result: .failure(error)), on: socket)
             return
@@ -244,7 +245,7 @@ public final class BusServer: Service, Sendable {
             logger: requestLogger
         )
         let body = frames[2]
-        Task(executorPreference: executor) { [router] in
+        Task(executorPreference: executor) { [router, metrics] in
             let started = ContinuousClock.now
             let result = await BusTrace.$id.withValue(header.traceId) {
                 await router.handle(method: header.method, body: body, encoding: header.encoding, context: requestContext)
@@ -252,13 +253,12 @@ public final class BusServer: Service, Sendable {
             let elapsed = started.duration(to: .now)
             let method = router.knows(header.method) ? header.method : "unknown"
             BusServerMetrics.inProgress.decrement()
-            Metrics.Timer(label: "bus_handler_duration_seconds", dimensions: [("method", method)]).record(elapsed)
             switch result {
             case .success:
-                BusServerMetrics.answered(method: method, code: "ok")
+                metrics.answered(method: method, code: "ok", after: elapsed)
                 requestLogger.debug("handled", metadata: ["duration-us": "\(elapsed.wholeMicroseconds)"])
             case .failure(let error):
-                BusServerMetrics.answered(method: method, code: error.code.rawValue)
+                metrics.answered(method: method, code: error.code.rawValue, after: elapsed)
                 requestLogger.debug("failed", metadata: ["code": "\(error.code.rawValue)", "duration-us": "\(elapsed.wholeMicroseconds)"])
             }
             self.enqueue(Reply(identity: identity, requestId: header.requestId, encoding: header.encoding, result: result))
@@ -288,14 +288,34 @@ public final class BusServer: Service, Sendable {
 
 /// The bus server's metrics (recorded through swift-metrics: nothing unless the process
 /// bootstrapped a metrics backend). Methods a service does not have count as `unknown`, so
-/// garbage cannot grow the number of series.
-enum BusServerMetrics {
+/// garbage cannot grow the number of series. The handles of each method are made once and kept:
+/// making one looks it up in the backend's registry, under its lock, by label and dimensions.
+final class BusServerMetrics: Sendable {
     /// Requests being handled now.
     static let inProgress = Meter(label: "bus_requests_in_progress")
 
-    /// Counts an answer by method and code (`ok`, or the error code).
-    static func answered(method: String, code: String) {
-        Counter(label: "bus_requests_total", dimensions: [("method", method), ("code", code)]).increment()
+    private struct Handles {
+        let duration: Metrics.Timer
+        var answers: [String: Counter] = [:]
+    }
+
+    /// By method; bounded by the router's methods plus `unknown`, and each by the error codes.
+    private let handles = Mutex<[String: Handles]>([:])
+
+    /// Counts an answer by method and code (`ok`, or the error code), and the handler's time if
+    /// it ran.
+    func answered(method: String, code: String, after elapsed: Duration?) {
+        let (counter, timer) = handles.withLock { handles -> (Counter, Metrics.Timer) in
+            if handles[method] == nil {
+                handles[method] = Handles(duration: Metrics.Timer(label: "bus_handler_duration_seconds", dimensions: [("method", method)]))
+            }
+            if let counter = handles[method]!.answers[code] { return (counter, handles[method]!.duration) }
+            let counter = Counter(label: "bus_requests_total", dimensions: [("method", method), ("code", code)])
+            handles[method]!.answers[code] = counter
+            return (counter, handles[method]!.duration)
+        }
+        counter.increment()
+        if let elapsed { timer.record(elapsed) }
     }
 }
 

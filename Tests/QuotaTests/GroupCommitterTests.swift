@@ -1,5 +1,6 @@
 import Bus
 import Foundation
+import GRDB
 import Logging
 import Messages
 import QuotaCore
@@ -54,6 +55,66 @@ struct QuotaHandlerTests {
         if case .success = await bad { Issue.record("a zero-cost reserve succeeded") }
         let status = try await database.writer.read { try ledger.status($0, user: "u", now: now) }
         #expect(status.daily.used == 2)
+    }
+}
+
+@Suite("Group commit")
+struct GroupCommitterTests {
+    func temporaryDatabase() throws -> (QuotaDatabase, URL) {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("commit-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        return (try QuotaDatabase.open(path: folder.appendingPathComponent("quota.sqlite").path), folder)
+    }
+
+    @Test func manyWritesAtOnceShareFewTransactions() async throws {
+        let (database, folder) = try temporaryDatabase()
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let committer = GroupCommitter(writer: database.writer)
+        let ledger = QuotaLedger()
+        let now = Date()
+        // 500 reserves of 500 users, submitted together
+        try await withThrowingTaskGroup(of: Bool.self) { group in
+            for index in 0..<500 {
+                group.addTask { try await committer.perform { try ledger.reserve($0, ReserveQuota(userId: "u\(index)", jobId: "j\(index)"), now: now) }.admitted }
+            }
+            for try await admitted in group { #expect(admitted) }
+        }
+        let statistics = committer.statistics
+        #expect(statistics.works == 500)
+        #expect(statistics.transactions < 100, "500 writes took \(statistics.transactions) transactions")
+        #expect(statistics.savepointRetries == 0)
+        let charges = try await database.writer.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM charge") }
+        #expect(charges == 500)
+    }
+
+    @Test func workThatFailsAfterWritingIsRolledBackAloneAndTheRestCommits() async throws {
+        let (database, folder) = try temporaryDatabase()
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let committer = GroupCommitter(writer: database.writer)
+        let ledger = QuotaLedger()
+        let now = Date()
+        struct Late: Error {}
+        // Reserves around one piece of work that writes a charge and then throws
+        async let first = committer.perform { try ledger.reserve($0, ReserveQuota(userId: "u", jobId: "a"), now: now) }
+        async let halfDone = Result(catching: {
+            try await committer.perform { db -> Int in
+                _ = try ledger.reserve(db, ReserveQuota(userId: "u", jobId: "half"), now: now)
+                throw Late()
+            }
+        })
+        async let last = committer.perform { try ledger.reserve($0, ReserveQuota(userId: "u", jobId: "c"), now: now) }
+        #expect(try await first.admitted)
+        #expect(try await last.admitted)
+        guard case .failure(let error) = await halfDone, error is Late else {
+            Issue.record("the failing work did not fail with its own error")
+            return
+        }
+        // Then its charge is gone and the other two are counted once each
+        let status = try await database.writer.read { try ledger.status($0, user: "u", now: now) }
+        #expect(status.daily.used == 2)
+        let jobs = try await database.writer.read { try String.fetchAll($0, sql: "SELECT jobId FROM charge ORDER BY jobId") }
+        #expect(jobs == ["a", "c"])
+        #expect(committer.statistics.savepointRetries == 1)
     }
 }
 

@@ -27,14 +27,32 @@ public struct QuotaHandler: Sendable {
     static func count(_ decision: QuotaDecision) {
         if decision.admitted {
             for window in [decision.status.daily, decision.status.monthly] where window.limit != nil {
-                Counter(label: "quota_decisions_total", dimensions: [("decision", "admitted"), ("window", window.name)]).increment()
+                decisionCounters[DecisionKey(admitted: true, window: window.name)]?.increment()
             }
         } else {
             for window in decision.violated {
-                Counter(label: "quota_decisions_total", dimensions: [("decision", "denied"), ("window", window)]).increment()
+                decisionCounters[DecisionKey(admitted: false, window: window)]?.increment()
             }
         }
     }
+
+    private struct DecisionKey: Hashable {
+        var admitted: Bool
+        var window: String
+    }
+
+    /// The four series, made once (making a handle is a registry lookup under a lock).
+    private static let decisionCounters: [DecisionKey: Counter] = {
+        var counters: [DecisionKey: Counter] = [:]
+        for admitted in [true, false] {
+            for window in [CalendarWindow.Kind.daily.rawValue, CalendarWindow.Kind.monthly.rawValue] {
+                counters[DecisionKey(admitted: admitted, window: window)] = Counter(
+                    label: "quota_decisions_total", dimensions: [("decision", admitted ? "admitted" : "denied"), ("window", window)]
+                )
+            }
+        }
+        return counters
+    }()
 
     /// Registers every quota method on `router`.
     public func register(on router: inout BusRouter) {
