@@ -347,7 +347,7 @@ let package = Package(
         .testTarget(
             name: "QuotaTests",
             dependencies: [
-                "QuotaCore", "QuotaService", "Messages", "Bus",
+                "QuotaCore", "QuotaService", "Messages", "Bus", "Storage",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ],
             path: "Tests/QuotaTests",

@@ -35,6 +35,9 @@ public enum QuotaRules {
 
     /// Checks an id: 1 to `maxIdLength` bytes, no control characters.
     public static func validId(_ id: String) -> Bool {
-        (1...maxIdLength).contains(id.utf8.count) && !id.unicodeScalars.contains { $0.properties.generalCategory == .control }
+        guard (1...maxIdLength).contains(id.utf8.count) else { return false }
+        // Printable ASCII, as nearly every id is, needs no Unicode table.
+        if id.utf8.allSatisfy({ (0x20..<0x7F).contains($0) }) { return true }
+        return !id.unicodeScalars.contains { $0.properties.generalCategory == .control }
     }
 }

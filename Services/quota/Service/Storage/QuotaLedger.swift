@@ -2,6 +2,7 @@ import Foundation
 import GRDB
 import Messages
 import QuotaCore
+import Storage
 
 /// The quota operations, each run inside a write transaction it is given: what `reserve`,
 /// `commit`, `release` and the rest mean in rows.
@@ -47,7 +48,7 @@ public struct QuotaLedger: Sendable {
         try db.cachedStatement(sql: """
             INSERT INTO charge (jobId, userId, cost, state, dayKey, monthKey, reservedAt)
             VALUES (?, ?, ?, 'reserved', ?, ?, ?)
-            """).execute(arguments: [request.jobId, request.userId, request.cost, context.day.key, context.month.key, now])
+            """).execute(arguments: [request.jobId, request.userId, request.cost, context.day.key, context.month.key, StoredDate.text(now)])
         var charged = context
         charged.dailyUsed += request.cost
         charged.monthlyUsed += request.cost
