@@ -14,4 +14,17 @@ public enum DurableDatabase {
         configuration.busyMode = .timeout(5)
         return try DatabasePool(path: path, configuration: configuration)
     }
+
+    /// Opens the database at `path` as `open` does, with its WAL checkpointed by a
+    /// `WALCheckpointer` rather than inside the writer's commits: for a database written
+    /// continuously. The checkpointer runs as long as it is kept.
+    public static func openWithBackgroundCheckpoints(
+        path: String, prepare: @escaping @Sendable (Database) throws -> Void = { _ in }
+    ) throws -> (DatabasePool, WALCheckpointer) {
+        let pool = try open(path: path) { db in
+            try prepare(db)
+            try db.execute(sql: "PRAGMA wal_autocheckpoint = \(WALCheckpointer.safetyPages)")
+        }
+        return (pool, try WALCheckpointer(path: path))
+    }
 }

@@ -7,16 +7,34 @@ import Storage
 public struct QuotaDatabase: Sendable {
     /// The connection every write goes through.
     public let writer: any DatabaseWriter
+    /// Checkpoints the file's WAL outside the writer's commits, for as long as the database is open.
+    private let checkpointer: WALCheckpointer?
 
     /// Wraps `writer` and brings its schema up to date.
     public init(_ writer: any DatabaseWriter) throws {
+        try self.init(writer, checkpointer: nil)
+    }
+
+    private init(_ writer: any DatabaseWriter, checkpointer: WALCheckpointer?) throws {
         self.writer = writer
+        self.checkpointer = checkpointer
         try Self.migrator.migrate(writer)
     }
 
-    /// Opens (or creates) the database file at `path`.
+    /// Opens (or creates) the database file at `path`. A new file gets 1 KiB pages: every
+    /// reservation changes rows at random places in three B-trees (job id, user's charges,
+    /// usage), and a commit writes each page it changed whole to the WAL, so smaller pages write
+    /// a fraction of the bytes (measured: 6.4 KB of WAL a decision instead of 15.7 KB).
+    /// Each connection caches up to 32 MiB of pages (SQLite's default is 2 MiB, which a few
+    /// thousand users outgrow: every lookup then reads the file). Its WAL is checkpointed in the
+    /// background (`WALCheckpointer`).
     public static func open(path: String) throws -> QuotaDatabase {
-        try QuotaDatabase(DurableDatabase.open(path: path))
+        let (pool, checkpointer) = try DurableDatabase.openWithBackgroundCheckpoints(path: path) { db in
+            // Only takes effect on an empty file; an existing one keeps its page size.
+            try db.execute(sql: "PRAGMA page_size = 1024")
+            try db.execute(sql: "PRAGMA cache_size = -32768")
+        }
+        return try QuotaDatabase(pool, checkpointer: checkpointer)
     }
 
     /// An in-memory database, for tests.
