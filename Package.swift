@@ -124,7 +124,7 @@ let package = Package(
             path: "Services/quota/Core",
             swiftSettings: swiftSettings
         ),
-        // Opening a service's SQLite file durably (WAL, synchronous=FULL).
+        // Opening a service's SQLite file durably (WAL, synchronous=FULL), group commit, background checkpoints.
         .target(
             name: "Storage",
             dependencies: ["Messages", "Bus", .product(name: "GRDB", package: "GRDB.swift")],

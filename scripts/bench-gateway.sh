@@ -5,6 +5,7 @@
 # whole run, no workers, so jobs only queue), all with logs at warning; then /healthz and the
 # bare route again with `make run`'s default logging (info, to a file). Prints req/s, p50 and p99
 # of each and the line `gateway/bare throughput ratio: healthz A  users/me B  jobs C`.
+# BENCH_PERF=DIR also records a perf profile of the whole machine during each measurement.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${BENCH_SECONDS:-10}
@@ -50,15 +51,15 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $token"
 LUA
 
-bare=$(measure "$bare_url/healthz")
-healthz=$(measure "$url/healthz")
-me=$(measure -H "Authorization: Bearer $token" "$url/api/v1/users/me")
-jobs=$(measure -s "$work/create.lua" "$url/api/v1/jobs")
+bare=$(MEASURE_LABEL=bare measure "$bare_url/healthz")
+healthz=$(MEASURE_LABEL=healthz measure "$url/healthz")
+me=$(MEASURE_LABEL=users-me measure -H "Authorization: Bearer $token" "$url/api/v1/users/me")
+jobs=$(MEASURE_LABEL=jobs measure -s "$work/create.lua" "$url/api/v1/jobs")
 
 # make run's default logging: info, each process writing its lines (to a file here).
 kill "$gateway"; wait "$gateway" 2>/dev/null || true
 LOG_LEVEL=info start_gateway
-healthz_info=$(measure "$url/healthz")
+healthz_info=$(MEASURE_LABEL=healthz-info measure "$url/healthz")
 info_lines=$(wc -l < "$work/gateway.log")
 
 row() { read -r rps p50 p99 <<<"$2"; printf "%-48s %8s req/s  p50 %6s ms  p99 %6s ms\n" "$1" "$rps" "$p50" "$p99"; }

@@ -22,9 +22,16 @@ need() {
 
 # Prints "req/s p50_ms p99_ms" of a wrk run at 32 connections for $DURATION seconds (wrk's own
 # arguments after); fails on answers that are not 2xx.
+# With BENCH_PERF=DIR, each measurement also records a system-wide perf profile (call graphs) in
+# DIR/LABEL.data, LABEL from MEASURE_LABEL; read it with `perf report -i FILE --sort comm,dso`.
 measure() {
-  local out
+  local out perf_pid=""
+  if [ -n "${BENCH_PERF:-}" ]; then
+    mkdir -p "$BENCH_PERF"
+    perf record -q -a -g -F 999 -o "$BENCH_PERF/${MEASURE_LABEL:-run}.data" -- sleep "$DURATION" >/dev/null 2>&1 & perf_pid=$!
+  fi
   out=$(wrk -t2 -c32 -d"${DURATION}s" --latency "$@" 2>&1)
+  if [ -n "$perf_pid" ]; then wait "$perf_pid" || true; fi
   if echo "$out" | grep -q "Non-2xx"; then echo "non-2xx answers for $*:" >&2; echo "$out" >&2; exit 1; fi
   echo "$out" | python3 -c '
 import re, sys

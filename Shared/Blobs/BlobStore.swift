@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// Where uploads, results and thumbnails live, by key (`uploads/<owner>/<id>.jpg`). The disk store
 /// is the one that ships; an S3 store can implement the same protocol.
@@ -128,5 +129,40 @@ public struct DiskBlobStore: BlobStore {
         let folder = root.appendingPathComponent(".incoming")
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
         return folder.appendingPathComponent(UUID().uuidString)
+    }
+}
+
+/// Blob metadata remembered for `lifetime`, so a hot path (every job creation checks its upload's
+/// owner) does not read a file each time. A blob's owner, type and size never change while it
+/// exists; what the lifetime bounds is how long a deleted blob still looks present (a job created
+/// on it then fails when the worker finds no image). Absent blobs are not remembered. At most
+/// `capacity` entries; past it the cache starts over.
+public final class BlobMetadataCache: Sendable {
+    private let store: any BlobStore
+    private let lifetime: Duration
+    private let capacity: Int
+    private let now: @Sendable () -> ContinuousClock.Instant
+    private let entries = Mutex<[String: (metadata: BlobMetadata, until: ContinuousClock.Instant)]>([:])
+
+    public init(
+        store: any BlobStore, lifetime: Duration = .seconds(60), capacity: Int = 10_000,
+        now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }
+    ) {
+        self.store = store
+        self.lifetime = lifetime
+        self.capacity = capacity
+        self.now = now
+    }
+
+    /// The metadata of `key`, from memory if read within the lifetime.
+    public func metadata(of key: String) async throws -> BlobMetadata? {
+        let now = now()
+        if let hit = entries.withLock({ $0[key] }), now < hit.until { return hit.metadata }
+        guard let metadata = try await store.metadata(of: key) else { return nil }
+        entries.withLock { entries in
+            if entries.count >= capacity { entries.removeAll(keepingCapacity: true) }
+            entries[key] = (metadata, now.advanced(by: lifetime))
+        }
+        return metadata
     }
 }

@@ -5,6 +5,7 @@ import Logging
 import Messages
 import QuotaCore
 import QuotaService
+import Storage
 import Testing
 
 @Suite("Quota over the bus, in process")

@@ -34,7 +34,7 @@ public func buildRouter(
     LegacyJobsController(clients: clients, authenticator: authenticator, links: links).addRoutes(to: router)
     WebhooksController(clients: clients, authenticator: authenticator, adaptySecret: configuration.adaptyWebhookSecret, logger: logger).addRoutes(to: router)
     if let blobs = try? DiskBlobStore(root: URL(fileURLWithPath: configuration.blobDirectory)) {
-        let creator = JobCreator(clients: clients, blobs: blobs)
+        let creator = JobCreator(clients: clients, uploads: BlobMetadataCache(store: blobs))
         UploadsController(
             clients: clients, authenticator: authenticator, blobs: blobs, signer: signer, publicBaseURL: configuration.publicBaseURL,
             maxBytes: configuration.uploadMaxBytes, maxPixels: configuration.imageMaxPixels, lifetime: configuration.signedURLLifetime,

@@ -3,6 +3,7 @@ import Foundation
 import Messages
 import Metrics
 import QuotaCore
+import Storage
 
 /// The quota service's bus methods: each write runs the ledger operation in a group-committed
 /// transaction and answers once that transaction is durable; reads run on a reader connection.

@@ -2,6 +2,7 @@ import Foundation
 import GRDB
 import JobsCore
 import Messages
+import Storage
 
 /// The job lifecycle in rows. Every state change bumps the job's version and writes, in the same
 /// transaction, an event for history and (when the job ends) the quota settlement to the outbox.
@@ -10,11 +11,14 @@ public struct JobStore: Sendable {
     public let retry: RetryPolicy
     /// Effect ids to the titles the app shows, carried in history events.
     public let effectTitles: [String: String]
+    /// Creations arriving together share one transaction and one fsync.
+    private let creations: GroupCommitter
 
     public init(database: JobsDatabase, retry: RetryPolicy = RetryPolicy(), effectTitles: [String: String] = [:]) {
         self.database = database
         self.retry = retry
         self.effectTitles = effectTitles
+        self.creations = GroupCommitter(writer: database.writer)
     }
 
     /// What a worker's report did to the job.
@@ -25,9 +29,10 @@ public struct JobStore: Sendable {
         case refused(String)
     }
 
-    /// Creates a queued job; the same id for the same user returns the existing job.
+    /// Creates a queued job; the same id for the same user returns the existing job. Answers once
+    /// the job is durable, in a transaction shared with the creations that arrived meanwhile.
     public func create(_ request: CreateJob, effectId: String, parameters: [String: Double], now: Date) async throws -> (job: JobRecord, created: Bool) {
-        try await database.writer.write { db in
+        try await creations.perform { [retry] db in
             if let existing = try JobRecord.fetchOne(db, key: request.jobId) {
                 guard existing.userId == request.userId else {
                     throw BusError(.conflict, "job id \(request.jobId) belongs to another user")
