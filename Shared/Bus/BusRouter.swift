@@ -9,14 +9,26 @@ public struct BusRequestContext: Sendable {
     public var traceId: String
     /// Wall-clock milliseconds since 1970 after which nobody waits for the reply.
     public var deadlineMilliseconds: Int64
-    /// A logger carrying `request-id` and `method` metadata.
-    public var logger: Logger
+    /// The service's logger, without this request's metadata.
+    private var baseLogger: Logger
+
+    /// A logger carrying `request-id` and `method` metadata, made when asked for: most requests
+    /// log nothing, and adding metadata to a logger costs allocations on every request.
+    public var logger: Logger {
+        get {
+            var logger = baseLogger
+            logger[metadataKey: "request-id"] = "\(traceId)"
+            logger[metadataKey: "method"] = "\(method)"
+            return logger
+        }
+        set { baseLogger = newValue }
+    }
 
     public init(method: String, traceId: String, deadlineMilliseconds: Int64, logger: Logger) {
         self.method = method
         self.traceId = traceId
         self.deadlineMilliseconds = deadlineMilliseconds
-        self.logger = logger
+        self.baseLogger = logger
     }
 }
 

@@ -235,17 +235,14 @@ public final class BusServer: Service, Sendable {
         }
         inFlight += 1
         BusServerMetrics.inProgress.increment()
-        var requestLogger = logger
-        requestLogger[metadataKey: "request-id"] = "\(header.traceId)"
-        requestLogger[metadataKey: "method"] = "\(header.method)"
         let requestContext = BusRequestContext(
             method: header.method,
             traceId: header.traceId,
             deadlineMilliseconds: header.deadlineMilliseconds,
-            logger: requestLogger
+            logger: logger
         )
         let body = frames[2]
-        Task(executorPreference: executor) { [router, metrics] in
+        Task(executorPreference: executor) { [router, metrics, debug = logger.logLevel <= .debug] in
             let started = ContinuousClock.now
             let result = await BusTrace.$id.withValue(header.traceId) {
                 await router.handle(method: header.method, body: body, encoding: header.encoding, context: requestContext)
@@ -256,10 +253,14 @@ public final class BusServer: Service, Sendable {
             switch result {
             case .success:
                 metrics.answered(method: method, code: "ok", after: elapsed)
-                requestLogger.debug("handled", metadata: ["duration-us": "\(elapsed.wholeMicroseconds)"])
+                if debug {
+                    requestContext.logger.debug("handled", metadata: ["duration-us": "\(elapsed.wholeMicroseconds)"])
+                }
             case .failure(let error):
                 metrics.answered(method: method, code: error.code.rawValue, after: elapsed)
-                requestLogger.debug("failed", metadata: ["code": "\(error.code.rawValue)", "duration-us": "\(elapsed.wholeMicroseconds)"])
+                if debug {
+                    requestContext.logger.debug("failed", metadata: ["code": "\(error.code.rawValue)", "duration-us": "\(elapsed.wholeMicroseconds)"])
+                }
             }
             self.enqueue(Reply(identity: identity, requestId: header.requestId, encoding: header.encoding, result: result))
         }

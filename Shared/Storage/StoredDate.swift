@@ -7,11 +7,11 @@ import Foundation
 
 /// A date as GRDB stores it (`yyyy-MM-dd HH:mm:ss.SSS`, UTC), written without a `DateFormatter`:
 /// binding a `Date` formats it through ICU, a few microseconds on every write of a hot path.
-/// Same text (milliseconds rounded to the nearest, as its formatter does), same ordering, read
+/// Same text (milliseconds rounded to the nearest, halves up, as its formatter does), same ordering, read
 /// back by GRDB as any stored `Date`.
 public enum StoredDate {
     public static func text(_ date: Date) -> String {
-        let milliseconds = Int64((date.timeIntervalSince1970 * 1000).rounded())
+        let milliseconds = Int64((date.timeIntervalSince1970 * 1000 + 0.5).rounded(.down))
         var seconds = time_t(milliseconds >= 0 ? milliseconds / 1000 : (milliseconds - 999) / 1000)
         let millis = Int(milliseconds - Int64(seconds) * 1000)
         var parts = tm()
