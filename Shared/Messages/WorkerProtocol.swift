@@ -2,8 +2,9 @@
 /// connects to the jobs service's worker endpoint, says `ready` with its capacity and effects,
 /// is assigned jobs with an attempt number, sends heartbeats (naming the attempts it holds) and
 /// progress, and ends each job with `done`, `failed` or `cancelled`, which it sends again with
-/// every heartbeat until the service answers `recorded` (or `refused`). Heartbeats go both ways
-/// about every second; a peer silent for three intervals is dead.
+/// every heartbeat until the service answers `recorded` (or `refused`). Heartbeats go both ways:
+/// the service's every second, a worker's at the interval it announced in `ready`; a peer silent
+/// for three of its own intervals is dead.
 
 /// What a worker tells the jobs service.
 public enum WorkerMessage: Codable, Sendable, Equatable {
@@ -40,10 +41,15 @@ public struct WorkerReady: Codable, Sendable, Equatable {
     public var capacity: Int
     /// Effect ids it can run.
     public var effects: [String]
-    public init(workerId: String, capacity: Int, effects: [String]) {
+    /// How often it sends heartbeats, in milliseconds: the jobs service declares it dead after
+    /// three of these intervals of silence. Nil (a worker from before this field): the service's
+    /// own interval.
+    public var heartbeatMilliseconds: Int?
+    public init(workerId: String, capacity: Int, effects: [String], heartbeatMilliseconds: Int? = nil) {
         self.workerId = workerId
         self.capacity = capacity
         self.effects = effects
+        self.heartbeatMilliseconds = heartbeatMilliseconds
     }
 }
 

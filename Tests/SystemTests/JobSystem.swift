@@ -40,7 +40,8 @@ final class JobSystem: @unchecked Sendable {
         services = try RunningServices(only: [], dataDirectory: dataDirectory)
         let effects = """
             [{"id": "slow-remote", "title": "Slow AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/slow"},
-             {"id": "broken-remote", "title": "Broken AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/bad"}]
+             {"id": "broken-remote", "title": "Broken AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/bad"},
+             {"id": "ten-second-remote", "title": "Very Slow AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/ten-seconds"}]
             """
         try services.start(.quota, extra: [
             "JOBS_ENDPOINT": services.endpoints[.jobs]!, "QUOTA_STALE_AFTER_S": "1", "QUOTA_STALE_SCAN_MS": "300",
@@ -145,13 +146,16 @@ final class JobSystem: @unchecked Sendable {
 
     // MARK: The inference provider
 
-    /// `POST /slow` answers the fixture image after 3 s; `POST /bad` answers 400.
+    /// `POST /slow` answers the fixture image after 3 s, `POST /ten-seconds` after 10 s;
+    /// `POST /bad` answers 400.
     static func runProvider(port: Int) async throws {
         let router = Router()
-        router.post("/slow") { _, _ -> Response in
-            try await Task.sleep(for: .seconds(3))
-            let data = try Data(contentsOf: fixture)
-            return Response(status: .ok, headers: [.contentType: "image/jpeg"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
+        for (path, delay) in [("/slow", 3), ("/ten-seconds", 10)] {
+            router.post(RouterPath(path)) { _, _ -> Response in
+                try await Task.sleep(for: .seconds(delay))
+                let data = try Data(contentsOf: fixture)
+                return Response(status: .ok, headers: [.contentType: "image/jpeg"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
+            }
         }
         router.post("/bad") { _, _ -> Response in
             Response(status: .badRequest, headers: [.contentType: "text/plain"], body: .init(byteBuffer: ByteBuffer(string: "no")))

@@ -48,6 +48,59 @@ struct WorkerProtocolTests {
         return nil
     }
 
+    @Test func aWorkerWithASlowHeartbeatKeepsItsTenSecondJob() async throws {
+        // Given a real worker that sends heartbeats every 5 s (the service's own are every 1 s)
+        let system = try await JobSystem(workers: 0)
+        try system.startWorker(extra: ["WORKER_HEARTBEAT_MS": "5000"])
+        let user = JobSystem.guest(UUID())
+        try await system.gateway { client in
+            let key = try await JobSystem.upload(client, as: user)
+            // When it runs a job that takes 10 s
+            let created = JobSystem.json(try await JobSystem.createJob(client, as: user, imageKey: key, effect: "ten-second-remote"))
+            let jobId = try #require(created["jobId"] as? String)
+            let status = try await JobSystem.waitForStatus(client, as: user, jobId: jobId, within: .seconds(40))
+            // Then it completes on its first attempt: the worker was never declared dead
+            #expect(status["status"] as? String == "completed")
+            let job = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: jobId, userId: JobSystem.userId(ofGuest: user)))
+            #expect(job.attempts == 1)
+        }
+        await system.stop()
+    }
+
+    @Test func aSilentWorkerIsDeclaredDeadAfterThreeOfItsOwnIntervals() async throws {
+        let system = try await JobSystem(workers: 0)
+        let user = "device:\(UUID().uuidString.lowercased())"
+        let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: "uploads/none/x.jpg", effectId: "copy"))
+        // Given a hand-driven worker announcing a 2 s heartbeat, that takes the job and goes silent
+        let silent = try await BusChannel.connect(system.workerEndpoint)
+        let silentInbox = Inbox(silent)
+        silent.send(WorkerMessage.ready(WorkerReady(workerId: "slow-silent", capacity: 1, effects: ["*"], heartbeatMilliseconds: 2000)))
+        let first = await next(silentInbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
+        #expect(first == JobAttempt(jobId: job.id, attempt: 1))
+        let assigned = ContinuousClock.now
+        // When another worker is ready
+        let other = try await BusChannel.connect(system.workerEndpoint)
+        let otherInbox = Inbox(other)
+        other.send(WorkerMessage.ready(WorkerReady(workerId: "other", capacity: 1, effects: ["*"])))
+        let beating = Task {
+            while !Task.isCancelled {
+                other.send(WorkerMessage.heartbeat(running: []))
+                try? await Task.sleep(for: .milliseconds(300))
+            }
+        }
+        defer { beating.cancel() }
+        // Then the job goes to it once the silent one has missed three of its 2 s heartbeats
+        // (not three of the service's 1 s ones), and not much later
+        let second = await next(otherInbox, within: .seconds(15)) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
+        let waited = assigned.duration(to: .now)
+        #expect(second == JobAttempt(jobId: job.id, attempt: 2))
+        #expect(waited >= .seconds(6), "the job was taken back after \(waited)")
+        #expect(waited < .seconds(10), "the job was taken back after \(waited)")
+        await silent.shutdown()
+        await other.shutdown()
+        await system.stop()
+    }
+
     @Test func silentWorkerLosesItsJobAndItsLateResultIsRefused() async throws {
         let system = try await JobSystem(workers: 0)
         let user = "device:\(UUID().uuidString.lowercased())"

@@ -16,7 +16,7 @@ import Metrics
 ///
 /// The invariant it keeps: a job the database says is `processing` is held, under its current
 /// attempt, by a live worker. Every way that can stop being true is repaired: a worker silent for
-/// three heartbeat intervals is dead and its jobs are queued again; an attempt missing from its
+/// three of its own heartbeat intervals (announced in `ready`) is dead and its jobs are queued again; an attempt missing from its
 /// worker's heartbeats (a lost assignment) is queued again; and `reconcile` finds any other
 /// processing job that nobody has held for a grace period (a failed write, a restart) and
 /// queues it again. Requeues are fenced by attempt, so a late repair never undoes a result.
@@ -25,11 +25,19 @@ public actor Dispatcher {
         var id: String
         var capacity: Int
         var effects: Set<String>
+        /// The interval the worker announced it sends heartbeats at.
+        var heartbeat: Duration
         var lastSeen: ContinuousClock.Instant
         /// Job id to the attempt held (0 while the assignment is being recorded), and since when.
         var running: [String: Held] = [:]
         var free: Int { capacity - running.count }
+        /// Silence past this and the worker is dead; an attempt it has not named in its
+        /// heartbeats for this long never reached it.
+        var deadline: Duration { heartbeat * 3 }
     }
+
+    /// The heartbeat intervals a worker may announce; outside, the nearest bound.
+    static let heartbeatRange = Duration.milliseconds(50)...Duration.seconds(60)
 
     struct Held {
         var attempt: Int
@@ -75,10 +83,10 @@ public actor Dispatcher {
         self.failures = FailureLog(logger: logger)
     }
 
-    /// How long a processing job may go unheld, or an assigned attempt unmentioned by its
-    /// worker's heartbeats, before it is queued again: three heartbeat intervals, the time a
-    /// worker has to reconnect and name what it holds.
-    var grace: Duration { heartbeatInterval * 3 }
+    /// How long a processing job may go unheld before it is queued again: three heartbeat
+    /// intervals, of this service or of the slowest worker connected, the time a worker has to
+    /// reconnect and name what it holds.
+    var grace: Duration { workers.values.map(\.deadline).reduce(heartbeatInterval * 3, max) }
 
     /// Jobs waiting for a worker, backoffs included.
     public var queuedCount: Int { queue.count + delayed.count }
@@ -116,12 +124,18 @@ public actor Dispatcher {
         let now = ContinuousClock.now
         if case .ready(let ready) = decoded {
             let capacity = min(max(ready.capacity, 1), 256)
-            var worker = workers[peer] ?? Worker(id: ready.workerId, capacity: capacity, effects: [], lastSeen: now)
+            let heartbeat = ready.heartbeatMilliseconds.map { announced in
+                min(max(.milliseconds(announced), Self.heartbeatRange.lowerBound), Self.heartbeatRange.upperBound)
+            } ?? heartbeatInterval
+            var worker = workers[peer] ?? Worker(id: ready.workerId, capacity: capacity, effects: [], heartbeat: heartbeat, lastSeen: now)
             worker.capacity = capacity
             worker.effects = Set(ready.effects)
+            worker.heartbeat = heartbeat
             worker.lastSeen = now
             if workers[peer] == nil {
-                logger.info("worker ready", metadata: ["worker": "\(ready.workerId)", "capacity": "\(capacity)"])
+                logger.info("worker ready", metadata: [
+                    "worker": "\(ready.workerId)", "capacity": "\(capacity)", "heartbeat-ms": "\(heartbeat.wholeMilliseconds)",
+                ])
             }
             workers[peer] = worker
             JobsMetrics.workersConnected.record(workers.count)
@@ -206,7 +220,7 @@ public actor Dispatcher {
     private func heard(_ held: [JobAttempt], from peer: BusChannel.Peer, now: ContinuousClock.Instant) async {
         guard let worker = workers[peer] else { return }
         let named = Set(held)
-        for (jobId, holding) in worker.running where holding.attempt > 0 && holding.since.duration(to: now) > grace {
+        for (jobId, holding) in worker.running where holding.attempt > 0 && holding.since.duration(to: now) > worker.deadline {
             let attempt = JobAttempt(jobId: jobId, attempt: holding.attempt)
             if !named.contains(attempt), !recording.contains(attempt) {
                 workers[peer]?.running[jobId] = nil
@@ -275,8 +289,7 @@ public actor Dispatcher {
     /// Sends heartbeats, buries dead workers, releases due retries and dispatches.
     public func tick() async {
         let now = ContinuousClock.now
-        let deadline = heartbeatInterval * 3
-        for (peer, worker) in workers where worker.lastSeen.duration(to: now) > deadline {
+        for (peer, worker) in workers where worker.lastSeen.duration(to: now) > worker.deadline {
             workers[peer] = nil
             workerMetrics[peer] = nil
             JobsMetrics.workersConnected.record(workers.count)

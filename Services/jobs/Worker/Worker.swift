@@ -77,7 +77,10 @@ public struct Worker: Service {
         let unrecorded = Unrecorded()
         while !Task.isCancelled && !Task.isShuttingDownGracefully {
             let channel = try await BusChannel.connect(configuration.endpoint, curve: configuration.curve, logger: logger)
-            let ready = WorkerMessage.ready(WorkerReady(workerId: configuration.workerId, capacity: configuration.capacity, effects: effects))
+            let ready = WorkerMessage.ready(WorkerReady(
+                workerId: configuration.workerId, capacity: configuration.capacity, effects: effects,
+                heartbeatMilliseconds: Int(configuration.heartbeat.wholeMilliseconds)
+            ))
             channel.send(ready)
             for result in unrecorded.all.values { channel.send(result) }
             logger.info("connected", metadata: ["endpoint": "\(configuration.endpoint)", "capacity": "\(configuration.capacity)"])
