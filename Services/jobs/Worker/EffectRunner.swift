@@ -184,13 +184,13 @@ public struct EffectRunner: Sendable {
         return (Data(body.readableBytesView), response.headers.first(name: "Content-Type") ?? "")
     }
 
-    /// Runs blocking work (libvips, file copies) on a thread of its own, off the cooperative pool.
+    /// Runs blocking work (libvips, file copies) on the worker's `BlockingPool`, off the
+    /// cooperative pool.
     private func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
-            let thread = Thread {
-                do { continuation.resume(returning: try work()) } catch { continuation.resume(throwing: error) }
-            }
-            thread.start()
+        do {
+            return try await BlockingPool.shared.run(work)
+        } catch let overloaded as BlockingPool.Overloaded {
+            throw EffectError("\(overloaded)", retryable: true)
         }
     }
 
