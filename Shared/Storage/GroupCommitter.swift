@@ -1,4 +1,5 @@
 import Dispatch
+import Bus
 import Foundation
 import GRDB
 import Messages
@@ -69,10 +70,7 @@ public final class GroupCommitter: Sendable {
             if !accepted {
                 continuation.resume(returning: .failure(BusError(.overloaded, "\(maxQueued) writes already waiting")))
             } else if startThread {
-                Thread.detachNewThread { [self] in
-                    Thread.current.name = "group-commit"
-                    writeLoop()
-                }
+                IOThread.start(name: "group-commit") { [self] in writeLoop() }
             } else if wake {
                 workArrived.signal()
             }

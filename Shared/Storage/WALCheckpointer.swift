@@ -1,3 +1,4 @@
+import Bus
 import Foundation
 import GRDB
 import Synchronization
@@ -29,8 +30,7 @@ public final class WALCheckpointer: Sendable {
         let connection = try DatabaseQueue(path: path, configuration: configuration)
         let control = self.control
         let pause = Double(interval.components.seconds) + Double(interval.components.attoseconds) / 1e18
-        Thread.detachNewThread {
-            Thread.current.name = "wal-checkpoint"
+        IOThread.start(name: "wal-checkpoint") {
             while !control.stop.load(ordering: .relaxed) {
                 Thread.sleep(forTimeInterval: pause)
                 // Busy (another checkpoint, or a reader at the start of the log): next time.

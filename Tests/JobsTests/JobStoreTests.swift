@@ -25,6 +25,37 @@ struct JobStoreTests {
         try await store.database.writer.read { try OutboxEntry.order(Column("id")).fetchAll($0) }
     }
 
+    @Test func manyJobsCompletingAtOnceShareFewTransactions() async throws {
+        // Given 200 running jobs
+        for index in 0..<200 { _ = try await created("job-\(index)", user: "user-\(index % 7)") }
+        let before = store.writeStatistics
+        let started = try await withThrowingTaskGroup(of: JobRecord?.self) { group in
+            for index in 0..<200 { group.addTask { [store, now] in try await store.start("job-\(index)", now: now) } }
+            return try await group.reduce(into: [JobRecord]()) { if let job = $1 { $0.append(job) } }
+        }
+        #expect(started.count == 200)
+        let afterStarts = store.writeStatistics
+        // When they all complete at once
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for job in started {
+                group.addTask { [store, now] in
+                    let outcome = try await store.complete(JobAttempt(jobId: job.id, attempt: job.attempts), output: JobOutput(resultKey: "r", thumbnailKey: "t"), now: now)
+                    guard case .applied = outcome else { throw CancellationError() }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let afterCompletions = store.writeStatistics
+        // Then the starts and the completions each took far fewer transactions than jobs, and
+        // every completion is on disk with its quota settlement in the outbox
+        #expect(afterStarts.works - before.works == 200)
+        #expect(afterStarts.transactions - before.transactions < 50, "200 starts took \(afterStarts.transactions - before.transactions) transactions")
+        #expect(afterCompletions.transactions - afterStarts.transactions < 50, "200 completions took \(afterCompletions.transactions - afterStarts.transactions) transactions")
+        let completed = try await store.database.writer.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM job WHERE status = 'completed'") }
+        #expect(completed == 200)
+        #expect(try await outbox().filter { $0.topic == OutboxEntry.Topic.quota && $0.kind == "commit" }.count == 200)
+    }
+
     @Test func staleAttemptsResultIsRefused() async throws {
         // Given attempt 1 was lost with its worker and attempt 2 now runs
         _ = try await created()

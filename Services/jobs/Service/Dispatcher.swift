@@ -157,22 +157,24 @@ public actor Dispatcher {
             if workers[peer]?.running[attempt.jobId]?.attempt == attempt.attempt, fraction.isFinite {
                 progress[attempt.jobId] = min(1, max(progress[attempt.jobId] ?? 0, fraction))
             }
+        // Results are recorded without holding up the messages behind them, so that results
+        // arriving together are written together (the store's group commit).
         case .done(let attempt, let output):
-            await record(attempt, from: peer) {
+            Task { await self.record(attempt, from: peer) {
                 let outcome = try await self.store.complete(attempt, output: output, now: Date())
                 if case .refused = outcome { try await self.store.discardOutput(output, of: attempt, now: Date()) }
                 return outcome
-            }
+            } }
         case .failed(let attempt, let error, let retryable):
-            await record(attempt, from: peer) {
+            Task { await self.record(attempt, from: peer) {
                 let (outcome, retryAfter) = try await self.store.fail(attempt, error: error, retryable: retryable, now: Date())
                 if case .applied(let job) = outcome, job.status == .queued, let retryAfter {
                     await self.delay(job, by: retryAfter)
                 }
                 return outcome
-            }
+            } }
         case .cancelled(let attempt):
-            await record(attempt, from: peer) { try await self.store.cancelled(attempt, now: Date()) }
+            Task { await self.record(attempt, from: peer) { try await self.store.cancelled(attempt, now: Date()) } }
         case .metrics(let text):
             if let worker = workers[peer], text.utf8.count <= Self.maxWorkerMetricsBytes {
                 workerMetrics[peer] = MetricsSection(labels: ["service": "worker", "worker": worker.id], text: text)
@@ -336,12 +338,28 @@ public actor Dispatcher {
         jobs.map { withLiveProgress($0) }
     }
 
-    /// Hands out queued jobs while some worker has a free slot for them.
+    /// Hands out queued jobs while some worker has a free slot for them. The starts of all the
+    /// jobs handed out at once are written together (one transaction), each slot held meanwhile.
     private func dispatch() async {
+        var batch: [(peer: BusChannel.Peer, job: QueuedJob)] = []
         while let (peer, job) = nextAssignment() {
             workers[peer]?.running[job.jobId] = Held(attempt: 0, since: .now)
+            batch.append((peer, job))
+        }
+        guard !batch.isEmpty else { return }
+        let starts = await withTaskGroup(of: (Int, Result<JobRecord?, any Error>).self) { [store] group in
+            for (index, item) in batch.enumerated() {
+                group.addTask {
+                    do { return (index, .success(try await store.start(item.job.jobId, now: Date()))) } catch { return (index, .failure(error)) }
+                }
+            }
+            var results = [Result<JobRecord?, any Error>](repeating: .success(nil), count: batch.count)
+            for await (index, result) in group { results[index] = result }
+            return results
+        }
+        for ((peer, job), result) in zip(batch, starts) {
             do {
-                guard let started = try await store.start(job.jobId, now: Date()) else {
+                guard let started = try result.get() else {
                     // Cancelled (or otherwise taken) meanwhile.
                     workers[peer]?.running[job.jobId] = nil
                     continue
@@ -365,7 +383,6 @@ public actor Dispatcher {
                 workers[peer]?.running[job.jobId] = nil
                 queue.push(job, atFront: true)
                 failures.record("start", "cannot start jobs yet; they stay queued: \(error)")
-                return
             }
         }
     }

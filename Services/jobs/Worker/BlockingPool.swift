@@ -1,4 +1,5 @@
 import Dispatch
+import Bus
 import Foundation
 import Synchronization
 
@@ -53,10 +54,7 @@ public final class BlockingPool: Sendable {
             }
             if start {
                 for index in 0..<threads {
-                    Thread.detachNewThread { [self] in
-                        Thread.current.name = "blocking-\(index)"
-                        loop()
-                    }
+                    IOThread.start(name: "blocking-\(index)") { [self] in loop() }
                 }
             }
             available.signal()

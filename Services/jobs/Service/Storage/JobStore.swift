@@ -11,14 +11,15 @@ public struct JobStore: Sendable {
     public let retry: RetryPolicy
     /// Effect ids to the titles the app shows, carried in history events.
     public let effectTitles: [String: String]
-    /// Creations arriving together share one transaction and one fsync.
-    private let creations: GroupCommitter
+    /// Creations and state changes arriving together share one transaction and one fsync
+    /// (group commit); each caller hears back once its change is durable.
+    private let writes: GroupCommitter
 
     public init(database: JobsDatabase, retry: RetryPolicy = RetryPolicy(), effectTitles: [String: String] = [:]) {
         self.database = database
         self.retry = retry
         self.effectTitles = effectTitles
-        self.creations = GroupCommitter(writer: database.writer)
+        self.writes = GroupCommitter(writer: database.writer)
     }
 
     /// What a worker's report did to the job.
@@ -31,8 +32,11 @@ public struct JobStore: Sendable {
 
     /// Creates a queued job; the same id for the same user returns the existing job. Answers once
     /// the job is durable, in a transaction shared with the creations that arrived meanwhile.
+    /// The group committer's counts: transactions and the changes they carried.
+    public var writeStatistics: GroupCommitter.Statistics { writes.statistics }
+
     public func create(_ request: CreateJob, effectId: String, parameters: [String: Double], now: Date) async throws -> (job: JobRecord, created: Bool) {
-        try await creations.perform { [retry] db in
+        try await writes.perform { [retry] db in
             if let existing = try JobRecord.fetchOne(db, key: request.jobId) {
                 guard existing.userId == request.userId else {
                     throw BusError(.conflict, "job id \(request.jobId) belongs to another user")
@@ -122,7 +126,7 @@ public struct JobStore: Sendable {
 
     /// Starts attempt `attempts + 1`: the job is processing. Nil if it is no longer queued.
     public func start(_ id: String, now: Date) async throws -> JobRecord? {
-        try await database.writer.write { db in
+        try await writes.perform { [self] db in
             guard var job = try JobRecord.fetchOne(db, key: id), job.status == .queued else { return nil }
             job.status = .processing
             job.attempts += 1
@@ -135,7 +139,7 @@ public struct JobStore: Sendable {
 
     /// The current attempt finished: completed, quota committed.
     public func complete(_ attempt: JobAttempt, output: JobOutput, now: Date) async throws -> Outcome {
-        try await database.writer.write { db in
+        try await writes.perform { [self] db in
             var job: JobRecord
             switch try Self.current(db, attempt) {
             case .refused(let reason): return .refused(reason)
@@ -156,7 +160,7 @@ public struct JobStore: Sendable {
     /// The current attempt failed: queued again after a backoff if retryable and attempts remain
     /// (returned with the delay), else failed with the error and the charge released.
     public func fail(_ attempt: JobAttempt, error: String, retryable: Bool, now: Date) async throws -> (Outcome, retryAfter: Duration?) {
-        try await database.writer.write { db in
+        try await writes.perform { [self] db in
             var job: JobRecord
             switch try Self.current(db, attempt) {
             case .refused(let reason): return (.refused(reason), nil)
@@ -201,7 +205,7 @@ public struct JobStore: Sendable {
     /// Cancels: a queued job at once (charge released); a processing job is marked and the
     /// dispatcher tells its worker. Finished jobs answer `jobs.already_finished`.
     public func cancel(_ id: String, userId: String, now: Date) async throws -> JobRecord {
-        try await database.writer.write { db in
+        try await writes.perform { [self] db in
             guard var job = try JobRecord.fetchOne(db, key: id), job.userId == userId else {
                 throw BusError(.notFound, "no job \(id)")
             }
@@ -229,7 +233,7 @@ public struct JobStore: Sendable {
 
     /// The worker stopped the current attempt after a cancel: cancelled, charge released.
     public func cancelled(_ attempt: JobAttempt, now: Date) async throws -> Outcome {
-        try await database.writer.write { db in
+        try await writes.perform { [self] db in
             var job: JobRecord
             switch try Self.current(db, attempt) {
             case .refused(let reason): return .refused(reason)
