@@ -1,47 +1,59 @@
 #!/usr/bin/env bash
 # Jobs benchmark, in one run on this machine:
-# 1. jobs per second from creation to completed through the jobs service over the bus, `copy`
-#    effect, two workers; against Celery with Redis (a no-op task, two prefork workers, acks_late).
-# 2. scale-out: a remote effect answered after 100 ms by a stand-in provider, with 1, 2, 4, 8 and
-#    16 worker processes, and the efficiency against linear.
+# 1. the queue itself: jobs per second from creation to completed through the jobs service over
+#    the bus with a `noop` effect (configured here only: no file work), two workers; against
+#    Celery with Redis (a no-op task, two prefork workers, acks_late) and Huey with its SQLite
+#    storage (a no-op task, two worker processes). Ends with
+#    `jobs/celery throughput ratio: X  jobs/huey throughput ratio: Y`.
+# 2. for the record: the `copy` effect (thumbnail included), two workers.
+# 3. scale-out: a remote effect answered after 100 ms by a stand-in provider with a 64x48 image
+#    (so that the queue, not libvips, is measured), 1, 2, 4, 8 and 16 worker processes, the
+#    efficiency against linear and the CPU time each job costs the jobs service.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+NOOP_JOBS=${BENCH_NOOP_JOBS:-5000}
 COPY_JOBS=${BENCH_COPY_JOBS:-1000}
-CELERY_TASKS=${BENCH_CELERY_TASKS:-2000}
+BASELINE_TASKS=${BENCH_BASELINE_TASKS:-2000}
 PER_WORKER=${BENCH_JOBS_PER_WORKER:-40}
+CAPACITY=${BENCH_WORKER_CAPACITY:-8}
 
 sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
 command -v redis-server >/dev/null || { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null; }
 python3 -c "import celery, redis" 2>/dev/null || pip install -q celery redis
+python3 -c "import huey" 2>/dev/null || pip install -q "huey==2.5.2"
 
 source scripts/bench-lib.sh
 build_release jobs worker jobs-bench
 image=Tests/Fixtures/images/photo.jpg
+small=Tests/Fixtures/images/small.jpg
 
 provider_port=$(port)
-python3 Benchmarks/provider.py "$provider_port" "$image" 0.1 & pids+=($!)
+python3 Benchmarks/provider.py "$provider_port" "$small" 0.1 & pids+=($!)
 jobs_endpoint="tcp://127.0.0.1:$(port)"
 worker_endpoint="tcp://127.0.0.1:$(port)"
 JOBS_BIND=$jobs_endpoint JOBS_WORKER_BIND=$worker_endpoint DATA_DIR=$work LOG_LEVEL=warning \
-  QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" JOBS_MAX_IN_FLIGHT=4096 \
-  JOBS_EFFECTS="[{\"id\": \"remote-100ms\", \"processor\": \"remote\", \"endpoint\": \"http://127.0.0.1:$provider_port/infer\"}]" \
-  "$BIN/jobs" & pids+=($!)
+  QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" JOBS_MAX_IN_FLIGHT=4096 JOBS_MAX_QUEUED=1000000 \
+  JOBS_EFFECTS="[{\"id\": \"remote-100ms\", \"processor\": \"remote\", \"endpoint\": \"http://127.0.0.1:$provider_port/infer\"},
+                 {\"id\": \"noop\", \"title\": \"No-op (benchmarks)\", \"processor\": \"noop\"}]" \
+  "$BIN/jobs" & jobs_pid=$!; pids+=($jobs_pid)
 sleep 1
 
 workers=()
-start_workers() {
+start_workers() { # start_workers COUNT [CAPACITY]
   for index in $(seq 1 "$1"); do
-    JOBS_WORKER_ENDPOINT=$worker_endpoint BLOB_DIR=$work/blobs LOG_LEVEL=warning WORKER_ID="bench-$index" "$BIN/worker" &
+    JOBS_WORKER_ENDPOINT=$worker_endpoint BLOB_DIR=$work/blobs LOG_LEVEL=warning WORKER_ID="bench-$index" \
+      WORKER_CAPACITY="${2:-1}" "$BIN/worker" &
     workers+=($!)
   done
   sleep 1.5
 }
 stop_workers() { kill "${workers[@]}" 2>/dev/null || true; wait "${workers[@]}" 2>/dev/null || true; workers=(); sleep 3.5; }
 field() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$jobs_pid/stat"; }
 
-# 1. copy jobs, two workers
-start_workers 2
-copy=$("$BIN/jobs-bench" "$jobs_endpoint" "$work/blobs" "$COPY_JOBS" copy "$image")
+# 1. the queue itself: noop jobs, two workers
+start_workers 2 "$CAPACITY"
+noop=$("$BIN/jobs-bench" "$jobs_endpoint" "$work/blobs" "$NOOP_JOBS" noop "$image")
 stop_workers
 
 # Celery, same machine
@@ -49,23 +61,44 @@ redis_port=$(port)
 redis-server --port "$redis_port" --save "" --appendonly no --loglevel warning & pids+=($!)
 sleep 0.5
 export CELERY_BROKER="redis://127.0.0.1:$redis_port/0"
-(cd Benchmarks/celery && exec celery -A benchtasks worker --pool=prefork --concurrency=2 --loglevel=WARNING >/dev/null 2>&1) & pids+=($!)
+(cd Benchmarks/celery && exec celery -A benchtasks worker --pool=prefork --concurrency=2 --loglevel=WARNING >/dev/null 2>&1) & celery_pid=$!; pids+=($celery_pid)
 sleep 4
-celery=$(cd Benchmarks/celery && python3 produce.py "$CELERY_TASKS")
+celery=$(cd Benchmarks/celery && python3 produce.py "$BASELINE_TASKS")
+kill "$celery_pid" 2>/dev/null || true
 
-echo "jobs service (copy effect, 2 workers, $COPY_JOBS jobs): $(field "$copy" jobs_per_s) jobs/s (create to completed, thumbnail included)"
-echo "celery + redis (no-op task, 2 prefork workers, acks_late, $CELERY_TASKS tasks): $(field "$celery" celery_tasks_per_s) tasks/s"
-awk -v j="$(field "$copy" jobs_per_s)" -v c="$(field "$celery" celery_tasks_per_s)" 'BEGIN { printf "jobs/celery throughput ratio: %.2f\n", j/c }'
+# Huey with SQLite, same machine
+export HUEY_DB="$work/huey.sqlite"
+(cd Benchmarks/huey && exec huey_consumer benchtasks.huey -w 2 -k process -q >/dev/null 2>&1) & pids+=($!)
+sleep 2
+huey=$(cd Benchmarks/huey && python3 produce.py "$BASELINE_TASKS")
 
-# 2. scale-out with a 100 ms remote effect
+# 2. copy jobs, two workers, for the record
+start_workers 2
+copy=$("$BIN/jobs-bench" "$jobs_endpoint" "$work/blobs" "$COPY_JOBS" copy "$image")
+stop_workers
+
+echo "jobs service (noop effect, 2 workers of capacity $CAPACITY, $NOOP_JOBS jobs): $(field "$noop" jobs_per_s) jobs/s (create to completed, over the bus)"
+echo "celery + redis (no-op task, 2 prefork workers, acks_late, $BASELINE_TASKS tasks): $(field "$celery" celery_tasks_per_s) tasks/s"
+echo "huey + sqlite (no-op task, 2 worker processes, $BASELINE_TASKS tasks): $(field "$huey" huey_tasks_per_s) tasks/s"
+echo "jobs service (copy effect with thumbnail, 2 workers, $COPY_JOBS jobs): $(field "$copy" jobs_per_s) jobs/s"
+
+# 3. scale-out with a 100 ms remote effect on a small image
 echo
-printf "%-8s %12s %12s\n" workers "jobs/s" efficiency
+printf "%-8s %12s %12s %18s\n" workers "jobs/s" efficiency "jobs CPU ms/job"
 base=""
+hz=$(getconf CLK_TCK)
 for count in 1 2 4 8 16; do
   start_workers "$count"
-  line=$("$BIN/jobs-bench" "$jobs_endpoint" "$work/blobs" $(( PER_WORKER * count )) remote-100ms "$image")
+  before=$(cpu_ticks)
+  jobs=$(( PER_WORKER * count ))
+  line=$("$BIN/jobs-bench" "$jobs_endpoint" "$work/blobs" "$jobs" remote-100ms "$image")
+  after=$(cpu_ticks)
   stop_workers
   rate=$(field "$line" jobs_per_s)
   [ -z "$base" ] && base=$rate
-  awk -v w="$count" -v r="$rate" -v b="$base" 'BEGIN { printf "%-8d %12.1f %12.2f\n", w, r, r / (w * b) }'
+  awk -v w="$count" -v r="$rate" -v b="$base" -v t=$(( after - before )) -v hz="$hz" -v n="$jobs" \
+    'BEGIN { printf "%-8d %12.1f %12.2f %18.3f\n", w, r, r / (w * b), t * 1000 / hz / n }'
 done
+echo
+awk -v j="$(field "$noop" jobs_per_s)" -v c="$(field "$celery" celery_tasks_per_s)" -v h="$(field "$huey" huey_tasks_per_s)" \
+  'BEGIN { printf "jobs/celery throughput ratio: %.2f  jobs/huey throughput ratio: %.2f\n", j/c, j/h }'

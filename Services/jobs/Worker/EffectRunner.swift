@@ -35,6 +35,11 @@ public struct EffectRunner: Sendable {
     }
 
     public func run(_ job: JobAssignment, progress: @Sendable (Double) -> Void) async throws -> JobOutput {
+        if job.effect.processor == "noop" {
+            // For benchmarks of the queue itself, configured through JOBS_EFFECTS only (never in
+            // the catalogue): no file is read or written; the keys name nothing.
+            return JobOutput(resultKey: "noop/\(job.attempt.jobId)", thumbnailKey: "noop/\(job.attempt.jobId)")
+        }
         let input: URL
         do {
             input = try await blobs.localFile(for: job.imageKey)
