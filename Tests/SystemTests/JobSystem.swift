@@ -41,7 +41,8 @@ final class JobSystem: @unchecked Sendable {
         let effects = """
             [{"id": "slow-remote", "title": "Slow AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/slow"},
              {"id": "broken-remote", "title": "Broken AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/bad"},
-             {"id": "ten-second-remote", "title": "Very Slow AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/ten-seconds"}]
+             {"id": "ten-second-remote", "title": "Very Slow AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/ten-seconds"},
+             {"id": "noop", "title": "No-op", "processor": "noop"}]
             """
         try services.start(.quota, extra: [
             "JOBS_ENDPOINT": services.endpoints[.jobs]!, "QUOTA_STALE_AFTER_S": "1", "QUOTA_STALE_SCAN_MS": "300",

@@ -67,6 +67,28 @@ struct WorkerProtocolTests {
         await system.stop()
     }
 
+    @Test func jobsThatEndAtOnceLeaveTheWorkerHoldingNothing() async throws {
+        // Given a worker of capacity 8 and 40 jobs of an effect that ends at once
+        let system = try await JobSystem(workers: 0)
+        let worker = try system.startWorker(capacity: 8)
+        let user = "device:\(UUID().uuidString.lowercased())"
+        let ids = (0..<40).map { _ in UUID().uuidString.lowercased() }
+        for id in ids {
+            _ = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: id, userId: user, isPro: false, imageKey: "uploads/none/x.jpg", effectId: "noop"))
+        }
+        try await waitUntil(within: .seconds(30)) {
+            var done = 0
+            for id in ids where try await system.clients.jobs.call(Jobs.get, JobReference(jobId: id, userId: user)).status == .completed { done += 1 }
+            return done == ids.count
+        }
+        // When it is asked to stop, then it stops: it holds no job (one whose task ended before
+        // it was noted as running used to stay held for ever, and the worker never exited)
+        worker.signal(SIGTERM)
+        let status = try await worker.waitForExit(within: .seconds(10))
+        #expect(status != nil, "the worker did not exit")
+        await system.stop()
+    }
+
     @Test func aSilentWorkerIsDeclaredDeadAfterThreeOfItsOwnIntervals() async throws {
         let system = try await JobSystem(workers: 0)
         let user = "device:\(UUID().uuidString.lowercased())"
@@ -166,10 +188,15 @@ struct WorkerProtocolTests {
         worker.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 2), output))
         let recorded = await next(inbox) { if case .recorded(let attempt) = $0 { return attempt } else { return nil } }
         #expect(recorded == JobAttempt(jobId: job.id, attempt: 2))
-        // And the same result sent again (its acknowledgement lost) changes nothing and is answered
+        // And the same result sent again (its acknowledgement lost) changes nothing and is
+        // acknowledged again as recorded (not refused: it was not wrong, only late)
         worker.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 2), output))
-        let answered = await next(inbox) { if case .refused(let attempt, _) = $0 { return attempt } else { return nil } }
+        let answered = await next(inbox) { if case .recorded(let attempt) = $0 { return attempt } else { return nil } }
         #expect(answered == JobAttempt(jobId: job.id, attempt: 2))
+        // While a different result for the same attempt is refused
+        worker.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 2), JobOutput(resultKey: "other", thumbnailKey: "other-t")))
+        let refused = await next(inbox) { if case .refused(let attempt, _) = $0 { return attempt } else { return nil } }
+        #expect(refused == JobAttempt(jobId: job.id, attempt: 2))
         let done = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user))
         #expect(done.status == .completed && done.resultKey == "r" && done.attempts == 2)
         await worker.shutdown()

@@ -201,6 +201,9 @@ public actor Dispatcher {
             case .applied(let job):
                 JobsMetrics.finished(job, runningSince: since)
                 channel.send(DispatcherMessage.recorded(attempt), to: peer)
+            case .alreadyRecorded:
+                // Sent again before our `recorded` reached the worker.
+                channel.send(DispatcherMessage.recorded(attempt), to: peer)
             case .refused(let reason):
                 logger.warning("result refused", metadata: ["job": "\(attempt.jobId)", "attempt": "\(attempt.attempt)", "reason": "\(reason)"])
                 channel.send(DispatcherMessage.refused(attempt, reason: reason), to: peer)

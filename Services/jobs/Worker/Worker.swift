@@ -28,18 +28,30 @@ public struct Worker: Service {
 
     /// Jobs running now, by attempt, with their tasks.
     final class Running: Sendable {
-        private let tasks = Mutex<[JobAttempt: Task<Void, Never>]>([:])
+        /// Attempts held, with the task running each once it is attached.
+        private let tasks = Mutex<[JobAttempt: Task<Void, Never>?]>([:])
         private let cancelled = Mutex<Set<JobAttempt>>([])
 
         var attempts: [JobAttempt] { tasks.withLock { Array($0.keys) } }
         var count: Int { tasks.withLock { $0.count } }
-        func add(_ attempt: JobAttempt, _ task: Task<Void, Never>) { tasks.withLock { $0[attempt] = task } }
+        /// Holds `attempt` before its task starts: a task that ends at once (and removes it)
+        /// must find it there, or the attempt would be held for ever.
+        func add(_ attempt: JobAttempt) { tasks.withLock { $0[attempt] = .some(nil) } }
+        /// Attaches the task running `attempt`, if the attempt is still held.
+        func attach(_ attempt: JobAttempt, _ task: Task<Void, Never>) {
+            let held = tasks.withLock { tasks -> Bool in
+                guard tasks.index(forKey: attempt) != nil else { return false }
+                tasks[attempt] = .some(task)
+                return true
+            }
+            if held && wasCancelled(attempt) { task.cancel() }
+        }
         func remove(_ attempt: JobAttempt) { tasks.withLock { _ = $0.removeValue(forKey: attempt) }; cancelled.withLock { _ = $0.remove(attempt) } }
-        func contains(_ attempt: JobAttempt) -> Bool { tasks.withLock { $0[attempt] != nil } }
+        func contains(_ attempt: JobAttempt) -> Bool { tasks.withLock { $0.index(forKey: attempt) != nil } }
         func cancel(_ attempt: JobAttempt) -> Bool {
-            guard let task = tasks.withLock({ $0[attempt] }) else { return false }
+            guard let entry = tasks.withLock({ $0[attempt] }) else { return false }
             cancelled.withLock { _ = $0.insert(attempt) }
-            task.cancel()
+            entry?.cancel()
             return true
         }
         func wasCancelled(_ attempt: JobAttempt) -> Bool { cancelled.withLock { $0.contains(attempt) } }
@@ -143,6 +155,7 @@ public struct Worker: Service {
             }
         case .assign(let job):
             guard !running.contains(job.attempt) else { return }
+            running.add(job.attempt)
             let task = Task {
                 let result = await execute(job, channel: channel, running: running)
                 // Kept before it is sent, so a `recorded` that comes at once finds it.
@@ -150,7 +163,7 @@ public struct Worker: Service {
                 channel.send(result)
                 running.remove(job.attempt)
             }
-            running.add(job.attempt, task)
+            running.attach(job.attempt, task)
         }
     }
 

@@ -28,6 +28,9 @@ public struct JobStore: Sendable {
         case applied(JobRecord)
         /// Refused: a stale attempt, or the job is not processing.
         case refused(String)
+        /// This very result was recorded before (a worker sends a result again until it hears
+        /// that it is recorded): nothing changes, the worker is told again.
+        case alreadyRecorded(JobRecord)
     }
 
     /// Creates a queued job; the same id for the same user returns the existing job. Answers once
@@ -141,8 +144,9 @@ public struct JobStore: Sendable {
     public func complete(_ attempt: JobAttempt, output: JobOutput, now: Date) async throws -> Outcome {
         try await writes.perform { [self] db in
             var job: JobRecord
-            switch try Self.current(db, attempt) {
+            switch try Self.current(db, attempt, recordedAs: { $0.status == .completed && $0.resultKey == output.resultKey }) {
             case .refused(let reason): return .refused(reason)
+            case .alreadyRecorded(let recorded): return .alreadyRecorded(recorded)
             case .applied(let current): job = current
             }
             job.status = .completed
@@ -162,8 +166,11 @@ public struct JobStore: Sendable {
     public func fail(_ attempt: JobAttempt, error: String, retryable: Bool, now: Date) async throws -> (Outcome, retryAfter: Duration?) {
         try await writes.perform { [self] db in
             var job: JobRecord
-            switch try Self.current(db, attempt) {
+            // Recorded already: failed, or queued again for a retry, with this attempt's error.
+            let same = String(error.prefix(1000))
+            switch try Self.current(db, attempt, recordedAs: { ($0.status == .failed || $0.status == .queued) && $0.lastError == same }) {
             case .refused(let reason): return (.refused(reason), nil)
+            case .alreadyRecorded(let recorded): return (.alreadyRecorded(recorded), nil)
             case .applied(let current): job = current
             }
             job.lastError = String(error.prefix(1000))
@@ -235,8 +242,9 @@ public struct JobStore: Sendable {
     public func cancelled(_ attempt: JobAttempt, now: Date) async throws -> Outcome {
         try await writes.perform { [self] db in
             var job: JobRecord
-            switch try Self.current(db, attempt) {
+            switch try Self.current(db, attempt, recordedAs: { $0.status == .cancelled }) {
             case .refused(let reason): return .refused(reason)
+            case .alreadyRecorded(let recorded): return .alreadyRecorded(recorded)
             case .applied(let current): job = current
             }
             job.status = .cancelled
@@ -306,8 +314,11 @@ public struct JobStore: Sendable {
 
     // MARK: Rows
 
-    static func current(_ db: Database, _ attempt: JobAttempt) throws -> Outcome {
+    /// The job if `attempt` is its current processing attempt; `alreadyRecorded` if `attempt` is
+    /// its latest attempt and the job already shows this result (`recordedAs`).
+    static func current(_ db: Database, _ attempt: JobAttempt, recordedAs: (JobRecord) -> Bool = { _ in false }) throws -> Outcome {
         guard let job = try JobRecord.fetchOne(db, key: attempt.jobId) else { return .refused("no such job") }
+        if job.status != .processing, job.attempts == attempt.attempt, recordedAs(job) { return .alreadyRecorded(job) }
         guard job.status == .processing else { return .refused("job is \(job.status.rawValue)") }
         guard job.attempts == attempt.attempt else {
             return .refused("stale attempt \(attempt.attempt); the current attempt is \(job.attempts)")
