@@ -65,6 +65,8 @@ public actor Dispatcher {
     private var progress: [String: Double] = [:]
     /// Results being written now: a copy re-sent meanwhile is ignored.
     private var recording: Set<JobAttempt> = []
+    /// Tasks recording results now (`recordSoon`).
+    private var recordsInFlight = 0
     /// Processing jobs that no worker held at a reconcile, and since when.
     private var unheld: [String: ContinuousClock.Instant] = [:]
     private let failures: FailureLog
@@ -157,24 +159,22 @@ public actor Dispatcher {
             if workers[peer]?.running[attempt.jobId]?.attempt == attempt.attempt, fraction.isFinite {
                 progress[attempt.jobId] = min(1, max(progress[attempt.jobId] ?? 0, fraction))
             }
-        // Results are recorded without holding up the messages behind them, so that results
-        // arriving together are written together (the store's group commit).
         case .done(let attempt, let output):
-            Task { await self.record(attempt, from: peer) {
+            await recordSoon(attempt, from: peer) {
                 let outcome = try await self.store.complete(attempt, output: output, now: Date())
                 if case .refused = outcome { try await self.store.discardOutput(output, of: attempt, now: Date()) }
                 return outcome
-            } }
+            }
         case .failed(let attempt, let error, let retryable):
-            Task { await self.record(attempt, from: peer) {
+            await recordSoon(attempt, from: peer) {
                 let (outcome, retryAfter) = try await self.store.fail(attempt, error: error, retryable: retryable, now: Date())
                 if case .applied(let job) = outcome, job.status == .queued, let retryAfter {
                     await self.delay(job, by: retryAfter)
                 }
                 return outcome
-            } }
+            }
         case .cancelled(let attempt):
-            Task { await self.record(attempt, from: peer) { try await self.store.cancelled(attempt, now: Date()) } }
+            await recordSoon(attempt, from: peer) { try await self.store.cancelled(attempt, now: Date()) }
         case .metrics(let text):
             if let worker = workers[peer], text.utf8.count <= Self.maxWorkerMetricsBytes {
                 workerMetrics[peer] = MetricsSection(labels: ["service": "worker", "worker": worker.id], text: text)
@@ -187,9 +187,29 @@ public actor Dispatcher {
         workerMetrics.filter { workers[$0.key] != nil }.values.sorted { ($0.labels["worker"] ?? "") < ($1.labels["worker"] ?? "") }
     }
 
+    /// Records a result in a task of its own, so that the messages behind it are not held up and
+    /// results arriving together are written together; past `maxRecordsInFlight` such tasks, in
+    /// line (a worker flooding results slows down its own channel, nothing grows).
+    private func recordSoon(_ attempt: JobAttempt, from peer: BusChannel.Peer, _ write: @escaping @Sendable () async throws -> JobStore.Outcome) async {
+        guard recordsInFlight < Self.maxRecordsInFlight else {
+            await record(attempt, from: peer, write)
+            return
+        }
+        recordsInFlight += 1
+        Task {
+            await self.record(attempt, from: peer, write)
+            self.recorded()
+        }
+    }
+
+    private func recorded() { recordsInFlight -= 1 }
+
+    /// The most results being recorded in tasks of their own at once.
+    static let maxRecordsInFlight = 1024
+
     /// Writes a worker's result, then tells the worker it is recorded (or refused) and frees the
     /// slot. If the write fails the attempt stays held and the worker sends the result again.
-    private func record(_ attempt: JobAttempt, from peer: BusChannel.Peer, _ write: @Sendable () async throws -> JobStore.Outcome) async {
+    private func record(_ attempt: JobAttempt, from peer: BusChannel.Peer, _ write: @escaping @Sendable () async throws -> JobStore.Outcome) async {
         guard recording.insert(attempt).inserted else { return }
         defer { recording.remove(attempt) }
         let since = workers[peer]?.running[attempt.jobId].flatMap { $0.attempt == attempt.attempt ? $0.since : nil }
