@@ -46,9 +46,9 @@ public struct ServiceConfiguration: Sendable {
         curveClientKeys = try BusSecurity.clientKeys(environment)
     }
 
-    /// The environment variables `init(service:environment:)` reads.
+    /// The environment variables `init(service:environment:)` reads, and `BUS_ENCODING`, which the bus reads.
     public static func environmentKeys(for service: ServiceName) -> [String] {
-        [service.bindVariable, service.maxInFlightVariable, "DATA_DIR", "LOG_LEVEL"] + BusSecurity.environmentKeys
+        [service.bindVariable, service.maxInFlightVariable, "DATA_DIR", "LOG_LEVEL", "BUS_ENCODING"] + BusSecurity.environmentKeys
     }
 
     static func logLevel(_ environment: Environment) throws -> Logger.Level {

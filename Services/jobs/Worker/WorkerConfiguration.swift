@@ -52,6 +52,6 @@ public struct WorkerConfiguration: Sendable {
     public static let environmentKeys = [
         "JOBS_WORKER_ENDPOINT", "WORKER_CAPACITY", "WORKER_ID", "BLOB_DIR", "DATA_DIR", "WORKER_HEARTBEAT_MS",
         "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "LOG_LEVEL", "WORKER_EFFECTS", "BUS_CURVE_PUBLIC",
-        "IMAGE_MAX_PIXELS", "WORKER_STORAGE_WAIT_S",
+        "IMAGE_MAX_PIXELS", "WORKER_STORAGE_WAIT_S", "BUS_ENCODING",
     ]
 }

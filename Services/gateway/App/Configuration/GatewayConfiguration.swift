@@ -128,11 +128,11 @@ public struct GatewayConfiguration: Sendable {
         curve = try BusSecurity.clientKeys(environment)
     }
 
-    /// The environment variables `init(environment:)` reads.
+    /// The environment variables `init(environment:)` reads, and `BUS_ENCODING`, which the bus reads.
     public static var environmentKeys: [String] {
         ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "JWT_SECRET", "ADMIN_TOKEN",
          "BLOB_DIR", "DATA_DIR", "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S",
-         "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "OPENAPI_FILE", "BUS_CURVE_PUBLIC"]
+         "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "OPENAPI_FILE", "BUS_CURVE_PUBLIC", "BUS_ENCODING"]
             + ServiceName.allCases.map(\.endpointVariable)
     }
 }
