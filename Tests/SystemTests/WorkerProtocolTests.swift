@@ -89,6 +89,56 @@ struct WorkerProtocolTests {
         await system.stop()
     }
 
+    @Test func aKillOfJobsBetweenBatchesLosesNoResultItAcknowledged() async throws {
+        let system = try await JobSystem(workers: 0)
+        let user = "device:\(UUID().uuidString.lowercased())"
+        let ids = (0..<200).map { _ in UUID().uuidString.lowercased() }
+        for id in ids {
+            _ = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: id, userId: user, isPro: false, imageKey: "uploads/none/x.jpg", effectId: "copy"))
+        }
+        // Given a hand-driven worker holding all 200 jobs
+        let worker = try await BusChannel.connect(system.workerEndpoint)
+        let inbox = Inbox(worker)
+        worker.send(WorkerMessage.ready(WorkerReady(workerId: "burst", capacity: 200, effects: ["*"])))
+        var attempts: [JobAttempt] = []
+        while attempts.count < ids.count {
+            guard let attempt = await next(inbox, { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }) else { break }
+            attempts.append(attempt)
+        }
+        #expect(attempts.count == ids.count)
+        let held = attempts
+        let beating = Task {
+            while !Task.isCancelled {
+                worker.send(WorkerMessage.heartbeat(running: held))
+                try? await Task.sleep(for: .milliseconds(300))
+            }
+        }
+        defer { beating.cancel() }
+        // When it sends every result at once and jobs is killed (-9) as the first acknowledgements
+        // come back, between group-committed batches
+        for attempt in attempts {
+            worker.send(WorkerMessage.done(attempt, JobOutput(resultKey: "results/\(attempt.jobId)", thumbnailKey: "thumbnails/\(attempt.jobId)")))
+        }
+        let first = await next(inbox, within: .seconds(10)) { if case .recorded(let attempt) = $0 { return attempt } else { return nil } }
+        let jobs = try #require(system.services.processes[.jobs])
+        jobs.signal(SIGKILL)
+        _ = try await jobs.waitForExit()
+        var acknowledged = Set([first].compactMap { $0 })
+        while let attempt = await inbox.take({ if case .recorded(let attempt) = $0 { return attempt } else { return nil } }) {
+            acknowledged.insert(attempt)
+        }
+        // Then after a restart every result it acknowledged is there, completed
+        try system.services.restart(.jobs)
+        _ = try await waitUntilHealthy(system.clients.jobs)
+        #expect(!acknowledged.isEmpty)
+        for attempt in acknowledged {
+            let job = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: attempt.jobId, userId: user))
+            #expect(job.status == .completed && job.resultKey == "results/\(attempt.jobId)", "acknowledged \(attempt.jobId) is \(job.status)")
+        }
+        await worker.shutdown()
+        await system.stop()
+    }
+
     @Test func aSilentWorkerIsDeclaredDeadAfterThreeOfItsOwnIntervals() async throws {
         let system = try await JobSystem(workers: 0)
         let user = "device:\(UUID().uuidString.lowercased())"
