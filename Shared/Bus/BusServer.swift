@@ -319,11 +319,3 @@ final class BusServerMetrics: Sendable {
         if let elapsed { timer.record(elapsed) }
     }
 }
-
-extension Duration {
-    /// The duration in whole microseconds, rounded down.
-    public var wholeMicroseconds: Int64 {
-        let (seconds, attoseconds) = components
-        return seconds * 1_000_000 + attoseconds / 1_000_000_000_000
-    }
-}

@@ -8,14 +8,15 @@ import QuotaService
 import Storage
 import Testing
 
+/// A quota database in a fresh temporary folder (removed by the caller), as the service opens it.
+func temporaryDatabase() throws -> (QuotaDatabase, URL) {
+    let folder = FileManager.default.temporaryDirectory.appendingPathComponent("quota-\(UUID().uuidString)")
+    try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+    return (try QuotaDatabase.open(path: folder.appendingPathComponent("quota.sqlite").path), folder)
+}
+
 @Suite("Quota over the bus, in process")
 struct QuotaHandlerTests {
-    func temporaryDatabase() throws -> (QuotaDatabase, URL) {
-        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("quota-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
-        return (try QuotaDatabase.open(path: folder.appendingPathComponent("quota.sqlite").path), folder)
-    }
-
     func context() -> BusRequestContext {
         BusRequestContext(method: "test", traceId: "", deadlineMilliseconds: .max, logger: Logger(label: "test"))
     }
@@ -61,12 +62,6 @@ struct QuotaHandlerTests {
 
 @Suite("Group commit")
 struct GroupCommitterTests {
-    func temporaryDatabase() throws -> (QuotaDatabase, URL) {
-        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("commit-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
-        return (try QuotaDatabase.open(path: folder.appendingPathComponent("quota.sqlite").path), folder)
-    }
-
     @Test func manyWritesAtOnceShareFewTransactions() async throws {
         let (database, folder) = try temporaryDatabase()
         defer { try? FileManager.default.removeItem(at: folder) }

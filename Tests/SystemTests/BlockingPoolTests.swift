@@ -47,20 +47,12 @@ struct BlockingPoolTests {
             observed.running.add(1, ordering: .relaxed)
             while !observed.gate.load(ordering: .relaxed) { usleep(1000) }
         }
-        try await waitFor { observed.running.load(ordering: .relaxed) == 1 }
+        try await waitUntil { observed.running.load(ordering: .relaxed) == 1 }
         async let second: Void = pool.run {}
-        try await waitFor { pool.waiting == 1 }
+        try await waitUntil { pool.waiting == 1 }
         await #expect(throws: BlockingPool.Overloaded.self) { try await pool.run {} }
         observed.gate.store(true, ordering: .relaxed)
         try await first
         try await second
-    }
-
-    private func waitFor(_ condition: () -> Bool) async throws {
-        let deadline = ContinuousClock.now.advanced(by: .seconds(5))
-        while !condition() {
-            guard ContinuousClock.now < deadline else { throw CancellationError() }
-            try await Task.sleep(for: .milliseconds(5))
-        }
     }
 }

@@ -48,6 +48,16 @@ struct WorkerProtocolTests {
         return nil
     }
 
+    /// A hand-driven worker's heartbeats, naming `held`, every 300 ms until cancelled.
+    func heartbeats(from channel: BusChannel, naming held: [JobAttempt]) -> Task<Void, Never> {
+        Task {
+            while !Task.isCancelled {
+                channel.send(WorkerMessage.heartbeat(running: held))
+                try? await Task.sleep(for: .milliseconds(300))
+            }
+        }
+    }
+
     @Test func aWorkerWithASlowHeartbeatKeepsItsTenSecondJob() async throws {
         // Given a real worker that sends heartbeats every 5 s (the service's own are every 1 s)
         let system = try await JobSystem(workers: 0)
@@ -107,12 +117,7 @@ struct WorkerProtocolTests {
         }
         #expect(attempts.count == ids.count)
         let held = attempts
-        let beating = Task {
-            while !Task.isCancelled {
-                worker.send(WorkerMessage.heartbeat(running: held))
-                try? await Task.sleep(for: .milliseconds(300))
-            }
-        }
+        let beating = heartbeats(from: worker, naming: held)
         defer { beating.cancel() }
         // When it sends every result at once and jobs is killed (-9) as the first acknowledgements
         // come back, between group-committed batches
@@ -154,12 +159,7 @@ struct WorkerProtocolTests {
         let other = try await BusChannel.connect(system.workerEndpoint)
         let otherInbox = Inbox(other)
         other.send(WorkerMessage.ready(WorkerReady(workerId: "other", capacity: 1, effects: ["*"])))
-        let beating = Task {
-            while !Task.isCancelled {
-                other.send(WorkerMessage.heartbeat(running: []))
-                try? await Task.sleep(for: .milliseconds(300))
-            }
-        }
+        let beating = heartbeats(from: other, naming: [])
         defer { beating.cancel() }
         // Then the job goes to it once the silent one has missed three of its 2 s heartbeats
         // (not three of the service's 1 s ones), and not much later
@@ -223,12 +223,7 @@ struct WorkerProtocolTests {
         worker.send(WorkerMessage.ready(WorkerReady(workerId: "forgetful", capacity: 1, effects: ["*"])))
         let first = await next(inbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
         #expect(first == JobAttempt(jobId: job.id, attempt: 1))
-        let beating = Task {
-            while !Task.isCancelled {
-                worker.send(WorkerMessage.heartbeat(running: []))
-                try? await Task.sleep(for: .milliseconds(300))
-            }
-        }
+        let beating = heartbeats(from: worker, naming: [])
         // Then after three heartbeat intervals the job is queued again and handed out anew
         let second = await next(inbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
         beating.cancel()
