@@ -174,10 +174,15 @@ let package = Package(
             path: "Services/history/Main",
             swiftSettings: swiftSettings
         ),
-        // Jobs: pure rules (fair queue, effect catalogue), storage + dispatcher, and the workers.
+        // Jobs: pure rules (job lifecycle, dispatch state machine, fair queue, effect catalogue),
+        // then storage and the dispatcher that does their I/O, and the workers.
         .target(
             name: "JobsCore",
-            dependencies: ["Messages", .product(name: "DequeModule", package: "swift-collections")],
+            dependencies: [
+                "Messages",
+                .product(name: "DequeModule", package: "swift-collections"),
+                .product(name: "HeapModule", package: "swift-collections"),
+            ],
             path: "Services/jobs/Core",
             swiftSettings: swiftSettings
         ),

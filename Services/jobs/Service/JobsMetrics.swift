@@ -7,16 +7,6 @@ import Metrics
 /// Gauges read from the database (`jobs_by_state`, `jobs_outbox_backlog`) and the dispatcher
 /// (`jobs_queue_length`) are set just before each scrape.
 public enum JobsMetrics {
-    /// Why a processing job was queued again.
-    public enum RequeueCause: String, Sendable {
-        /// Its worker went silent for three heartbeat intervals.
-        case workerLost = "worker_lost"
-        /// Its worker's heartbeats did not name it: the assignment never arrived.
-        case assignmentLost = "assignment_lost"
-        /// No worker held it for a grace period (found by the reconcile).
-        case unheld
-    }
-
     /// Workers connected now.
     static let workersConnected = Gauge(label: "jobs_workers_connected")
     /// From a job's creation to its first assignment to a worker.

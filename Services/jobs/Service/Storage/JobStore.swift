@@ -130,75 +130,35 @@ public struct JobStore: Sendable {
     /// Starts attempt `attempts + 1`: the job is processing. Nil if it is no longer queued.
     public func start(_ id: String, now: Date) async throws -> JobRecord? {
         try await writes.perform { [self] db in
-            guard var job = try JobRecord.fetchOne(db, key: id), job.status == .queued else { return nil }
-            job.status = .processing
-            job.attempts += 1
-            job.progress = 0
-            job.startedAt = job.startedAt ?? now
-            try save(db, &job, now: now)
-            return job
+            guard let job = try JobRecord.fetchOne(db, key: id), let transition = JobRules.start(job, now: now) else { return nil }
+            try apply(db, transition)
+            return transition.job
         }
     }
 
     /// The current attempt finished: completed, quota committed.
     public func complete(_ attempt: JobAttempt, output: JobOutput, now: Date) async throws -> Outcome {
-        try await writes.perform { [self] db in
-            var job: JobRecord
-            switch try Self.current(db, attempt, recordedAs: { $0.status == .completed && $0.resultKey == output.resultKey }) {
-            case .refused(let reason): return .refused(reason)
-            case .alreadyRecorded(let recorded): return .alreadyRecorded(recorded)
-            case .applied(let current): job = current
-            }
-            job.status = .completed
-            job.progress = 1
-            job.resultKey = output.resultKey
-            job.thumbnailKey = output.thumbnailKey
-            job.finishedAt = now
-            job.lastError = nil
-            try save(db, &job, now: now)
-            try Self.settle(db, job: job, kind: "commit", now: now)
-            return .applied(job)
-        }
+        try await report(attempt) { job in JobRules.complete(job, attempt, output: output, now: now) }.outcome
     }
 
     /// The current attempt failed: queued again after a backoff if retryable and attempts remain
     /// (returned with the delay), else failed with the error and the charge released.
     public func fail(_ attempt: JobAttempt, error: String, retryable: Bool, now: Date) async throws -> (Outcome, retryAfter: Duration?) {
-        try await writes.perform { [self] db in
-            var job: JobRecord
-            // Recorded already: failed, or queued again for a retry, with this attempt's error.
-            let same = String(error.prefix(1000))
-            switch try Self.current(db, attempt, recordedAs: { ($0.status == .failed || $0.status == .queued) && $0.lastError == same }) {
-            case .refused(let reason): return (.refused(reason), nil)
-            case .alreadyRecorded(let recorded): return (.alreadyRecorded(recorded), nil)
-            case .applied(let current): job = current
-            }
-            job.lastError = String(error.prefix(1000))
-            if retryable && job.attempts < job.maxAttempts && !job.cancelRequested {
-                job.status = .queued
-                job.progress = 0
-                try save(db, &job, now: now)
-                return (.applied(job), retry.delay(after: job.attempts))
-            }
-            job.status = .failed
-            job.finishedAt = now
-            try save(db, &job, now: now)
-            try Self.settle(db, job: job, kind: "release", now: now)
-            return (.applied(job), nil)
-        }
+        try await report(attempt) { [retry] job in JobRules.fail(job, attempt, error: error, retryable: retryable, retry: retry, now: now) }
     }
 
     /// No worker holds the current attempt any more (lost, or never told): queued again, or
     /// failed when attempts are used up, or cancelled when a cancel was asked for meanwhile.
     /// Nil when `attempt` is no longer the job's current processing attempt (fencing).
     public func requeue(_ attempt: JobAttempt, reason: String, now: Date) async throws -> JobRecord? {
-        if let job = try await job(attempt.jobId), job.cancelRequested, job.status == .processing, job.attempts == attempt.attempt {
-            if case .applied(let cancelled) = try await cancelled(attempt, now: now) { return cancelled }
-            return nil
-        }
-        let (outcome, _) = try await fail(attempt, error: reason, retryable: true, now: now)
+        let (outcome, _) = try await report(attempt) { [retry] job in JobRules.requeue(job, attempt, reason: reason, retry: retry, now: now) }
         if case .applied(let job) = outcome { return job }
         return nil
+    }
+
+    /// The worker stopped the current attempt after a cancel: cancelled, charge released.
+    public func cancelled(_ attempt: JobAttempt, now: Date) async throws -> Outcome {
+        try await report(attempt) { job in JobRules.cancelled(job, attempt, now: now) }.outcome
     }
 
     /// The current attempt of every processing job, for the dispatcher's reconcile.
@@ -213,45 +173,21 @@ public struct JobStore: Sendable {
     /// dispatcher tells its worker. Finished jobs answer `jobs.already_finished`.
     public func cancel(_ id: String, userId: String, now: Date) async throws -> JobRecord {
         try await writes.perform { [self] db in
-            guard var job = try JobRecord.fetchOne(db, key: id), job.userId == userId else {
+            guard let job = try JobRecord.fetchOne(db, key: id), job.userId == userId else {
                 throw BusError(.notFound, "no job \(id)")
             }
-            switch job.status {
-            case .completed, .failed:
-                throw BusError(Jobs.ErrorCode.alreadyFinished, "job \(id) has already \(job.status.rawValue)")
-            case .cancelled:
+            switch JobRules.cancel(job, now: now) {
+            case .alreadyFinished(let status):
+                throw BusError(Jobs.ErrorCode.alreadyFinished, "job \(id) has already \(status.rawValue)")
+            case .unchanged(let job):
                 return job
-            case .queued:
-                job.status = .cancelled
-                job.finishedAt = now
-                job.cancelRequested = true
-                try save(db, &job, now: now)
-                try Self.settle(db, job: job, kind: "release", now: now)
-            case .processing:
-                if !job.cancelRequested {
-                    job.cancelRequested = true
-                    job.updatedAt = now
-                    try job.update(db)
-                }
+            case .mark(let marked):
+                try marked.update(db)
+                return marked
+            case .apply(let transition):
+                try apply(db, transition)
+                return transition.job
             }
-            return job
-        }
-    }
-
-    /// The worker stopped the current attempt after a cancel: cancelled, charge released.
-    public func cancelled(_ attempt: JobAttempt, now: Date) async throws -> Outcome {
-        try await writes.perform { [self] db in
-            var job: JobRecord
-            switch try Self.current(db, attempt, recordedAs: { $0.status == .cancelled }) {
-            case .refused(let reason): return .refused(reason)
-            case .alreadyRecorded(let recorded): return .alreadyRecorded(recorded)
-            case .applied(let current): job = current
-            }
-            job.status = .cancelled
-            job.finishedAt = now
-            try save(db, &job, now: now)
-            try Self.settle(db, job: job, kind: "release", now: now)
-            return .applied(job)
         }
     }
 
@@ -267,7 +203,7 @@ public struct JobStore: Sendable {
         try await database.writer.write { db in
             guard let job = try JobRecord.fetchOne(db, key: id), job.userId == userId else { return Purge(job: nil) }
             // A job that has not ended gives its charge back, as a cancel would.
-            if !job.status.isTerminal { try Self.settle(db, job: job, kind: "release", now: now) }
+            if let settlement = JobRules.purgeSettlement(job) { try Self.settle(db, job: job, settlement, now: now) }
             _ = try JobRecord.deleteOne(db, key: id)
             try OutboxEntry
                 .filter(OutboxEntry.Columns.topic == OutboxEntry.Topic.history && OutboxEntry.Columns.jobId == id)
@@ -299,11 +235,8 @@ public struct JobStore: Sendable {
     public func recover(now: Date) async throws -> [JobRecord] {
         try await database.writer.write { db in
             let orphans = try JobRecord.filter(JobRecord.Columns.status == JobStatus.processing.rawValue && Column("cancelRequested") == true).fetchAll(db)
-            for var job in orphans {
-                job.status = .cancelled
-                job.finishedAt = now
-                try save(db, &job, now: now)
-                try Self.settle(db, job: job, kind: "release", now: now)
+            for job in orphans {
+                if let transition = JobRules.recover(job, now: now) { try apply(db, transition) }
             }
             return try JobRecord
                 .filter(JobRecord.Columns.status == JobStatus.queued.rawValue)
@@ -314,23 +247,28 @@ public struct JobStore: Sendable {
 
     // MARK: Rows
 
-    /// The job if `attempt` is its current processing attempt; `alreadyRecorded` if `attempt` is
-    /// its latest attempt and the job already shows this result (`recordedAs`).
-    static func current(_ db: Database, _ attempt: JobAttempt, recordedAs: (JobRecord) -> Bool = { _ in false }) throws -> Outcome {
-        guard let job = try JobRecord.fetchOne(db, key: attempt.jobId) else { return .refused("no such job") }
-        if job.status != .processing, job.attempts == attempt.attempt, recordedAs(job) { return .alreadyRecorded(job) }
-        guard job.status == .processing else { return .refused("job is \(job.status.rawValue)") }
-        guard job.attempts == attempt.attempt else {
-            return .refused("stale attempt \(attempt.attempt); the current attempt is \(job.attempts)")
+    /// Reads the job an attempt belongs to, asks the rules, and writes what they decide, in one
+    /// group-committed transaction.
+    func report(_ attempt: JobAttempt, _ decide: @escaping @Sendable (JobRecord) -> JobRules.Decision) async throws -> (outcome: Outcome, retryAfter: Duration?) {
+        try await writes.perform { [self] db in
+            guard let job = try JobRecord.fetchOne(db, key: attempt.jobId) else { return (.refused("no such job"), nil) }
+            switch decide(job) {
+            case .refuse(let reason): return (.refused(reason), nil)
+            case .alreadyRecorded(let recorded): return (.alreadyRecorded(recorded), nil)
+            case .apply(let transition):
+                try apply(db, transition)
+                return (.applied(transition.job), transition.retryAfter)
+            }
         }
-        return .applied(job)
     }
 
-    func save(_ db: Database, _ job: inout JobRecord, now: Date) throws {
-        job.version += 1
-        job.updatedAt = now
-        try job.update(db)
-        try emit(db, job: job, now: now)
+    /// Writes a transition: the row, its history event and its quota settlement, stamped with
+    /// the transition's time.
+    func apply(_ db: Database, _ transition: JobRules.Transition) throws {
+        let now = transition.job.updatedAt
+        try transition.job.update(db)
+        try emit(db, job: transition.job, now: now)
+        if let settlement = transition.settlement { try Self.settle(db, job: transition.job, settlement, now: now) }
     }
 
     /// The history event for the job's new state.
@@ -355,9 +293,9 @@ public struct JobStore: Sendable {
     }
 
     /// The quota settlement of an ended job.
-    static func settle(_ db: Database, job: JobRecord, kind: String, now: Date) throws {
+    static func settle(_ db: Database, job: JobRecord, _ settlement: JobRules.Settlement, now: Date) throws {
         var entry = OutboxEntry(
-            id: nil, topic: OutboxEntry.Topic.quota, kind: kind, jobId: job.id, version: job.version,
+            id: nil, topic: OutboxEntry.Topic.quota, kind: settlement.rawValue, jobId: job.id, version: job.version,
             payload: nil, createdAt: now, attempts: 0, nextAttemptAt: now
         )
         try entry.insert(db)

@@ -1,0 +1,461 @@
+import Foundation
+import HeapModule
+import Messages
+
+/// The dispatcher's rules as a pure state machine: which worker gets which job, who is alive,
+/// what is held, what to repair. Events go in (a job created, a worker's message, the result of
+/// a write, a tick carrying the time) and actions come out (send this to that worker, write these
+/// starts, record this result, queue this attempt again, look these jobs up). The owner (the
+/// `Dispatcher` actor) does the I/O and feeds the outcome of each write back in as another event,
+/// so the state is whole between any two events and never waits on a database in the middle of
+/// a change. The time is always an argument: tests move it by hand.
+///
+/// The invariant it keeps: a job the database says is `processing` is held, under its current
+/// attempt, by a live worker. Every way that can stop being true is repaired: a worker silent for
+/// three of its own heartbeat intervals (announced in `ready`) is dead and its jobs are queued
+/// again; an attempt its worker's heartbeats have not named for that long never reached it and
+/// is queued again; and `reconcile` finds any other processing job that nobody has held for a
+/// grace period (a failed write, a restart) and queues it again. Requeues are fenced by attempt
+/// in the store, so a late repair never undoes a result.
+public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
+    public typealias Instant = ContinuousClock.Instant
+
+    /// What the owner must do.
+    public enum Action: Sendable, Equatable {
+        /// Send this message to this worker.
+        case send(Peer, DispatcherMessage)
+        /// Write the starts of these jobs (one transaction), each for the worker named, then call
+        /// `started` with the outcome of each.
+        case start([Start])
+        /// Write this result of this worker's attempt, then call `recorded`.
+        case record(Peer, JobAttempt, WorkerResult)
+        /// Queue this processing attempt again in the store (fenced by attempt), then call
+        /// `requeued`.
+        case requeue(JobAttempt, reason: String, cause: RequeueCause)
+        /// Read these jobs, which a worker names but nobody holds here (this service restarted),
+        /// then call `claimed` with those still processing under these attempts.
+        case lookUp(Peer, [JobAttempt])
+        /// For logs and metrics: a worker joined or was lost, with the count of workers now.
+        case workerJoined(id: String, capacity: Int, heartbeat: Duration, connected: Int)
+        case workerLost(id: String, jobs: Int, connected: Int)
+        /// For metrics: a result was recorded; the job is in its new state, and had been running
+        /// since then (nil if not known).
+        case finished(JobRecord, runningSince: Instant?)
+        /// For metrics: a job was handed to a worker for the first time.
+        case firstAssignment(JobRecord)
+        /// A result was refused by the store (logged).
+        case refused(JobAttempt, reason: String)
+    }
+
+    public struct Start: Sendable, Equatable {
+        public var peer: Peer
+        public var job: QueuedJob
+    }
+
+    /// A worker's result, to be recorded.
+    public enum WorkerResult: Sendable, Equatable {
+        case done(JobOutput)
+        case failed(error: String, retryable: Bool)
+        case cancelled
+    }
+
+    /// What a start write did.
+    public enum StartOutcome: Sendable, Equatable {
+        /// The job is processing under a new attempt.
+        case started(JobRecord)
+        /// It was no longer queued (cancelled meanwhile).
+        case gone
+        /// The write failed: the job stays queued.
+        case failed
+    }
+
+    /// What a result write did.
+    public enum RecordOutcome: Sendable, Equatable {
+        /// Applied: the job is now in this state (queued again after `retryAfter`, for a retry).
+        case applied(JobRecord, retryAfter: Duration?)
+        /// Recorded before (the worker sent it again).
+        case alreadyRecorded
+        /// Refused: stale, or the job is not processing.
+        case refused(String)
+        /// The write failed: the worker still holds the attempt and sends it again.
+        case failed
+    }
+
+    /// Why a processing job was queued again.
+    public enum RequeueCause: String, Sendable {
+        /// Its worker went silent for three of its heartbeat intervals.
+        case workerLost = "worker_lost"
+        /// Its worker's heartbeats did not name it: the assignment never arrived.
+        case assignmentLost = "assignment_lost"
+        /// No worker held it for a grace period (found by the reconcile).
+        case unheld
+    }
+
+    public struct Configuration: Sendable {
+        /// The service's own heartbeat interval: sent to every worker at this pace, and assumed
+        /// for a worker that announces none.
+        public var heartbeat: Duration
+        /// The intervals a worker may announce; outside, the nearest bound.
+        public var heartbeatRange: ClosedRange<Duration>
+        /// The most jobs one worker is given at once, whatever it announces.
+        public var maxCapacity: Int
+        /// PRO users' jobs go first.
+        public var proFirst: Bool
+        /// The most results being written at once; past it, a result is dropped for now (its
+        /// worker sends it again with its next heartbeat).
+        public var maxRecording: Int
+
+        public init(heartbeat: Duration = .seconds(1), heartbeatRange: ClosedRange<Duration> = .milliseconds(50)...(.seconds(60)),
+                    maxCapacity: Int = 256, proFirst: Bool = true, maxRecording: Int = 4096) {
+            self.heartbeat = heartbeat
+            self.heartbeatRange = heartbeatRange
+            self.maxCapacity = maxCapacity
+            self.proFirst = proFirst
+            self.maxRecording = maxRecording
+        }
+    }
+
+    struct Worker: Sendable {
+        var id: String
+        var capacity: Int
+        var effects: Set<String>
+        /// The interval the worker announced it sends heartbeats at.
+        var heartbeat: Duration
+        var lastSeen: Instant
+        /// Job id to what the worker holds of it.
+        var held: [String: Held] = [:]
+        var free: Int { capacity - held.count }
+        /// Silence past this and the worker is dead; an attempt it has not named in its
+        /// heartbeats for this long never reached it.
+        var deadline: Duration { heartbeat * 3 }
+
+        func accepts(_ job: QueuedJob) -> Bool { effects.contains("*") || effects.contains(job.effectId) }
+    }
+
+    struct Held: Sendable, Equatable {
+        /// 0 while its start is being written.
+        var attempt: Int
+        var since: Instant
+        /// A cancel arrived while the start was being written: sent right after the assignment.
+        var cancelAfterStart = false
+    }
+
+    struct Delayed: Comparable, Sendable {
+        var due: Instant
+        var job: QueuedJob
+        static func < (lhs: Delayed, rhs: Delayed) -> Bool { lhs.due < rhs.due }
+    }
+
+    public let configuration: Configuration
+    let catalog: EffectCatalog
+    var workers: [Peer: Worker] = [:]
+    var queue: FairQueue
+    /// Jobs waiting out a retry backoff, and the ids still waiting (a cancel removes the id; the
+    /// heap entry is skipped when due).
+    var delayed = Heap<Delayed>()
+    var delayedIds: Set<String> = []
+    var lastHeartbeat: Instant?
+    /// Progress of running jobs (not a state change: kept here only).
+    var progress: [String: Double] = [:]
+    /// Results being written now: a copy sent again meanwhile is ignored.
+    var recording: Set<JobAttempt> = []
+    /// Peers whose claims are being looked up.
+    var lookingUp: Set<Peer> = []
+    /// Processing jobs that no worker held at a reconcile, and since when.
+    var unheld: [String: Instant] = [:]
+
+    public init(catalog: EffectCatalog, configuration: Configuration = Configuration()) {
+        self.catalog = catalog
+        self.configuration = configuration
+        self.queue = FairQueue(proFirst: configuration.proFirst)
+    }
+
+    // MARK: Queries
+
+    /// Jobs waiting for a worker, backoffs included.
+    public var queuedCount: Int { queue.count + delayedIds.count }
+
+    /// Workers connected now.
+    public var workerCount: Int { workers.count }
+
+    /// The id of a connected worker.
+    public func workerId(_ peer: Peer) -> String? { workers[peer]?.id }
+
+    /// How long a processing job may go unheld before it is queued again: three heartbeat
+    /// intervals, of this service or of the slowest worker connected, the time a worker has to
+    /// reconnect and name what it holds.
+    public var grace: Duration { workers.values.map(\.deadline).reduce(configuration.heartbeat * 3, max) }
+
+    /// The live progress of those of these jobs that are running and have reported some.
+    public func progress(of ids: [String]) -> [String: Double] {
+        var found: [String: Double] = [:]
+        for id in ids { if let fraction = progress[id] { found[id] = fraction } }
+        return found
+    }
+
+    /// Which worker holds a job, and under which attempt (0 while its start is written).
+    public func holder(of jobId: String) -> (peer: Peer, attempt: Int)? {
+        for (peer, worker) in workers { if let held = worker.held[jobId] { return (peer, held.attempt) } }
+        return nil
+    }
+
+    // MARK: Events: jobs
+
+    /// Jobs to queue (new ones, or those recovered at start-up), handed out if workers are free.
+    public mutating func enqueue(_ jobs: [QueuedJob], now: Instant) -> [Action] {
+        for job in jobs { queue.push(job) }
+        return dispatch(now: now)
+    }
+
+    /// A cancel (or a purge) was recorded: drop the job from the queue or its backoff, or tell
+    /// the worker that runs it (right after its assignment, if its start is being written).
+    public mutating func cancel(jobId: String, userId: String) -> [Action] {
+        if queue.remove(jobId: jobId, userId: userId) { return [] }
+        if delayedIds.remove(jobId) != nil { return [] }
+        guard let (peer, attempt) = holder(of: jobId) else { return [] }
+        if attempt == 0 {
+            workers[peer]?.held[jobId]?.cancelAfterStart = true
+            return []
+        }
+        return [.send(peer, .cancel(JobAttempt(jobId: jobId, attempt: attempt)))]
+    }
+
+    // MARK: Events: workers
+
+    /// One message from a worker (metrics aside, which are not the state machine's business).
+    public mutating func receive(_ message: WorkerMessage, from peer: Peer, now: Instant) -> [Action] {
+        if case .ready(let ready) = message { return self.ready(ready, from: peer, now: now) }
+        guard workers[peer] != nil else {
+            // Not known (the service restarted, or it was declared dead): start over.
+            return [.send(peer, .reconnect)]
+        }
+        workers[peer]?.lastSeen = now
+        switch message {
+        case .ready, .metrics:
+            return []
+        case .heartbeat(let held):
+            return heard(held, from: peer, now: now)
+        case .progress(let attempt, let fraction):
+            if workers[peer]?.held[attempt.jobId]?.attempt == attempt.attempt, fraction.isFinite {
+                progress[attempt.jobId] = min(1, max(progress[attempt.jobId] ?? 0, fraction))
+            }
+            return []
+        case .done(let attempt, let output):
+            return record(attempt, .done(output), from: peer)
+        case .failed(let attempt, let error, let retryable):
+            return record(attempt, .failed(error: error, retryable: retryable), from: peer)
+        case .cancelled(let attempt):
+            return record(attempt, .cancelled, from: peer)
+        }
+    }
+
+    mutating func ready(_ ready: WorkerReady, from peer: Peer, now: Instant) -> [Action] {
+        let capacity = min(max(ready.capacity, 1), configuration.maxCapacity)
+        let range = configuration.heartbeatRange
+        let heartbeat = ready.heartbeatMilliseconds.map { min(max(.milliseconds($0), range.lowerBound), range.upperBound) } ?? configuration.heartbeat
+        let joined = workers[peer] == nil
+        var worker = workers[peer] ?? Worker(id: ready.workerId, capacity: capacity, effects: [], heartbeat: heartbeat, lastSeen: now)
+        worker.capacity = capacity
+        worker.effects = Set(ready.effects)
+        worker.heartbeat = heartbeat
+        worker.lastSeen = now
+        workers[peer] = worker
+        var actions: [Action] = joined ? [.workerJoined(id: ready.workerId, capacity: capacity, heartbeat: heartbeat, connected: workers.count)] : []
+        actions += dispatch(now: now)
+        return actions
+    }
+
+    mutating func record(_ attempt: JobAttempt, _ result: WorkerResult, from peer: Peer) -> [Action] {
+        guard recording.count < configuration.maxRecording, recording.insert(attempt).inserted else { return [] }
+        return [.record(peer, attempt, result)]
+    }
+
+    /// A worker's heartbeat names the attempts it holds. One assigned to it longer ago than its
+    /// deadline that it does not name never reached it (or it forgot it): queued again. Those it
+    /// names that nobody holds here (this service restarted meanwhile) are looked up, and taken
+    /// back if they are still the jobs' current attempts.
+    mutating func heard(_ named: [JobAttempt], from peer: Peer, now: Instant) -> [Action] {
+        guard let worker = workers[peer] else { return [] }
+        let names = Set(named)
+        var actions: [Action] = []
+        for (jobId, held) in worker.held where held.attempt > 0 && held.since.duration(to: now) > worker.deadline {
+            let attempt = JobAttempt(jobId: jobId, attempt: held.attempt)
+            if !names.contains(attempt), !recording.contains(attempt) {
+                workers[peer]?.held[jobId] = nil
+                progress[jobId] = nil
+                actions.append(.requeue(attempt, reason: "worker \(worker.id) does not hold the job", cause: .assignmentLost))
+            }
+        }
+        let unknown = named.filter { holder(of: $0.jobId) == nil }
+        if !unknown.isEmpty, !lookingUp.contains(peer) {
+            lookingUp.insert(peer)
+            actions.append(.lookUp(peer, Array(unknown.prefix(configuration.maxCapacity))))
+        }
+        return actions
+    }
+
+    /// The jobs a worker named that are still processing under the attempts it named: it holds
+    /// them now, unless someone else took them meanwhile.
+    public mutating func claimed(_ current: [JobAttempt], by peer: Peer, now: Instant) -> [Action] {
+        lookingUp.remove(peer)
+        for attempt in current where workers[peer] != nil && holder(of: attempt.jobId) == nil {
+            workers[peer]?.held[attempt.jobId] = Held(attempt: attempt.attempt, since: now)
+            unheld[attempt.jobId] = nil
+        }
+        return []
+    }
+
+    // MARK: Events: writes done
+
+    /// The starts were written (or not).
+    public mutating func started(_ outcomes: [(Start, StartOutcome)], now: Instant) -> [Action] {
+        var actions: [Action] = []
+        for (start, outcome) in outcomes {
+            let peer = start.peer, jobId = start.job.jobId
+            let held = workers[peer]?.held[jobId]
+            switch outcome {
+            case .gone:
+                workers[peer]?.held[jobId] = nil
+            case .failed:
+                workers[peer]?.held[jobId] = nil
+                queue.push(start.job, atFront: true)
+            case .started(let job):
+                let attempt = JobAttempt(jobId: job.id, attempt: job.attempts)
+                guard held != nil, let effect = catalog.effect(job.effectId) else {
+                    // The worker was lost meanwhile (or the effect is gone from the catalogue).
+                    workers[peer]?.held[jobId] = nil
+                    actions.append(.requeue(attempt, reason: "worker lost before assignment", cause: .workerLost))
+                    continue
+                }
+                workers[peer]?.held[jobId] = Held(attempt: job.attempts, since: now)
+                if job.attempts == 1 { actions.append(.firstAssignment(job)) }
+                actions.append(.send(peer, .assign(JobAssignment(
+                    attempt: attempt, userId: job.userId, imageKey: job.imageKey,
+                    effect: effect, parameters: job.parameters, prompt: job.prompt
+                ))))
+                if held?.cancelAfterStart == true { actions.append(.send(peer, .cancel(attempt))) }
+            }
+        }
+        return actions + dispatch(now: now)
+    }
+
+    /// A worker's result was written (or not). The worker hears `recorded` only now, once the
+    /// result is durable; until then it holds the attempt and sends the result again.
+    public mutating func recorded(_ attempt: JobAttempt, from peer: Peer, outcome: RecordOutcome, now: Instant) -> [Action] {
+        recording.remove(attempt)
+        if case .failed = outcome { return [] }
+        var since: Instant?
+        if let held = workers[peer]?.held[attempt.jobId], held.attempt == attempt.attempt {
+            since = held.since
+            workers[peer]?.held[attempt.jobId] = nil
+            progress[attempt.jobId] = nil
+        }
+        var actions: [Action] = []
+        switch outcome {
+        case .failed:
+            break
+        case .applied(let job, let retryAfter):
+            actions.append(.finished(job, runningSince: since))
+            actions.append(.send(peer, .recorded(attempt)))
+            if job.status == .queued { delay(Self.queued(job), until: now.advanced(by: retryAfter ?? .zero)) }
+        case .alreadyRecorded:
+            actions.append(.send(peer, .recorded(attempt)))
+        case .refused(let reason):
+            actions.append(.refused(attempt, reason: reason))
+            actions.append(.send(peer, .refused(attempt, reason: reason)))
+        }
+        return actions + dispatch(now: now)
+    }
+
+    /// A processing attempt was queued again in the store (`job`: its new state; nil when the
+    /// store refused it as stale, or the write failed and the reconcile will try again).
+    public mutating func requeued(_ job: JobRecord?, now: Instant) -> [Action] {
+        if let job, job.status == .queued { queue.push(Self.queued(job), atFront: true) }
+        return dispatch(now: now)
+    }
+
+    // MARK: Events: time
+
+    /// Buries dead workers, sends heartbeats when due, releases due retries and dispatches.
+    public mutating func tick(now: Instant) -> [Action] {
+        var actions: [Action] = []
+        for (peer, worker) in workers where worker.lastSeen.duration(to: now) > worker.deadline {
+            workers[peer] = nil
+            actions.append(.workerLost(id: worker.id, jobs: worker.held.count, connected: workers.count))
+            for (jobId, held) in worker.held where held.attempt > 0 {
+                progress[jobId] = nil
+                actions.append(.requeue(JobAttempt(jobId: jobId, attempt: held.attempt), reason: "worker \(worker.id) was lost", cause: .workerLost))
+            }
+        }
+        if lastHeartbeat.map({ $0.duration(to: now) >= configuration.heartbeat }) ?? true {
+            lastHeartbeat = now
+            for peer in workers.keys { actions.append(.send(peer, .heartbeat)) }
+        }
+        while let first = delayed.min, first.due <= now {
+            let job = delayed.removeMin().job
+            if delayedIds.remove(job.jobId) != nil { queue.push(job) }
+        }
+        return actions + dispatch(now: now)
+    }
+
+    /// Compares the processing jobs in the store with what workers hold: one nobody holds for
+    /// `grace` is queued again.
+    public mutating func reconcile(processing: [JobAttempt], now: Instant) -> [Action] {
+        var actions: [Action] = []
+        var seen: Set<String> = []
+        let grace = self.grace
+        for attempt in processing {
+            seen.insert(attempt.jobId)
+            let held = holder(of: attempt.jobId).map { $0.attempt == 0 || $0.attempt == attempt.attempt } ?? false
+            if held || recording.contains(attempt) {
+                unheld[attempt.jobId] = nil
+                continue
+            }
+            guard let since = unheld[attempt.jobId] else {
+                unheld[attempt.jobId] = now
+                continue
+            }
+            if since.duration(to: now) >= grace {
+                unheld[attempt.jobId] = nil
+                actions.append(.requeue(attempt, reason: "no worker held the job", cause: .unheld))
+            }
+        }
+        unheld = unheld.filter { seen.contains($0.key) }
+        return actions + dispatch(now: now)
+    }
+
+    // MARK: Dispatch
+
+    mutating func delay(_ job: QueuedJob, until due: Instant) {
+        delayed.insert(Delayed(due: due, job: job))
+        delayedIds.insert(job.jobId)
+    }
+
+    /// Hands out queued jobs while some worker has a free slot for them: the fair queue's next
+    /// job to the worker with the most free slots that runs its effect. Each slot is held while
+    /// the start is written; the starts of all jobs handed out at once go in one action.
+    mutating func dispatch(now: Instant) -> [Action] {
+        guard queue.count > 0 else { return [] }
+        var starts: [Start] = []
+        var candidates = workers.filter { $0.value.free > 0 }.map { (peer: $0.key, free: $0.value.free) }
+        while !candidates.isEmpty, queue.count > 0 {
+            candidates.sort { $0.free > $1.free }
+            var assigned = false
+            for (index, candidate) in candidates.enumerated() {
+                guard let worker = workers[candidate.peer], let job = queue.pop(where: { worker.accepts($0) }) else { continue }
+                workers[candidate.peer]?.held[job.jobId] = Held(attempt: 0, since: now)
+                starts.append(Start(peer: candidate.peer, job: job))
+                candidates[index].free -= 1
+                if candidates[index].free == 0 { candidates.remove(at: index) }
+                assigned = true
+                break
+            }
+            if !assigned { break }
+        }
+        return starts.isEmpty ? [] : [.start(starts)]
+    }
+
+    public static func queued(_ job: JobRecord) -> QueuedJob {
+        QueuedJob(jobId: job.id, userId: job.userId, isPro: job.isPro, effectId: job.effectId)
+    }
+}
