@@ -177,14 +177,15 @@ struct WorkerProtocolTests {
         let system = try await JobSystem(workers: 0)
         let user = "device:\(UUID().uuidString.lowercased())"
         let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: "uploads/none/x.jpg", effectId: "copy"))
-        // Given a hand-driven worker that takes the job and then goes silent
+        // Given a hand-driven worker announcing 100 ms heartbeats that takes the job and then goes
+        // silent (the state machine's tests cover the timing; this one, the processes)
         let first = try await BusChannel.connect(system.workerEndpoint)
         let firstInbox = Inbox(first)
-        first.send(WorkerMessage.ready(WorkerReady(workerId: "silent", capacity: 1, effects: ["*"])))
+        first.send(WorkerMessage.ready(WorkerReady(workerId: "silent", capacity: 1, effects: ["*"], heartbeatMilliseconds: 100)))
         let attempt1 = await next(firstInbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
         #expect(attempt1 == JobAttempt(jobId: job.id, attempt: 1))
         await first.shutdown()
-        // When it has been silent for more than three heartbeat intervals, the job is queued again
+        // When it has been silent for more than three of its intervals, the job is queued again
         try await waitUntil {
             try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user)).status == .queued
         }

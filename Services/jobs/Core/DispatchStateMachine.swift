@@ -50,6 +50,10 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
     public struct Start: Sendable, Equatable {
         public var peer: Peer
         public var job: QueuedJob
+        public init(peer: Peer, job: QueuedJob) {
+            self.peer = peer
+            self.job = job
+        }
     }
 
     /// A worker's result, to be recorded.

@@ -40,20 +40,25 @@ public struct FairQueue: Sendable {
         }
     }
 
-    /// Takes the next job in fair order that `accepts` takes (a worker that runs its effect).
+    /// How far into one user's jobs `pop` looks for one a worker takes: a user's first job whose
+    /// effect no connected worker runs does not hold up the rest, within this bound.
+    public static let lookahead = 64
+
+    /// Takes the next job in fair order that `accepts` takes (a worker that runs its effect): the
+    /// user whose turn it is gives their oldest job the worker takes.
     public mutating func pop(where accepts: (QueuedJob) -> Bool = { _ in true }) -> QueuedJob? {
         for ring in rings.indices {
             for _ in 0..<rings[ring].count {
                 let user = rings[ring].removeFirst()
-                guard var jobs = perUser[user], let head = jobs.first else {
+                guard var jobs = perUser[user], !jobs.isEmpty else {
                     ringOfUser[user] = nil
                     continue
                 }
-                guard accepts(head) else {
+                guard let index = jobs.prefix(Self.lookahead).firstIndex(where: accepts) else {
                     rings[ring].append(user)
                     continue
                 }
-                jobs.removeFirst()
+                let job = jobs.remove(at: index)
                 count -= 1
                 if jobs.isEmpty {
                     perUser[user] = nil
@@ -62,7 +67,7 @@ public struct FairQueue: Sendable {
                     perUser[user] = jobs
                     rings[ring].append(user)
                 }
-                return head
+                return job
             }
         }
         return nil

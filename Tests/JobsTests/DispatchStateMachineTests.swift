@@ -1,0 +1,555 @@
+import Foundation
+import JobsCore
+import Messages
+import Testing
+
+/// The dispatcher's rules, driven by hand: no sockets, no processes, no sleeps. The clock is a
+/// variable the test moves. Writes the machine asks for are carried out by `Harness` on rows in
+/// memory with the same `JobRules` the store uses, held back when a test wants to act while one
+/// is in flight.
+@Suite("Dispatch state machine")
+struct DispatchStateMachineTests {
+    typealias Machine = DispatchStateMachine<String>
+
+    struct Harness {
+        var machine: Machine
+        var now = ContinuousClock.now
+        var date = Date(timeIntervalSince1970: 1_800_000_000)
+        var rows: [String: JobRecord] = [:]
+        let retry = RetryPolicy(maxAttempts: 3, baseDelay: .seconds(1), maxDelay: .seconds(60))
+        /// Messages sent, by worker, in order.
+        var sent: [String: [DispatcherMessage]] = [:]
+        /// Everything else the machine asked for that is not a write, in order.
+        var notes: [Machine.Action] = []
+        /// Writes held back (`holdWrites`), to be finished by `flush`.
+        var pending: [Machine.Action] = []
+        var holdWrites = false
+        var lost: [Machine.RequeueCause] = []
+
+        init(proFirst: Bool = true, heartbeat: Duration = .seconds(1), maxRecording: Int = 4096) {
+            machine = Machine(catalog: EffectCatalog(), configuration: .init(heartbeat: heartbeat, proFirst: proFirst, maxRecording: maxRecording))
+        }
+
+        mutating func advance(_ duration: Duration) {
+            now = now.advanced(by: duration)
+            date = date.addingTimeInterval(Double(duration.wholeMilliseconds) / 1000)
+        }
+
+        mutating func create(_ id: String, user: String = "u", pro: Bool = false, effect: String = "copy") {
+            rows[id] = JobRecord(
+                id: id, userId: user, isPro: pro, imageKey: "uploads/\(user)/a.jpg", effectId: effect, parameters: [:], prompt: nil,
+                status: .queued, progress: 0, attempts: 0, maxAttempts: retry.maxAttempts, lastError: nil, resultKey: nil,
+                thumbnailKey: nil, createdAt: date, updatedAt: date, startedAt: nil, finishedAt: nil, version: 1
+            )
+            run(machine.enqueue([Machine.queued(rows[id]!)], now: now))
+        }
+
+        mutating func ready(_ peer: String, capacity: Int = 1, effects: [String] = ["*"], heartbeatMs: Int? = nil) {
+            run(machine.receive(.ready(WorkerReady(workerId: peer, capacity: capacity, effects: effects, heartbeatMilliseconds: heartbeatMs)), from: peer, now: now))
+        }
+
+        mutating func from(_ peer: String, _ message: WorkerMessage) {
+            run(machine.receive(message, from: peer, now: now))
+        }
+
+        mutating func tick() { run(machine.tick(now: now)) }
+
+        mutating func cancel(_ id: String) {
+            guard let row = rows[id] else { return }
+            switch JobRules.cancel(row, now: date) {
+            case .apply(let transition): rows[id] = transition.job
+            case .mark(let marked): rows[id] = marked
+            case .unchanged, .alreadyFinished: return
+            }
+            run(machine.cancel(jobId: id, userId: row.userId))
+        }
+
+        mutating func reconcile() {
+            let processing = rows.values.filter { $0.status == .processing }.map { JobAttempt(jobId: $0.id, attempt: $0.attempts) }
+            run(machine.reconcile(processing: processing, now: now))
+        }
+
+        /// Finishes the writes held back, in order.
+        mutating func flush() {
+            let writes = pending
+            pending = []
+            for write in writes { carryOut(write) }
+        }
+
+        mutating func run(_ actions: [Machine.Action]) {
+            for action in actions {
+                switch action {
+                case .send(let peer, let message): sent[peer, default: []].append(message)
+                case .start, .record, .requeue, .lookUp:
+                    if holdWrites { pending.append(action) } else { carryOut(action) }
+                default: notes.append(action)
+                }
+            }
+        }
+
+        mutating func carryOut(_ write: Machine.Action) {
+            switch write {
+            case .start(let starts):
+                var outcomes: [(Machine.Start, Machine.StartOutcome)] = []
+                for start in starts {
+                    guard let row = rows[start.job.jobId], let transition = JobRules.start(row, now: date) else {
+                        outcomes.append((start, .gone))
+                        continue
+                    }
+                    rows[row.id] = transition.job
+                    outcomes.append((start, .started(transition.job)))
+                }
+                run(machine.started(outcomes, now: now))
+            case .record(let peer, let attempt, let result):
+                guard let row = rows[attempt.jobId] else {
+                    run(machine.recorded(attempt, from: peer, outcome: .refused("no such job"), now: now))
+                    return
+                }
+                let decision: JobRules.Decision = switch result {
+                case .done(let output): JobRules.complete(row, attempt, output: output, now: date)
+                case .failed(let error, let retryable): JobRules.fail(row, attempt, error: error, retryable: retryable, retry: retry, now: date)
+                case .cancelled: JobRules.cancelled(row, attempt, now: date)
+                }
+                run(machine.recorded(attempt, from: peer, outcome: outcome(of: decision), now: now))
+            case .requeue(let attempt, let reason, let cause):
+                guard let row = rows[attempt.jobId] else { return }
+                if case .apply(let transition) = JobRules.requeue(row, attempt, reason: reason, retry: retry, now: date) {
+                    rows[row.id] = transition.job
+                    lost.append(cause)
+                    run(machine.requeued(transition.job, now: now))
+                } else {
+                    run(machine.requeued(nil, now: now))
+                }
+            case .lookUp(let peer, let attempts):
+                let current = attempts.filter { rows[$0.jobId]?.status == .processing && rows[$0.jobId]?.attempts == $0.attempt }
+                run(machine.claimed(current, by: peer, now: now))
+            default:
+                break
+            }
+        }
+
+        mutating func outcome(of decision: JobRules.Decision) -> Machine.RecordOutcome {
+            switch decision {
+            case .apply(let transition):
+                rows[transition.job.id] = transition.job
+                return .applied(transition.job, retryAfter: transition.retryAfter)
+            case .alreadyRecorded: return .alreadyRecorded
+            case .refuse(let reason): return .refused(reason)
+            }
+        }
+
+        /// The attempts assigned to a worker so far, in order; `take` forgets them.
+        func assigned(_ peer: String) -> [JobAttempt] {
+            (sent[peer] ?? []).compactMap { if case .assign(let assignment) = $0 { assignment.attempt } else { nil } }
+        }
+
+        func messages(_ peer: String) -> [DispatcherMessage] {
+            (sent[peer] ?? []).filter { $0 != .heartbeat }
+        }
+
+        mutating func clear() {
+            sent = [:]
+            notes = []
+        }
+    }
+
+    func done(_ id: String, _ attempt: Int, key: String = "r") -> WorkerMessage {
+        .done(JobAttempt(jobId: id, attempt: attempt), JobOutput(resultKey: "\(key)-\(id)", thumbnailKey: "t-\(id)"))
+    }
+
+    // MARK: Assignment
+
+    @Test func aWorkerGetsUpToItsCapacityAndTheNextJobWhenOneIsRecorded() {
+        var harness = Harness()
+        for index in 1...3 { harness.create("j\(index)") }
+        #expect(harness.machine.queuedCount == 3)
+        // Given a worker that runs two at once
+        harness.ready("w", capacity: 2)
+        // Then it is assigned two jobs, as attempt 1, and one stays queued
+        #expect(harness.assigned("w") == [JobAttempt(jobId: "j1", attempt: 1), JobAttempt(jobId: "j2", attempt: 1)])
+        #expect(harness.rows["j1"]?.status == .processing && harness.rows["j3"]?.status == .queued)
+        #expect(harness.machine.queuedCount == 1)
+        // When it reports j1 done, it hears `recorded`, then gets j3
+        harness.clear()
+        harness.from("w", done("j1", 1))
+        #expect(harness.messages("w") == [.recorded(JobAttempt(jobId: "j1", attempt: 1)), harness.messages("w")[1]])
+        #expect(harness.assigned("w") == [JobAttempt(jobId: "j3", attempt: 1)])
+        #expect(harness.rows["j1"]?.status == .completed)
+        #expect(harness.notes.contains { if case .finished(let job, _) = $0 { job.id == "j1" } else { false } })
+    }
+
+    @Test func theWritesOfJobsHandedOutTogetherGoInOneAction() {
+        var harness = Harness()
+        harness.holdWrites = true
+        for index in 1...8 { harness.create("j\(index)") }
+        harness.ready("w", capacity: 8)
+        // Then one start action carries all eight, and nothing is assigned before it is written
+        #expect(harness.pending.count == 1)
+        if case .start(let starts) = harness.pending.first { #expect(starts.count == 8) } else { Issue.record("no start action") }
+        #expect(harness.assigned("w").isEmpty)
+        harness.flush()
+        #expect(harness.assigned("w").count == 8)
+    }
+
+    @Test func aJobGoesOnlyToAWorkerThatRunsItsEffect() {
+        var harness = Harness()
+        harness.ready("blur-only", effects: ["blur"])
+        harness.create("c", effect: "copy")
+        #expect(harness.assigned("blur-only").isEmpty)
+        harness.create("b", effect: "blur")
+        #expect(harness.assigned("blur-only") == [JobAttempt(jobId: "b", attempt: 1)])
+        harness.ready("any")
+        #expect(harness.assigned("any") == [JobAttempt(jobId: "c", attempt: 1)])
+    }
+
+    @Test func theWorkerWithTheMostFreeSlotsIsServedFirst() {
+        var harness = Harness()
+        harness.ready("small", capacity: 1)
+        harness.ready("big", capacity: 4)
+        for index in 1...4 { harness.create("j\(index)") }
+        // Each job goes to the freest worker: big (4 free), big (3), big (2), then either
+        #expect(harness.assigned("big").count >= 3)
+        #expect(harness.assigned("big").count + harness.assigned("small").count == 4)
+    }
+
+    @Test func aWorkerAnnouncingNonsenseIsClamped() {
+        var harness = Harness()
+        harness.ready("w", capacity: 100_000, heartbeatMs: 1)
+        harness.ready("v", capacity: -3, heartbeatMs: 10_000_000)
+        let joined = harness.notes.compactMap { if case .workerJoined(let id, let capacity, let heartbeat, _) = $0 { (id, capacity, heartbeat) } else { nil } }
+        #expect(joined.count == 2)
+        #expect(joined[0].0 == "w" && joined[0].1 == 256 && joined[0].2 == .milliseconds(50))
+        #expect(joined[1].0 == "v" && joined[1].1 == 1 && joined[1].2 == .seconds(60))
+    }
+
+    // MARK: Fairness
+
+    @Test func oneUsersBurstDoesNotStarveAnother() {
+        var harness = Harness()
+        for index in 0..<10 { harness.create("a\(index)", user: "A") }
+        harness.create("b0", user: "B")
+        harness.ready("w")
+        // One at a time: A's first, then B's, then A's in order
+        var order: [String] = []
+        for _ in 0..<11 {
+            guard let next = harness.assigned("w").last else { break }
+            order.append(next.jobId)
+            harness.clear()
+            harness.from("w", done(next.jobId, next.attempt))
+        }
+        #expect(order.count == 11)
+        #expect(order.firstIndex(of: "b0") == 1)
+        #expect(order.filter { $0.hasPrefix("a") } == (0..<10).map { "a\($0)" })
+    }
+
+    @Test func proJobsGoFirstUnlessTurnedOff() {
+        for proFirst in [true, false] {
+            var harness = Harness(proFirst: proFirst)
+            harness.create("free", user: "F")
+            harness.create("pro", user: "P", pro: true)
+            harness.ready("w")
+            #expect(harness.assigned("w").first?.jobId == (proFirst ? "pro" : "free"))
+        }
+    }
+
+    // MARK: Fencing
+
+    @Test func aStaleAttemptsResultIsRefusedAndFreesNothing() {
+        var harness = Harness(heartbeat: .milliseconds(100))
+        harness.create("j")
+        harness.ready("old", heartbeatMs: 100)
+        #expect(harness.assigned("old") == [JobAttempt(jobId: "j", attempt: 1)])
+        // Given the first worker goes silent past three of its intervals and the job goes to
+        // another worker as attempt 2
+        harness.advance(.milliseconds(301))
+        harness.ready("new", heartbeatMs: 100)
+        harness.tick()
+        #expect(harness.lost == [.workerLost])
+        #expect(harness.assigned("new") == [JobAttempt(jobId: "j", attempt: 2)])
+        // When attempt 1's late result comes (the old worker reconnected)
+        harness.ready("old", heartbeatMs: 100)
+        harness.from("old", done("j", 1, key: "stale"))
+        // Then it is refused, attempt 2 keeps its worker, and its result is the one recorded
+        #expect(harness.messages("old").contains { if case .refused(JobAttempt(jobId: "j", attempt: 1), _) = $0 { true } else { false } })
+        #expect(harness.machine.holder(of: "j")?.peer == "new")
+        harness.from("new", done("j", 2))
+        #expect(harness.rows["j"]?.status == .completed && harness.rows["j"]?.resultKey == "r-j")
+        // And a result sent again after it was recorded is acknowledged again
+        harness.clear()
+        harness.from("new", done("j", 2))
+        #expect(harness.messages("new") == [.recorded(JobAttempt(jobId: "j", attempt: 2))])
+    }
+
+    @Test func aResultSentAgainWhileItIsBeingWrittenIsWrittenOnce() {
+        var harness = Harness()
+        harness.create("j")
+        harness.ready("w")
+        harness.holdWrites = true
+        harness.from("w", done("j", 1))
+        harness.from("w", done("j", 1))
+        #expect(harness.pending.count == 1)
+        harness.flush()
+        #expect(harness.messages("w").filter { $0 == .recorded(JobAttempt(jobId: "j", attempt: 1)) }.count == 1)
+    }
+
+    @Test func resultsBeingWrittenAreBounded() {
+        var harness = Harness(maxRecording: 2)
+        harness.holdWrites = true
+        for index in 0..<5 { harness.from("w", done("nobody-\(index)", 1)) }
+        // An unknown worker is told to reconnect; nothing is written for it
+        #expect(harness.pending.isEmpty && harness.messages("w").allSatisfy { $0 == .reconnect })
+        harness.ready("w")
+        for index in 0..<5 { harness.from("w", done("nobody-\(index)", 1)) }
+        // Past the bound, results are dropped for now (the worker sends them again)
+        #expect(harness.pending.count == 2)
+        harness.flush()
+        #expect(harness.messages("w").filter { if case .refused = $0 { true } else { false } }.count == 2)
+    }
+
+    // MARK: Liveness
+
+    @Test func aWorkerIsDeadAfterThreeOfItsOwnIntervalsNotTheServices() {
+        var harness = Harness(heartbeat: .seconds(1))
+        harness.create("j")
+        harness.ready("slow", heartbeatMs: 5000)
+        #expect(harness.assigned("slow").count == 1)
+        // It heartbeats every 5 s while running a 10 s job: never dead
+        for _ in 0..<2 {
+            harness.advance(.seconds(5))
+            harness.from("slow", .heartbeat(running: [JobAttempt(jobId: "j", attempt: 1)]))
+            harness.tick()
+        }
+        #expect(harness.lost.isEmpty && harness.rows["j"]?.status == .processing)
+        harness.from("slow", done("j", 1))
+        #expect(harness.rows["j"]?.status == .completed)
+        // Given it then goes silent with another job
+        harness.create("k")
+        harness.advance(.milliseconds(14_999))
+        harness.tick()
+        // Then at 14.999 s it is alive, and past 15 s (three of its 5 s intervals) it is dead
+        #expect(harness.lost.isEmpty)
+        harness.advance(.milliseconds(2))
+        harness.tick()
+        #expect(harness.lost == [.workerLost])
+        #expect(harness.rows["k"]?.status == .queued && harness.rows["k"]?.attempts == 1)
+        #expect(harness.notes.contains { if case .workerLost("slow", 1, 0) = $0 { true } else { false } })
+        #expect(harness.machine.workerCount == 0)
+        // And a message from it now tells it to reconnect
+        harness.from("slow", .heartbeat(running: []))
+        #expect(harness.messages("slow").last == .reconnect)
+    }
+
+    @Test func aFastWorkerIsDeadAfterThreeHundredMilliseconds() {
+        var harness = Harness()
+        harness.create("j")
+        harness.ready("fast", heartbeatMs: 100)
+        harness.advance(.milliseconds(299))
+        harness.tick()
+        #expect(harness.lost.isEmpty)
+        harness.advance(.milliseconds(2))
+        harness.tick()
+        #expect(harness.lost == [.workerLost])
+    }
+
+    @Test func anAssignmentTheWorkerNeverNamesIsQueuedAgain() {
+        var harness = Harness()
+        harness.create("j")
+        harness.ready("w", heartbeatMs: 200)
+        // Its heartbeats name nothing; within 600 ms (three intervals) that is not yet a loss
+        for _ in 0..<3 {
+            harness.advance(.milliseconds(200))
+            harness.from("w", .heartbeat(running: []))
+        }
+        #expect(harness.lost.isEmpty)
+        harness.advance(.milliseconds(1))
+        harness.from("w", .heartbeat(running: []))
+        // Then it is queued again and handed out again, to the same live worker, as attempt 2
+        #expect(harness.lost == [.assignmentLost])
+        #expect(harness.assigned("w") == [JobAttempt(jobId: "j", attempt: 1), JobAttempt(jobId: "j", attempt: 2)])
+    }
+
+    @Test func theServiceSendsHeartbeatsAtItsOwnPace() {
+        var harness = Harness(heartbeat: .seconds(1))
+        harness.ready("w", heartbeatMs: 100)
+        harness.tick()
+        #expect(harness.sent["w"]?.filter { $0 == .heartbeat }.count == 1)
+        harness.advance(.milliseconds(900))
+        harness.from("w", .heartbeat(running: []))
+        harness.tick()
+        #expect(harness.sent["w"]?.filter { $0 == .heartbeat }.count == 1)
+        harness.advance(.milliseconds(100))
+        harness.tick()
+        #expect(harness.sent["w"]?.filter { $0 == .heartbeat }.count == 2)
+    }
+
+    @Test func afterARestartAWorkerGetsBackTheJobsItNames() {
+        // Given the database says j is processing as attempt 1 (the service restarted)
+        var harness = Harness()
+        harness.create("j")
+        harness.rows["j"] = JobRules.start(harness.rows["j"]!, now: harness.date)!.job
+        harness.machine = Machine(catalog: EffectCatalog())
+        harness.ready("w")
+        // When the worker names it (and a stale attempt of it, and a job that is not there)
+        harness.from("w", .heartbeat(running: [JobAttempt(jobId: "j", attempt: 1), JobAttempt(jobId: "gone", attempt: 1)]))
+        // Then it holds j again: nothing requeues it, and its result is recorded
+        #expect(harness.machine.holder(of: "j")?.peer == "w")
+        #expect(harness.machine.holder(of: "gone") == nil)
+        harness.advance(.seconds(10))
+        harness.reconcile()
+        harness.advance(.seconds(10))
+        harness.reconcile()
+        #expect(harness.lost.isEmpty)
+        harness.from("w", done("j", 1))
+        #expect(harness.rows["j"]?.status == .completed)
+    }
+
+    @Test func aProcessingJobNobodyHoldsIsQueuedAgainAfterTheGrace() {
+        var harness = Harness(heartbeat: .seconds(1))
+        harness.create("j")
+        harness.rows["j"] = JobRules.start(harness.rows["j"]!, now: harness.date)!.job
+        harness.machine = Machine(catalog: EffectCatalog())
+        // A slow worker connected makes the grace three of its intervals (15 s), not 3 s
+        harness.ready("slow", capacity: 1, heartbeatMs: 5000)
+        #expect(harness.machine.grace == .seconds(15))
+        harness.reconcile()
+        harness.advance(.seconds(14))
+        harness.from("slow", .heartbeat(running: []))
+        harness.reconcile()
+        #expect(harness.lost.isEmpty)
+        harness.advance(.seconds(1))
+        harness.reconcile()
+        #expect(harness.lost == [.unheld])
+        #expect(harness.assigned("slow") == [JobAttempt(jobId: "j", attempt: 2)])
+    }
+
+    // MARK: Retries
+
+    @Test func retriesWaitOutTheirBackoff() {
+        var harness = Harness()
+        harness.create("j")
+        harness.ready("w")
+        // Attempt 1 fails retryably: queued again, but not handed out before 1 s
+        harness.from("w", .failed(JobAttempt(jobId: "j", attempt: 1), error: "busy", retryable: true))
+        #expect(harness.rows["j"]?.status == .queued && harness.machine.queuedCount == 1)
+        harness.advance(.milliseconds(999))
+        harness.tick()
+        #expect(harness.assigned("w").count == 1)
+        harness.advance(.milliseconds(1))
+        harness.tick()
+        #expect(harness.assigned("w").last == JobAttempt(jobId: "j", attempt: 2))
+        // Attempt 2 fails: 2 s this time
+        harness.from("w", .failed(JobAttempt(jobId: "j", attempt: 2), error: "busy", retryable: true))
+        harness.advance(.milliseconds(1999))
+        harness.tick()
+        #expect(harness.assigned("w").count == 2)
+        harness.advance(.milliseconds(1))
+        harness.tick()
+        #expect(harness.assigned("w").last == JobAttempt(jobId: "j", attempt: 3))
+        // Attempt 3, the last, fails: failed for good, nothing queued
+        harness.from("w", .failed(JobAttempt(jobId: "j", attempt: 3), error: "busy", retryable: true))
+        #expect(harness.rows["j"]?.status == .failed && harness.machine.queuedCount == 0)
+        harness.advance(.seconds(60))
+        harness.tick()
+        #expect(harness.assigned("w").count == 3)
+    }
+
+    @Test func otherJobsRunWhileOneWaitsOutItsBackoff() {
+        var harness = Harness()
+        harness.create("j")
+        harness.ready("w")
+        harness.create("k")
+        harness.from("w", .failed(JobAttempt(jobId: "j", attempt: 1), error: "busy", retryable: true))
+        #expect(harness.assigned("w").last == JobAttempt(jobId: "k", attempt: 1))
+    }
+
+    // MARK: Cancel
+
+    @Test func cancellingAQueuedJobDropsIt() {
+        var harness = Harness()
+        harness.create("j")
+        harness.cancel("j")
+        #expect(harness.machine.queuedCount == 0 && harness.rows["j"]?.status == .cancelled)
+        harness.ready("w")
+        #expect(harness.assigned("w").isEmpty)
+    }
+
+    @Test func cancellingAJobWhileItsStartIsWrittenSendsTheCancelAfterTheAssignment() {
+        var harness = Harness()
+        harness.create("j")
+        harness.holdWrites = true
+        harness.ready("w")
+        // The start is committed, then the user cancels before the dispatcher hears of it
+        if case .start(let starts) = harness.pending.first, let start = starts.first {
+            harness.rows["j"] = JobRules.start(harness.rows[start.job.jobId]!, now: harness.date)!.job
+        }
+        harness.pending = []
+        harness.cancel("j")
+        #expect(harness.messages("w").isEmpty)
+        harness.run(harness.machine.started([(Machine.Start(peer: "w", job: Machine.queued(harness.rows["j"]!)), .started(harness.rows["j"]!))], now: harness.now))
+        #expect(harness.messages("w").count == 2)
+        #expect(harness.messages("w").last == .cancel(JobAttempt(jobId: "j", attempt: 1)))
+        // And the worker's `cancelled` ends it
+        harness.holdWrites = false
+        harness.from("w", .cancelled(JobAttempt(jobId: "j", attempt: 1)))
+        #expect(harness.rows["j"]?.status == .cancelled)
+    }
+
+    @Test func cancellingARunningJobTellsItsWorker() {
+        var harness = Harness()
+        harness.create("j")
+        harness.ready("w")
+        harness.cancel("j")
+        #expect(harness.messages("w").last == .cancel(JobAttempt(jobId: "j", attempt: 1)))
+        harness.from("w", .cancelled(JobAttempt(jobId: "j", attempt: 1)))
+        #expect(harness.rows["j"]?.status == .cancelled)
+        #expect(harness.machine.holder(of: "j") == nil)
+    }
+
+    @Test func aCancelledJobWaitingOutABackoffIsNotHandedOut() {
+        var harness = Harness()
+        harness.create("j")
+        harness.ready("w")
+        harness.from("w", .failed(JobAttempt(jobId: "j", attempt: 1), error: "busy", retryable: true))
+        harness.cancel("j")
+        #expect(harness.machine.queuedCount == 0)
+        harness.advance(.seconds(5))
+        harness.tick()
+        #expect(harness.assigned("w").count == 1 && harness.rows["j"]?.status == .cancelled)
+    }
+
+    @Test func aCancelOfAFinishedOrUnknownJobDoesNothing() {
+        var harness = Harness()
+        harness.create("j")
+        harness.ready("w")
+        harness.from("w", done("j", 1))
+        harness.clear()
+        harness.cancel("j")
+        harness.run(harness.machine.cancel(jobId: "nope", userId: "u"))
+        #expect(harness.messages("w").isEmpty && harness.rows["j"]?.status == .completed)
+    }
+
+    @Test func aLostWorkersCancelledJobIsCancelledNotRetried() {
+        var harness = Harness()
+        harness.create("j")
+        harness.ready("w", heartbeatMs: 100)
+        harness.cancel("j")
+        harness.advance(.milliseconds(301))
+        harness.tick()
+        #expect(harness.rows["j"]?.status == .cancelled && harness.machine.queuedCount == 0)
+    }
+
+    // MARK: Progress
+
+    @Test func progressIsKeptForTheCurrentAttemptOnly() {
+        var harness = Harness()
+        harness.create("j")
+        harness.ready("w")
+        harness.from("w", .progress(JobAttempt(jobId: "j", attempt: 1), fraction: 0.4))
+        harness.from("w", .progress(JobAttempt(jobId: "j", attempt: 1), fraction: 0.2))
+        harness.from("w", .progress(JobAttempt(jobId: "j", attempt: 7), fraction: 0.9))
+        harness.from("w", .progress(JobAttempt(jobId: "j", attempt: 1), fraction: .nan))
+        #expect(harness.machine.progress(of: ["j"]) == ["j": 0.4])
+        harness.from("w", done("j", 1))
+        #expect(harness.machine.progress(of: ["j"]).isEmpty)
+    }
+}
