@@ -221,6 +221,7 @@ let package = Package(
             dependencies: [
                 "ImageOps", "Blobs", "JobsCore", "Messages", "Bus", "ServiceKit",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Metrics", package: "swift-metrics"),

@@ -45,11 +45,15 @@ public struct WorkerReady: Codable, Sendable, Equatable {
     /// three of these intervals of silence. Nil (a worker from before this field): the service's
     /// own interval.
     public var heartbeatMilliseconds: Int?
-    public init(workerId: String, capacity: Int, effects: [String], heartbeatMilliseconds: Int? = nil) {
+    /// Jobs it takes beyond `capacity` and keeps waiting, so that the next one is in hand when
+    /// one ends (its result's round trip to the service overlaps the next job). Nil: none.
+    public var prefetch: Int?
+    public init(workerId: String, capacity: Int, effects: [String], heartbeatMilliseconds: Int? = nil, prefetch: Int? = nil) {
         self.workerId = workerId
         self.capacity = capacity
         self.effects = effects
         self.heartbeatMilliseconds = heartbeatMilliseconds
+        self.prefetch = prefetch
     }
 }
 

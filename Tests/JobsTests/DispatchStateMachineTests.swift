@@ -44,8 +44,9 @@ struct DispatchStateMachineTests {
             run(machine.enqueue([Machine.queued(rows[id]!)], now: now))
         }
 
-        mutating func ready(_ peer: String, capacity: Int = 1, effects: [String] = ["*"], heartbeatMs: Int? = nil) {
-            run(machine.receive(.ready(WorkerReady(workerId: peer, capacity: capacity, effects: effects, heartbeatMilliseconds: heartbeatMs)), from: peer, now: now))
+        mutating func ready(_ peer: String, capacity: Int = 1, effects: [String] = ["*"], heartbeatMs: Int? = nil, prefetch: Int? = nil) {
+            let ready = WorkerReady(workerId: peer, capacity: capacity, effects: effects, heartbeatMilliseconds: heartbeatMs, prefetch: prefetch)
+            run(machine.receive(.ready(ready), from: peer, now: now))
         }
 
         mutating func from(_ peer: String, _ message: WorkerMessage) {
@@ -176,6 +177,20 @@ struct DispatchStateMachineTests {
         #expect(harness.assigned("w") == [JobAttempt(jobId: "j3", attempt: 1)])
         #expect(harness.rows["j1"]?.status == .completed)
         #expect(harness.notes.contains { if case .finished(let job, _) = $0 { job.id == "j1" } else { false } })
+    }
+
+    @Test func aWorkerThatPrefetchesHoldsItsCapacityAndItsPrefetch() {
+        var harness = Harness()
+        for index in 1...4 { harness.create("j\(index)") }
+        harness.ready("w", capacity: 1, prefetch: 1)
+        #expect(harness.assigned("w").map(\.jobId) == ["j1", "j2"])
+        harness.from("w", done("j1", 1))
+        #expect(harness.assigned("w").map(\.jobId) == ["j1", "j2", "j3"])
+        // A negative prefetch counts as none
+        harness.ready("v", capacity: 1, prefetch: -5)
+        #expect(harness.assigned("v").map(\.jobId) == ["j4"])
+        harness.create("j5")
+        #expect(harness.assigned("v").count == 1 && harness.machine.queuedCount == 1)
     }
 
     @Test func theWritesOfJobsHandedOutTogetherGoInOneAction() {

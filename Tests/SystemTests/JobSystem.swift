@@ -10,6 +10,7 @@ import ImageOps
 import Messages
 import ServiceKit
 import ServiceLifecycle
+import Synchronization
 import Testing
 
 /// The job pipeline as real processes (quota, jobs, workers) with the gateway's router in this
@@ -31,12 +32,15 @@ final class JobSystem: @unchecked Sendable {
     /// The in-process gateway's configuration; a test may change it before calling `gateway`.
     var configuration: GatewayConfiguration
     let provider: Task<Void, any Error>
+    /// How many requests the provider is answering now, and the most at once so far.
+    let providerLoad = ProviderLoad()
     var blobDirectory: String { services.dataDirectory.appendingPathComponent("blobs").path }
 
     init(workers count: Int = 1, uploadMaxBytes: Int = 20 << 20, workerCapacity: Int = 1, quota: [String: String] = [:], history: [String: String] = [:],
          shareLifetime: Int = 7 * 86_400, dataDirectory: URL? = nil) async throws {
         let port = providerPort
-        provider = Task { try await Self.runProvider(port: port) }
+        let load = providerLoad
+        provider = Task { try await Self.runProvider(port: port, load: load) }
         services = try RunningServices(only: [], dataDirectory: dataDirectory)
         let effects = """
             [{"id": "slow-remote", "title": "Slow AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/slow"},
@@ -149,10 +153,12 @@ final class JobSystem: @unchecked Sendable {
 
     /// `POST /slow` answers the fixture image after 3 s, `POST /ten-seconds` after 10 s;
     /// `POST /bad` answers 400.
-    static func runProvider(port: Int) async throws {
+    static func runProvider(port: Int, load: ProviderLoad) async throws {
         let router = Router()
         for (path, delay) in [("/slow", 3), ("/ten-seconds", 10)] {
             router.post(RouterPath(path)) { _, _ -> Response in
+                load.begin()
+                defer { load.end() }
                 try await Task.sleep(for: .seconds(delay))
                 let data = try Data(contentsOf: fixture)
                 return Response(status: .ok, headers: [.contentType: "image/jpeg"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
@@ -169,4 +175,12 @@ final class JobSystem: @unchecked Sendable {
             Task { await group.triggerGracefulShutdown() }
         }
     }
+}
+
+/// The inference provider's load: requests being answered now, and the most at once.
+final class ProviderLoad: Sendable {
+    private let state = Mutex<(now: Int, most: Int)>((0, 0))
+    func begin() { state.withLock { $0.now += 1; $0.most = max($0.most, $0.now) } }
+    func end() { state.withLock { $0.now -= 1 } }
+    var most: Int { state.withLock { $0.most } }
 }

@@ -3,6 +3,7 @@ import Foundation
 import GRDB
 import HTTPTypes
 import Messages
+import Synchronization
 import Testing
 
 @Suite("Worker protocol against the real jobs service", .serialized)
@@ -74,6 +75,44 @@ struct WorkerProtocolTests {
             let job = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: jobId, userId: JobSystem.userId(ofGuest: user)))
             #expect(job.attempts == 1)
         }
+        await system.stop()
+    }
+
+    @Test func aWorkerPrefetchesOneJobRunsOneAtATimeAndDropsAPrefetchedJobThatIsCancelled() async throws {
+        let system = try await JobSystem(workers: 0)
+        let guest = JobSystem.guest(UUID())
+        let user = JobSystem.userId(ofGuest: guest)
+        let ids = Mutex<[String]>([])
+        try await system.gateway { client in
+            let key = try await JobSystem.upload(client, as: guest)
+            for _ in 0..<3 {
+                let created = JobSystem.json(try await JobSystem.createJob(client, as: guest, imageKey: key, effect: "slow-remote"))
+                let id = try #require(created["jobId"] as? String)
+                ids.withLock { $0.append(id) }
+            }
+        }
+        let jobs = ids.withLock { $0 }
+        func status(_ id: String) async throws -> JobStatus {
+            try await system.clients.jobs.call(Jobs.get, JobReference(jobId: id, userId: user)).status
+        }
+        // Given a real worker that runs one job at once and prefetches one (the defaults)
+        try system.startWorker(capacity: 1)
+        // Then it holds two jobs (the second prefetched) while the third stays queued
+        try await waitUntil {
+            let (first, second) = (try await status(jobs[0]), try await status(jobs[1]))
+            return first == .processing && second == .processing
+        }
+        #expect(try await status(jobs[2]) == .queued)
+        // When the prefetched one is cancelled, it ends before it ever ran
+        _ = try await system.clients.jobs.call(Jobs.cancel, JobReference(jobId: jobs[1], userId: user))
+        try await waitUntil { try await status(jobs[1]) == .cancelled }
+        #expect(try await status(jobs[0]) == .processing)
+        // And the others run to completion, one at a time at the provider
+        try await waitUntil(within: .seconds(20)) {
+            let (first, third) = (try await status(jobs[0]), try await status(jobs[2]))
+            return first == .completed && third == .completed
+        }
+        #expect(system.providerLoad.most == 1)
         await system.stop()
     }
 

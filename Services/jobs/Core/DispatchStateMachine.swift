@@ -35,7 +35,8 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         /// Read these jobs, which a worker names but nobody holds here (this service restarted),
         /// then call `claimed` with those still processing under these attempts.
         case lookUp(Peer, [JobAttempt])
-        /// For logs and metrics: a worker joined or was lost, with the count of workers now.
+        /// For logs and metrics: a worker joined (holding up to `capacity` jobs: those it runs at
+        /// once and those it prefetches) or was lost, with the count of workers now.
         case workerJoined(id: String, capacity: Int, heartbeat: Duration, connected: Int)
         case workerLost(id: String, jobs: Int, connected: Int)
         /// For metrics: a result was recorded; the job is in its new state, and had been running
@@ -101,7 +102,8 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         public var heartbeat: Duration
         /// The intervals a worker may announce; outside, the nearest bound.
         public var heartbeatRange: ClosedRange<Duration>
-        /// The most jobs one worker is given at once, whatever it announces.
+        /// The most jobs one worker runs at once, and the most it may prefetch besides, whatever
+        /// it announces.
         public var maxCapacity: Int
         /// PRO users' jobs go first.
         public var proFirst: Bool
@@ -121,6 +123,7 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
 
     struct Worker: Sendable {
         var id: String
+        /// Jobs it holds at most: those it runs at once plus those it prefetches.
         var capacity: Int
         var effects: Set<String>
         /// The interval the worker announced it sends heartbeats at.
@@ -254,7 +257,7 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
     }
 
     mutating func ready(_ ready: WorkerReady, from peer: Peer, now: Instant) -> [Action] {
-        let capacity = min(max(ready.capacity, 1), configuration.maxCapacity)
+        let capacity = min(max(ready.capacity, 1), configuration.maxCapacity) + min(max(ready.prefetch ?? 0, 0), configuration.maxCapacity)
         let range = configuration.heartbeatRange
         let heartbeat = ready.heartbeatMilliseconds.map { min(max(.milliseconds($0), range.lowerBound), range.upperBound) } ?? configuration.heartbeat
         let joined = workers[peer] == nil

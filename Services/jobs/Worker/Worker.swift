@@ -1,4 +1,5 @@
 import Blobs
+import DequeModule
 import Bus
 import Foundation
 import Logging
@@ -26,17 +27,42 @@ public struct Worker: Service {
         self.logger = logger
     }
 
-    /// Jobs running now, by attempt, with their tasks.
+    /// Jobs held now, by attempt: those running, with their tasks, and those prefetched, waiting
+    /// for one of the `capacity` places to run.
     final class Running: Sendable {
-        /// Attempts held, with the task running each once it is attached.
+        let capacity: Int
+        /// Attempts held, with the task running each once it is attached (nil while waiting).
         private let tasks = Mutex<[JobAttempt: Task<Void, Never>?]>([:])
         private let cancelled = Mutex<Set<JobAttempt>>([])
+        /// Prefetched assignments in the order they came, and how many run now.
+        private let queue = Mutex<(waiting: Deque<JobAssignment>, active: Int)>(([], 0))
+
+        init(capacity: Int) { self.capacity = capacity }
 
         var attempts: [JobAttempt] { tasks.withLock { Array($0.keys) } }
         var count: Int { tasks.withLock { $0.count } }
         /// Holds `attempt` before its task starts: a task that ends at once (and removes it)
         /// must find it there, or the attempt would be held for ever.
         func add(_ attempt: JobAttempt) { tasks.withLock { $0[attempt] = .some(nil) } }
+        /// `job` if it may run now (fewer than `capacity` run); otherwise it waits its turn.
+        func admit(_ job: JobAssignment) -> JobAssignment? {
+            queue.withLock { queue in
+                guard queue.active < capacity else {
+                    queue.waiting.append(job)
+                    return nil
+                }
+                queue.active += 1
+                return job
+            }
+        }
+        /// A job stopped running: the next waiting one, if any, runs in its place.
+        func next() -> JobAssignment? {
+            queue.withLock { queue in
+                if let job = queue.waiting.popFirst() { return job }
+                queue.active -= 1
+                return nil
+            }
+        }
         /// Attaches the task running `attempt`, if the attempt is still held.
         func attach(_ attempt: JobAttempt, _ task: Task<Void, Never>) {
             let held = tasks.withLock { tasks -> Bool in
@@ -48,11 +74,21 @@ public struct Worker: Service {
         }
         func remove(_ attempt: JobAttempt) { tasks.withLock { _ = $0.removeValue(forKey: attempt) }; cancelled.withLock { _ = $0.remove(attempt) } }
         func contains(_ attempt: JobAttempt) -> Bool { tasks.withLock { $0.index(forKey: attempt) != nil } }
-        func cancel(_ attempt: JobAttempt) -> Bool {
-            guard let entry = tasks.withLock({ $0[attempt] }) else { return false }
+
+        enum Cancel { case notHeld, running, waiting }
+        /// Cancels `attempt`: a running one is told through its task; a waiting one is dropped
+        /// before it starts.
+        func cancel(_ attempt: JobAttempt) -> Cancel {
+            let dropped = queue.withLock { queue -> Bool in
+                guard let index = queue.waiting.firstIndex(where: { $0.attempt == attempt }) else { return false }
+                queue.waiting.remove(at: index)
+                return true
+            }
+            if dropped { return .waiting }
+            guard let entry = tasks.withLock({ $0[attempt] }) else { return .notHeld }
             cancelled.withLock { _ = $0.insert(attempt) }
             entry?.cancel()
-            return true
+            return .running
         }
         func wasCancelled(_ attempt: JobAttempt) -> Bool { cancelled.withLock { $0.contains(attempt) } }
     }
@@ -85,17 +121,19 @@ public struct Worker: Service {
     static let metricsInterval = Duration.seconds(5)
 
     public func run() async throws {
-        let running = Running()
+        let running = Running(capacity: configuration.capacity)
         let unrecorded = Unrecorded()
         while !Task.isCancelled && !Task.isShuttingDownGracefully {
             let channel = try await BusChannel.connect(configuration.endpoint, curve: configuration.curve, logger: logger)
             let ready = WorkerMessage.ready(WorkerReady(
                 workerId: configuration.workerId, capacity: configuration.capacity, effects: effects,
-                heartbeatMilliseconds: Int(configuration.heartbeat.wholeMilliseconds)
+                heartbeatMilliseconds: Int(configuration.heartbeat.wholeMilliseconds), prefetch: configuration.prefetch
             ))
             channel.send(ready)
             for result in unrecorded.all.values { channel.send(result) }
-            logger.info("connected", metadata: ["endpoint": "\(configuration.endpoint)", "capacity": "\(configuration.capacity)"])
+            logger.info("connected", metadata: [
+                "endpoint": "\(configuration.endpoint)", "capacity": "\(configuration.capacity)", "prefetch": "\(configuration.prefetch)",
+            ])
             let lastHeard = LastHeard()
             await withGracefulShutdownHandler {
                 await withTaskGroup(of: Void.self) { group in
@@ -150,21 +188,38 @@ public struct Worker: Service {
             unrecorded.recorded(attempt)
             logger.warning("result refused", metadata: ["job": "\(attempt.jobId)", "attempt": "\(attempt.attempt)", "reason": "\(reason)"])
         case .cancel(let attempt):
-            if running.cancel(attempt) {
+            switch running.cancel(attempt) {
+            case .notHeld:
+                break
+            case .running:
                 logger.info("cancelling", metadata: ["job": "\(attempt.jobId)"])
+            case .waiting:
+                logger.info("cancelled before it started", metadata: ["job": "\(attempt.jobId)"])
+                finish(attempt, with: .cancelled(attempt), channel: channel, running: running, unrecorded: unrecorded)
             }
         case .assign(let job):
             guard !running.contains(job.attempt) else { return }
             running.add(job.attempt)
-            let task = Task {
-                let result = await execute(job, channel: channel, running: running)
-                // Kept before it is sent, so a `recorded` that comes at once finds it.
-                unrecorded.keep(job.attempt, result)
-                channel.send(result)
-                running.remove(job.attempt)
-            }
-            running.attach(job.attempt, task)
+            if let admitted = running.admit(job) { launch(admitted, channel: channel, running: running, unrecorded: unrecorded) }
         }
+    }
+
+    /// Runs a job in a task of its own; when it ends, the next prefetched job runs.
+    private func launch(_ job: JobAssignment, channel: BusChannel, running: Running, unrecorded: Unrecorded) {
+        let task = Task {
+            let result = await execute(job, channel: channel, running: running)
+            finish(job.attempt, with: result, channel: channel, running: running, unrecorded: unrecorded)
+            if let next = running.next() { launch(next, channel: channel, running: running, unrecorded: unrecorded) }
+        }
+        running.attach(job.attempt, task)
+    }
+
+    /// Sends an attempt's result, kept until the service says it is recorded.
+    private func finish(_ attempt: JobAttempt, with result: WorkerMessage, channel: BusChannel, running: Running, unrecorded: Unrecorded) {
+        // Kept before it is sent, so a `recorded` that comes at once finds it.
+        unrecorded.keep(attempt, result)
+        channel.send(result)
+        running.remove(attempt)
     }
 
     /// Runs one attempt and returns its result message. While the disk is full the attempt

@@ -6,8 +6,11 @@ import ServiceKit
 public struct WorkerConfiguration: Sendable {
     /// The jobs service's worker endpoint (`JOBS_WORKER_ENDPOINT`, default `tcp://127.0.0.1:7104`).
     public var endpoint: String
-    /// Jobs run at once (`WORKER_CAPACITY`, default 1).
+    /// Jobs run at once (`WORKER_CAPACITY`, default 1; see docs/jobs.md for why).
     public var capacity: Int
+    /// Jobs taken beyond those and kept waiting, so the next is in hand when one ends
+    /// (`WORKER_PREFETCH`, default 1, at most 64).
+    public var prefetch: Int
     /// This worker's name in logs (`WORKER_ID`, default host and pid).
     public var workerId: String
     /// The shared blob folder (`BLOB_DIR`, default `$DATA_DIR/blobs`).
@@ -37,6 +40,7 @@ public struct WorkerConfiguration: Sendable {
         let dataDirectory = environment.string("DATA_DIR", default: ".data")
         endpoint = environment.string("JOBS_WORKER_ENDPOINT", default: "tcp://127.0.0.1:7104")
         capacity = min(64, max(1, try environment.int("WORKER_CAPACITY", default: 1)))
+        prefetch = min(64, max(0, try environment.int("WORKER_PREFETCH", default: 1)))
         workerId = environment.string("WORKER_ID", default: "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)")
         blobDirectory = environment.string("BLOB_DIR", default: dataDirectory + "/blobs")
         heartbeat = .milliseconds(max(50, try environment.int("WORKER_HEARTBEAT_MS", default: 1000)))
@@ -50,7 +54,7 @@ public struct WorkerConfiguration: Sendable {
     }
 
     public static let environmentKeys = [
-        "JOBS_WORKER_ENDPOINT", "WORKER_CAPACITY", "WORKER_ID", "BLOB_DIR", "DATA_DIR", "WORKER_HEARTBEAT_MS",
+        "JOBS_WORKER_ENDPOINT", "WORKER_CAPACITY", "WORKER_PREFETCH", "WORKER_ID", "BLOB_DIR", "DATA_DIR", "WORKER_HEARTBEAT_MS",
         "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "LOG_LEVEL", "WORKER_EFFECTS", "BUS_CURVE_PUBLIC",
         "IMAGE_MAX_PIXELS", "WORKER_STORAGE_WAIT_S", "BUS_ENCODING",
     ]
