@@ -93,13 +93,44 @@ struct JobStoreTests {
         #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["release"])
     }
 
+    @Test func rowsWrittenByHandReadBackAsRecordsAndTheOtherWayRound() async throws {
+        // Given one job written as a GRDB record (as rows from before were) and one by JobRows,
+        // with every optional field set and dates with milliseconds (exact in binary, so equal after the round trip)
+        let stamp = Date(timeIntervalSince1970: 1_800_000_000.125)
+        var byRecord = JobRecord(
+            id: "rec", userId: "u", isPro: true, imageKey: "uploads/u/a.jpg", effectId: "blur", parameters: ["sigma": 2.5, "a": 1],
+            prompt: "a cat", status: .processing, progress: 0.5, attempts: 2, maxAttempts: 3, lastError: "busy", resultKey: "r",
+            thumbnailKey: "t", createdAt: stamp, updatedAt: stamp.addingTimeInterval(1), startedAt: stamp.addingTimeInterval(2),
+            finishedAt: stamp.addingTimeInterval(3), version: 7, cancelRequested: true
+        )
+        let original = byRecord
+        try await store.database.writer.write { db in try original.insert(db) }
+        // Then JobRows reads it as it was
+        #expect(try await store.job("rec") == byRecord)
+        // And a state change written by JobRows reads back the same through GRDB's record
+        byRecord.status = .completed
+        byRecord.finishedAt = stamp.addingTimeInterval(9)
+        _ = try await store.cancel("rec", userId: "u", now: stamp)
+        let read = try await store.database.writer.read { db in try JobRecord.fetchOne(db, key: "rec") }
+        #expect(read?.parameters == ["sigma": 2.5, "a": 1] && read?.createdAt == stamp && read?.cancelRequested == true)
+        // And an event stored as JSON (before) and one stored now both read back
+        let event = JobEvent(job: byRecord, effectTitle: "Soft Focus")
+        #expect(try JobRows.event(try JSONEncoder().encode(event)) == event)
+        _ = try await store.create(CreateJob(jobId: "new", userId: "u", isPro: false, imageKey: "uploads/u/a.jpg", effectId: "copy"),
+                                   effectId: "copy", parameters: ["x": 1], now: stamp)
+        let created = try await store.database.writer.read { db in try JobRecord.fetchOne(db, key: "new") }
+        #expect(created?.parameters == ["x": 1] && created?.createdAt == stamp && created?.status == .queued)
+        let stored = try await outbox().filter { $0.jobId == "new" && $0.topic == "history" }
+        #expect(try stored.map { try JobRows.event(try #require($0.payload)).job } == [created])
+    }
+
     @Test func everyStateChangeIsAnEventWithARisingVersion() async throws {
         _ = try await created()
         _ = try await store.start("job-1", now: now)
         _ = try await store.complete(JobAttempt(jobId: "job-1", attempt: 1), output: JobOutput(resultKey: "r", thumbnailKey: "t"), now: now)
         let events = try await outbox().filter { $0.topic == "history" }
         #expect(events.map(\.version) == [1, 2, 3])
-        let last = try JSONDecoder().decode(JobEvent.self, from: try #require(events.last?.payload))
+        let last = try JobRows.event(try #require(events.last?.payload))
         #expect(last.job.status == .completed)
         #expect(last.effectTitle == "Original")
     }

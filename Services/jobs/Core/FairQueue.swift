@@ -50,21 +50,23 @@ public struct FairQueue: Sendable {
         for ring in rings.indices {
             for _ in 0..<rings[ring].count {
                 let user = rings[ring].removeFirst()
-                guard var jobs = perUser[user], !jobs.isEmpty else {
+                // Read and changed in place: a copy of the user's jobs would be a copy of all
+                // of them on every pop.
+                guard let waiting = perUser[user]?.count, waiting > 0 else {
+                    perUser[user] = nil
                     ringOfUser[user] = nil
                     continue
                 }
-                guard let index = jobs.prefix(Self.lookahead).firstIndex(where: accepts) else {
+                guard let index = perUser[user]?.prefix(Self.lookahead).firstIndex(where: accepts) else {
                     rings[ring].append(user)
                     continue
                 }
-                let job = jobs.remove(at: index)
+                let job = perUser[user]!.remove(at: index)
                 count -= 1
-                if jobs.isEmpty {
+                if waiting == 1 {
                     perUser[user] = nil
                     ringOfUser[user] = nil
                 } else {
-                    perUser[user] = jobs
                     rings[ring].append(user)
                 }
                 return job
@@ -76,16 +78,14 @@ public struct FairQueue: Sendable {
     /// Removes a queued job (it was cancelled); false if it is not queued.
     @discardableResult
     public mutating func remove(jobId: String, userId: String) -> Bool {
-        guard var jobs = perUser[userId], let index = jobs.firstIndex(where: { $0.jobId == jobId }) else { return false }
-        jobs.remove(at: index)
+        guard let index = perUser[userId]?.firstIndex(where: { $0.jobId == jobId }) else { return false }
+        perUser[userId]!.remove(at: index)
         count -= 1
-        if jobs.isEmpty {
+        if perUser[userId]!.isEmpty {
             perUser[userId] = nil
             if let ring = ringOfUser.removeValue(forKey: userId), let position = rings[ring].firstIndex(of: userId) {
                 rings[ring].remove(at: position)
             }
-        } else {
-            perUser[userId] = jobs
         }
         return true
     }

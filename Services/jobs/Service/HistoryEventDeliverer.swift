@@ -68,7 +68,7 @@ public struct HistoryEventDeliverer: Service {
             if bytes + payload.count > 512 * 1024, !events.isEmpty { break }
             bytes += payload.count
             if let id = entry.id { sent.append(id) }
-            if let event = try? JSONDecoder().decode(JobEvent.self, from: payload) {
+            if let event = try? JobRows.event(payload) {
                 events.append(event)
             } else {
                 logger.error("dropped an undecodable history event", metadata: ["job": "\(entry.jobId)", "version": "\(entry.version)"])

@@ -40,7 +40,7 @@ public struct JobStore: Sendable {
 
     public func create(_ request: CreateJob, effectId: String, parameters: [String: Double], now: Date) async throws -> (job: JobRecord, created: Bool) {
         try await writes.perform { [retry] db in
-            if let existing = try JobRecord.fetchOne(db, key: request.jobId) {
+            if let existing = try JobRows.job(db, request.jobId) {
                 guard existing.userId == request.userId else {
                     throw BusError(.conflict, "job id \(request.jobId) belongs to another user")
                 }
@@ -55,7 +55,7 @@ public struct JobStore: Sendable {
                 attempts: 0, maxAttempts: retry.maxAttempts, lastError: nil, resultKey: nil, thumbnailKey: nil,
                 createdAt: now, updatedAt: now, startedAt: nil, finishedAt: nil, version: 1
             )
-            try job.insert(db)
+            try JobRows.insert(db, job)
             try emit(db, job: job, now: now)
             return (job, true)
         }
@@ -66,7 +66,7 @@ public struct JobStore: Sendable {
     public func lookup(_ id: String, abandonIfAbsent: Bool, now: Date) async throws -> JobStatus? {
         guard abandonIfAbsent else { return try await job(id)?.status }
         return try await database.writer.write { db in
-            if let job = try JobRecord.fetchOne(db, key: id) { return job.status }
+            if let job = try JobRows.job(db, id) { return job.status }
             try db.execute(sql: "INSERT OR IGNORE INTO abandoned (jobId, at) VALUES (?, ?)", arguments: [id, now])
             return nil
         }
@@ -75,7 +75,7 @@ public struct JobStore: Sendable {
     /// The job, if `userId` owns it (nil for anyone else: their ids answer 404).
     public func job(_ id: String, userId: String? = nil) async throws -> JobRecord? {
         try await database.writer.read { db in
-            guard let job = try JobRecord.fetchOne(db, key: id) else { return nil }
+            guard let job = try JobRows.job(db, id) else { return nil }
             if let userId, job.userId != userId { return nil }
             return job
         }
@@ -130,7 +130,7 @@ public struct JobStore: Sendable {
     /// Starts attempt `attempts + 1`: the job is processing. Nil if it is no longer queued.
     public func start(_ id: String, now: Date) async throws -> JobRecord? {
         try await writes.perform { [self] db in
-            guard let job = try JobRecord.fetchOne(db, key: id), let transition = JobRules.start(job, now: now) else { return nil }
+            guard let job = try JobRows.job(db, id), let transition = JobRules.start(job, now: now) else { return nil }
             try apply(db, transition)
             return transition.job
         }
@@ -173,7 +173,7 @@ public struct JobStore: Sendable {
     /// dispatcher tells its worker. Finished jobs answer `jobs.already_finished`.
     public func cancel(_ id: String, userId: String, now: Date) async throws -> JobRecord {
         try await writes.perform { [self] db in
-            guard let job = try JobRecord.fetchOne(db, key: id), job.userId == userId else {
+            guard let job = try JobRows.job(db, id), job.userId == userId else {
                 throw BusError(.notFound, "no job \(id)")
             }
             switch JobRules.cancel(job, now: now) {
@@ -182,7 +182,7 @@ public struct JobStore: Sendable {
             case .unchanged(let job):
                 return job
             case .mark(let marked):
-                try marked.update(db)
+                try JobRows.update(db, marked)
                 return marked
             case .apply(let transition):
                 try apply(db, transition)
@@ -251,7 +251,7 @@ public struct JobStore: Sendable {
     /// group-committed transaction.
     func report(_ attempt: JobAttempt, _ decide: @escaping @Sendable (JobRecord) -> JobRules.Decision) async throws -> (outcome: Outcome, retryAfter: Duration?) {
         try await writes.perform { [self] db in
-            guard let job = try JobRecord.fetchOne(db, key: attempt.jobId) else { return (.refused("no such job"), nil) }
+            guard let job = try JobRows.job(db, attempt.jobId) else { return (.refused("no such job"), nil) }
             switch decide(job) {
             case .refuse(let reason): return (.refused(reason), nil)
             case .alreadyRecorded(let recorded): return (.alreadyRecorded(recorded), nil)
@@ -266,7 +266,7 @@ public struct JobStore: Sendable {
     /// the transition's time.
     func apply(_ db: Database, _ transition: JobRules.Transition) throws {
         let now = transition.job.updatedAt
-        try transition.job.update(db)
+        try JobRows.update(db, transition.job)
         try emit(db, job: transition.job, now: now)
         if let settlement = transition.settlement { try Self.settle(db, job: transition.job, settlement, now: now) }
     }
@@ -274,30 +274,18 @@ public struct JobStore: Sendable {
     /// The history event for the job's new state.
     func emit(_ db: Database, job: JobRecord, now: Date) throws {
         let event = JobEvent(job: job, effectTitle: effectTitles[job.effectId] ?? job.effectId)
-        var entry = OutboxEntry(
-            id: nil, topic: OutboxEntry.Topic.history, kind: "job", jobId: job.id, version: job.version,
-            payload: try JSONEncoder().encode(event), createdAt: now, attempts: 0, nextAttemptAt: now
-        )
-        try entry.insert(db)
+        try JobRows.insertOutbox(db, topic: OutboxEntry.Topic.history, kind: "job", jobId: job.id, version: job.version, payload: try JobRows.payload(event), now: now)
     }
 
     /// Files to remove, left to the blob janitor in the same transaction as the change that
     /// orphaned them, so a crash in between loses no deletion.
     static func discardBlobs(_ db: Database, _ keys: [String], jobId: String, now: Date) throws {
         guard !keys.isEmpty else { return }
-        var entry = OutboxEntry(
-            id: nil, topic: OutboxEntry.Topic.blobs, kind: "delete", jobId: jobId, version: 0,
-            payload: try JSONEncoder().encode(keys), createdAt: now, attempts: 0, nextAttemptAt: now
-        )
-        try entry.insert(db)
+        try JobRows.insertOutbox(db, topic: OutboxEntry.Topic.blobs, kind: "delete", jobId: jobId, version: 0, payload: try JSONEncoder().encode(keys), now: now)
     }
 
     /// The quota settlement of an ended job.
     static func settle(_ db: Database, job: JobRecord, _ settlement: JobRules.Settlement, now: Date) throws {
-        var entry = OutboxEntry(
-            id: nil, topic: OutboxEntry.Topic.quota, kind: settlement.rawValue, jobId: job.id, version: job.version,
-            payload: nil, createdAt: now, attempts: 0, nextAttemptAt: now
-        )
-        try entry.insert(db)
+        try JobRows.insertOutbox(db, topic: OutboxEntry.Topic.quota, kind: settlement.rawValue, jobId: job.id, version: job.version, payload: nil, now: now)
     }
 }
