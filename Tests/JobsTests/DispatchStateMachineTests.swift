@@ -206,6 +206,25 @@ struct DispatchStateMachineTests {
         #expect(harness.assigned("w").count == 8)
     }
 
+    @Test func aStartThatCannotBeWrittenIsTriedAgainAtTheNextTickNotAtOnce() {
+        var harness = Harness()
+        harness.create("j")
+        harness.holdWrites = true
+        harness.ready("w")
+        guard case .start(let starts) = harness.pending.first else {
+            Issue.record("no start")
+            return
+        }
+        harness.pending = []
+        // When the write fails, the job is queued again and nothing is started at once
+        harness.run(harness.machine.started(starts.map { ($0, .failed) }, now: harness.now))
+        #expect(harness.pending.isEmpty && harness.machine.queuedCount == 1)
+        // Then the next tick tries again
+        harness.advance(.milliseconds(200))
+        harness.tick()
+        #expect(harness.pending.count == 1)
+    }
+
     @Test func aJobGoesOnlyToAWorkerThatRunsItsEffect() {
         var harness = Harness()
         harness.ready("blur-only", effects: ["blur"])

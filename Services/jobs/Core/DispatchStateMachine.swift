@@ -314,9 +314,11 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
 
     // MARK: Events: writes done
 
-    /// The starts were written (or not).
+    /// The starts were written (or not). After a failed write nothing more is handed out until
+    /// the next tick: starting again at once would spin against a database that is failing.
     public mutating func started(_ outcomes: [(Start, StartOutcome)], now: Instant) -> [Action] {
         var actions: [Action] = []
+        var failed = false
         for (start, outcome) in outcomes {
             let peer = start.peer, jobId = start.job.jobId
             let held = workers[peer]?.held[jobId]
@@ -326,6 +328,7 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
             case .failed:
                 workers[peer]?.held[jobId] = nil
                 queue.push(start.job, atFront: true)
+                failed = true
             case .started(let job):
                 let attempt = JobAttempt(jobId: job.id, attempt: job.attempts)
                 guard held != nil, let effect = catalog.effect(job.effectId) else {
@@ -343,7 +346,7 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
                 if held?.cancelAfterStart == true { actions.append(.send(peer, .cancel(attempt))) }
             }
         }
-        return actions + dispatch(now: now)
+        return failed ? actions : actions + dispatch(now: now)
     }
 
     /// A worker's result was written (or not). The worker hears `recorded` only now, once the
