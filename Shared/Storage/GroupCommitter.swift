@@ -26,6 +26,8 @@ public final class GroupCommitter: Sendable {
         public var transactions = 0
         /// Pieces of work run.
         public var works = 0
+        /// Pieces of work accepted (run, or waiting for their batch).
+        public var accepted = 0
         /// Batches run again with a savepoint per piece of work.
         public var savepointRetries = 0
     }
@@ -63,6 +65,7 @@ public final class GroupCommitter: Sendable {
             let (accepted, startThread, wake) = state.withLock { state -> (Bool, Bool, Bool) in
                 guard state.pending.count < maxQueued else { return (false, false, false) }
                 state.pending.append(Pending(work: { try work($0) }, continuation: continuation))
+                state.statistics.accepted += 1
                 let start = !state.threadRunning
                 state.threadRunning = true
                 return (true, start, !start && state.pending.count == 1)

@@ -3,6 +3,7 @@ import GRDB
 import JobsCore
 import JobsService
 import Messages
+import Synchronization
 import Testing
 
 @Suite("Job store")
@@ -54,6 +55,46 @@ struct JobStoreTests {
         let completed = try await store.database.writer.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM job WHERE status = 'completed'") }
         #expect(completed == 200)
         #expect(try await outbox().filter { $0.topic == OutboxEntry.Topic.quota && $0.kind == "commit" }.count == 200)
+    }
+
+    @Test func completionsArrivingWhileATransactionRunsShareTheNextOne() async throws {
+        // Given 200 processing jobs, and the database's writer held by someone else (as by a
+        // long transaction), so that the completions arriving meanwhile wait for it
+        for index in 0..<200 { _ = try await created("job-\(index)", user: "user-\(index % 7)") }
+        for index in 0..<200 { _ = try await store.start("job-\(index)", now: now) }
+        let holding = Mutex(false)
+        let release = DispatchSemaphore(value: 0)
+        let blocker = Task { [store] in
+            try await store.database.writer.write { _ in
+                holding.withLock { $0 = true }
+                release.wait()
+            }
+        }
+        try await waitUntil { holding.withLock { $0 } }
+        let before = store.writeStatistics
+        // When all 200 complete at once
+        let completions = Task { [store, now] in
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for index in 0..<200 {
+                    group.addTask {
+                        let outcome = try await store.complete(JobAttempt(jobId: "job-\(index)", attempt: 1), output: JobOutput(resultKey: "r", thumbnailKey: "t"), now: now)
+                        guard case .applied = outcome else { throw CancellationError() }
+                    }
+                }
+                try await group.waitForAll()
+            }
+        }
+        try await waitUntil { store.writeStatistics.accepted - before.accepted == 200 }
+        release.signal()
+        try await blocker.value
+        try await completions.value
+        // Then they took two transactions: the one the first arrival started before the writer
+        // was free, and one for the rest, that all arrived meanwhile
+        let after = store.writeStatistics
+        #expect(after.works - before.works == 200)
+        #expect(after.transactions - before.transactions <= 2, "200 completions took \(after.transactions - before.transactions) transactions")
+        let completed = try await store.database.writer.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM job WHERE status = 'completed'") }
+        #expect(completed == 200)
     }
 
     @Test func staleAttemptsResultIsRefused() async throws {
@@ -212,3 +253,14 @@ struct JobStoreTests {
         #expect(throws: BusError.self) { try catalog.resolve("nope", parameters: [:]) }
     }
 }
+
+/// Polls `condition` until it holds, failing after `limit`.
+func waitUntil(within limit: Duration = .seconds(10), _ condition: () async throws -> Bool) async throws {
+    let deadline = ContinuousClock.now.advanced(by: limit)
+    while try await !condition() {
+        guard ContinuousClock.now < deadline else { throw WaitTimedOut() }
+        try await Task.sleep(for: .milliseconds(5))
+    }
+}
+
+struct WaitTimedOut: Error {}
