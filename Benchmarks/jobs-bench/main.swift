@@ -35,13 +35,14 @@ func run(endpoint: String, blobDirectory: String, count: Int, effect: String, im
             if next < count { add() }
         }
     }
-    // Follow the unfinished jobs with `jobs.watch`, as the gateway's event streams do: up to
-    // 1,000 a call, each with the version seen, answered with those that changed.
+    // Follow the unfinished jobs with `jobs.watch`, as the gateway's event streams do, each with
+    // the version seen, answered with those that changed: the oldest 256 unfinished (one user's
+    // jobs are handed out in order, so they end about in order), every 10 ms while none ends.
     var failed = 0
     var seen = Dictionary(uniqueKeysWithValues: ids.map { ($0, 1) })
     var unfinished = ids[...]
     while !unfinished.isEmpty {
-        let batch = unfinished.prefix(WatchJobs.maxJobs).map { WatchJobs.Seen(jobId: $0, userId: user, version: seen[$0] ?? 1, progress: 0) }
+        let batch = unfinished.prefix(256).map { WatchJobs.Seen(jobId: $0, userId: user, version: seen[$0] ?? 1, progress: 0) }
         let watched = try await client.call(Jobs.watch, WatchJobs(jobs: batch))
         var ended: Set<String> = Set(watched.gone)
         for job in watched.changed {
@@ -53,7 +54,7 @@ func run(endpoint: String, blobDirectory: String, count: Int, effect: String, im
         }
         failed += watched.gone.count
         if ended.isEmpty {
-            try await Task.sleep(for: .milliseconds(5))
+            try await Task.sleep(for: .milliseconds(10))
         } else {
             unfinished = unfinished.filter { !ended.contains($0) }[...]
         }

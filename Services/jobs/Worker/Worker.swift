@@ -1,6 +1,6 @@
 import Blobs
-import DequeModule
 import Bus
+import DequeModule
 import Foundation
 import Logging
 import Metrics
