@@ -36,13 +36,13 @@ func run(endpoint: String, blobDirectory: String, count: Int, effect: String, im
         }
     }
     // Follow the unfinished jobs with `jobs.watch`, as the gateway's event streams do, each with
-    // the version seen, answered with those that changed: the oldest 256 unfinished (one user's
+    // the version seen, answered with those that changed: the oldest 64 unfinished (one user's
     // jobs are handed out in order, so they end about in order), every 10 ms while none ends.
     var failed = 0
     var seen = Dictionary(uniqueKeysWithValues: ids.map { ($0, 1) })
     var unfinished = ids[...]
     while !unfinished.isEmpty {
-        let batch = unfinished.prefix(256).map { WatchJobs.Seen(jobId: $0, userId: user, version: seen[$0] ?? 1, progress: 0) }
+        let batch = unfinished.prefix(64).map { WatchJobs.Seen(jobId: $0, userId: user, version: seen[$0] ?? 1, progress: 0) }
         let watched = try await client.call(Jobs.watch, WatchJobs(jobs: batch))
         var ended: Set<String> = Set(watched.gone)
         for job in watched.changed {
