@@ -19,6 +19,9 @@ public enum WorkerMessage: Codable, Sendable, Equatable {
     /// The worker's metrics (Prometheus text), sent every few seconds; the jobs service answers
     /// for them when it is scraped.
     case metrics(String)
+    /// The worker is stopping: it takes no more jobs, gives back the prefetched ones it will not
+    /// run, and finishes (and reports) the ones it runs before it goes.
+    case leaving(returned: [JobAttempt])
 }
 
 /// What the jobs service tells a worker.

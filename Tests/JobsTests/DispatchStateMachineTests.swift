@@ -193,6 +193,29 @@ struct DispatchStateMachineTests {
         #expect(harness.assigned("v").count == 1 && harness.machine.queuedCount == 1)
     }
 
+    @Test func aLeavingWorkerGetsNoMoreJobsGivesBackItsPrefetchedOnesAndFinishesTheRest() {
+        var harness = Harness()
+        for index in 1...3 { harness.create("j\(index)") }
+        harness.ready("w", capacity: 1, prefetch: 1)
+        #expect(harness.assigned("w").map(\.jobId) == ["j1", "j2"])
+        // When it says it is stopping, giving back j2 which it has not started
+        harness.from("w", .leaving(returned: [JobAttempt(jobId: "j2", attempt: 1)]))
+        // Then j2 is queued again at once, and nothing more goes to the worker
+        #expect(harness.lost == [.returned])
+        #expect(harness.rows["j2"]?.status == .queued && harness.rows["j2"]?.lastError?.contains("stopped before running it") == true)
+        #expect(harness.assigned("w").count == 2 && harness.machine.queuedCount == 2)
+        // And the job it runs is still recorded when it ends, and still nothing more goes to it
+        harness.from("w", done("j1", 1))
+        #expect(harness.rows["j1"]?.status == .completed && harness.messages("w").contains(.recorded(JobAttempt(jobId: "j1", attempt: 1))))
+        #expect(harness.assigned("w").count == 2)
+        // A give-back of an attempt it does not hold changes nothing; another worker takes the rest
+        harness.from("w", .leaving(returned: [JobAttempt(jobId: "j3", attempt: 1)]))
+        #expect(harness.lost == [.returned])
+        harness.ready("v", capacity: 2)
+        #expect(harness.assigned("v").map(\.jobId) == ["j2", "j3"])
+        #expect(harness.assigned("v").first?.attempt == 2)
+    }
+
     @Test func theWritesOfJobsHandedOutTogetherGoInOneAction() {
         var harness = Harness()
         harness.holdWrites = true

@@ -110,7 +110,8 @@ struct DiskFullTests {
 
             // And the jobs do not move while the disk is full
             try await waitUntil(within: .seconds(20)) {
-                worker.output.contains("waiting for space") || system.services.processes[.jobs]!.output.contains("cannot start jobs yet")
+                let jobs = system.services.processes[.jobs]!.output
+                return worker.output.contains("waiting for space") || jobs.contains("cannot start jobs yet") || jobs.contains("cannot requeue jobs yet")
             }
             #expect(!system.services.processes[.jobs]!.output.contains("handler failed"))
 

@@ -116,6 +116,42 @@ struct WorkerProtocolTests {
         await system.stop()
     }
 
+    @Test func aWorkerStoppedWithSIGTERMFinishesItsJobAndGivesBackTheOneItPrefetched() async throws {
+        let system = try await JobSystem(workers: 0)
+        let guest = JobSystem.guest(UUID())
+        let user = JobSystem.userId(ofGuest: guest)
+        let ids = Mutex<[String]>([])
+        try await system.gateway { client in
+            let key = try await JobSystem.upload(client, as: guest)
+            for _ in 0..<2 {
+                let created = JobSystem.json(try await JobSystem.createJob(client, as: guest, imageKey: key, effect: "slow-remote"))
+                let id = try #require(created["jobId"] as? String)
+                ids.withLock { $0.append(id) }
+            }
+        }
+        let jobs = ids.withLock { $0 }
+        func job(_ id: String) async throws -> JobRecord {
+            try await system.clients.jobs.call(Jobs.get, JobReference(jobId: id, userId: user))
+        }
+        // Given a worker running the first job with the second prefetched
+        let worker = try system.startWorker(capacity: 1)
+        try await waitUntil {
+            let (first, second) = (try await job(jobs[0]), try await job(jobs[1]))
+            return first.status == .processing && second.status == .processing
+        }
+        // When it is told to stop
+        worker.signal(SIGTERM)
+        // Then the prefetched job is given back (queued again, saying why, not declared lost)
+        try await waitUntil { try await job(jobs[1]).status == .queued }
+        #expect(try await job(jobs[1]).lastError?.contains("stopped before running it") == true)
+        // And the running one finishes on its first attempt before the worker exits cleanly
+        #expect(try await worker.waitForExit(within: .seconds(15)) == 0)
+        let first = try await job(jobs[0])
+        #expect(first.status == .completed && first.attempts == 1)
+        #expect(!system.services.processes[.jobs]!.output.contains("worker lost"))
+        await system.stop()
+    }
+
     @Test func jobsThatEndAtOnceLeaveTheWorkerHoldingNothing() async throws {
         // Given a worker of capacity 8 and 40 jobs of an effect that ends at once
         let system = try await JobSystem(workers: 0)

@@ -94,6 +94,8 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         case assignmentLost = "assignment_lost"
         /// No worker held it for a grace period (found by the reconcile).
         case unheld
+        /// Its worker gave it back unstarted as it stopped.
+        case returned
     }
 
     public struct Configuration: Sendable {
@@ -131,7 +133,9 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         var lastSeen: Instant
         /// Job id to what the worker holds of it.
         var held: [String: Held] = [:]
-        var free: Int { capacity - held.count }
+        /// It said it is stopping: it gets no more jobs.
+        var leaving = false
+        var free: Int { leaving ? 0 : capacity - held.count }
         /// Silence past this and the worker is dead; an attempt it has not named in its
         /// heartbeats for this long never reached it.
         var deadline: Duration { heartbeat * 3 }
@@ -253,7 +257,24 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
             return record(attempt, .failed(error: error, retryable: retryable), from: peer)
         case .cancelled(let attempt):
             return record(attempt, .cancelled, from: peer)
+        case .leaving(let returned):
+            return leaving(peer, returned: returned)
         }
+    }
+
+    /// A worker is stopping: no more jobs for it; the prefetched ones it gives back are queued
+    /// again at once (fenced in the store like any requeue), and those it runs stay held until
+    /// their results come.
+    mutating func leaving(_ peer: Peer, returned: [JobAttempt]) -> [Action] {
+        guard let worker = workers[peer] else { return [] }
+        workers[peer]?.leaving = true
+        var actions: [Action] = []
+        for attempt in returned where worker.held[attempt.jobId]?.attempt == attempt.attempt {
+            workers[peer]?.held[attempt.jobId] = nil
+            progress[attempt.jobId] = nil
+            actions.append(.requeue(attempt, reason: "worker \(worker.id) stopped before running it", cause: .returned))
+        }
+        return actions
     }
 
     mutating func ready(_ ready: WorkerReady, from peer: Peer, now: Instant) -> [Action] {
@@ -263,6 +284,7 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         let joined = workers[peer] == nil
         var worker = workers[peer] ?? Worker(id: ready.workerId, capacity: capacity, effects: [], heartbeat: heartbeat, lastSeen: now)
         worker.capacity = capacity
+        worker.leaving = false
         worker.effects = Set(ready.effects)
         worker.heartbeat = heartbeat
         worker.lastSeen = now

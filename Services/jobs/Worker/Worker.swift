@@ -34,8 +34,9 @@ public struct Worker: Service {
         /// Attempts held, with the task running each once it is attached (nil while waiting).
         private let tasks = Mutex<[JobAttempt: Task<Void, Never>?]>([:])
         private let cancelled = Mutex<Set<JobAttempt>>([])
-        /// Prefetched assignments in the order they came, and how many run now.
-        private let queue = Mutex<(waiting: Deque<JobAssignment>, active: Int)>(([], 0))
+        /// Prefetched assignments in the order they came, how many run now, and whether the
+        /// worker is stopping (it takes no more).
+        private let queue = Mutex<(waiting: Deque<JobAssignment>, active: Int, leaving: Bool)>(([], 0, false))
 
         init(capacity: Int) { self.capacity = capacity }
 
@@ -44,6 +45,18 @@ public struct Worker: Service {
         /// Holds `attempt` before its task starts: a task that ends at once (and removes it)
         /// must find it there, or the attempt would be held for ever.
         func add(_ attempt: JobAttempt) { tasks.withLock { $0[attempt] = .some(nil) } }
+        var isLeaving: Bool { queue.withLock { $0.leaving } }
+        /// The worker is stopping: the prefetched jobs that have not started are dropped and
+        /// returned, to be given back.
+        func leave() -> [JobAttempt] {
+            let returned = queue.withLock { queue -> [JobAttempt] in
+                queue.leaving = true
+                defer { queue.waiting.removeAll() }
+                return queue.waiting.map(\.attempt)
+            }
+            for attempt in returned { remove(attempt) }
+            return returned
+        }
         /// `job` if it may run now (fewer than `capacity` run); otherwise it waits its turn.
         func admit(_ job: JobAssignment) -> JobAssignment? {
             queue.withLock { queue in
@@ -167,7 +180,10 @@ public struct Worker: Service {
                     group.cancelAll()
                 }
             } onGracefulShutdown: {
-                Task { await channel.shutdown() }
+                Task {
+                    await leave(channel: channel, running: running, unrecorded: unrecorded)
+                    await channel.shutdown()
+                }
             }
             await channel.shutdown()
         }
@@ -181,6 +197,7 @@ public struct Worker: Service {
             break
         case .reconnect:
             channel.send(ready)
+            if running.isLeaving { channel.send(WorkerMessage.leaving(returned: [])) }
             for result in unrecorded.all.values { channel.send(result) }
         case .recorded(let attempt):
             unrecorded.recorded(attempt)
@@ -198,10 +215,28 @@ public struct Worker: Service {
                 finish(attempt, with: .cancelled(attempt), channel: channel, running: running, unrecorded: unrecorded)
             }
         case .assign(let job):
+            guard !running.isLeaving else {
+                // Sent before the service heard that this worker is stopping: given back.
+                channel.send(WorkerMessage.leaving(returned: [job.attempt]))
+                return
+            }
             guard !running.contains(job.attempt) else { return }
             running.add(job.attempt)
             if let admitted = running.admit(job) { launch(admitted, channel: channel, running: running, unrecorded: unrecorded) }
         }
+    }
+
+    /// Stopping (SIGTERM): tells the service to send no more jobs, gives back the prefetched ones
+    /// that have not started, finishes the running ones and waits for their results to be
+    /// recorded (at most three heartbeat intervals after the last one ends), so that a worker
+    /// scaled down loses no work and leaves no job waiting for it to be declared dead.
+    private func leave(channel: BusChannel, running: Running, unrecorded: Unrecorded) async {
+        let returned = running.leave()
+        channel.send(WorkerMessage.leaving(returned: returned))
+        logger.info("stopping", metadata: ["running": "\(running.count)", "given-back": "\(returned.count)"])
+        while running.count > 0 { try? await Task.sleep(for: .milliseconds(20)) }
+        let deadline = ContinuousClock.now.advanced(by: configuration.heartbeat * 3)
+        while !unrecorded.all.isEmpty, ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(20)) }
     }
 
     /// Runs a job in a task of its own; when it ends, the next prefetched job runs.
