@@ -78,23 +78,30 @@ struct WorkerProtocolTests {
         await system.stop()
     }
 
-    @Test func aWorkerPrefetchesOneJobRunsOneAtATimeAndDropsAPrefetchedJobThatIsCancelled() async throws {
-        let system = try await JobSystem(workers: 0)
+    /// Uploads an image as a new guest and creates `count` jobs of the 3 s remote effect through
+    /// the gateway: the guest's user id and the job ids, oldest first.
+    func slowJobs(_ count: Int, in system: JobSystem) async throws -> (user: String, jobs: [String]) {
         let guest = JobSystem.guest(UUID())
-        let user = JobSystem.userId(ofGuest: guest)
         let ids = Mutex<[String]>([])
         try await system.gateway { client in
             let key = try await JobSystem.upload(client, as: guest)
-            for _ in 0..<3 {
+            for _ in 0..<count {
                 let created = JobSystem.json(try await JobSystem.createJob(client, as: guest, imageKey: key, effect: "slow-remote"))
                 let id = try #require(created["jobId"] as? String)
                 ids.withLock { $0.append(id) }
             }
         }
-        let jobs = ids.withLock { $0 }
-        func status(_ id: String) async throws -> JobStatus {
-            try await system.clients.jobs.call(Jobs.get, JobReference(jobId: id, userId: user)).status
-        }
+        return (JobSystem.userId(ofGuest: guest), ids.withLock { $0 })
+    }
+
+    func job(_ id: String, of user: String, in system: JobSystem) async throws -> JobRecord {
+        try await system.clients.jobs.call(Jobs.get, JobReference(jobId: id, userId: user))
+    }
+
+    @Test func aWorkerPrefetchesOneJobRunsOneAtATimeAndDropsAPrefetchedJobThatIsCancelled() async throws {
+        let system = try await JobSystem(workers: 0)
+        let (user, jobs) = try await slowJobs(3, in: system)
+        func status(_ id: String) async throws -> JobStatus { try await job(id, of: user, in: system).status }
         // Given a real worker that runs one job at once and prefetches one (the defaults)
         try system.startWorker(capacity: 1)
         // Then it holds two jobs (the second prefetched) while the third stays queued
@@ -118,21 +125,8 @@ struct WorkerProtocolTests {
 
     @Test func aWorkerStoppedWithSIGTERMFinishesItsJobAndGivesBackTheOneItPrefetched() async throws {
         let system = try await JobSystem(workers: 0)
-        let guest = JobSystem.guest(UUID())
-        let user = JobSystem.userId(ofGuest: guest)
-        let ids = Mutex<[String]>([])
-        try await system.gateway { client in
-            let key = try await JobSystem.upload(client, as: guest)
-            for _ in 0..<2 {
-                let created = JobSystem.json(try await JobSystem.createJob(client, as: guest, imageKey: key, effect: "slow-remote"))
-                let id = try #require(created["jobId"] as? String)
-                ids.withLock { $0.append(id) }
-            }
-        }
-        let jobs = ids.withLock { $0 }
-        func job(_ id: String) async throws -> JobRecord {
-            try await system.clients.jobs.call(Jobs.get, JobReference(jobId: id, userId: user))
-        }
+        let (user, jobs) = try await slowJobs(2, in: system)
+        func job(_ id: String) async throws -> JobRecord { try await self.job(id, of: user, in: system) }
         // Given a worker running the first job with the second prefetched
         let worker = try system.startWorker(capacity: 1)
         try await waitUntil {
