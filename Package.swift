@@ -36,6 +36,7 @@ let package = Package(
         .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.8.0"),
         .package(url: "https://github.com/apple/swift-crypto.git", "4.0.0"..<"5.0.0"),
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
@@ -234,10 +235,18 @@ let package = Package(
             path: "Services/jobs/WorkerMain",
             swiftSettings: swiftSettings
         ),
-        // Blobs on disk (uploads, results, thumbnails) and the signed URLs that reach them.
+        // Blobs (uploads, results, thumbnails) in a folder or an S3-compatible bucket, AWS
+        // Signature V4, and the signed URLs that reach them.
         .target(
             name: "Blobs",
-            dependencies: ["Messages", .product(name: "Crypto", package: "swift-crypto")],
+            dependencies: [
+                "Messages",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
             path: "Shared/Blobs",
             swiftSettings: swiftSettings
         ),
@@ -308,6 +317,12 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(
+            name: "BlobsTests",
+            dependencies: ["Blobs"],
+            path: "Tests/BlobsTests",
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
             name: "BusTests",
             dependencies: ["Bus", "Messages", "ZeroMQ"],
             path: "Tests/BusTests",
@@ -368,6 +383,8 @@ let package = Package(
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "Yams", package: "Yams"),
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
             ],
             path: "Tests/SystemTests",
             swiftSettings: swiftSettings

@@ -11,11 +11,9 @@ import ServiceKit
 
 func run(endpoint: String, blobDirectory: String, count: Int, effect: String, image: String) async throws {
     ProcessLogging.bootstrap(level: .warning)
-    let blobs = try DiskBlobStore(root: URL(fileURLWithPath: blobDirectory))
+    let blobs = try await FolderBlobStore.open(root: URL(fileURLWithPath: blobDirectory), signer: URLSigner(secret: "unused"), publicBaseURL: "")
     let key = "uploads/bench/\(UUID().uuidString.lowercased()).jpg"
-    let staged = try blobs.temporaryFile()
-    try FileManager.default.copyItem(at: URL(fileURLWithPath: image), to: staged)
-    try await blobs.adopt(file: staged, as: key, metadata: BlobMetadata(owner: "bench", contentType: "image/jpeg", size: 0))
+    try await blobs.put(key, from: .file(URL(fileURLWithPath: image)), metadata: BlobMetadata(owner: "bench", contentType: "image/jpeg"))
     let client = BusClient(endpoint: endpoint, timeout: .seconds(30))
     let user = "bench-\(UUID().uuidString.prefix(8))"
     let ids = (0..<count).map { _ in UUID().uuidString.lowercased() }

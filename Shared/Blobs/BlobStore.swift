@@ -1,27 +1,124 @@
 import Foundation
-import Synchronization
+import NIOCore
 
-/// Where uploads, results and thumbnails live, by key (`uploads/<owner>/<id>.jpg`). The disk store
-/// is the one that ships; an S3 store can implement the same protocol.
+/// Where uploads, results and thumbnails live, by key (`uploads/<owner>/<id>.jpg`): a folder
+/// (`FolderBlobStore`, the embedded default) or an S3-compatible bucket (`S3BlobStore`). Every
+/// consumer holds `any BlobStore`; no call blocks the cooperative pool.
 public protocol BlobStore: Sendable {
-    /// Moves the file at `source` into the store under `key`, with `metadata` beside it.
-    func adopt(file source: URL, as key: String, metadata: BlobMetadata) async throws
+    /// What kind of store this is (`folder` or `s3`): what the app's URLs point at.
+    var kind: BlobStoreKind { get }
+    /// Stores `source` under `key` with `metadata` (its `size` is taken from the bytes). With
+    /// `ifAbsent`, `BlobError.exists` if `key` holds something already (of two writers exactly
+    /// one wins).
+    func put(_ key: String, from source: BlobSource, metadata: BlobMetadata, ifAbsent: Bool) async throws
+    /// Opens `key` for reading, the whole blob or `range` of its bytes: `BlobError.notFound` if
+    /// there is none. The reader's body streams; once opened, a delete does not cut it short.
+    func open(_ key: String, range: ClosedRange<Int>?) async throws -> BlobReader
     /// The metadata of `key`, nil if there is no such blob.
-    func metadata(of key: String) async throws -> BlobMetadata?
-    /// A local file holding `key`'s bytes (the disk store's own file; a remote store downloads).
-    func localFile(for key: String) async throws -> URL
+    func head(_ key: String) async throws -> BlobMetadata?
     /// Removes `key`; no error if it is not there.
     func delete(_ key: String) async throws
+    /// Keys under `prefix` last written before `date`, at most `limit` of them.
+    func list(prefix: String, modifiedBefore date: Date, limit: Int) async throws -> [String]
+    /// A URL that reads `key` without credentials until `expiresIn` seconds after `now`.
+    func presignedGET(_ key: String, expiresIn: Int, now: Date) -> String
+    /// A request that writes `key` without credentials until `expiresIn` seconds after `now`:
+    /// the URL and the headers the client must send as they are (a signed content type, and
+    /// `If-None-Match: *` when `ifAbsent`).
+    func presignedPUT(_ key: String, contentType: String, owner: String, ifAbsent: Bool, expiresIn: Int, now: Date) -> PresignedRequest
 }
 
-/// What is known of a blob: who owns it, its type and size.
+extension BlobStore {
+    public func put(_ key: String, from source: BlobSource, metadata: BlobMetadata) async throws {
+        try await put(key, from: source, metadata: metadata, ifAbsent: false)
+    }
+
+    public func open(_ key: String) async throws -> BlobReader { try await open(key, range: nil) }
+
+    /// The whole of `key`, read into memory (at most `limit` bytes).
+    public func bytes(of key: String, range: ClosedRange<Int>? = nil, limit: Int = 64 << 20) async throws -> ByteBuffer {
+        let reader = try await open(key, range: range)
+        var collected = ByteBuffer()
+        for try await var chunk in reader.body {
+            guard collected.readableBytes + chunk.readableBytes <= limit else { throw BlobError.tooLarge }
+            collected.writeBuffer(&chunk)
+        }
+        return collected
+    }
+}
+
+/// The two kinds of store.
+public enum BlobStoreKind: String, Sendable {
+    /// A folder on this machine; the gateway serves and takes its bytes through signed routes.
+    case folder
+    /// An S3-compatible bucket; the app and the workers reach it through presigned URLs.
+    case s3
+}
+
+/// What `put` stores.
+public enum BlobSource: Sendable {
+    /// The bytes of a local file (left where it is).
+    case file(URL)
+    /// Bytes in memory.
+    case bytes(ByteBuffer)
+}
+
+/// A presigned write: the URL, its method, and the headers to send with it as they are.
+public struct PresignedRequest: Sendable, Equatable {
+    public var url: String
+    public var method: String
+    public var headers: [String: String]
+
+    public init(url: String, method: String = "PUT", headers: [String: String]) {
+        self.url = url
+        self.method = method
+        self.headers = headers
+    }
+}
+
+/// An opened blob: its metadata (`size` is the whole blob's), the range served, and its bytes.
+public struct BlobReader: Sendable {
+    public var metadata: BlobMetadata
+    /// The bytes served, when a range was asked for and the blob has them.
+    public var range: ClosedRange<Int>?
+    /// How many bytes `body` yields.
+    public var length: Int
+    public var body: BlobBody
+
+    public init(metadata: BlobMetadata, range: ClosedRange<Int>?, length: Int, body: BlobBody) {
+        self.metadata = metadata
+        self.range = range
+        self.length = length
+        self.body = body
+    }
+}
+
+/// A blob's bytes as they arrive, chunk by chunk; iterated once.
+public struct BlobBody: AsyncSequence, Sendable {
+    public typealias Element = ByteBuffer
+    let next: @Sendable () async throws -> ByteBuffer?
+
+    /// A body whose chunks come from `next` until it answers nil.
+    public init(next: @escaping @Sendable () async throws -> ByteBuffer?) {
+        self.next = next
+    }
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        let next: @Sendable () async throws -> ByteBuffer?
+        public mutating func next() async throws -> ByteBuffer? { try await next() }
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(next: next) }
+}
+
+/// What is known of a blob: who owns it, its type and size, when it was written.
 public struct BlobMetadata: Codable, Sendable, Equatable {
     public var owner: String
     public var contentType: String
     public var size: Int
     public var createdAt: Date
 
-    public init(owner: String, contentType: String, size: Int, createdAt: Date = Date()) {
+    public init(owner: String, contentType: String, size: Int = 0, createdAt: Date = Date()) {
         self.owner = owner
         self.contentType = contentType
         self.size = size
@@ -29,12 +126,29 @@ public struct BlobMetadata: Codable, Sendable, Equatable {
     }
 }
 
-/// A blob store problem: a key that is not a key, a blob that is not there, or one that is there
-/// already when it may be written once only.
+/// A blob store problem of the caller's: a key that is not a key, a blob that is not there, one
+/// that is there already when it may be written once only, or one larger than asked for.
 public enum BlobError: Error, Equatable {
     case invalidKey
     case notFound
     case exists
+    case tooLarge
+}
+
+/// The store itself failed: unreachable or answering errors (`unavailable`, 503 to the app),
+/// out of space (`full`, 507), or refusing our credentials or bucket (`misconfigured`, 503 and
+/// an operator's problem). The message names no secret.
+public struct BlobStoreError: Error, CustomStringConvertible, Equatable {
+    public enum Kind: String, Sendable { case unavailable, full, misconfigured }
+    public var kind: Kind
+    public var message: String
+
+    public init(_ kind: Kind, _ message: String) {
+        self.kind = kind
+        self.message = message
+    }
+
+    public var description: String { "blob store \(kind.rawValue): \(message)" }
 }
 
 /// Blob keys: 1 to 256 characters of `[A-Za-z0-9._/-]`, no empty, `.` or `..` segments.
@@ -47,122 +161,5 @@ public enum BlobKey {
         }
         guard allowed else { return false }
         return key.split(separator: "/", omittingEmptySubsequences: false).allSatisfy { !$0.isEmpty && $0 != "." && $0 != ".." }
-    }
-}
-
-/// Blobs as files under a folder, metadata in a `.meta.json` file beside each.
-public struct DiskBlobStore: BlobStore {
-    public let root: URL
-
-    public init(root: URL) throws {
-        self.root = root
-        try FileManager.default.createDirectory(at: root, withIntermediateDirectories: true)
-    }
-
-    func path(_ key: String) throws -> URL {
-        guard BlobKey.isValid(key) else { throw BlobError.invalidKey }
-        return root.appendingPathComponent(key)
-    }
-
-    public func adopt(file source: URL, as key: String, metadata: BlobMetadata) async throws {
-        let target = try path(key)
-        try FileManager.default.createDirectory(at: target.deletingLastPathComponent(), withIntermediateDirectories: true)
-        _ = try? FileManager.default.removeItem(at: target)
-        try FileManager.default.moveItem(at: source, to: target)
-        try Self.metadataData(metadata).write(to: target.appendingPathExtension("meta.json"), options: .atomic)
-    }
-
-    /// Moves the file at `source` in under `key` only if `key` holds nothing yet (a hard link
-    /// made exclusively, so of two writers exactly one wins): `BlobError.exists` otherwise, and
-    /// `source` is left for the caller to remove. The metadata follows the link; until it is
-    /// written the blob reads as absent.
-    public func adoptOnce(file source: URL, as key: String, metadata: BlobMetadata) async throws {
-        let target = try path(key)
-        try FileManager.default.createDirectory(at: target.deletingLastPathComponent(), withIntermediateDirectories: true)
-        guard link(source.path, target.path) == 0 else {
-            let code = errno
-            if code == EEXIST { throw BlobError.exists }
-            throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EIO)
-        }
-        do {
-            try Self.metadataData(metadata).write(to: target.appendingPathExtension("meta.json"), options: .atomic)
-        } catch {
-            try? FileManager.default.removeItem(at: target)
-            throw error
-        }
-        try? FileManager.default.removeItem(at: source)
-    }
-
-    /// Whether `key` holds a blob.
-    public func exists(_ key: String) throws -> Bool {
-        FileManager.default.fileExists(atPath: try path(key).path)
-    }
-
-    static func metadataData(_ metadata: BlobMetadata) throws -> Data {
-        let encoder = JSONEncoder()
-        encoder.dateEncodingStrategy = .iso8601
-        return try encoder.encode(metadata)
-    }
-
-    public func metadata(of key: String) async throws -> BlobMetadata? {
-        let target = try path(key)
-        guard let data = try? Data(contentsOf: target.appendingPathExtension("meta.json")) else { return nil }
-        let decoder = JSONDecoder()
-        decoder.dateDecodingStrategy = .iso8601
-        return try? decoder.decode(BlobMetadata.self, from: data)
-    }
-
-    public func localFile(for key: String) async throws -> URL {
-        let target = try path(key)
-        guard FileManager.default.fileExists(atPath: target.path) else { throw BlobError.notFound }
-        return target
-    }
-
-    public func delete(_ key: String) async throws {
-        let target = try path(key)
-        try? FileManager.default.removeItem(at: target)
-        try? FileManager.default.removeItem(at: target.appendingPathExtension("meta.json"))
-    }
-
-    /// A fresh temporary file in the store's own file system, so `adopt` is a rename.
-    public func temporaryFile() throws -> URL {
-        let folder = root.appendingPathComponent(".incoming")
-        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
-        return folder.appendingPathComponent(UUID().uuidString)
-    }
-}
-
-/// Blob metadata remembered for `lifetime`, so a hot path (every job creation checks its upload's
-/// owner) does not read a file each time. A blob's owner, type and size never change while it
-/// exists; what the lifetime bounds is how long a deleted blob still looks present (a job created
-/// on it then fails when the worker finds no image). Absent blobs are not remembered. At most
-/// `capacity` entries; past it the cache starts over.
-public final class BlobMetadataCache: Sendable {
-    private let store: any BlobStore
-    private let lifetime: Duration
-    private let capacity: Int
-    private let now: @Sendable () -> ContinuousClock.Instant
-    private let entries = Mutex<[String: (metadata: BlobMetadata, until: ContinuousClock.Instant)]>([:])
-
-    public init(
-        store: any BlobStore, lifetime: Duration = .seconds(60), capacity: Int = 10_000,
-        now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }
-    ) {
-        self.store = store
-        self.lifetime = lifetime
-        self.capacity = capacity
-        self.now = now
-    }
-
-    /// The metadata of `key`, from memory if read within the lifetime.
-    public func metadata(of key: String) async throws -> BlobMetadata? {
-        let now = now()
-        if let hit = entries.withLock({ $0[key] }), now < hit.until { return hit.metadata }
-        guard let metadata = try await store.metadata(of: key) else { return nil }
-        entries.withLock { entries in
-            if entries.count >= capacity { entries.removeAll(keepingCapacity: true) }
-            entries[key] = (metadata, now.advanced(by: lifetime))
-        }
-        return metadata
     }
 }

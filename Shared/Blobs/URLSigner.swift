@@ -6,6 +6,9 @@ import Messages
 /// blob key, the owner, the content type and the expiry, keyed by `URL_SIGNING_SECRET`.
 public struct URLSigner: Sendable {
     private let key: SymmetricKey
+    /// The method of a grant to write a job's output through the folder store's `PUT /files/...`
+    /// (an upload's grant is `PUT`, so one cannot stand for the other).
+    public static let writeMethod = "WRITE"
 
     public init(secret: String) {
         key = SymmetricKey(data: Data(secret.utf8))

@@ -1,3 +1,5 @@
+import Foundation
+
 /// The worker protocol (after the ZeroMQ Guide's Majordomo and Paranoid Pirate patterns): a worker
 /// connects to the jobs service's worker endpoint, says `ready` with its capacity and effects,
 /// is assigned jobs with an attempt number, sends heartbeats (naming the attempts it holds) and
@@ -22,6 +24,9 @@ public enum WorkerMessage: Codable, Sendable, Equatable {
     /// The worker is stopping: it takes no more jobs, gives back the prefetched ones it will not
     /// run, and finishes (and reports) the ones it runs before it goes.
     case leaving(returned: [JobAttempt])
+    /// The presigned URLs of an attempt the worker holds have expired (or are about to) before
+    /// it could use them: it asks for fresh ones.
+    case renew(JobAttempt)
 }
 
 /// What the jobs service tells a worker.
@@ -35,6 +40,8 @@ public enum DispatcherMessage: Codable, Sendable, Equatable {
     case refused(JobAttempt, reason: String)
     /// A result (done, failed or cancelled) is durably recorded: the worker stops sending it.
     case recorded(JobAttempt)
+    /// Fresh URLs for an attempt the worker holds, in answer to `renew`.
+    case renewed(JobAttempt, JobTransfer)
 }
 
 /// A worker's introduction.
@@ -78,13 +85,47 @@ public struct JobAssignment: Codable, Sendable, Equatable {
     public var effect: EffectDescription
     public var parameters: [String: Double]
     public var prompt: String?
-    public init(attempt: JobAttempt, userId: String, imageKey: String, effect: EffectDescription, parameters: [String: Double], prompt: String?) {
+    /// Where the worker reads the input and writes the outputs: presigned URLs made by the jobs
+    /// service, which alone holds the store's credentials. Nil only in the state machine, before
+    /// the dispatcher signs them on sending.
+    public var transfer: JobTransfer?
+    public init(attempt: JobAttempt, userId: String, imageKey: String, effect: EffectDescription, parameters: [String: Double], prompt: String?,
+                transfer: JobTransfer? = nil) {
         self.attempt = attempt
         self.userId = userId
         self.imageKey = imageKey
         self.effect = effect
         self.parameters = parameters
         self.prompt = prompt
+        self.transfer = transfer
+    }
+}
+
+/// An attempt's presigned URLs: a GET of its input, and a PUT for each output under the key it
+/// is to have. With the S3 store they are the bucket's own; with the folder store, the
+/// gateway's signed routes. Both work only until `expiresAt`.
+public struct JobTransfer: Codable, Sendable, Equatable {
+    public var inputURL: String
+    public var result: PresignedWrite
+    public var thumbnail: PresignedWrite
+    public var expiresAt: Date
+    public init(inputURL: String, result: PresignedWrite, thumbnail: PresignedWrite, expiresAt: Date) {
+        self.inputURL = inputURL
+        self.result = result
+        self.thumbnail = thumbnail
+        self.expiresAt = expiresAt
+    }
+}
+
+/// Where one output goes: its key, and the URL and headers of the `PUT` that writes it.
+public struct PresignedWrite: Codable, Sendable, Equatable {
+    public var key: String
+    public var url: String
+    public var headers: [String: String]
+    public init(key: String, url: String, headers: [String: String]) {
+        self.key = key
+        self.url = url
+        self.headers = headers
     }
 }
 

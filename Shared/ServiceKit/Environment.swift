@@ -2,7 +2,8 @@ import Foundation
 
 /// Reads configuration from environment variables, each with a default that runs on one machine.
 public struct Environment: Sendable {
-    private let values: [String: String]
+    /// Every variable, as given.
+    public let values: [String: String]
 
     /// The process's environment.
     public init() { values = ProcessInfo.processInfo.environment }

@@ -115,7 +115,7 @@ struct AppModelsTests {
                                                    body: ByteBuffer(string: #"{"filename": "user_photo.jpg", "contentType": "image/jpeg"}"#))
             let presigned = try Self.decode(Presigned.self, presign)
             #expect(presigned.expiresIn == 900)
-            let put = try await client.execute(uri: String(presigned.uploadUrl.dropFirst(JobSystem.publicBase.count)), method: .put,
+            let put = try await client.execute(uri: JobSystem.path(presigned.uploadUrl), method: .put,
                                                headers: [.contentType: "image/jpeg"], body: ByteBuffer(bytes: try Data(contentsOf: JobSystem.fixture)))
             #expect(put.status == .created)
             let create = try await client.execute(uri: "/api/v1/jobs", method: .post, headers: user, body: ByteBuffer(string: """

@@ -69,7 +69,7 @@ struct ChatScreenTests {
                 let done = try await JobSystem.waitForStatus(client, as: user, jobId: jobId)
                 #expect(done["status"] as? String == "completed", "\(done)")
                 let url = try #require(done["resultUrl"] as? String)
-                let file = try await client.execute(uri: String(url.dropFirst(JobSystem.publicBase.count)), method: .get)
+                let file = try await client.execute(uri: JobSystem.path(url), method: .get)
                 results.append(Data(buffer: file.body))
             }
             // Then both are twice the original's size, and the enhancement made a difference

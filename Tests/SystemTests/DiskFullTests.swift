@@ -89,7 +89,7 @@ struct DiskFullTests {
             for _ in 0..<3 {
                 let presign = JobSystem.json(try await client.execute(uri: "/api/v1/uploads/presigned", method: .post, headers: user,
                                                                       body: ByteBuffer(string: #"{"filename": "a.jpg", "contentType": "image/jpeg"}"#)))
-                let path = String(try #require(presign["uploadUrl"] as? String).dropFirst(JobSystem.publicBase.count))
+                let path = JobSystem.path(try #require(presign["uploadUrl"] as? String))
                 let put = try await client.execute(uri: path, method: .put, headers: [.contentType: "image/jpeg"],
                                                    body: ByteBuffer(bytes: try Data(contentsOf: JobSystem.fixture)))
                 #expect(put.status.code == 507 || put.status.code == 503, "upload answered \(put.status)")

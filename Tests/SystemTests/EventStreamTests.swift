@@ -15,7 +15,7 @@ struct EventStreamTests {
     static func gatewayProcess(_ system: JobSystem, extra: [String: String], port: Int = freePort()) async throws -> (ServiceProcess, Int) {
         var environment = [
             "GATEWAY_PORT": "\(port)", "JWT_SECRET": JobSystem.secret, "ADMIN_TOKEN": JobSystem.adminToken,
-            "BLOB_DIR": system.blobDirectory, "URL_SIGNING_SECRET": JobSystem.signingSecret, "PUBLIC_BASE_URL": JobSystem.publicBase,
+            "BLOB_DIR": system.blobDirectory, "URL_SIGNING_SECRET": JobSystem.signingSecret, "PUBLIC_BASE_URL": system.publicBase,
         ]
         for service in ServiceName.allCases { environment[service.endpointVariable] = system.services.endpoints[service]! }
         let gateway = try ServiceProcess("gateway", environment: environment.merging(extra) { _, new in new })

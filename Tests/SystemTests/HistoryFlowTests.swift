@@ -38,7 +38,7 @@ struct HistoryFlowTests {
             #expect((first["createdAt"] as? String)?.hasSuffix("Z") == true)
             for field in ["thumbnailUrl", "resultUrl"] {
                 let url = try #require(first[field] as? String)
-                let file = try await client.execute(uri: String(url.dropFirst(JobSystem.publicBase.count)), method: .get)
+                let file = try await client.execute(uri: JobSystem.path(url), method: .get)
                 #expect(file.status == .ok && file.headers[.contentType] == "image/jpeg")
             }
             // And one item alone
@@ -304,7 +304,7 @@ struct HistoryFlowTests {
                 #expect(response.status == .created)
                 #expect(JobSystem.json(response)["expiresAt"] is String)
                 let url = try #require(JobSystem.json(response)["shareUrl"] as? String)
-                return String(url.dropFirst(JobSystem.publicBase.count))
+                return JobSystem.path(url)
             }
             // Works without authentication; revoked: 404
             let first = try await share()

@@ -1,3 +1,4 @@
+import AsyncHTTPClient
 import Blobs
 import Bus
 import Foundation
@@ -14,10 +15,13 @@ import Synchronization
 import Testing
 
 /// The job pipeline as real processes (quota, jobs, workers) with the gateway's router in this
-/// process, a shared blob folder, and a small inference provider for remote effects.
+/// process, a blob store (a folder, or the test RADOS Gateway with `blobs: .s3`), and a small
+/// inference provider for remote effects. A second gateway replica serves on `publicBase`, the
+/// address in every signed URL: the workers reach the folder store's routes there, as they would
+/// reach any gateway replica.
 final class JobSystem: @unchecked Sendable {
     // @unchecked: driven by one test at a time, step by step.
-    static let publicBase = "http://gateway.test"
+    enum Store { case folder, s3 }
     static let secret = "system-test-jwt-secret-0123456789abcdef"
     static let adminToken = "system-test-admin"
     static let signingSecret = "system-test-url-signing-secret"
@@ -35,10 +39,19 @@ final class JobSystem: @unchecked Sendable {
     /// How many requests the provider is answering now, and the most at once so far.
     let providerLoad = ProviderLoad()
     var blobDirectory: String { services.dataDirectory.appendingPathComponent("blobs").path }
+    /// The gateway replica the signed URLs point at (a real socket on a port chosen up front).
+    let gatewayPort = freePort()
+    var publicBase: String { "http://127.0.0.1:\(gatewayPort)" }
+    /// The store's settings for the service processes (S3's, or none for the folder).
+    let storeEnvironment: [String: String]
+    var replica: Task<Void, any Error>?
+    let store: Store
 
     init(workers count: Int = 1, uploadMaxBytes: Int = 20 << 20, workerCapacity: Int = 1, quota: [String: String] = [:], history: [String: String] = [:],
-         shareLifetime: Int = 7 * 86_400, dataDirectory: URL? = nil) async throws {
+         shareLifetime: Int = 7 * 86_400, dataDirectory: URL? = nil, blobs store: Store = .folder) async throws {
         let port = providerPort
+        self.store = store
+        storeEnvironment = store == .s3 ? try TestS3.environment() : [:]
         let load = providerLoad
         provider = Task { try await Self.runProvider(port: port, load: load) }
         services = try RunningServices(only: [], dataDirectory: dataDirectory)
@@ -54,26 +67,61 @@ final class JobSystem: @unchecked Sendable {
         try services.start(.jobs, extra: [
             "JOBS_WORKER_BIND": workerEndpoint, "QUOTA_ENDPOINT": services.endpoints[.quota]!,
             "JOBS_EFFECTS": effects, "JOBS_RETRY_BASE_MS": "200",
-        ])
+            "URL_SIGNING_SECRET": Self.signingSecret, "PUBLIC_BASE_URL": "http://127.0.0.1:\(gatewayPort)",
+        ].merging(storeEnvironment) { _, new in new })
         try services.start(.history, extra: history)
         configuration = GatewayConfiguration(
             endpoints: services.endpoints, jwtSecret: Self.secret, adminToken: Self.adminToken,
             blobDirectory: services.dataDirectory.appendingPathComponent("blobs").path,
-            urlSigningSecret: Self.signingSecret, publicBaseURL: Self.publicBase, uploadMaxBytes: uploadMaxBytes,
-            shareLifetime: shareLifetime
+            urlSigningSecret: Self.signingSecret, publicBaseURL: "http://127.0.0.1:\(gatewayPort)", uploadMaxBytes: uploadMaxBytes,
+            shareLifetime: shareLifetime, blobStore: store == .s3 ? .s3(try TestS3.configuration()) : nil
         )
         clients = ServiceClients(configuration: configuration)
         _ = try await waitUntilHealthy(clients.quota)
         _ = try await waitUntilHealthy(clients.jobs)
         _ = try await waitUntilHealthy(clients.history)
+        try await startReplica()
         for _ in 0..<count { try startWorker(capacity: workerCapacity) }
+    }
+
+    /// Starts the gateway replica on `gatewayPort` with the current configuration (call again
+    /// after changing it) and waits until it answers.
+    func startReplica() async throws {
+        if let replica {
+            replica.cancel()
+            _ = await replica.result
+        }
+        var replicaConfiguration = configuration
+        replicaConfiguration.host = "127.0.0.1"
+        replicaConfiguration.port = gatewayPort
+        let app = try await buildApplication(configuration: replicaConfiguration, logger: Logger(label: "gateway-replica"))
+        replica = Task {
+            let group = ServiceGroup(configuration: .init(services: [app], gracefulShutdownSignals: [], logger: Logger(label: "gateway-replica")))
+            try await withTaskCancellationHandler {
+                try await group.run()
+            } onCancel: {
+                Task { await group.triggerGracefulShutdown() }
+            }
+        }
+        let port = gatewayPort
+        try await waitUntil {
+            guard let connection = try? RawConnection(port: port, timeout: 2) else { return false }
+            connection.send("GET /healthz HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n")
+            return connection.read(until: "\r\n\r\n").hasPrefix("HTTP/1.1 200")
+        }
+    }
+
+    /// The path and query of a URL the gateway signed (its scheme and host dropped).
+    static func path(_ url: String) -> String {
+        guard let scheme = url.range(of: "://"), let slash = url[scheme.upperBound...].firstIndex(of: "/") else { return url }
+        return String(url[slash...])
     }
 
     @discardableResult
     func startWorker(capacity: Int = 1, extra: [String: String] = [:]) throws -> ServiceProcess {
         let worker = try ServiceProcess("worker", environment: [
-            "JOBS_WORKER_ENDPOINT": workerEndpoint, "BLOB_DIR": blobDirectory, "WORKER_ID": "w\(workers.count + 1)",
-            "WORKER_CAPACITY": "\(capacity)", "URL_SIGNING_SECRET": Self.signingSecret,
+            // No blob folder, no store settings: a worker has only its assignments' URLs.
+            "JOBS_WORKER_ENDPOINT": workerEndpoint, "WORKER_ID": "w\(workers.count + 1)", "WORKER_CAPACITY": "\(capacity)",
         ].merging(extra) { _, new in new })
         workers.append(worker)
         return worker
@@ -81,6 +129,8 @@ final class JobSystem: @unchecked Sendable {
 
     func stop() async {
         for worker in workers { await worker.stop() }
+        replica?.cancel()
+        _ = await replica?.result
         await clients.shutdown()
         await services.stopAll()
         provider.cancel()
@@ -110,7 +160,18 @@ final class JobSystem: @unchecked Sendable {
         let url = try #require(answer["uploadUrl"] as? String)
         let key = try #require(answer["imageKey"] as? String)
         let data = try bytes ?? Data(contentsOf: fixture)
-        let put = try await client.execute(uri: String(url.dropFirst(publicBase.count)), method: .put,
+        guard url.contains("/api/v1/uploads/") else {
+            // The object store's own URL: the app's PUT goes there, with the headers it was given.
+            let headers = answer["headers"] as? [String: String] ?? [:]
+            var request = HTTPClientRequest(url: url)
+            request.method = .PUT
+            for (name, value) in headers { request.headers.add(name: name, value: value) }
+            request.body = .bytes(ByteBuffer(bytes: data))
+            let response = try await HTTPClient.shared.execute(request, timeout: .seconds(30))
+            #expect(response.status == .ok, "upload to the store answered \(response.status)")
+            return key
+        }
+        let put = try await client.execute(uri: path(url), method: .put,
                                            headers: [.contentType: contentType], body: ByteBuffer(bytes: data))
         #expect(put.status == .created, "upload answered \(put.status)")
         return key

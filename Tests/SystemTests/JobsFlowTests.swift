@@ -29,10 +29,10 @@ struct JobsFlowTests {
             #expect(status["progress"] as? Double == 1)
             let resultURL = try #require(status["resultUrl"] as? String)
             let thumbnailURL = try #require(status["thumbnailUrl"] as? String)
-            let result = try await client.execute(uri: String(resultURL.dropFirst(JobSystem.publicBase.count)), method: .get)
+            let result = try await client.execute(uri: JobSystem.path(resultURL), method: .get)
             #expect(result.status == .ok)
             #expect(try JobSystem.dimensions(of: Data(buffer: result.body)) == (1280, 960))
-            let thumbnail = try await client.execute(uri: String(thumbnailURL.dropFirst(JobSystem.publicBase.count)), method: .get)
+            let thumbnail = try await client.execute(uri: JobSystem.path(thumbnailURL), method: .get)
             #expect(thumbnail.headers[.contentType] == "image/jpeg")
             #expect(try JobSystem.dimensions(of: Data(buffer: thumbnail.body)) == (200, 200))
             // And the same through Server-Sent Events: the stream ends after the terminal state
@@ -239,7 +239,7 @@ struct JobsFlowTests {
             #expect(try await client.execute(uri: "/api/v1/jobs/\(UUID())/status", method: .get, headers: owner).status == .notFound)
             // Result and thumbnail files need their signature: a guessed path is refused
             let result = try #require(done["resultUrl"] as? String)
-            let unsigned = String(result.dropFirst(JobSystem.publicBase.count).prefix { $0 != "?" })
+            let unsigned = String(JobSystem.path(result).prefix { $0 != "?" })
             #expect(try await client.execute(uri: unsigned, method: .get, headers: stranger).status == .forbidden)
             // The owner can re-run it: a new job, charged
             let rerun = try await client.execute(uri: "/api/v1/jobs/\(jobId)/rerun", method: .post, headers: owner)

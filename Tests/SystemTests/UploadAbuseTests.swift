@@ -14,7 +14,7 @@ struct UploadAbuseTests {
                                                body: ByteBuffer(string: #"{"filename": "a", "contentType": "\#(contentType)"}"#))
         let answer = JobSystem.json(presign)
         let url = try #require(answer["uploadUrl"] as? String)
-        return (String(url.dropFirst(JobSystem.publicBase.count)), try #require(answer["imageKey"] as? String))
+        return (JobSystem.path(url), try #require(answer["imageKey"] as? String))
     }
 
     /// Files waiting in the blob store's incoming folder.
@@ -140,11 +140,9 @@ struct UploadAbuseTests {
         let system = try await JobSystem(workers: 0)
         // Given an image over the limit that reached the store without the gateway's check
         let key = "uploads/elsewhere/large.png"
-        let blobs = try DiskBlobStore(root: URL(fileURLWithPath: system.blobDirectory))
-        let file = try blobs.temporaryFile()
-        try TestImages.png(width: 100, height: 101).write(to: file)
+        let blobs = try await system.configuration.blobs.open()
         let user = "device:\(UUID().uuidString.lowercased())"
-        try await blobs.adopt(file: file, as: key, metadata: BlobMetadata(owner: user, contentType: "image/png", size: 0))
+        try await blobs.put(key, from: .bytes(ByteBuffer(bytes: TestImages.png(width: 100, height: 101))), metadata: BlobMetadata(owner: user, contentType: "image/png"))
         try system.startWorker(extra: ["IMAGE_MAX_PIXELS": "10000"])
         // When a job is made of it
         let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: key, effectId: "grayscale"))

@@ -16,6 +16,7 @@ public func buildRouter(
     authenticator: Authenticator,
     configuration: GatewayConfiguration,
     streams: JobStreams,
+    blobs: (any BlobStore)? = nil,
     metrics: PrometheusCollectorRegistry = PrometheusCollectorRegistry(),
     logger: Logger = Logger(label: "gateway")
 ) -> Router<GatewayContext> {
@@ -29,23 +30,23 @@ public func buildRouter(
     MetricsController(registry: metrics, clients: clients).addRoutes(to: router)
     UsersController(clients: clients, authenticator: authenticator).addRoutes(to: router)
     AdminController(clients: clients, authenticator: authenticator).addRoutes(to: router)
-    let signer = URLSigner(secret: configuration.urlSigningSecret)
-    let links = DownloadLinks(signer: signer, publicBaseURL: configuration.publicBaseURL, lifetime: configuration.signedURLLifetime)
-    LegacyJobsController(clients: clients, authenticator: authenticator, links: links).addRoutes(to: router)
     WebhooksController(clients: clients, authenticator: authenticator, adaptySecret: configuration.adaptyWebhookSecret, logger: logger).addRoutes(to: router)
-    if let blobs = try? DiskBlobStore(root: URL(fileURLWithPath: configuration.blobDirectory)) {
-        let creator = JobCreator(clients: clients, uploads: BlobMetadataCache(store: blobs))
-        UploadsController(
-            clients: clients, authenticator: authenticator, blobs: blobs, signer: signer, publicBaseURL: configuration.publicBaseURL,
-            maxBytes: configuration.uploadMaxBytes, maxPixels: configuration.imageMaxPixels, lifetime: configuration.signedURLLifetime,
-            failures: FailureLog(logger: logger), requireQuota: configuration.uploadsRequireQuota
-        ).addRoutes(to: router)
-        JobsController(clients: clients, authenticator: authenticator, creator: creator, links: links, streams: streams).addRoutes(to: router)
-        HistoryController(
-            clients: clients, authenticator: authenticator, creator: creator, links: links, shareLifetime: configuration.shareLifetime
-        ).addRoutes(to: router)
-        SharesController(clients: clients, blobs: blobs).addRoutes(to: router)
-    }
+    // Routers built for tests that need no files leave the blob routes out; the gateway's own
+    // `buildApplication` always opens its store (and stops if it cannot).
+    guard let blobs else { return router }
+    let links = DownloadLinks(blobs: blobs, publicBaseURL: configuration.publicBaseURL, lifetime: configuration.signedURLLifetime)
+    LegacyJobsController(clients: clients, authenticator: authenticator, links: links).addRoutes(to: router)
+    let creator = JobCreator(clients: clients, uploads: UploadCheck(blobs: blobs, maxBytes: configuration.uploadMaxBytes, maxPixels: configuration.imageMaxPixels))
+    UploadsController(
+        clients: clients, authenticator: authenticator, blobs: blobs, signer: URLSigner(secret: configuration.urlSigningSecret),
+        maxBytes: configuration.uploadMaxBytes, maxPixels: configuration.imageMaxPixels, lifetime: configuration.signedURLLifetime,
+        failures: FailureLog(logger: logger), requireQuota: configuration.uploadsRequireQuota
+    ).addRoutes(to: router)
+    JobsController(clients: clients, authenticator: authenticator, creator: creator, links: links, streams: streams).addRoutes(to: router)
+    HistoryController(
+        clients: clients, authenticator: authenticator, creator: creator, links: links, shareLifetime: configuration.shareLifetime
+    ).addRoutes(to: router)
+    SharesController(clients: clients, blobs: blobs, redirectLifetime: 60).addRoutes(to: router)
     return router
 }
 
@@ -56,12 +57,15 @@ public func buildApplication(
     configuration: GatewayConfiguration, metrics: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "gateway")
 ) async throws -> some ApplicationProtocol {
     let authenticator = try await Authenticator(jwtSecret: configuration.jwtSecret, adminToken: configuration.adminToken)
+    // A store that cannot be opened stops the gateway here, with one line saying why.
+    let blobs = try await configuration.blobs.open()
+    logger.info("blob store open", metadata: ["store": "\(blobs.kind)"])
     let clients = ServiceClients(configuration: configuration)
     if configuration.jwtSecret == nil { logger.warning("JWT_SECRET is not set: every bearer token will be refused") }
     if configuration.adminToken == nil { logger.warning("ADMIN_TOKEN is not set: every admin call will be refused") }
     let streams = JobStreams(jobs: clients.jobs, perUser: configuration.streamsPerUser, total: configuration.streamsTotal, logger: logger)
     return Application(
-        router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration, streams: streams, metrics: metrics, logger: logger),
+        router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration, streams: streams, blobs: blobs, metrics: metrics, logger: logger),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "gateway"),
         services: [streams, clients],
         logger: logger

@@ -35,6 +35,8 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         /// Read these jobs, which a worker names but nobody holds here (this service restarted),
         /// then call `claimed` with those still processing under these attempts.
         case lookUp(Peer, [JobAttempt])
+        /// Sign fresh URLs for an attempt this worker holds, and send them (`renewed`).
+        case renew(Peer, JobAttempt)
         /// For logs and metrics: a worker joined (holding up to `capacity` jobs: those it runs at
         /// once and those it prefetches) or was lost, with the count of workers now.
         case workerJoined(id: String, capacity: Int, heartbeat: Duration, connected: Int)
@@ -259,6 +261,10 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
             return record(attempt, .cancelled, from: peer)
         case .leaving(let returned):
             return leaving(peer, returned: returned)
+        case .renew(let attempt):
+            // Only for an attempt the worker holds under its current number.
+            guard workers[peer]?.held[attempt.jobId]?.attempt == attempt.attempt else { return [] }
+            return [.renew(peer, attempt)]
         }
     }
 

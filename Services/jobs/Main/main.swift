@@ -9,16 +9,19 @@ import Storage
 
 // The jobs service: the job queue and lifecycle in $DATA_DIR/jobs.sqlite; workers connect to
 // JOBS_WORKER_BIND; quota settlements and history's job events leave through the outbox; purged
-// jobs' files are deleted from BLOB_DIR.
+// jobs' files are deleted from the blob store, whose presigned URLs the workers are given.
 await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateErrors: StorageFailure.translator) { router, service, logger in
     let configuration = try JobsConfiguration(environment: Environment(), dataDirectory: service.dataDirectory)
     try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
     let database = try JobsDatabase.open(path: configuration.databasePath)
     let catalog = EffectCatalog(extra: configuration.extraEffects)
     let store = JobStore(database: database, retry: configuration.retry, effectTitles: catalog.effects.mapValues(\.title))
-    let blobs = try DiskBlobStore(root: URL(fileURLWithPath: configuration.blobDirectory))
+    let blobs = try await configuration.blobs.open()
     let channel = try await BusChannel.bind(configuration.workerEndpoint, curveSecretKey: service.curveSecretKey, logger: logger)
-    let dispatcher = Dispatcher(channel: channel, store: store, catalog: catalog, proFirst: configuration.proFirst, logger: logger)
+    let dispatcher = Dispatcher(
+        channel: channel, store: store, catalog: catalog, transfers: TransferSigner(blobs: blobs, lifetime: configuration.transferLifetime),
+        proFirst: configuration.proFirst, logger: logger
+    )
     let recovered = try await store.recover(now: Date())
     await dispatcher.load(recovered)
     ProcessMetrics.onScrape {
@@ -27,7 +30,7 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
     }
     ProcessMetrics.addReporter { await dispatcher.workerSections() }
     JobsHandler(store: store, dispatcher: dispatcher, catalog: catalog, maxQueued: configuration.maxQueued).register(on: &router)
-    logger.info("jobs ready", metadata: ["workers": "\(configuration.workerEndpoint)", "queued": "\(recovered.count)"])
+    logger.info("jobs ready", metadata: ["workers": "\(configuration.workerEndpoint)", "queued": "\(recovered.count)", "blobs": "\(blobs.kind)"])
     return [
         DispatcherService(dispatcher: dispatcher, channel: channel),
         OutboxDeliverer(

@@ -19,6 +19,8 @@ public actor Dispatcher {
 
     private let channel: BusChannel
     private let store: JobStore
+    private let transfers: TransferSigner
+    private let catalog: EffectCatalog
     private let logger: Logger
     private var machine: Machine
     private let failures: FailureLog
@@ -27,9 +29,12 @@ public actor Dispatcher {
     /// The largest metrics text kept from one worker.
     static let maxWorkerMetricsBytes = 256 << 10
 
-    public init(channel: BusChannel, store: JobStore, catalog: EffectCatalog, proFirst: Bool = true, heartbeatInterval: Duration = .seconds(1), logger: Logger) {
+    public init(channel: BusChannel, store: JobStore, catalog: EffectCatalog, transfers: TransferSigner, proFirst: Bool = true,
+                heartbeatInterval: Duration = .seconds(1), logger: Logger) {
         self.channel = channel
         self.store = store
+        self.transfers = transfers
+        self.catalog = catalog
         self.logger = logger
         self.machine = Machine(catalog: catalog, configuration: .init(heartbeat: heartbeatInterval, proFirst: proFirst))
         self.failures = FailureLog(logger: logger)
@@ -115,8 +120,13 @@ public actor Dispatcher {
     private func perform(_ actions: [Machine.Action]) {
         for action in actions {
             switch action {
+            case .send(let peer, .assign(let job)):
+                // The state machine decides; the URLs are signed here, on the way out.
+                channel.send(DispatcherMessage.assign(transfers.signed(job)), to: peer)
             case .send(let peer, let message):
                 channel.send(message, to: peer)
+            case .renew(let peer, let attempt):
+                Task { await self.renew(attempt, for: peer) }
             case .start(let starts):
                 Task { await self.writeStarts(starts) }
             case .record(let peer, let attempt, let result):
@@ -204,6 +214,15 @@ public actor Dispatcher {
             failures.record("requeue", "cannot requeue jobs yet; the next reconcile tries again: \(error)")
         }
         perform(machine.requeued(requeued, now: .now))
+    }
+
+    /// Signs fresh URLs for an attempt a worker holds, from the job as stored (its image, its
+    /// effect): a worker cannot name the keys it is given.
+    private func renew(_ attempt: JobAttempt, for peer: BusChannel.Peer) async {
+        guard let job = try? await store.jobs([attempt.jobId]).first, job.status == .processing, job.attempts == attempt.attempt,
+              let effect = catalog.effect(job.effectId) else { return }
+        let transfer = transfers.transfer(attempt, userId: job.userId, imageKey: job.imageKey, processor: effect.processor)
+        channel.send(DispatcherMessage.renewed(attempt, transfer), to: peer)
     }
 
     /// Reads the jobs a worker names that nobody holds here; those still processing under the

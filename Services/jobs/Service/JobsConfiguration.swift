@@ -1,3 +1,4 @@
+import Blobs
 import Foundation
 import JobsCore
 import Messages
@@ -22,9 +23,11 @@ public struct JobsConfiguration: Sendable {
     public var quotaEndpoint: String
     /// The history service, for job events (`HISTORY_ENDPOINT`).
     public var historyEndpoint: String
-    /// The blob folder shared with the gateway and the workers, where purged jobs' files are
-    /// deleted (`BLOB_DIR`, default `$DATA_DIR/blobs`).
-    public var blobDirectory: String
+    /// The blob store (`BLOB_STORE` and its settings): where purged jobs' files are deleted, and
+    /// whose presigned URLs the workers are given.
+    public var blobs: BlobStoreConfiguration
+    /// How long a worker's presigned URLs stay valid (`JOBS_TRANSFER_TTL_S`, default 3600).
+    public var transferLifetime: Int
 
     public init(environment: Environment, dataDirectory: String) throws {
         workerEndpoint = environment.string("JOBS_WORKER_BIND", default: "tcp://127.0.0.1:7104")
@@ -46,12 +49,15 @@ public struct JobsConfiguration: Sendable {
         maxQueued = try environment.int("JOBS_MAX_QUEUED", default: 100_000)
         quotaEndpoint = environment.string(ServiceName.quota.endpointVariable, default: ServiceName.quota.defaultEndpoint)
         historyEndpoint = environment.string(ServiceName.history.endpointVariable, default: ServiceName.history.defaultEndpoint)
-        blobDirectory = environment.string("BLOB_DIR", default: dataDirectory + "/blobs")
+        var blobVariables = environment.values
+        blobVariables["DATA_DIR"] = dataDirectory
+        blobs = try BlobStoreConfiguration(environment: blobVariables)
+        transferLifetime = min(604_800, max(60, try environment.int("JOBS_TRANSFER_TTL_S", default: 3600)))
     }
 
     /// The variables `init(environment:dataDirectory:)` reads.
     public static let environmentKeys = [
         "JOBS_WORKER_BIND", "JOBS_DB", "JOBS_EFFECTS", "JOBS_MAX_ATTEMPTS", "JOBS_RETRY_BASE_MS",
-        "JOBS_PRO_FIRST", "JOBS_MAX_QUEUED", "QUOTA_ENDPOINT", "HISTORY_ENDPOINT", "BLOB_DIR",
-    ]
+        "JOBS_PRO_FIRST", "JOBS_MAX_QUEUED", "QUOTA_ENDPOINT", "HISTORY_ENDPOINT", "JOBS_TRANSFER_TTL_S",
+    ] + BlobStoreConfiguration.environmentKeys
 }

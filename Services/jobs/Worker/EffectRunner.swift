@@ -15,18 +15,23 @@ public struct EffectError: Error, CustomStringConvertible {
     }
 }
 
-/// Runs an effect on an input blob and stores the result and a 200x200 JPEG thumbnail.
+/// Runs an effect on a job's input and writes the result and a 200x200 JPEG thumbnail, through
+/// the presigned URLs of the job's `JobTransfer`: the input is fetched over HTTP into a scratch
+/// folder of the worker's own, and the outputs are `PUT` where the URLs say. So a worker needs
+/// no shared disk and no store credentials, with the S3 store (the bucket's URLs) and with the
+/// folder store (the gateway's signed routes) alike.
 public struct EffectRunner: Sendable {
-    let blobs: DiskBlobStore
-    let signer: URLSigner
-    let publicBaseURL: String
+    /// Where inputs and outputs are kept while a job runs (removed after each attempt).
+    let scratch: URL
     let maxPixels: Int
+    /// The largest input fetched (`UPLOAD_MAX_BYTES` is checked before a job exists; this bounds
+    /// what a worker holds whatever the store says).
+    let maxInputBytes: Int
 
-    public init(blobs: DiskBlobStore, signer: URLSigner, publicBaseURL: String, maxPixels: Int = 50_000_000) {
-        self.blobs = blobs
-        self.signer = signer
-        self.publicBaseURL = publicBaseURL
+    public init(scratch: URL, maxPixels: Int = 50_000_000, maxInputBytes: Int = 64 << 20) {
+        self.scratch = scratch
         self.maxPixels = maxPixels
+        self.maxInputBytes = maxInputBytes
     }
 
     /// Starts libvips once per process.
@@ -34,36 +39,31 @@ public struct EffectRunner: Sendable {
         _ = imageops_start(CommandLine.arguments.first ?? "worker", 1)
     }
 
-    public func run(_ job: JobAssignment, progress: @Sendable (Double) -> Void) async throws -> JobOutput {
+    /// Runs `job`. `transfer` gives its URLs, fresh (asked again if they expire before they are used).
+    public func run(_ job: JobAssignment, transfer: @Sendable () async throws -> JobTransfer, progress: @Sendable (Double) -> Void) async throws -> JobOutput {
         if job.effect.processor == "noop" {
             // For benchmarks of the queue itself, configured through JOBS_EFFECTS only (never in
             // the catalogue): no file is read or written; the keys name nothing.
             return JobOutput(resultKey: "noop/\(job.attempt.jobId)", thumbnailKey: "noop/\(job.attempt.jobId)")
         }
-        let input: URL
-        do {
-            input = try await blobs.localFile(for: job.imageKey)
-        } catch {
-            throw EffectError("the input image \(job.imageKey) is missing", retryable: false)
-        }
-        let attempt = job.attempt
-        let inputExtension = input.pathExtension.isEmpty ? "jpg" : input.pathExtension.lowercased()
-        let resultKey = "results/\(attempt.jobId)/\(attempt.attempt).\(job.effect.processor == "copy" ? inputExtension : "jpg")"
-        let thumbnailKey = "thumbnails/\(attempt.jobId)/\(attempt.attempt).jpg"
+        let folder = scratch.appendingPathComponent("\(job.attempt.jobId)-\(job.attempt.attempt)-\(UUID().uuidString.prefix(8))")
+        try await blocking { try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true) }
+        // Whatever happens, nothing of the attempt outlives it.
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let urls = try await transfer()
+        let inputExtension = job.imageKey.split(separator: ".").last.map { $0.lowercased() } ?? "jpg"
+        let input = folder.appendingPathComponent("input.\(inputExtension)")
+        try await fetch(urls.inputURL, to: input)
+        let resultKey = urls.result.key
+        let result = folder.appendingPathComponent("result.\(resultKey.split(separator: ".").last.map(String.init) ?? "jpg")")
+        let thumbnail = folder.appendingPathComponent("thumbnail.jpg")
         let size = try await checkSize(input)
-        let result = try blobs.temporaryFile().appendingPathExtension(resultKey.split(separator: ".").last.map(String.init) ?? "jpg")
-        let thumbnail = try blobs.temporaryFile().appendingPathExtension("jpg")
-        // Whatever happens, no temporary file outlives the attempt (adopted ones were moved).
-        defer {
-            try? FileManager.default.removeItem(at: result)
-            try? FileManager.default.removeItem(at: thumbnail)
-        }
         progress(0.1)
         switch job.effect.processor {
         case "copy":
             try await blocking { try FileManager.default.copyItem(at: input, to: result) }
         case "remote":
-            try await remote(job, to: result)
+            try await remote(job, imageURL: urls.inputURL, to: result)
         case _ where job.effect.id == "auto-enhance":
             let scale = fittingScale(job.parameters["upscale"] ?? 1, of: size)
             try await enhance(input: input, output: result, fidelity: job.parameters["fidelity"] ?? 1, scale: scale)
@@ -75,11 +75,60 @@ public struct EffectRunner: Sendable {
         progress(0.6)
         try await thumbnailOf(result, to: thumbnail)
         progress(0.9)
-        let head = try FileHandle(forReadingFrom: result).read(upToCount: 16) ?? Data()
-        let resultType = ImageSniffer.contentType(of: Array(head)) ?? "image/jpeg"
-        try await blobs.adopt(file: result, as: resultKey, metadata: BlobMetadata(owner: job.userId, contentType: resultType, size: Self.size(result)))
-        try await blobs.adopt(file: thumbnail, as: thumbnailKey, metadata: BlobMetadata(owner: job.userId, contentType: "image/jpeg", size: Self.size(thumbnail)))
-        return JobOutput(resultKey: resultKey, thumbnailKey: thumbnailKey)
+        // The URLs again: the edit may have outlived them.
+        let outputs = try await transfer()
+        try await store(result, with: outputs.result)
+        try await store(thumbnail, with: outputs.thumbnail)
+        return JobOutput(resultKey: outputs.result.key, thumbnailKey: outputs.thumbnail.key)
+    }
+
+    /// Fetches `url` into `file` (at most `maxInputBytes`). A missing input fails for good; an
+    /// unreachable store, 5xx or an expired URL is retryable.
+    func fetch(_ url: String, to file: URL) async throws {
+        let response: HTTPClientResponse
+        do {
+            response = try await HTTPClient.shared.execute(HTTPClientRequest(url: url), timeout: .seconds(60))
+        } catch {
+            throw EffectError("the input image could not be fetched: \(Self.describe(error))", retryable: true)
+        }
+        let status = Int(response.status.code)
+        guard status == 200 else {
+            if status == 404 { throw EffectError("the input image is missing", retryable: false) }
+            throw EffectError("the input image could not be fetched: the store answered \(status)", retryable: status >= 500 || status == 403 || status == 429)
+        }
+        let body: ByteBuffer
+        do {
+            body = try await response.body.collect(upTo: maxInputBytes)
+        } catch {
+            throw EffectError("the input image is over \(maxInputBytes) bytes or was cut short", retryable: false)
+        }
+        try await blocking { try Data(body.readableBytesView).write(to: file) }
+    }
+
+    /// Writes `file` with the presigned `write`. A full store (507) says so in words the
+    /// worker's wait for space knows; other failures are retryable.
+    func store(_ file: URL, with write: PresignedWrite) async throws {
+        let bytes = try await blocking { try Data(contentsOf: file) }
+        var request = HTTPClientRequest(url: write.url)
+        request.method = .PUT
+        for (name, value) in write.headers { request.headers.add(name: name, value: value) }
+        request.body = .bytes(ByteBuffer(bytes: bytes))
+        let response: HTTPClientResponse
+        do {
+            response = try await HTTPClient.shared.execute(request, timeout: .seconds(60))
+        } catch {
+            throw EffectError("the output could not be stored: \(Self.describe(error))", retryable: true)
+        }
+        let status = Int(response.status.code)
+        _ = try? await response.body.collect(upTo: 64 << 10)
+        guard (200..<300).contains(status) else {
+            if status == 507 { throw EffectError("the output could not be stored: the store is full (No space left on device)", retryable: true) }
+            throw EffectError("the output could not be stored: the store answered \(status)", retryable: true)
+        }
+    }
+
+    static func describe(_ error: any Error) -> String {
+        (error as? HTTPClientError).map(\.shortDescription) ?? String(describing: type(of: error))
     }
 
     /// `scale`, or less so that the output stays within the pixel limit (an upscale never makes
@@ -135,7 +184,7 @@ public struct EffectRunner: Sendable {
 
     /// Asks a remote inference endpoint: JSON in (a signed URL of the image, effect, parameters,
     /// prompt); an image, or JSON `{imageUrl}`, out.
-    private func remote(_ job: JobAssignment, to output: URL) async throws {
+    private func remote(_ job: JobAssignment, imageURL: String, to output: URL) async throws {
         guard let endpoint = job.effect.endpoint.flatMap(URL.init(string:)) else {
             throw EffectError("effect \(job.effect.id) has no endpoint", retryable: false)
         }
@@ -150,7 +199,7 @@ public struct EffectRunner: Sendable {
         request.method = .POST
         request.headers.add(name: "Content-Type", value: "application/json")
         request.body = .bytes(ByteBuffer(bytes: try JSONEncoder().encode(Ask(
-            imageUrl: publicBaseURL + signer.downloadPath(for: job.imageKey),
+            imageUrl: imageURL,
             effect: job.effect.id, parameters: job.parameters, prompt: job.prompt
         ))))
         let (body, contentType) = try await fetch(request)
@@ -164,7 +213,8 @@ public struct EffectRunner: Sendable {
         guard ImageSniffer.contentType(of: Array(bytes.prefix(16))) != nil else {
             throw EffectError("the endpoint did not answer with an image", retryable: false)
         }
-        try bytes.write(to: output)
+        let answer = bytes
+        try await blocking { try answer.write(to: output) }
     }
 
     /// Sends `request` (AsyncHTTPClient, two minutes at most); the body (64 MiB at most) and its
@@ -203,7 +253,4 @@ public struct EffectRunner: Sendable {
         String(decoding: characters.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
-    static func size(_ file: URL) -> Int {
-        ((try? FileManager.default.attributesOfItem(atPath: file.path))?[.size] as? Int) ?? 0
-    }
 }

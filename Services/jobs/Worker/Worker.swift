@@ -123,6 +123,21 @@ public struct Worker: Service {
         var all: [JobAttempt: WorkerMessage] { results.withLock { $0 } }
     }
 
+    /// Fresh URLs the jobs service sent for attempts held here (`renewed`), kept until the
+    /// attempt ends.
+    final class Renewed: Sendable {
+        private let transfers = Mutex<[JobAttempt: JobTransfer]>([:])
+        func deliver(_ attempt: JobAttempt, _ transfer: JobTransfer, held: Bool) {
+            guard held else { return }
+            transfers.withLock { $0[attempt] = transfer }
+        }
+        func latest(_ attempt: JobAttempt) -> JobTransfer? { transfers.withLock { $0[attempt] } }
+        func forget(_ attempt: JobAttempt) { _ = transfers.withLock { $0.removeValue(forKey: attempt) } }
+    }
+
+    /// URLs closer than this to their expiry are renewed before use.
+    static let renewalMargin: TimeInterval = 30
+
     /// When the jobs service was last heard from.
     final class LastHeard: Sendable {
         private let instant = Mutex(ContinuousClock.now)
@@ -136,6 +151,7 @@ public struct Worker: Service {
     public func run() async throws {
         let running = Running(capacity: configuration.capacity)
         let unrecorded = Unrecorded()
+        let renewed = Renewed()
         while !Task.isCancelled && !Task.isShuttingDownGracefully {
             let channel = try await BusChannel.connect(configuration.endpoint, curve: configuration.curve, logger: logger)
             let ready = WorkerMessage.ready(WorkerReady(
@@ -154,7 +170,7 @@ public struct Worker: Service {
                         for await message in channel.incoming {
                             lastHeard.touch()
                             guard let decoded = BusChannel.decode(DispatcherMessage.self, message) else { continue }
-                            handle(decoded, channel: channel, running: running, unrecorded: unrecorded, ready: ready)
+                            handle(decoded, channel: channel, running: running, unrecorded: unrecorded, renewed: renewed, ready: ready)
                         }
                     }
                     group.addTask {
@@ -191,8 +207,10 @@ public struct Worker: Service {
         while running.count > 0 { try? await Task.sleep(for: .milliseconds(50)) }
     }
 
-    private func handle(_ message: DispatcherMessage, channel: BusChannel, running: Running, unrecorded: Unrecorded, ready: WorkerMessage) {
+    private func handle(_ message: DispatcherMessage, channel: BusChannel, running: Running, unrecorded: Unrecorded, renewed: Renewed, ready: WorkerMessage) {
         switch message {
+        case .renewed(let attempt, let transfer):
+            renewed.deliver(attempt, transfer, held: running.contains(attempt))
         case .heartbeat:
             break
         case .reconnect:
@@ -222,7 +240,7 @@ public struct Worker: Service {
             }
             guard !running.contains(job.attempt) else { return }
             running.add(job.attempt)
-            if let admitted = running.admit(job) { launch(admitted, channel: channel, running: running, unrecorded: unrecorded) }
+            if let admitted = running.admit(job) { launch(admitted, channel: channel, running: running, unrecorded: unrecorded, renewed: renewed) }
         }
     }
 
@@ -240,11 +258,12 @@ public struct Worker: Service {
     }
 
     /// Runs a job in a task of its own; when it ends, the next prefetched job runs.
-    private func launch(_ job: JobAssignment, channel: BusChannel, running: Running, unrecorded: Unrecorded) {
+    private func launch(_ job: JobAssignment, channel: BusChannel, running: Running, unrecorded: Unrecorded, renewed: Renewed) {
         let task = Task {
-            let result = await execute(job, channel: channel, running: running)
+            let result = await execute(job, channel: channel, running: running, renewed: renewed)
+            renewed.forget(job.attempt)
             finish(job.attempt, with: result, channel: channel, running: running, unrecorded: unrecorded)
-            if let next = running.next() { launch(next, channel: channel, running: running, unrecorded: unrecorded) }
+            if let next = running.next() { launch(next, channel: channel, running: running, unrecorded: unrecorded, renewed: renewed) }
         }
         running.attach(job.attempt, task)
     }
@@ -260,7 +279,7 @@ public struct Worker: Service {
     /// Runs one attempt and returns its result message. While the disk is full the attempt
     /// waits for space (up to `storageWait`) instead of failing: a full disk is the operator's
     /// to fix, not a reason to use up the job's attempts.
-    private func execute(_ job: JobAssignment, channel: BusChannel, running: Running) async -> WorkerMessage {
+    private func execute(_ job: JobAssignment, channel: BusChannel, running: Running, renewed: Renewed) async -> WorkerMessage {
         var jobLogger = logger
         jobLogger[metadataKey: "job"] = "\(job.attempt.jobId)"
         jobLogger[metadataKey: "attempt"] = "\(job.attempt.attempt)"
@@ -268,16 +287,19 @@ public struct Worker: Service {
         let started = ContinuousClock.now
         WorkerMetrics.inProgress.increment()
         defer { WorkerMetrics.inProgress.decrement() }
-        let result = await attempt(job, channel: channel, running: running, logger: jobLogger, started: started)
+        let result = await attempt(job, channel: channel, running: running, renewed: renewed, logger: jobLogger, started: started)
         WorkerMetrics.finished(job.effect.id, result, after: started.duration(to: .now))
         return result
     }
 
-    private func attempt(_ job: JobAssignment, channel: BusChannel, running: Running, logger jobLogger: Logger, started: ContinuousClock.Instant) async -> WorkerMessage {
+    private func attempt(_ job: JobAssignment, channel: BusChannel, running: Running, renewed: Renewed, logger jobLogger: Logger, started: ContinuousClock.Instant) async -> WorkerMessage {
         var pause = Duration.seconds(1)
+        let heartbeat = configuration.heartbeat
         while true {
             do {
-                let output = try await runner.run(job) { fraction in
+                let output = try await runner.run(job, transfer: {
+                    try await Self.fresh(job, channel: channel, renewed: renewed, wait: max(.seconds(5), heartbeat * 5))
+                }) { fraction in
                     channel.send(WorkerMessage.progress(job.attempt, fraction: fraction))
                 }
                 if running.wasCancelled(job.attempt) {
@@ -300,6 +322,24 @@ public struct Worker: Service {
                 return .failed(job.attempt, error: effectError.description, retryable: effectError.retryable || StorageErrors.mentionsOutOfSpace(effectError.description))
             }
         }
+    }
+}
+
+extension Worker {
+    /// The job's URLs if they are good for a while yet; otherwise fresh ones asked of the jobs
+    /// service (`renew`), waited for up to `wait`.
+    static func fresh(_ job: JobAssignment, channel: BusChannel, renewed: Renewed, wait: Duration) async throws -> JobTransfer {
+        func usable(_ transfer: JobTransfer?) -> JobTransfer? {
+            transfer.flatMap { $0.expiresAt.timeIntervalSinceNow > renewalMargin ? $0 : nil }
+        }
+        if let transfer = usable(renewed.latest(job.attempt) ?? job.transfer) { return transfer }
+        channel.send(WorkerMessage.renew(job.attempt))
+        let deadline = ContinuousClock.now.advanced(by: wait)
+        while ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(20))
+            if let transfer = usable(renewed.latest(job.attempt)) { return transfer }
+        }
+        throw EffectError("the job's URLs expired and the jobs service sent no fresh ones", retryable: true)
     }
 }
 

@@ -13,15 +13,13 @@ public struct WorkerConfiguration: Sendable {
     public var prefetch: Int
     /// This worker's name in logs (`WORKER_ID`, default host and pid).
     public var workerId: String
-    /// The shared blob folder (`BLOB_DIR`, default `$DATA_DIR/blobs`).
-    public var blobDirectory: String
+    /// Where the worker keeps a job's input and outputs while it runs (`WORKER_SCRATCH_DIR`,
+    /// default a folder of its own under the system's temporary folder). Nothing is shared: the
+    /// input comes and the outputs go through the presigned URLs of the job's assignment.
+    public var scratchDirectory: String
     /// Heartbeat interval (`WORKER_HEARTBEAT_MS`, default 1000); the jobs service is presumed
     /// dead after three silent intervals.
     public var heartbeat: Duration
-    /// For remote effects: the secret the gateway signs URLs with (`URL_SIGNING_SECRET`) and the
-    /// gateway's public base URL (`PUBLIC_BASE_URL`).
-    public var urlSigningSecret: String
-    public var publicBaseURL: String
     /// The least severe log level printed (`LOG_LEVEL`).
     public var logLevel: String
     /// Effect ids this worker takes (`WORKER_EFFECTS`, comma-separated; default `*`, every
@@ -37,15 +35,12 @@ public struct WorkerConfiguration: Sendable {
     public var storageWait: Duration
 
     public init(environment: Environment) throws {
-        let dataDirectory = environment.string("DATA_DIR", default: ".data")
         endpoint = environment.string("JOBS_WORKER_ENDPOINT", default: "tcp://127.0.0.1:7104")
         capacity = min(64, max(1, try environment.int("WORKER_CAPACITY", default: 1)))
         prefetch = min(64, max(0, try environment.int("WORKER_PREFETCH", default: 1)))
         workerId = environment.string("WORKER_ID", default: "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)")
-        blobDirectory = environment.string("BLOB_DIR", default: dataDirectory + "/blobs")
+        scratchDirectory = environment.string("WORKER_SCRATCH_DIR", default: FileManager.default.temporaryDirectory.appendingPathComponent("photoedit-worker-\(ProcessInfo.processInfo.processIdentifier)").path)
         heartbeat = .milliseconds(max(50, try environment.int("WORKER_HEARTBEAT_MS", default: 1000)))
-        urlSigningSecret = environment.string("URL_SIGNING_SECRET", default: "development-url-signing-secret")
-        publicBaseURL = environment.string("PUBLIC_BASE_URL", default: "http://127.0.0.1:8080")
         logLevel = environment.string("LOG_LEVEL", default: "info")
         curve = try BusSecurity.clientKeys(environment)
         maxPixels = try environment.int("IMAGE_MAX_PIXELS", default: 50_000_000)
@@ -54,8 +49,8 @@ public struct WorkerConfiguration: Sendable {
     }
 
     public static let environmentKeys = [
-        "JOBS_WORKER_ENDPOINT", "WORKER_CAPACITY", "WORKER_PREFETCH", "WORKER_ID", "BLOB_DIR", "DATA_DIR", "WORKER_HEARTBEAT_MS",
-        "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "LOG_LEVEL", "WORKER_EFFECTS", "BUS_CURVE_PUBLIC",
+        "JOBS_WORKER_ENDPOINT", "WORKER_CAPACITY", "WORKER_PREFETCH", "WORKER_ID", "WORKER_SCRATCH_DIR", "WORKER_HEARTBEAT_MS",
+        "LOG_LEVEL", "WORKER_EFFECTS", "BUS_CURVE_PUBLIC",
         "IMAGE_MAX_PIXELS", "WORKER_STORAGE_WAIT_S", "BUS_ENCODING",
     ]
 }

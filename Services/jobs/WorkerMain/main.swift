@@ -1,4 +1,3 @@
-import Blobs
 import Foundation
 import JobsCore
 import Logging
@@ -14,12 +13,7 @@ await ProcessExit.run("worker") {
     let logger = Logger(label: configuration.workerId)
     ProcessMetrics.bootstrap()
     EffectRunner.startImageLibrary()
-    let runner = EffectRunner(
-        blobs: try DiskBlobStore(root: URL(fileURLWithPath: configuration.blobDirectory)),
-        signer: URLSigner(secret: configuration.urlSigningSecret),
-        publicBaseURL: configuration.publicBaseURL,
-        maxPixels: configuration.maxPixels
-    )
+    let runner = EffectRunner(scratch: URL(fileURLWithPath: configuration.scratchDirectory), maxPixels: configuration.maxPixels)
     let worker = Worker(
         configuration: configuration, runner: runner,
         effects: configuration.effects,

@@ -1,4 +1,6 @@
+import Blobs
 import Bus
+import Foundation
 import Logging
 import ServiceKit
 
@@ -20,8 +22,9 @@ public struct GatewayConfiguration: Sendable {
     public var jwtSecret: String?
     /// The admin routes' bearer token (`ADMIN_TOKEN`); none refuses every admin call.
     public var adminToken: String?
-    /// The blob folder shared with the workers (`BLOB_DIR`, default `$DATA_DIR/blobs`).
-    public var blobDirectory: String
+    /// The blob store (`BLOB_STORE`: `folder`, in `BLOB_DIR`, or `s3`, with the `S3_*` and
+    /// `AWS_*` settings).
+    public var blobStore: BlobStoreConfiguration.Store
     /// The key of upload and download URL signatures (`URL_SIGNING_SECRET`).
     public var urlSigningSecret: String
     /// The gateway's address as clients reach it, for signed URLs (`PUBLIC_BASE_URL`).
@@ -71,7 +74,8 @@ public struct GatewayConfiguration: Sendable {
         streamsTotal: Int = 4_000,
         uploadsRequireQuota: Bool = true,
         adaptyWebhookSecret: String? = nil,
-        openAPIFile: String? = nil
+        openAPIFile: String? = nil,
+        blobStore: BlobStoreConfiguration.Store? = nil
     ) {
         self.host = host
         self.port = port
@@ -81,7 +85,7 @@ public struct GatewayConfiguration: Sendable {
         self.logLevel = logLevel
         self.jwtSecret = jwtSecret
         self.adminToken = adminToken
-        self.blobDirectory = blobDirectory
+        self.blobStore = blobStore ?? .folder(URL(fileURLWithPath: blobDirectory))
         self.urlSigningSecret = urlSigningSecret
         self.publicBaseURL = publicBaseURL ?? "http://\(host):\(port)"
         self.uploadMaxBytes = uploadMaxBytes
@@ -123,7 +127,8 @@ public struct GatewayConfiguration: Sendable {
             streamsTotal: try environment.int("SSE_MAX_STREAMS", default: 4_000),
             uploadsRequireQuota: try environment.bool("UPLOADS_REQUIRE_QUOTA", default: true),
             adaptyWebhookSecret: environment.optional("ADAPTY_WEBHOOK_SECRET"),
-            openAPIFile: environment.optional("OPENAPI_FILE")
+            openAPIFile: environment.optional("OPENAPI_FILE"),
+            blobStore: try BlobStoreConfiguration(environment: environment.values).store
         )
         curve = try BusSecurity.clientKeys(environment)
     }
@@ -131,8 +136,13 @@ public struct GatewayConfiguration: Sendable {
     /// The environment variables `init(environment:)` reads, and `BUS_ENCODING`, which the bus reads.
     public static var environmentKeys: [String] {
         ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "JWT_SECRET", "ADMIN_TOKEN",
-         "BLOB_DIR", "DATA_DIR", "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S",
+         "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S",
          "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "OPENAPI_FILE", "BUS_CURVE_PUBLIC", "BUS_ENCODING"]
-            + ServiceName.allCases.map(\.endpointVariable)
+            + ServiceName.allCases.map(\.endpointVariable) + BlobStoreConfiguration.environmentKeys
+    }
+
+    /// The blob store's settings, with the secret and base URL of the folder store's routes.
+    public var blobs: BlobStoreConfiguration {
+        BlobStoreConfiguration(store: blobStore, urlSigningSecret: urlSigningSecret, publicBaseURL: publicBaseURL)
     }
 }

@@ -1,23 +1,25 @@
 import Blobs
 import Bus
-import Crypto
 import Foundation
 import HTTPTypes
 import Hummingbird
+import Logging
 import Messages
+import Metrics
 
-/// Uploads through signed, expiring URLs that point at the gateway's own `PUT` route, and
-/// downloads of results and thumbnails through signed, expiring `GET` URLs.
+/// Uploads through presigned, expiring URLs: the object store's own with the S3 store (the app's
+/// `PUT` never reaches the gateway; the checks run at job creation), or the gateway's signed
+/// `PUT /api/v1/uploads/...` with the folder store. With the folder store the gateway also serves
+/// the signed `GET /files/...` downloads and takes the workers' signed `PUT /files/...` outputs.
 struct UploadsController<Context: RequestContext>: Sendable {
     let clients: ServiceClients
     let authenticator: Authenticator
-    let blobs: DiskBlobStore
+    let blobs: any BlobStore
     let signer: URLSigner
-    let publicBaseURL: String
     let maxBytes: Int
     let maxPixels: Int
     let lifetime: Int
-    /// Logs a full disk once, not once per upload.
+    /// Logs a failing store once, not once per upload.
     let failures: FailureLog
     /// Refuse a presign with the quota 429 when the user has no edit left (the app's "blocks at 0").
     let requireQuota: Bool
@@ -49,29 +51,29 @@ struct UploadsController<Context: RequestContext>: Sendable {
                 let status = try await clients.call(.quota, Quota.status, UserReference(userId: caller.id))
                 if let denial = RateLimitHeaders.problem(ifExhausted: status, now: Date()) { throw denial }
             }
-            let key = "uploads/\(Self.ownerFolder(caller.id))/\(UUID().uuidString.lowercased()).\(ext)"
-            let expires = Int(Date().timeIntervalSince1970) + lifetime
-            let sig = signer.signature(method: "PUT", key: key, owner: caller.id, contentType: ask.contentType, expires: expires)
-            let owner = caller.id.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? ""
-            return try JSONResponse.make(.ok, Presigned(
-                uploadUrl: "\(publicBaseURL)/api/v1/uploads/\(key)?owner=\(owner)&exp=\(expires)&sig=\(sig)",
-                imageKey: key, expiresIn: lifetime, headers: ["Content-Type": ask.contentType]
-            ))
+            // A new key every time: a key holds one image for good, so a job's original never changes.
+            let key = "uploads/\(UploadCheck.ownerFolder(caller.id))/\(UUID().uuidString.lowercased()).\(ext)"
+            let put = blobs.presignedPUT(key, contentType: ask.contentType, owner: caller.id, ifAbsent: true, expiresIn: lifetime, now: Date())
+            return try JSONResponse.make(.ok, Presigned(uploadUrl: put.url, imageKey: key, expiresIn: lifetime, headers: put.headers))
         }
+        guard let folder = blobs as? FolderBlobStore else { return }
         router.put("/api/v1/uploads/**") { request, context in
-            try await upload(request, context: context)
+            try await upload(request, context: context, folder: folder)
         }
         router.get("/files/**") { request, context in
             try await download(request, context: context)
+        }
+        router.put("/files/**") { request, context in
+            try await storeOutput(request, context: context, folder: folder)
         }
     }
 
     /// Checks signature and expiry (403), type (415), a declared size over the limit (413, before
     /// reading the body), that the key holds nothing yet (409), then streams the body into a
-    /// temporary file (413 as soon as it passes the limit), checks the bytes are the signed type
-    /// (415) and the header's pixel count (422), and moves the file in under the key, once.
+    /// staging file (413 as soon as it passes the limit), checks the bytes are the signed type
+    /// (415) and the header's pixel count (422), and puts the file in under the key, once.
     /// Nothing is left behind on any refusal; a full disk answers 507.
-    func upload(_ request: Request, context: Context) async throws -> Response {
+    func upload(_ request: Request, context: Context, folder: FolderBlobStore) async throws -> Response {
         let key = context.parameters.getCatchAll().joined(separator: "/")
         let query = request.uri.queryParameters
         let owner = query["owner"].map { String($0).removingPercentEncoding ?? "" } ?? ""
@@ -85,36 +87,19 @@ struct UploadsController<Context: RequestContext>: Sendable {
             throw Problem(.unsupportedMediaType, detail: "Uploads must be image/jpeg, image/png, image/webp or image/heic.")
         }
         if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > maxBytes {
-            throw Self.tooLarge(maxBytes)
+            throw UploadProblems.tooLarge(maxBytes)
         }
-        guard try !blobs.exists(key) else { throw Self.alreadyUploaded }
-        let temporary = try storing { try blobs.temporaryFile() }
-        defer { try? FileManager.default.removeItem(at: temporary) }
-        let counter = ByteCounter()
-        do {
-            try await FileIO().writeFile(contents: LimitedBody(base: request.body, limit: maxBytes, counter: counter), path: temporary.path, context: context)
-        } catch {
-            // The limit is checked on the bytes received, whatever error the file writer wrapped it in.
-            if counter.count > maxBytes { throw Self.tooLarge(maxBytes) }
-            throw storageProblem(error) ?? error
-        }
+        guard try await storing({ try await folder.head(key) }) == nil else { throw Self.alreadyUploaded }
+        let (staged, counter) = try await receive(request.body, limit: maxBytes, into: folder, context: context)
+        defer { try? FileManager.default.removeItem(at: staged) }
         let head = counter.head
         guard let sniffed = ImageSniffer.contentType(of: Array(head.prefix(16))), sniffed == contentType else {
-            throw Problem(.unsupportedMediaType, detail: "The bytes are not a \(contentType) image.")
+            throw UploadProblems.notAnImage(contentType)
         }
-        guard let size = ImageSize.read(head, contentType: contentType) else {
-            throw Problem(.unprocessableContent, detail: "The image's width and height cannot be read from its header.",
-                          extensions: ["code": .string("unreadable_image_size")])
-        }
-        guard size.width > 0, size.height > 0, size.pixels <= maxPixels else {
-            throw Problem(
-                .unprocessableContent,
-                detail: "The image is \(size) (\(size.pixels) pixels); images are limited to \(maxPixels) pixels.",
-                extensions: ["code": .string("too_many_pixels"), "maxPixels": .int(maxPixels), "width": .int(size.width), "height": .int(size.height)]
-            )
-        }
+        try UploadProblems.checkPixels(head, contentType: contentType, maxPixels: maxPixels)
+        let size = ImageSize.read(head, contentType: contentType) ?? ImageSize(width: 0, height: 0)
         do {
-            try await blobs.adoptOnce(file: temporary, as: key, metadata: BlobMetadata(owner: owner, contentType: contentType, size: counter.count))
+            try await folder.put(key, from: .file(staged), metadata: BlobMetadata(owner: owner, contentType: contentType), ifAbsent: true)
         } catch BlobError.exists {
             throw Self.alreadyUploaded
         } catch {
@@ -123,9 +108,48 @@ struct UploadsController<Context: RequestContext>: Sendable {
         return try JSONResponse.make(.created, Uploaded(imageKey: key, size: counter.count, contentType: contentType, width: size.width, height: size.height))
     }
 
-    static func tooLarge(_ maxBytes: Int) -> Problem {
-        Problem(.contentTooLarge, detail: "Uploads are limited to \(maxBytes) bytes.",
-                extensions: ["code": .string("upload_too_large"), "maxBytes": .int(maxBytes)])
+    /// A worker's output (folder store): `PUT /files/<key>?owner=&exp=&sig=` signed by the jobs
+    /// service with the same secret, for that key, owner and content type.
+    func storeOutput(_ request: Request, context: Context, folder: FolderBlobStore) async throws -> Response {
+        let key = context.parameters.getCatchAll().joined(separator: "/")
+        let query = request.uri.queryParameters
+        let owner = query["owner"].map { String($0).removingPercentEncoding ?? "" } ?? ""
+        let contentType = request.headers[.contentType] ?? ""
+        guard BlobKey.isValid(key), !key.hasPrefix("uploads/"), let expires = query["exp"].flatMap({ Int($0) }), let sig = query["sig"].map(String.init),
+              signer.verify(signature: sig, method: URLSigner.writeMethod, key: key, owner: owner, contentType: contentType, expires: expires)
+        else {
+            throw Problem(.forbidden, detail: "The write URL is invalid or has expired (or Content-Type differs from the one signed).")
+        }
+        let (staged, _) = try await receive(request.body, limit: UploadProblems.maxOutputBytes, into: folder, context: context)
+        defer { try? FileManager.default.removeItem(at: staged) }
+        do {
+            try await folder.put(key, from: .file(staged), metadata: BlobMetadata(owner: owner, contentType: contentType))
+        } catch {
+            throw storageProblem(error) ?? error
+        }
+        return Response(status: .created)
+    }
+
+    /// Streams a request body into a staging file of the store (413 past `limit`); a client that
+    /// goes away meanwhile is a client abort, not a storage failure.
+    func receive(_ body: RequestBody, limit: Int, into folder: FolderBlobStore, context: Context) async throws -> (URL, ByteCounter) {
+        let staged = folder.stagingFile()
+        let counter = ByteCounter()
+        do {
+            try await FileIO().writeFile(contents: LimitedBody(base: body, limit: limit, counter: counter), path: staged.path, context: context)
+        } catch {
+            try? FileManager.default.removeItem(at: staged)
+            // The limit is checked on the bytes received, whatever error the file writer wrapped it in.
+            if counter.count > limit { throw UploadProblems.tooLarge(limit) }
+            if !counter.finished, !StorageErrors.isOutOfSpace(error) {
+                // The body ended early: the client went away (or sent less than it said).
+                Counter(label: "gateway_uploads_aborted_total").increment()
+                context.logger.debug("upload abandoned by the client", metadata: ["received": "\(counter.count)", "error": "\(error)"])
+                throw Problem(.badRequest, detail: "The upload ended before its body did.", extensions: ["code": .string("upload_incomplete")])
+            }
+            throw storageProblem(error) ?? error
+        }
+        return (staged, counter)
     }
 
     static var alreadyUploaded: Problem { Problem(
@@ -133,18 +157,18 @@ struct UploadsController<Context: RequestContext>: Sendable {
         extensions: ["code": .string("already_uploaded")]
     ) }
 
-    /// Runs file work, turning a full disk into its problem.
-    func storing<T>(_ work: () throws -> T) throws -> T {
-        do { return try work() } catch { throw storageProblem(error) ?? error }
+    /// Runs store work, turning a store failure into its problem.
+    func storing<T>(_ work: () async throws -> T) async throws -> T {
+        do { return try await work() } catch { throw storageProblem(error) ?? error }
     }
 
-    /// The answer to a failed file write, through the gateway's one mapping of storage errors
-    /// (507 for a full disk, 503 for another I/O error); the cause is logged once, not per upload.
+    /// The answer to a failed write, through the gateway's one mapping of storage errors (507 for
+    /// a full disk, 503 for another I/O error); the cause is logged once, not per upload.
     func storageProblem(_ error: any Error) -> Problem? {
         let storage: BusError
-        if StorageErrors.isOutOfSpace(error) {
+        if StorageErrors.isOutOfSpace(error) || (error as? BlobStoreError)?.kind == .full {
             storage = BusError(.storageFull, "The server's disk is full; the upload was not stored. Try again later.")
-        } else if error is CocoaError || error is POSIXError || "\(type(of: error))".contains("FileSystemError") {
+        } else if error is CocoaError || error is POSIXError || error is BlobStoreError || "\(type(of: error))".contains("FileSystemError") {
             storage = BusError(.storageUnavailable, "The server could not store the upload. Try again shortly.")
         } else {
             return nil
@@ -153,6 +177,8 @@ struct UploadsController<Context: RequestContext>: Sendable {
         return Problem(storage, service: "gateway")
     }
 
+    /// `GET /files/<key>?exp=&sig=` (folder store): the file is opened before the answer starts,
+    /// so a blob deleted meanwhile is served whole, or is 404 if it was gone first.
     func download(_ request: Request, context: Context) async throws -> Response {
         let key = context.parameters.getCatchAll().joined(separator: "/")
         let query = request.uri.queryParameters
@@ -161,16 +187,22 @@ struct UploadsController<Context: RequestContext>: Sendable {
         else {
             throw Problem(.forbidden, detail: "The file URL is invalid or has expired.")
         }
-        guard let metadata = try await blobs.metadata(of: key), let file = try? await blobs.localFile(for: key) else {
-            throw Problem(.notFound, detail: "No such file.")
-        }
-        let body = try await FileIO().loadFile(path: file.path, context: context)
-        return Response(status: .ok, headers: [.contentType: metadata.contentType, .cacheControl: "private, max-age=\(lifetime)"], body: body)
+        return try await Self.serve(blobs, key: key, cacheControl: "private, max-age=\(lifetime)")
     }
 
-    /// A user's upload folder: a hash, so ids never become paths.
-    static func ownerFolder(_ owner: String) -> String {
-        SHA256.hash(data: Data(owner.utf8)).prefix(8).map { String(format: "%02x", $0) }.joined()
+    /// The whole of `key` as a response, streamed from a reader opened before it starts.
+    static func serve(_ blobs: any BlobStore, key: String, cacheControl: String) async throws -> Response {
+        let reader: BlobReader
+        do {
+            reader = try await blobs.open(key)
+        } catch BlobError.notFound {
+            throw Problem(.notFound, detail: "No such file.")
+        }
+        return Response(
+            status: .ok,
+            headers: [.contentType: reader.metadata.contentType, .contentLength: String(reader.length), .cacheControl: cacheControl],
+            body: ResponseBody(asyncSequence: reader.body)
+        )
     }
 }
 
@@ -186,17 +218,17 @@ struct Uploaded: Encodable {
 }
 
 /// Counts the bytes an upload streamed and keeps its first 256 KiB, where every image header
-/// the gateway reads lies (so the file is not read back).
+/// the gateway reads lies (so the file is not read back), and whether the body ended.
 final class ByteCounter: @unchecked Sendable {
     // Written by the one task that streams the body, read after it finished.
-    static let headBytes = 256 << 10
     var count = 0
     var head: [UInt8] = []
+    var finished = false
 
     func add(_ buffer: ByteBuffer) {
         count += buffer.readableBytes
-        if head.count < Self.headBytes {
-            head += buffer.readableBytesView.prefix(Self.headBytes - head.count)
+        if head.count < UploadProblems.headerBytes {
+            head += buffer.readableBytesView.prefix(UploadProblems.headerBytes - head.count)
         }
     }
 }
@@ -213,7 +245,10 @@ struct LimitedBody<Base: AsyncSequence & Sendable>: AsyncSequence, Sendable wher
         let limit: Int
         let counter: ByteCounter
         mutating func next() async throws -> ByteBuffer? {
-            guard let buffer = try await base.next() else { return nil }
+            guard let buffer = try await base.next() else {
+                counter.finished = true
+                return nil
+            }
             counter.add(buffer)
             if counter.count > limit { throw UploadTooLarge() }
             return buffer

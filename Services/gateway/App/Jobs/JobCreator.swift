@@ -10,8 +10,8 @@ import Messages
 /// and gives the units back when creation definitely failed.
 struct JobCreator: Sendable {
     let clients: ServiceClients
-    /// Upload metadata (owner, type, size), remembered for a minute: checked on every creation.
-    let uploads: BlobMetadataCache
+    /// The upload checks (owner, type, size, pixels), remembered for a minute once passed.
+    let uploads: UploadCheck
 
     struct Accepted: Encodable {
         var jobId: String
@@ -21,9 +21,7 @@ struct JobCreator: Sendable {
 
     /// Validates, reserves quota for the job id, creates the job; releases on a definite failure.
     func create(caller: Caller, imageKey: String, effect: String, parameters: [String: Double], prompt: String?, idempotencyKey: String?) async throws -> Response {
-        guard BlobKey.isValid(imageKey), let image = try await uploads.metadata(of: imageKey), image.owner == caller.id else {
-            throw Problem(.notFound, detail: "No uploaded image \(imageKey.prefix(100)).")
-        }
+        _ = try await uploads.verify(imageKey, of: caller)
         let jobId = try Self.jobId(user: caller.id, idempotencyKey: idempotencyKey)
         let decision = try await clients.call(.quota, Quota.reserve, ReserveQuota(userId: caller.id, jobId: jobId, cost: Jobs.chargePerJob))
         guard decision.admitted else {

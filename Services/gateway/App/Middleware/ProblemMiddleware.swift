@@ -1,5 +1,8 @@
+import Blobs
+import Bus
 import HTTPTypes
 import Hummingbird
+import Logging
 import Messages
 
 /// Turns every error into an `application/problem+json` response: problems as they are, HTTP
@@ -24,6 +27,11 @@ public struct ProblemMiddleware<Context: RequestContext>: RouterMiddleware {
             return Problem(error.status, detail: error.body, headers: error.headers)
         case let error as BusError:
             return Problem(error, service: "bus")
+        case let error as BlobStoreError:
+            // The store failed (not the request): logged once, not once per request.
+            blobFailures.record(error.kind.rawValue, "the blob store failed: \(error)")
+            let code: BusError.Code = error.kind == .full ? .storageFull : .storageUnavailable
+            return Problem(BusError(code, error.kind == .full ? "The file store is full. Try again later." : "The file store cannot be reached. Try again shortly."), service: "blobs")
         case let error as any HTTPResponseError:
             return Problem(error.status)
         default:
@@ -32,3 +40,6 @@ public struct ProblemMiddleware<Context: RequestContext>: RouterMiddleware {
         }
     }
 }
+
+/// Failures of the blob store met while answering requests, logged once a kind.
+let blobFailures = FailureLog(logger: Logger(label: "gateway"))

@@ -1,0 +1,79 @@
+import AsyncHTTPClient
+import Foundation
+
+/// Which blob store a process uses and how to reach it, from the environment:
+/// `BLOB_STORE=folder` (the default: `BLOB_DIR`, served through the gateway's signed routes at
+/// `PUBLIC_BASE_URL`, signed with `URL_SIGNING_SECRET`) or `BLOB_STORE=s3` (`S3_ENDPOINT`,
+/// `S3_REGION`, `S3_BUCKET`, `S3_ADDRESSING`, `S3_PUBLIC_BASE_URL`, and the standard
+/// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`).
+public struct BlobStoreConfiguration: Sendable {
+    public enum Store: Sendable {
+        case folder(URL)
+        case s3(S3BlobStore.Configuration)
+    }
+
+    public var store: Store
+    /// For the folder store's signed routes.
+    public var urlSigningSecret: String
+    public var publicBaseURL: String
+
+    public init(store: Store, urlSigningSecret: String, publicBaseURL: String) {
+        self.store = store
+        self.urlSigningSecret = urlSigningSecret
+        self.publicBaseURL = publicBaseURL
+    }
+
+    /// The variables `init(environment:)` reads.
+    public static let environmentKeys = [
+        "BLOB_STORE", "BLOB_DIR", "DATA_DIR", "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "S3_ENDPOINT", "S3_REGION", "S3_BUCKET",
+        "S3_ADDRESSING", "S3_PUBLIC_BASE_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
+    ]
+
+    /// Reads the variables; a missing or malformed one is an error naming it (never its value
+    /// when it is a secret).
+    public init(environment: [String: String]) throws {
+        func value(_ key: String) -> String? { environment[key].flatMap { $0.isEmpty ? nil : $0 } }
+        urlSigningSecret = value("URL_SIGNING_SECRET") ?? "development-url-signing-secret"
+        publicBaseURL = value("PUBLIC_BASE_URL") ?? "http://127.0.0.1:\(value("GATEWAY_PORT") ?? "8080")"
+        switch value("BLOB_STORE") ?? "folder" {
+        case "folder", "disk":
+            store = .folder(URL(fileURLWithPath: value("BLOB_DIR") ?? ((value("DATA_DIR") ?? ".data") + "/blobs")))
+        case "s3":
+            guard let bucket = value("S3_BUCKET") else { throw BlobStoreError(.misconfigured, "BLOB_STORE=s3 needs S3_BUCKET") }
+            guard let accessKey = value("AWS_ACCESS_KEY_ID"), let secret = value("AWS_SECRET_ACCESS_KEY") else {
+                throw BlobStoreError(.misconfigured, "BLOB_STORE=s3 needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+            }
+            let region = value("S3_REGION") ?? value("AWS_REGION") ?? "us-east-1"
+            let endpointText = value("S3_ENDPOINT") ?? "https://s3.\(region).amazonaws.com"
+            guard let endpoint = URL(string: endpointText), let scheme = endpoint.scheme, ["http", "https"].contains(scheme), endpoint.host != nil else {
+                throw BlobStoreError(.misconfigured, "S3_ENDPOINT=\(endpointText) is not an http(s) URL")
+            }
+            let addressing = value("S3_ADDRESSING") ?? (value("S3_ENDPOINT") == nil ? "virtual" : "path")
+            guard ["path", "virtual"].contains(addressing) else {
+                throw BlobStoreError(.misconfigured, "S3_ADDRESSING=\(addressing) is not path or virtual")
+            }
+            store = .s3(S3BlobStore.Configuration(
+                endpoint: endpoint, region: region, bucket: bucket, pathStyle: addressing == "path",
+                credentials: SigV4.Credentials(accessKeyId: accessKey, secretAccessKey: secret, sessionToken: value("AWS_SESSION_TOKEN")),
+                publicBaseURL: value("S3_PUBLIC_BASE_URL").map { $0.hasSuffix("/") ? String($0.dropLast()) : $0 }
+            ))
+        case let other:
+            throw BlobStoreError(.misconfigured, "BLOB_STORE=\(other) is not folder or s3")
+        }
+    }
+
+    /// Opens the store: the folder made and writable, or the bucket answering to our
+    /// credentials. A store that cannot be opened is an error that says why, in one line.
+    public func open() async throws -> any BlobStore {
+        switch store {
+        case .folder(let root):
+            do {
+                return try await FolderBlobStore.open(root: root, signer: URLSigner(secret: urlSigningSecret), publicBaseURL: publicBaseURL)
+            } catch {
+                throw BlobStoreError(.misconfigured, "the blob folder \(root.path) cannot be used: \(error.localizedDescription)")
+            }
+        case .s3(let configuration):
+            return try await S3BlobStore.open(configuration)
+        }
+    }
+}

@@ -1,0 +1,228 @@
+import Foundation
+import NIOCore
+import NIOPosix
+
+/// Blobs as files under a folder, metadata in a `.meta.json` file beside each: the embedded
+/// default. Its presigned URLs are the gateway's own signed routes (`PUBLIC_BASE_URL`,
+/// `URL_SIGNING_SECRET`): `GET /files/<key>`, `PUT /api/v1/uploads/<key>` for the app's uploads
+/// and `PUT /files/<key>` for the workers' results. Every file call runs on NIO's blocking
+/// thread pool.
+public struct FolderBlobStore: BlobStore {
+    public let root: URL
+    let signer: URLSigner
+    let publicBaseURL: String
+    public var kind: BlobStoreKind { .folder }
+
+    init(root: URL, signer: URLSigner, publicBaseURL: String) {
+        self.root = root
+        self.signer = signer
+        self.publicBaseURL = publicBaseURL
+    }
+
+    /// Opens the folder (made if missing) and checks it can be written: an error says why not.
+    public static func open(root: URL, signer: URLSigner, publicBaseURL: String) async throws -> FolderBlobStore {
+        let store = FolderBlobStore(root: root, signer: signer, publicBaseURL: publicBaseURL)
+        try await blocking {
+            let incoming = root.appendingPathComponent(".incoming")
+            try FileManager.default.createDirectory(at: incoming, withIntermediateDirectories: true)
+            let probe = incoming.appendingPathComponent("probe-\(UUID().uuidString)")
+            try Data().write(to: probe)
+            try FileManager.default.removeItem(at: probe)
+        }
+        return store
+    }
+
+    func path(_ key: String) throws -> URL {
+        guard BlobKey.isValid(key) else { throw BlobError.invalidKey }
+        return root.appendingPathComponent(key)
+    }
+
+    /// A fresh path in the store's own file system, so that putting a file written there is a
+    /// link rather than a copy.
+    public func stagingFile() -> URL {
+        root.appendingPathComponent(".incoming").appendingPathComponent(UUID().uuidString)
+    }
+
+    public func put(_ key: String, from source: BlobSource, metadata: BlobMetadata, ifAbsent: Bool) async throws {
+        let target = try path(key)
+        try await Self.blocking {
+            try FileManager.default.createDirectory(at: target.deletingLastPathComponent(), withIntermediateDirectories: true)
+            // The bytes go to a staging file first, so the key never shows half a blob.
+            let staged = stagingFile()
+            defer { try? FileManager.default.removeItem(at: staged) }
+            switch source {
+            case .file(let file):
+                if link(file.path, staged.path) != 0 { try FileManager.default.copyItem(at: file, to: staged) }
+            case .bytes(let buffer):
+                try Data(buffer.readableBytesView).write(to: staged)
+            }
+            var stored = metadata
+            stored.size = Self.size(staged)
+            if ifAbsent {
+                // A hard link made exclusively: of two writers exactly one wins. Until the
+                // metadata is written the blob reads as absent.
+                guard link(staged.path, target.path) == 0 else {
+                    let code = errno
+                    if code == EEXIST { throw BlobError.exists }
+                    throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EIO)
+                }
+                do {
+                    try Self.metadataData(stored).write(to: Self.metadataFile(target), options: .atomic)
+                } catch {
+                    try? FileManager.default.removeItem(at: target)
+                    throw error
+                }
+            } else {
+                guard rename(staged.path, target.path) == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+                try Self.metadataData(stored).write(to: Self.metadataFile(target), options: .atomic)
+            }
+        }
+    }
+
+    public func open(_ key: String, range: ClosedRange<Int>?) async throws -> BlobReader {
+        let target = try path(key)
+        // The file is opened first: whatever happens to the key afterwards, these bytes stay
+        // readable until the reader is done (a deleted file is served whole).
+        let (file, metadata) = try await Self.blocking { () -> (OpenFile, BlobMetadata) in
+            let descriptor = Glibc.open(target.path, O_RDONLY | O_CLOEXEC)
+            guard descriptor >= 0 else {
+                if errno == ENOENT || errno == ENOTDIR { throw BlobError.notFound }
+                throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
+            }
+            let file = OpenFile(descriptor)
+            guard let metadata = Self.readMetadata(target) else { throw BlobError.notFound }
+            var status = stat()
+            guard fstat(descriptor, &status) == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+            var stored = metadata
+            stored.size = Int(status.st_size)
+            return (file, stored)
+        }
+        var served: ClosedRange<Int>?
+        var start = 0, end = metadata.size
+        if let range {
+            guard range.lowerBound < metadata.size else { throw BlobError.notFound }
+            served = range.lowerBound...min(range.upperBound, metadata.size - 1)
+            start = served!.lowerBound
+            end = served!.upperBound + 1
+        }
+        let cursor = file.cursor(from: start, to: end)
+        return BlobReader(metadata: metadata, range: served, length: end - start, body: BlobBody { try await cursor.next() })
+    }
+
+    public func head(_ key: String) async throws -> BlobMetadata? {
+        let target = try path(key)
+        return try await Self.blocking {
+            guard FileManager.default.fileExists(atPath: target.path), var metadata = Self.readMetadata(target) else { return nil }
+            metadata.size = Self.size(target)
+            return metadata
+        }
+    }
+
+    public func delete(_ key: String) async throws {
+        let target = try path(key)
+        try await Self.blocking {
+            try? FileManager.default.removeItem(at: target)
+            try? FileManager.default.removeItem(at: Self.metadataFile(target))
+        }
+    }
+
+    public func list(prefix: String, modifiedBefore date: Date, limit: Int) async throws -> [String] {
+        let root = root
+        return try await Self.blocking {
+            let base = root.appendingPathComponent(prefix)
+            guard let walker = FileManager.default.enumerator(at: base, includingPropertiesForKeys: [.contentModificationDateKey, .isRegularFileKey]) else { return [] }
+            var keys: [String] = []
+            let rootPath = root.standardizedFileURL.path
+            for case let file as URL in walker where keys.count < limit {
+                guard !file.lastPathComponent.hasSuffix(".meta.json"),
+                      let values = try? file.resourceValues(forKeys: [.contentModificationDateKey, .isRegularFileKey]),
+                      values.isRegularFile == true, let modified = values.contentModificationDate, modified < date else { continue }
+                let key = String(file.standardizedFileURL.path.dropFirst(rootPath.count + 1))
+                if BlobKey.isValid(key) { keys.append(key) }
+            }
+            return keys
+        }
+    }
+
+    public func presignedGET(_ key: String, expiresIn: Int, now: Date) -> String {
+        publicBaseURL + signer.downloadPath(for: key, lifetime: expiresIn, now: now)
+    }
+
+    public func presignedPUT(_ key: String, contentType: String, owner: String, ifAbsent: Bool, expiresIn: Int, now: Date) -> PresignedRequest {
+        let expires = Int(now.timeIntervalSince1970) + expiresIn
+        let encodedOwner = owner.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? ""
+        if key.hasPrefix("uploads/") {
+            // The app's upload: the gateway's own PUT checks type, size and pixels, and writes once.
+            let sig = signer.signature(method: "PUT", key: key, owner: owner, contentType: contentType, expires: expires)
+            return PresignedRequest(url: "\(publicBaseURL)/api/v1/uploads/\(key)?owner=\(encodedOwner)&exp=\(expires)&sig=\(sig)",
+                                    headers: ["Content-Type": contentType])
+        }
+        let sig = signer.signature(method: URLSigner.writeMethod, key: key, owner: owner, contentType: contentType, expires: expires)
+        return PresignedRequest(url: "\(publicBaseURL)/files/\(key)?owner=\(encodedOwner)&exp=\(expires)&sig=\(sig)",
+                                headers: ["Content-Type": contentType])
+    }
+
+    // MARK: Files
+
+    static func metadataFile(_ target: URL) -> URL { target.appendingPathExtension("meta.json") }
+
+    static func metadataData(_ metadata: BlobMetadata) throws -> Data {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        return try encoder.encode(metadata)
+    }
+
+    static func readMetadata(_ target: URL) -> BlobMetadata? {
+        guard let data = try? Data(contentsOf: metadataFile(target)) else { return nil }
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        return try? decoder.decode(BlobMetadata.self, from: data)
+    }
+
+    static func size(_ file: URL) -> Int {
+        ((try? FileManager.default.attributesOfItem(atPath: file.path))?[.size] as? Int) ?? 0
+    }
+
+    /// Runs file work on NIO's blocking pool, off the cooperative one.
+    static func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+        try await NIOThreadPool.singleton.runIfActive(work)
+    }
+    func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T { try await Self.blocking(work) }
+}
+
+/// A file descriptor, closed when the last reader lets it go.
+final class OpenFile: Sendable {
+    let descriptor: Int32
+    init(_ descriptor: Int32) { self.descriptor = descriptor }
+    deinit { close(descriptor) }
+
+    /// Reads `start..<end` in chunks of 64 KiB, each on the blocking pool.
+    func cursor(from start: Int, to end: Int) -> Cursor { Cursor(file: self, start: start, end: end) }
+
+    final class Cursor: @unchecked Sendable {
+        // @unchecked: `offset` is advanced by the one task that iterates the body.
+        let file: OpenFile
+        var offset: Int
+        let end: Int
+        init(file: OpenFile, start: Int, end: Int) {
+            self.file = file
+            self.offset = start
+            self.end = end
+        }
+
+        func next() async throws -> ByteBuffer? {
+            guard offset < end else { return nil }
+            let (file, offset, count) = (file, offset, min(64 << 10, end - offset))
+            let chunk = try await FolderBlobStore.blocking { () -> ByteBuffer in
+                var buffer = ByteBufferAllocator().buffer(capacity: count)
+                let read = buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: count) { pointer in
+                    pread(file.descriptor, pointer.baseAddress, count, off_t(offset))
+                }
+                guard read > 0 else { throw BlobStoreError(.unavailable, "a file ended before its size") }
+                return buffer
+            }
+            self.offset += chunk.readableBytes
+            return chunk
+        }
+    }
+}
