@@ -23,7 +23,7 @@ python3 -c "import celery, redis" 2>/dev/null || pip install -q celery redis
 python3 -c "import huey" 2>/dev/null || pip install -q "huey==2.5.2"
 
 source scripts/bench-lib.sh
-build_release jobs worker jobs-bench
+build_release jobs worker jobs-bench gateway
 image=Tests/Fixtures/images/photo.jpg
 small=Tests/Fixtures/images/small.jpg
 
@@ -31,7 +31,11 @@ provider_port=$(port)
 python3 Benchmarks/provider.py "$provider_port" "$small" 0.1 & pids+=($!)
 jobs_endpoint="tcp://127.0.0.1:$(port)"
 worker_endpoint="tcp://127.0.0.1:$(port)"
-JOBS_BIND=$jobs_endpoint JOBS_WORKER_BIND=$worker_endpoint DATA_DIR=$work LOG_LEVEL=warning \
+# Workers read inputs and write outputs through presigned URLs: with the folder store, the
+# gateway's signed routes.
+gateway_port=$(port)
+GATEWAY_PORT=$gateway_port DATA_DIR=$work LOG_LEVEL=warning URL_SIGNING_SECRET=bench-secret "$BIN/gateway" & pids+=($!)
+JOBS_BIND=$jobs_endpoint URL_SIGNING_SECRET=bench-secret PUBLIC_BASE_URL="http://127.0.0.1:$gateway_port" JOBS_WORKER_BIND=$worker_endpoint DATA_DIR=$work LOG_LEVEL=warning \
   QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" JOBS_MAX_IN_FLIGHT=4096 JOBS_MAX_QUEUED=1000000 \
   JOBS_EFFECTS="[{\"id\": \"remote-100ms\", \"processor\": \"remote\", \"endpoint\": \"http://127.0.0.1:$provider_port/infer\"},
                  {\"id\": \"noop\", \"title\": \"No-op (benchmarks)\", \"processor\": \"noop\"}]" \
@@ -41,7 +45,7 @@ sleep 1
 workers=()
 start_workers() { # start_workers COUNT [CAPACITY]
   for index in $(seq 1 "$1"); do
-    JOBS_WORKER_ENDPOINT=$worker_endpoint BLOB_DIR=$work/blobs LOG_LEVEL=warning WORKER_ID="bench-$index" \
+    JOBS_WORKER_ENDPOINT=$worker_endpoint LOG_LEVEL=warning WORKER_ID="bench-$index" \
       WORKER_CAPACITY="${2:-1}" "$BIN/worker" &
     workers+=($!)
   done

@@ -18,6 +18,17 @@ rm -f "$PID_DIR"/*.pid
 swift build -c "$CONFIG" || exit 1
 BIN=$(swift build -c "$CONFIG" --show-bin-path)
 
+# BLOB_STORE=s3 without an S3_ENDPOINT: a local RADOS Gateway in $DATA_DIR/s3 (scripts/s3-server.sh)
+# on S3_PORT (default 7480), bucket $S3_BUCKET (default photoedit), its settings exported; radosgw
+# is restarted if it dies (its pid in $PID_DIR/radosgw.pid, so `loadtest --chaos` kills it too).
+S3_DIR=""
+if [ "${BLOB_STORE:-folder}" = s3 ] && [ -z "${S3_ENDPOINT:-}" ]; then
+  S3_DIR="$DATA_DIR/s3"
+  scripts/s3-server.sh install || exit 1
+  scripts/s3-server.sh start "$S3_DIR" "${S3_PORT:-7480}" || exit 1
+  source "$S3_DIR/s3.env"
+fi
+
 # Runs one process, restarting it after a crash until told to stop. A process that exits with
 # status 0 was asked to stop (SIGTERM, or a SIGINT sent to the whole process group, which
 # background shells of a script cannot trap): it is not restarted.
@@ -50,12 +61,29 @@ for index in $(seq 1 "$WORKERS"); do
   WORKER_ID="worker-$index" supervise worker "worker-$index" &
   pids+=($!)
 done
+if [ -n "$S3_DIR" ]; then
+  (
+    trap 'exit 0' TERM INT
+    while true; do
+      pid=$(cat "$S3_DIR/run/rgw.pid" 2>/dev/null)
+      if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = radosgw ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null; then
+        echo "$pid" > "$PID_DIR/radosgw.pid"
+      else
+        echo "[run] radosgw exited; restarting"
+        scripts/s3-server.sh rgw "$S3_DIR" || sleep 1
+      fi
+      sleep 0.2
+    done
+  ) &
+  pids+=($!)
+fi
 
 shutdown() {
   trap '' INT TERM
   echo "[run] stopping..."
   kill -TERM "${pids[@]}" 2>/dev/null
   wait "${pids[@]}" 2>/dev/null
+  [ -n "$S3_DIR" ] && scripts/s3-server.sh stop "$S3_DIR"
   echo "[run] stopped"
   exit 0
 }
@@ -64,7 +92,7 @@ trap shutdown INT TERM
 url="http://127.0.0.1:$GATEWAY_PORT"
 for _ in $(seq 1 100); do
   if curl -fsS "$url/readyz" >/dev/null 2>&1; then
-    echo "[run] ready: gateway at $url (data in $DATA_DIR; Ctrl-C stops everything)"
+    echo "[run] ready: gateway at $url (data in $DATA_DIR, blobs: ${BLOB_STORE:-folder}; Ctrl-C stops everything)"
     break
   fi
   sleep 0.2

@@ -7,6 +7,7 @@
 #   s3-server.sh start DIR PORT     start (a new cluster if DIR is new), create $S3_BUCKET
 #                                   (default photoedit); writes DIR/s3.env, prints it
 #   s3-server.sh stop DIR           stop what was started for DIR
+#   s3-server.sh rgw DIR            start radosgw again for DIR (after it died), wait until it answers
 #
 # Why each setting (found on this machine kind; see also shared/s3 in the steering repo):
 # - no cephx, but monitors still need `ms mon client mode = crc secure` or radosgw waits for
@@ -54,8 +55,17 @@ stop)
     exit 0 ;;
 start)
     [ $# -eq 3 ] || die "usage: $0 start DIR PORT" ;;
+rgw)
+    [ -n "${2:-}" ] && [ -f "$2/ceph.conf" ] || die "usage: $0 rgw DIR (a folder s3-server.sh started)"
+    DIR=$(cd "$2" && pwd)
+    export CEPH_CONF=$DIR/ceph.conf
+    PORT=$(sed -n 's/^rgw frontends = beast endpoint=127.0.0.1:\([0-9]*\)$/\1/p' "$DIR/ceph.conf")
+    nohup radosgw -n client.rgw -f >"$DIR/log/rgw.out" 2>&1 </dev/null &
+    echo $! >"$DIR/run/rgw.pid"
+    for _ in $(seq 1 300); do curl -sf -o /dev/null "http://127.0.0.1:$PORT/" && exit 0; sleep 0.1; done
+    die "radosgw did not answer on $PORT" ;;
 *)
-    die "usage: $0 install | start DIR PORT | stop DIR" ;;
+    die "usage: $0 install | start DIR PORT | stop DIR | rgw DIR" ;;
 esac
 
 command -v radosgw >/dev/null || die "radosgw is not installed: run $0 install"

@@ -65,13 +65,15 @@ struct ComposeFileTests {
         #expect((services["gateway"]?["ports"] as? [Any])?.isEmpty == false)
     }
 
-    @Test func workersAreTheirOwnServiceSharingTheBlobVolumeWithTheGateway() throws {
+    @Test func workersAreTheirOwnServiceWithNoBlobVolumeAndNoStoreCredentials() throws {
         let services = try services()
         let worker = try #require(services["worker"])
         let gateway = try #require(services["gateway"])
         let workerVolumes = Set((worker["volumes"] as? [String] ?? []).compactMap { $0.split(separator: ":").first.map(String.init) })
         let gatewayVolumes = Set((gateway["volumes"] as? [String] ?? []).compactMap { $0.split(separator: ":").first.map(String.init) })
-        #expect(workerVolumes.contains("blobs") && gatewayVolumes.contains("blobs"))
+        #expect(!workerVolumes.contains("blobs") && gatewayVolumes.contains("blobs"))
+        let workerEnvironment = environment(of: worker)
+        for secret in ["AWS_SECRET_ACCESS_KEY", "URL_SIGNING_SECRET", "BLOB_DIR"] { #expect(workerEnvironment[secret] == nil, "a worker holds \(secret)") }
         #expect(worker["ports"] == nil, "a scaled service cannot publish a fixed port")
         #expect(worker["container_name"] == nil, "a scaled service cannot have a fixed name")
     }

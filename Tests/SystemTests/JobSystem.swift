@@ -103,11 +103,12 @@ final class JobSystem: @unchecked Sendable {
                 Task { await group.triggerGracefulShutdown() }
             }
         }
-        let port = gatewayPort
+        // Asked without blocking a thread: a blocking read here would hold one of the few
+        // threads of the cooperative pool that the replica's own handlers run on.
+        let url = "\(publicBase)/healthz"
         try await waitUntil {
-            guard let connection = try? RawConnection(port: port, timeout: 2) else { return false }
-            connection.send("GET /healthz HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n")
-            return connection.read(until: "\r\n\r\n").hasPrefix("HTTP/1.1 200")
+            let answer = try? await HTTPClient.shared.execute(HTTPClientRequest(url: url), timeout: .seconds(2))
+            return answer?.status == .ok
         }
     }
 

@@ -62,6 +62,40 @@ final class RawConnection: @unchecked Sendable {
         return String(decoding: received, as: UTF8.self)
     }
 
+    /// Reads until the peer closes (or a read times out); every byte received.
+    func readAll() -> [UInt8] {
+        var received: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 64 << 10)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            guard count > 0 else { return received }
+            received += buffer[0..<count]
+        }
+    }
+
+    /// `readAll` on a thread of its own, so that the cooperative pool (which the server's
+    /// handlers need) is not held while the answer comes.
+    func readAllOffThePool() async -> [UInt8] {
+        await withCheckedContinuation { continuation in
+            Thread { continuation.resume(returning: self.readAll()) }.start()
+        }
+    }
+
+    /// An answer's head (as text) and body (as bytes).
+    static func split(_ answer: [UInt8]) -> (head: String, body: [UInt8]) {
+        let marker: [UInt8] = [13, 10, 13, 10]
+        guard let end = (0..<max(0, answer.count - 3)).first(where: { Array(answer[$0..<($0 + 4)]) == marker }) else {
+            return (String(decoding: answer, as: UTF8.self), [])
+        }
+        return (String(decoding: answer[..<end], as: UTF8.self), Array(answer[(end + 4)...]))
+    }
+
+    /// The `Content-Length` of an answer's head.
+    static func contentLength(_ head: String) -> Int? {
+        head.split(separator: "\r\n").first { $0.lowercased().hasPrefix("content-length:") }
+            .flatMap { Int($0.split(separator: ":")[1].trimmingCharacters(in: .whitespaces)) }
+    }
+
     func close() {
         if fd >= 0 { Glibc.close(fd) }
         fd = -1

@@ -145,8 +145,10 @@ struct Session {
             tries += 1
             return await client.send("PUT /api/v1/uploads/{key}", .PUT, url, headers: headers, body: bytes, planned: planned)
         }
-        // A retried PUT may find its first try's image stored: 409 then means it is there.
-        guard put?.status == 201 || (put?.status == 409 && tries > 1) else { return nil }
+        // 201 from the gateway's own upload route (folder store), 200 from an object store. A
+        // retried PUT may find its first try's image stored: 409 (gateway) or 412 (object store,
+        // `If-None-Match: *`) then means it is there.
+        guard put?.status == 201 || put?.status == 200 || ((put?.status == 409 || put?.status == 412) && tries > 1) else { return nil }
         return key
     }
 
