@@ -5,7 +5,8 @@
 #
 #   s3-server.sh install            the Debian packages (root; about 75 MB)
 #   s3-server.sh start DIR PORT     start (a new cluster if DIR is new), create $S3_BUCKET
-#                                   (default photoedit); writes DIR/s3.env, prints it
+#                                   (default photoedit), listen on $S3_BIND (default 127.0.0.1);
+#                                   writes DIR/s3.env, prints it
 #   s3-server.sh stop DIR           stop what was started for DIR
 #   s3-server.sh rgw DIR            start radosgw again for DIR (after it died), wait until it answers
 #
@@ -59,7 +60,7 @@ rgw)
     [ -n "${2:-}" ] && [ -f "$2/ceph.conf" ] || die "usage: $0 rgw DIR (a folder s3-server.sh started)"
     DIR=$(cd "$2" && pwd)
     export CEPH_CONF=$DIR/ceph.conf
-    PORT=$(sed -n 's/^rgw frontends = beast endpoint=127.0.0.1:\([0-9]*\)$/\1/p' "$DIR/ceph.conf")
+    PORT=$(sed -n 's/^rgw frontends = beast endpoint=.*:\([0-9]*\)$/\1/p' "$DIR/ceph.conf")
     nohup radosgw -n client.rgw -f >"$DIR/log/rgw.out" 2>&1 </dev/null &
     echo $! >"$DIR/run/rgw.pid"
     for _ in $(seq 1 300); do curl -sf -o /dev/null "http://127.0.0.1:$PORT/" && exit 0; sleep 0.1; done
@@ -74,6 +75,9 @@ DIR=$(cd "$2" && pwd)
 PORT=$3
 MON_PORT=${S3_MON_PORT:-$((PORT + 1))}
 BUCKET=${S3_BUCKET:-photoedit}
+# Where radosgw listens: loopback by default; the two-host tests use 0.0.0.0 so that a worker in a
+# network namespace of theirs reaches it over its veth pair.
+BIND=${S3_BIND:-127.0.0.1}
 export CEPH_CONF=$DIR/ceph.conf
 
 launch() {  # name command...
@@ -139,7 +143,7 @@ memstore device bytes = $(( ${S3_MEMORY_GB:-4} << 30 ))
 osd memory target = 1073741824
 osd fast shutdown = false
 [client.rgw]
-rgw frontends = beast endpoint=127.0.0.1:$PORT
+rgw frontends = beast endpoint=$BIND:$PORT
 rgw data = $DIR/rgw
 rgw thread pool size = 64
 rgw exit timeout secs = 5

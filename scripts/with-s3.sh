@@ -14,6 +14,7 @@ for _ in range(50):
         t.bind(("127.0.0.1", p + 1)); t.close(); print(p); break
     except OSError: t.close()')
 trap 'scripts/s3-server.sh stop "$dir" >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
-scripts/s3-server.sh start "$dir" "$port" >/dev/null
+# On every address: the two-host tests' worker reaches it from a network namespace over a veth pair.
+S3_BIND=0.0.0.0 scripts/s3-server.sh start "$dir" "$port" >/dev/null
 export PHOTOEDIT_TEST_S3_ENV=$dir/s3.env
 "$@"

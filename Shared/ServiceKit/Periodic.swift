@@ -18,6 +18,9 @@ public enum Periodic {
                         logger.info("\(failure): recovered", metadata: ["failed-rounds": "\(failedRounds)"])
                         failedRounds = 0
                     }
+                } catch where Task.isCancelled {
+                    // Shutting down: a round cut short is not a failure.
+                    return
                 } catch {
                     if failedRounds == 0 { logger.error(failure, metadata: ["error": "\(error)"]) }
                     failedRounds += 1

@@ -179,6 +179,22 @@ struct DispatchStateMachineTests {
         #expect(harness.notes.contains { if case .finished(let job, _) = $0 { job.id == "j1" } else { false } })
     }
 
+    @Test func freshURLsAreSignedOnlyForAnAttemptTheAskingWorkerHolds() {
+        var harness = Harness()
+        harness.create("j1")
+        harness.ready("w", capacity: 1)
+        harness.ready("v", capacity: 1)
+        harness.clear()
+        // The holder of j1's first attempt asks: its URLs are signed again
+        harness.from("w", .renew(JobAttempt(jobId: "j1", attempt: 1)))
+        #expect(harness.notes.contains { if case .renew("w", JobAttempt(jobId: "j1", attempt: 1)) = $0 { true } else { false } })
+        // Another worker, or a stale attempt number: nothing
+        harness.clear()
+        harness.from("v", .renew(JobAttempt(jobId: "j1", attempt: 1)))
+        harness.from("w", .renew(JobAttempt(jobId: "j1", attempt: 2)))
+        #expect(!harness.notes.contains { if case .renew = $0 { true } else { false } })
+    }
+
     @Test func aWorkerThatPrefetchesHoldsItsCapacityAndItsPrefetch() {
         var harness = Harness()
         for index in 1...4 { harness.create("j\(index)") }

@@ -29,7 +29,11 @@ final class JobSystem: @unchecked Sendable {
         .appendingPathComponent("Fixtures/images/photo.jpg")
 
     let services: RunningServices
-    let workerEndpoint = "tcp://127.0.0.1:\(freePort())"
+    /// Where jobs takes workers (bound on every address when the system serves a second host).
+    let workerPort = freePort()
+    /// The address other hosts reach this one at (a veth of a test host), or loopback.
+    let hostAddress: String
+    var workerEndpoint: String { "tcp://\(hostAddress):\(workerPort)" }
     let providerPort = freePort()
     var workers: [ServiceProcess] = []
     let clients: ServiceClients
@@ -41,17 +45,27 @@ final class JobSystem: @unchecked Sendable {
     var blobDirectory: String { services.dataDirectory.appendingPathComponent("blobs").path }
     /// The gateway replica the signed URLs point at (a real socket on a port chosen up front).
     let gatewayPort = freePort()
-    var publicBase: String { "http://127.0.0.1:\(gatewayPort)" }
+    var publicBase: String { "http://\(hostAddress):\(gatewayPort)" }
     /// The store's settings for the service processes (S3's, or none for the folder).
     let storeEnvironment: [String: String]
     var replica: Task<Void, any Error>?
     let store: Store
 
-    init(workers count: Int = 1, uploadMaxBytes: Int = 20 << 20, workerCapacity: Int = 1, quota: [String: String] = [:], history: [String: String] = [:],
-         shareLifetime: Int = 7 * 86_400, dataDirectory: URL? = nil, blobs store: Store = .folder) async throws {
+    init(workers count: Int = 1, uploadMaxBytes: Int = 20 << 20, workerCapacity: Int = 1, quota: [String: String] = [:], history: [String: String] = [:], jobs: [String: String] = [:],
+         shareLifetime: Int = 7 * 86_400, dataDirectory: URL? = nil, blobs store: Store = .folder,
+         hostAddress: String = "127.0.0.1") async throws {
+        self.hostAddress = hostAddress
         let port = providerPort
         self.store = store
-        storeEnvironment = store == .s3 ? try TestS3.environment() : [:]
+        var s3 = try store == .s3 ? TestS3.configuration() : nil
+        var environment = try store == .s3 ? TestS3.environment() : [:]
+        if hostAddress != "127.0.0.1", var endpoint = URLComponents(string: environment["S3_ENDPOINT"] ?? "") {
+            // The store as the other host reaches it: every presigned URL names this address.
+            endpoint.host = hostAddress
+            environment["S3_ENDPOINT"] = endpoint.string
+            s3?.endpoint = endpoint.url!
+        }
+        storeEnvironment = environment
         let load = providerLoad
         provider = Task { try await Self.runProvider(port: port, load: load) }
         services = try RunningServices(only: [], dataDirectory: dataDirectory)
@@ -65,16 +79,16 @@ final class JobSystem: @unchecked Sendable {
             "JOBS_ENDPOINT": services.endpoints[.jobs]!, "QUOTA_STALE_AFTER_S": "1", "QUOTA_STALE_SCAN_MS": "300",
         ].merging(quota) { _, new in new })
         try services.start(.jobs, extra: [
-            "JOBS_WORKER_BIND": workerEndpoint, "QUOTA_ENDPOINT": services.endpoints[.quota]!,
+            "JOBS_WORKER_BIND": "tcp://\(hostAddress == "127.0.0.1" ? hostAddress : "0.0.0.0"):\(workerPort)", "QUOTA_ENDPOINT": services.endpoints[.quota]!,
             "JOBS_EFFECTS": effects, "JOBS_RETRY_BASE_MS": "200",
-            "URL_SIGNING_SECRET": Self.signingSecret, "PUBLIC_BASE_URL": "http://127.0.0.1:\(gatewayPort)",
-        ].merging(storeEnvironment) { _, new in new })
+            "URL_SIGNING_SECRET": Self.signingSecret, "PUBLIC_BASE_URL": "http://\(hostAddress):\(gatewayPort)",
+        ].merging(storeEnvironment) { _, new in new }.merging(jobs) { _, new in new })
         try services.start(.history, extra: history)
         configuration = GatewayConfiguration(
             endpoints: services.endpoints, jwtSecret: Self.secret, adminToken: Self.adminToken,
             blobDirectory: services.dataDirectory.appendingPathComponent("blobs").path,
-            urlSigningSecret: Self.signingSecret, publicBaseURL: "http://127.0.0.1:\(gatewayPort)", uploadMaxBytes: uploadMaxBytes,
-            shareLifetime: shareLifetime, blobStore: store == .s3 ? .s3(try TestS3.configuration()) : nil
+            urlSigningSecret: Self.signingSecret, publicBaseURL: "http://\(hostAddress):\(gatewayPort)", uploadMaxBytes: uploadMaxBytes,
+            shareLifetime: shareLifetime, blobStore: s3.map { .s3($0) }
         )
         clients = ServiceClients(configuration: configuration)
         _ = try await waitUntilHealthy(clients.quota)
@@ -92,7 +106,7 @@ final class JobSystem: @unchecked Sendable {
             _ = await replica.result
         }
         var replicaConfiguration = configuration
-        replicaConfiguration.host = "127.0.0.1"
+        replicaConfiguration.host = hostAddress
         replicaConfiguration.port = gatewayPort
         let app = try await buildApplication(configuration: replicaConfiguration, logger: Logger(label: "gateway-replica"))
         replica = Task {
@@ -119,8 +133,8 @@ final class JobSystem: @unchecked Sendable {
     }
 
     @discardableResult
-    func startWorker(capacity: Int = 1, extra: [String: String] = [:]) throws -> ServiceProcess {
-        let worker = try ServiceProcess("worker", environment: [
+    func startWorker(capacity: Int = 1, extra: [String: String] = [:], on host: TestHost? = nil) throws -> ServiceProcess {
+        let worker = try ServiceProcess("worker", wrappedBy: host?.command(hiding: services.dataDirectory) ?? [], environment: [
             // No blob folder, no store settings: a worker has only its assignments' URLs.
             "JOBS_WORKER_ENDPOINT": workerEndpoint, "WORKER_ID": "w\(workers.count + 1)", "WORKER_CAPACITY": "\(capacity)",
         ].merging(extra) { _, new in new })

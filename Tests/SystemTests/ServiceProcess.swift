@@ -18,13 +18,21 @@ final class ServiceProcess: @unchecked Sendable {
         return exe.deletingLastPathComponent()
     }
 
-    /// Starts `executable` with `environment` added to this process's own.
-    init(_ executable: String, environment: [String: String]) throws {
+    /// Starts `executable` with `environment` added to this process's own; through `wrapper`
+    /// (a command that ends by executing its last argument, as `ip netns exec NS ...` does) when
+    /// one is given.
+    init(_ executable: String, wrappedBy wrapper: [String] = [], environment: [String: String]) throws {
         name = executable
         logURL = FileManager.default.temporaryDirectory.appendingPathComponent("\(executable)-\(UUID().uuidString).log")
         _ = FileManager.default.createFile(atPath: logURL.path, contents: nil)
         let log = try FileHandle(forWritingTo: logURL)
-        process.executableURL = Self.binaryDirectory.appendingPathComponent(executable)
+        let binary = Self.binaryDirectory.appendingPathComponent(executable)
+        if let tool = wrapper.first {
+            process.executableURL = URL(fileURLWithPath: tool)
+            process.arguments = Array(wrapper.dropFirst()) + [binary.path]
+        } else {
+            process.executableURL = binary
+        }
         var env = ProcessInfo.processInfo.environment
         // Debug: tests read the per-request and per-job lines (request ids, job ids).
         env["LOG_LEVEL"] = env["TEST_LOG_LEVEL"] ?? "debug"

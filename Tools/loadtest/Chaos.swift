@@ -2,7 +2,8 @@ import Foundation
 import Synchronization
 
 /// Kills one process of the local stack every `interval` with SIGKILL, picked at random among the
-/// workers, jobs, quota, history and the gateway, from the pid files `make run` keeps in
+/// workers, jobs, quota, history, the gateway (and radosgw, the local S3 server of
+/// `BLOB_STORE=s3 make run`), from the pid files `make run` keeps in
 /// `$DATA_DIR/pids` (one `NAME.pid` per supervised process). After each kill it waits for the
 /// supervisor to start the process again (a new pid, alive) before the next, so one process at a
 /// time is down. Each kill and restart is an event of the run; the time from a kill to a few
@@ -29,12 +30,15 @@ final class Chaos: Sendable {
     private let recorder: Recorder
     private let state = Mutex<[Event]>([])
     private let names: Set<String>
+    /// The process killed first, if named; the rest are picked at random.
+    private let first: String?
 
-    init(directory: URL, interval: Duration, recorder: Recorder, only names: Set<String> = []) {
+    init(directory: URL, interval: Duration, recorder: Recorder, only names: Set<String> = [], first: String? = nil) {
         self.directory = directory
         self.interval = interval
         self.recorder = recorder
         self.names = names
+        self.first = first
     }
 
     var events: [Event] { state.withLock { $0 } }
@@ -51,7 +55,7 @@ final class Chaos: Sendable {
     }
 
     static func isTarget(_ name: String) -> Bool {
-        ["gateway", "quota", "history", "jobs"].contains(name) || name.hasPrefix("worker")
+        ["gateway", "quota", "history", "jobs", "radosgw"].contains(name) || name.hasPrefix("worker")
     }
 
     static func kind(of name: String) -> String { name.hasPrefix("worker") ? "worker" : name }
@@ -69,7 +73,8 @@ final class Chaos: Sendable {
             try? await Task.sleep(until: due, clock: .continuous)
             if Task.isCancelled { return }
             let candidates = processes()
-            guard let victim = candidates.randomElement(using: &rng) else { continue }
+            let named = events.isEmpty ? candidates.first { $0.name == first } : nil
+            guard let victim = named ?? candidates.randomElement(using: &rng) else { continue }
             guard kill(victim.pid, SIGKILL) == 0 else { continue }
             let killedAt = recorder.elapsed()
             add(Event(at: killedAt, kind: "kill", process: victim.name, pid: victim.pid))

@@ -57,6 +57,8 @@ struct LoadTest: AsyncParsableCommand {
     var chaosInterval: Double = 8
     @Option(help: "Only these processes are killed (comma-separated: gateway, quota, history, jobs, worker, worker-1...); default all.")
     var chaosOnly: String?
+    @Option(help: "The first process killed (e.g. radosgw, so that a short run surely kills it); then at random.")
+    var chaosFirst: String?
     @Option(help: "The folder of the stack's pid files (default $DATA_DIR/pids, else .data/pids).")
     var pids: String?
     @Option(help: "Random seed (default: from the clock); the same seed picks the same mix and victims.")
@@ -100,7 +102,8 @@ struct LoadTest: AsyncParsableCommand {
         let chaosRunner: Chaos? = chaos ? Chaos(
             directory: URL(fileURLWithPath: pids ?? "\(environment["DATA_DIR"] ?? ".data")/pids"),
             interval: .milliseconds(Int(chaosInterval * 1000)), recorder: recorder,
-            only: Set((chaosOnly ?? "").split(separator: ",").map { String($0).trimmingCharacters(in: .whitespaces) })
+            only: Set((chaosOnly ?? "").split(separator: ",").map { String($0).trimmingCharacters(in: .whitespaces) }),
+            first: chaosFirst
         ) : nil
         if let chaosRunner, chaosRunner.processes().isEmpty {
             await client.shutdown()

@@ -52,7 +52,7 @@ public struct JobsConfiguration: Sendable {
         var blobVariables = environment.values
         blobVariables["DATA_DIR"] = dataDirectory
         blobs = try BlobStoreConfiguration(environment: blobVariables)
-        transferLifetime = min(604_800, max(60, try environment.int("JOBS_TRANSFER_TTL_S", default: 3600)))
+        transferLifetime = min(604_800, max(3, try environment.int("JOBS_TRANSFER_TTL_S", default: 3600)))
     }
 
     /// The variables `init(environment:dataDirectory:)` reads.

@@ -135,8 +135,9 @@ public struct Worker: Service {
         func forget(_ attempt: JobAttempt) { _ = transfers.withLock { $0.removeValue(forKey: attempt) } }
     }
 
-    /// URLs closer than this to their expiry are renewed before use.
-    static let renewalMargin: TimeInterval = 30
+    /// URLs closer than this to their expiry are renewed before use (a store checks a URL when
+    /// a request starts, so a transfer begun in time completes).
+    static let renewalMargin: TimeInterval = 2
 
     /// When the jobs service was last heard from.
     final class LastHeard: Sendable {
