@@ -349,8 +349,9 @@ let package = Package(
         .testTarget(
             name: "JobsTests",
             dependencies: [
-                "JobsCore", "JobsService", "Messages", "Bus",
+                "JobsCore", "JobsService", "Messages", "Bus", "Blobs",
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "NIOCore", package: "swift-nio"),
             ],
             path: "Tests/JobsTests",
             swiftSettings: swiftSettings

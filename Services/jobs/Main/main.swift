@@ -44,6 +44,9 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
             logger: logger
         ),
         BlobJanitor(database: database, blobs: blobs, logger: logger),
+        UnusedUploadSweeper(
+            blobs: blobs, store: store, age: TimeInterval(configuration.unusedUploadAge), interval: configuration.uploadSweepInterval, logger: logger
+        ),
     ]
 }
 }

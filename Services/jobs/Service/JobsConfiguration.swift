@@ -28,6 +28,10 @@ public struct JobsConfiguration: Sendable {
     public var blobs: BlobStoreConfiguration
     /// How long a worker's presigned URLs stay valid (`JOBS_TRANSFER_TTL_S`, default 3600).
     public var transferLifetime: Int
+    /// Uploads no job used are removed once this old (`JOBS_UNUSED_UPLOAD_TTL_S`, default a day),
+    /// checked every `JOBS_UPLOAD_SWEEP_MS` (default an hour).
+    public var unusedUploadAge: Int
+    public var uploadSweepInterval: Duration
 
     public init(environment: Environment, dataDirectory: String) throws {
         workerEndpoint = environment.string("JOBS_WORKER_BIND", default: "tcp://127.0.0.1:7104")
@@ -53,11 +57,14 @@ public struct JobsConfiguration: Sendable {
         blobVariables["DATA_DIR"] = dataDirectory
         blobs = try BlobStoreConfiguration(environment: blobVariables)
         transferLifetime = min(604_800, max(3, try environment.int("JOBS_TRANSFER_TTL_S", default: 3600)))
+        unusedUploadAge = max(1, try environment.int("JOBS_UNUSED_UPLOAD_TTL_S", default: 86_400))
+        uploadSweepInterval = .milliseconds(max(100, try environment.int("JOBS_UPLOAD_SWEEP_MS", default: 3_600_000)))
     }
 
     /// The variables `init(environment:dataDirectory:)` reads.
     public static let environmentKeys = [
         "JOBS_WORKER_BIND", "JOBS_DB", "JOBS_EFFECTS", "JOBS_MAX_ATTEMPTS", "JOBS_RETRY_BASE_MS",
         "JOBS_PRO_FIRST", "JOBS_MAX_QUEUED", "QUOTA_ENDPOINT", "HISTORY_ENDPOINT", "JOBS_TRANSFER_TTL_S",
+        "JOBS_UNUSED_UPLOAD_TTL_S", "JOBS_UPLOAD_SWEEP_MS",
     ] + BlobStoreConfiguration.environmentKeys
 }

@@ -218,6 +218,15 @@ public struct JobStore: Sendable {
         }
     }
 
+    /// Those of `keys` that no job uses as its original.
+    public func unused(_ keys: [String]) async throws -> [String] {
+        guard !keys.isEmpty else { return [] }
+        let used = try await database.writer.read { db in
+            try Set(String.fetchAll(db, JobRecord.select(JobRecord.Columns.imageKey).filter(keys.contains(JobRecord.Columns.imageKey))))
+        }
+        return keys.filter { !used.contains($0) }
+    }
+
     /// A refused result's files, unless they are the job's own (a repeated report of the accepted
     /// attempt): nothing will ever point at them.
     public func discardOutput(_ output: JobOutput, of attempt: JobAttempt, now: Date) async throws {

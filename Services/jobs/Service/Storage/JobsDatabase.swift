@@ -69,6 +69,10 @@ public struct JobsDatabase: Sendable {
                 table.column("at", .datetime).notNull()
             }
         }
+        migrator.registerMigration("v4: jobs by image key") { db in
+            // The unused-upload sweep asks, for each day-old upload, whether any job uses it.
+            try db.create(index: "job_by_image_key", on: "job", columns: ["imageKey"])
+        }
         return migrator
     }
 }
