@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CONFIG ?= debug
 
-.PHONY: deps build run test conformance generate loadtest bench-gateway bench-bus bench-quota bench-jobs bench-history stream-cost clean
+.PHONY: deps build run test conformance generate loadtest bench-gateway bench-bus bench-quota bench-jobs bench-history bench-blobs stream-cost clean
 
 deps:
 	@scripts/install-deps.sh
@@ -63,6 +63,10 @@ bench-jobs: deps
 ## History pages and search over a 1,000,000-item history, through the gateway, against /healthz.
 bench-history: deps
 	@scripts/bench-history.sh
+
+## 2,000 uploads of 2 MB through the app's flow, folder store against S3 store (a local RADOS Gateway).
+bench-blobs: deps
+	@scripts/bench-blobs.sh
 
 ## What 1,000 open job event streams cost the jobs service and the gateway (CPU, descriptors).
 stream-cost: deps

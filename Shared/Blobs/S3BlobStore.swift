@@ -305,3 +305,8 @@ final class BodyIterator: @unchecked Sendable {
     init(_ base: HTTPClientResponse.Body.AsyncIterator) { self.base = base }
     func next() async throws -> ByteBuffer? { try await base.next() }
 }
+
+extension S3BlobStore: CustomStringConvertible {
+    /// The store's address and bucket: never its credentials (a service group logs its services).
+    public var description: String { "S3BlobStore(\(configuration.endpoint.absoluteString), bucket \(configuration.bucket))" }
+}

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import Synchronization
 
 /// AWS Signature Version 4, written from AWS's documentation ("Signature Version 4 signing
 /// process" and S3's "Authenticating Requests (AWS Signature Version 4)": header authentication
@@ -43,6 +44,12 @@ public struct SigV4: Sendable {
     public let credentials: Credentials
     public let region: String
     public let service: String
+    /// The derived signing key of the last day used: four HMACs a request saved.
+    private let dayKey = DayKey()
+
+    final class DayKey: Sendable {
+        let cached = Mutex<(day: String, key: SymmetricKey)?>(nil)
+    }
 
     public init(credentials: Credentials, region: String, service: String = "s3") {
         self.credentials = credentials
@@ -119,10 +126,14 @@ public struct SigV4: Sendable {
     }
 
     func signingKey(_ date: Date) -> SymmetricKey {
-        let day = Self.hmac(SymmetricKey(data: Data("AWS4\(credentials.secretAccessKey)".utf8)), Self.day(date))
+        let today = Self.day(date)
+        if let cached = dayKey.cached.withLock({ $0 }), cached.day == today { return cached.key }
+        let day = Self.hmac(SymmetricKey(data: Data("AWS4\(credentials.secretAccessKey)".utf8)), today)
         let regional = Self.hmac(day, region)
         let service = Self.hmac(regional, self.service)
-        return Self.hmac(service, "aws4_request")
+        let key = Self.hmac(service, "aws4_request")
+        dayKey.cached.withLock { $0 = (today, key) }
+        return key
     }
 
     func scope(_ date: Date) -> String { "\(Self.day(date))/\(region)/\(service)/aws4_request" }
@@ -153,7 +164,9 @@ public struct SigV4: Sendable {
             case UInt8(ascii: "/") where keepSlash:
                 out.append("/")
             default:
-                out += String(format: "%%%02X", byte)
+                out.unicodeScalars.append("%")
+                out.unicodeScalars.append(Unicode.Scalar(upperHexDigits[Int(byte >> 4)]))
+                out.unicodeScalars.append(Unicode.Scalar(upperHexDigits[Int(byte & 0x0F)]))
             }
         }
         return out
@@ -163,8 +176,18 @@ public struct SigV4: Sendable {
         SymmetricKey(data: Data(HMAC<SHA256>.authenticationCode(for: Data(text.utf8), using: key)))
     }
 
-    static func hex<D: Sequence>(_ bytes: D) -> String where D.Element == UInt8 {
-        bytes.map { String(format: "%02x", $0) }.joined()
+    static let upperHexDigits = Array("0123456789ABCDEF".utf8)
+    static let lowerHexDigits = Array("0123456789abcdef".utf8)
+
+    /// Lower-case hex of `bytes`.
+    public static func hex<D: Sequence>(_ bytes: D) -> String where D.Element == UInt8 {
+        var digits: [UInt8] = []
+        digits.reserveCapacity(64)
+        for byte in bytes {
+            digits.append(lowerHexDigits[Int(byte >> 4)])
+            digits.append(lowerHexDigits[Int(byte & 0x0F)])
+        }
+        return String(decoding: digits, as: UTF8.self)
     }
 
     /// The hex SHA-256 of `bytes`: a signed payload's hash.
@@ -172,17 +195,31 @@ public struct SigV4: Sendable {
 
     /// `YYYYMMDD'T'HHMMSS'Z'` in UTC.
     public static func timestamp(_ date: Date) -> String {
-        let c = utc.dateComponents([.year, .month, .day, .hour, .minute, .second], from: date)
-        return String(format: "%04d%02d%02dT%02d%02d%02dZ", c.year!, c.month!, c.day!, c.hour!, c.minute!, c.second!)
+        let seconds = Int(date.timeIntervalSince1970.rounded(.down))
+        let (days, second) = (seconds.floorDivided(by: 86_400), seconds - seconds.floorDivided(by: 86_400) * 86_400)
+        // Days since 1970-01-01 to a civil date (Howard Hinnant's `civil_from_days`).
+        let z = days + 719_468
+        let era = z.floorDivided(by: 146_097)
+        let dayOfEra = z - era * 146_097
+        let yearOfEra = (dayOfEra - dayOfEra / 1460 + dayOfEra / 36_524 - dayOfEra / 146_096) / 365
+        let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
+        let monthPrime = (5 * dayOfYear + 2) / 153
+        let day = dayOfYear - (153 * monthPrime + 2) / 5 + 1
+        let month = monthPrime < 10 ? monthPrime + 3 : monthPrime - 9
+        let year = yearOfEra + era * 400 + (month <= 2 ? 1 : 0)
+        func two(_ value: Int) -> String { value < 10 ? "0\(value)" : "\(value)" }
+        return "\(year)\(two(month))\(two(day))T\(two(second / 3600))\(two(second % 3600 / 60))\(two(second % 60))Z"
     }
 
     static func day(_ date: Date) -> String { String(timestamp(date).prefix(8)) }
+}
 
-    static let utc: Calendar = {
-        var calendar = Calendar(identifier: .gregorian)
-        calendar.timeZone = TimeZone(identifier: "UTC")!
-        return calendar
-    }()
+extension Int {
+    /// The quotient rounded toward minus infinity.
+    func floorDivided(by divisor: Int) -> Int {
+        let quotient = self / divisor
+        return (self % divisor != 0 && (self < 0) != (divisor < 0)) ? quotient - 1 : quotient
+    }
 }
 
 extension SigV4.Credentials: CustomStringConvertible {

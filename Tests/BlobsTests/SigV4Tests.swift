@@ -90,4 +90,16 @@ struct SigV4Tests {
         #expect(SigV4.uriEncode("uploads/ab/x.jpg", keepSlash: true) == "uploads/ab/x.jpg")
         #expect(SigV4.uriEncode("é") == "%C3%A9")
     }
+
+    @Test func timestampsAreUTCCalendarTimesAcrossLeapYearsAndCenturies() {
+        let formatter = ISO8601DateFormatter()
+        formatter.timeZone = TimeZone(identifier: "UTC")
+        var generator = SystemRandomNumberGenerator()
+        let dates = [0.0, 951_782_400, 951_868_799, 1_709_164_800, 4_107_542_399] + (0..<2000).map { _ in Double(UInt32.random(in: 0...UInt32.max, using: &generator)) }
+        for seconds in dates {
+            let date = Date(timeIntervalSince1970: seconds)
+            let expected = formatter.string(from: date).replacingOccurrences(of: "-", with: "").replacingOccurrences(of: ":", with: "")
+            #expect(SigV4.timestamp(date) == expected, "\(seconds)")
+        }
+    }
 }

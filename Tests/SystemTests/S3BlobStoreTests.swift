@@ -148,6 +148,9 @@ import Testing
             let error = error as? BlobStoreError
             return error?.kind == .misconfigured && error?.description.contains("not-the-secret") == false
         }
+        let secret = try TestS3.configuration().credentials.secretAccessKey
+        let configuration = try TestS3.configuration()
+        #expect(!"\(store)".contains(secret) && !String(reflecting: configuration).contains(secret))
         var missing = try TestS3.configuration()
         missing.bucket = "no-such-bucket-\(UInt32.random(in: 0...UInt32.max))"
         await #expect { try await S3BlobStore.open(missing) } throws: { ($0 as? BlobStoreError)?.description.contains("does not exist") == true }

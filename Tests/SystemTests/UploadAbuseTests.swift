@@ -154,4 +154,35 @@ struct UploadAbuseTests {
         #expect(failed.attempts == 1 && failed.lastError?.contains("over the limit of 10000 pixels") == true, "\(failed.lastError ?? "")")
         await system.stop()
     }
+
+    @Test func aClientThatGoesAwayMidUploadIsCountedAndStoresNothingAndIsNoStorageFailure() async throws {
+        let system = try await JobSystem(workers: 0)
+        let (gateway, port) = try await ClientLibraryTests.gateway(system)
+        // Given a presigned upload URL
+        let presign = try RawConnection(port: port)
+        let ask = #"{"filename": "a.jpg", "contentType": "image/jpeg"}"#
+        presign.send("POST /api/v1/uploads/presigned HTTP/1.1\r\nHost: g\r\nX-Device-Id: \(UUID().uuidString)\r\nContent-Type: application/json\r\nContent-Length: \(ask.utf8.count)\r\nConnection: close\r\n\r\n\(ask)")
+        let answer = presign.read(until: "}")
+        let body = try #require(answer.components(separatedBy: "\r\n\r\n").last)
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any])
+        let url = try #require(object["uploadUrl"] as? String)
+        let key = try #require(object["imageKey"] as? String)
+        // When the client sends a tenth of the image it announced and goes away
+        let image = try Data(contentsOf: JobSystem.fixture)
+        let upload = try RawConnection(port: port)
+        upload.send("PUT \(JobSystem.path(url)) HTTP/1.1\r\nHost: g\r\nContent-Type: image/jpeg\r\nContent-Length: \(image.count)\r\n\r\n")
+        upload.send(Array(image.prefix(image.count / 10)))
+        upload.close()
+        // Then it is counted as a client abort, logged at debug, and nothing is stored
+        try await waitUntil {
+            let (_, exposition) = try MetricsTests.scrape(port: port)
+            return exposition.sum("gateway_uploads_aborted_total") >= 1
+        }
+        #expect(gateway.output.contains("upload abandoned by the client"))
+        let errorLines = gateway.output.split(separator: "\n").filter { $0.contains("+0000 error ") || $0.contains("uploads cannot be stored") }
+        #expect(errorLines.isEmpty, "\(errorLines)")
+        #expect(!system.blobExists(key))
+        await gateway.stop()
+        await system.stop()
+    }
 }

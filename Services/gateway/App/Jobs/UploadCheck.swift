@@ -59,7 +59,7 @@ struct UploadCheck: Sendable {
 
     /// A user's upload folder: a hash, so ids never become paths and a key names its owner.
     static func ownerFolder(_ owner: String) -> String {
-        SHA256.hash(data: Data(owner.utf8)).prefix(8).map { String(format: "%02x", $0) }.joined()
+        SigV4.hex(SHA256.hash(data: Data(owner.utf8)).prefix(8))
     }
 }
 
