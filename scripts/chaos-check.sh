@@ -27,13 +27,7 @@ DEV_ENV_QUIET=1 source scripts/dev-env.sh
 if [ "${BLOB_STORE:-folder}" = s3 ]; then
   # run.sh starts a RADOS Gateway in $DIR/s3 on this port (and the next, its monitor's).
   export S3_PORT
-  S3_PORT=$(python3 -c 'import socket
-for _ in range(50):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
-    t = socket.socket()
-    try:
-        t.bind(("127.0.0.1", p + 1)); t.close(); print(p); break
-    except OSError: t.close()')
+  S3_PORT=$(scripts/free-port-pair.py)
 fi
 
 swift build -c "$CONFIG" || exit 1

@@ -6,13 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/s3-server.sh install
 dir=$(mktemp -d /tmp/photoedit-s3.XXXXXX)
-port=$(python3 -c 'import socket
-for _ in range(50):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
-    t = socket.socket()
-    try:
-        t.bind(("127.0.0.1", p + 1)); t.close(); print(p); break
-    except OSError: t.close()')
+port=$(scripts/free-port-pair.py)
 trap 'scripts/s3-server.sh stop "$dir" >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 # On every address: the two-host tests' worker reaches it from a network namespace over a veth pair.
 S3_BIND=0.0.0.0 scripts/s3-server.sh start "$dir" "$port" >/dev/null

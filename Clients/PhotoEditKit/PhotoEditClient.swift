@@ -78,8 +78,12 @@ public struct PhotoEditClient: Sendable {
         var request = URLRequest(url: url)
         request.httpMethod = "PUT"
         request.setValue(contentType, forHTTPHeaderField: "Content-Type")
+        // The headers the grant names are signed into the URL (with an object store, the
+        // `If-None-Match: *` that keeps a key written once): sent as they are.
+        for (name, value) in grant.headers.additionalProperties { request.setValue(value, forHTTPHeaderField: name) }
         let (data, response) = try await send(request, body: imageData)
-        guard response.statusCode == 201 else { throw PhotoEditError(status: response.statusCode, problem: data) }
+        // 201 from the gateway's own upload route, 200 from an object store.
+        guard response.statusCode == 201 || response.statusCode == 200 else { throw PhotoEditError(status: response.statusCode, problem: data) }
         return grant.imageKey
     }
 

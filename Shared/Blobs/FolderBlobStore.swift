@@ -43,6 +43,11 @@ public struct FolderBlobStore: BlobStore {
         root.appendingPathComponent(".incoming").appendingPathComponent(UUID().uuidString)
     }
 
+    /// Removes a staging file (or anything at `file`), on the blocking pool; no error if it is gone.
+    public func discard(_ file: URL) async {
+        _ = try? await Self.blocking { try? FileManager.default.removeItem(at: file) }
+    }
+
     public func put(_ key: String, from source: BlobSource, metadata: BlobMetadata, ifAbsent: Bool) async throws {
         let target = try path(key)
         try await Self.blocking {

@@ -41,12 +41,23 @@ public struct S3BlobStore: BlobStore {
     public let configuration: Configuration
     let signer: SigV4
     let client: HTTPClient
+    /// The endpoint's parts, read once (Foundation's URL is slow to ask): scheme, `Host` value
+    /// (with a port that is not the scheme's), and path prefix.
+    let scheme: String
+    let host: String
+    let basePath: String
     public var kind: BlobStoreKind { .s3 }
 
     init(configuration: Configuration, client: HTTPClient) {
         self.configuration = configuration
         self.signer = SigV4(credentials: configuration.credentials, region: configuration.region)
         self.client = client
+        let endpoint = configuration.endpoint
+        scheme = endpoint.scheme ?? "https"
+        var host = endpoint.host ?? "localhost"
+        if let port = endpoint.port, !(scheme == "http" && port == 80), !(scheme == "https" && port == 443) { host += ":\(port)" }
+        self.host = host
+        basePath = endpoint.path.hasSuffix("/") ? String(endpoint.path.dropLast()) : endpoint.path
     }
 
     /// Opens the bucket: checks that the store answers and that the bucket exists and takes our
@@ -167,11 +178,7 @@ public struct S3BlobStore: BlobStore {
     /// The URL (without query), the `Host` value and the encoded path of `key` (the bucket
     /// itself when nil).
     func address(of key: String?) -> (url: String, host: String, path: String) {
-        let endpoint = configuration.endpoint
-        let scheme = endpoint.scheme ?? "https"
-        var host = endpoint.host ?? "localhost"
-        if let port = endpoint.port, !(scheme == "http" && port == 80), !(scheme == "https" && port == 443) { host += ":\(port)" }
-        let basePath = endpoint.path.hasSuffix("/") ? String(endpoint.path.dropLast()) : endpoint.path
+        var host = host
         let encodedKey = key.map { "/" + SigV4.uriEncode($0, keepSlash: true) } ?? ""
         if configuration.pathStyle {
             let path = "\(basePath)/\(SigV4.uriEncode(configuration.bucket))\(encodedKey)"

@@ -154,22 +154,22 @@ public struct SigV4: Sendable {
     /// Percent-encodes every byte but the unreserved `A-Z a-z 0-9 - _ . ~`; with
     /// `keepSlash`, `/` too (an object key in a path).
     public static func uriEncode(_ text: String, keepSlash: Bool = false) -> String {
-        var out = ""
-        out.reserveCapacity(text.utf8.count)
+        var out: [UInt8] = []
+        out.reserveCapacity(text.utf8.count + 16)
         for byte in text.utf8 {
             switch byte {
             case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
                  UInt8(ascii: "-"), UInt8(ascii: "_"), UInt8(ascii: "."), UInt8(ascii: "~"):
-                out.unicodeScalars.append(Unicode.Scalar(byte))
+                out.append(byte)
             case UInt8(ascii: "/") where keepSlash:
-                out.append("/")
+                out.append(byte)
             default:
-                out.unicodeScalars.append("%")
-                out.unicodeScalars.append(Unicode.Scalar(upperHexDigits[Int(byte >> 4)]))
-                out.unicodeScalars.append(Unicode.Scalar(upperHexDigits[Int(byte & 0x0F)]))
+                out.append(UInt8(ascii: "%"))
+                out.append(upperHexDigits[Int(byte >> 4)])
+                out.append(upperHexDigits[Int(byte & 0x0F)])
             }
         }
-        return out
+        return String(decoding: out, as: UTF8.self)
     }
 
     static func hmac(_ key: SymmetricKey, _ text: String) -> SymmetricKey {

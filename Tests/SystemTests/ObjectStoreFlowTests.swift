@@ -6,6 +6,7 @@ import Hummingbird
 import HummingbirdTesting
 import Messages
 import NIOCore
+import PhotoEditKit
 import Testing
 
 /// The app's whole flow with `BLOB_STORE=s3` against the test RADOS Gateway: the app uploads
@@ -126,6 +127,26 @@ struct ObjectStoreFlowTests {
             let me = try await JobSystem.get(client, "/api/v1/users/me", as: user).1
             #expect((me["quota"] as? [String: Any])?["dailyUsed"] as? Int == 0)
         }
+        await system.stop()
+    }
+
+    @Test func theClientLibraryUploadsStraightToTheBucketAndDownloadsFromIt() async throws {
+        let system = try await JobSystem(workers: 1, blobs: .s3)
+        let store = try await TestS3.store()
+        let (gateway, port) = try await ClientLibraryTests.gateway(system, extra: system.storeEnvironment)
+        let app = ClientLibraryTests.client(port)
+        let photo = try Data(contentsOf: JobSystem.fixture)
+        // The library sends the PUT to the bucket with the signed headers it was given
+        let key = try await app.upload(photo)
+        #expect(try await store.head(key)?.size == photo.count)
+        let ticket = try await app.createJob(imageKey: key, effect: "copy")
+        var last: JobUpdate?
+        for try await update in app.updates(of: ticket.jobId) { last = update }
+        #expect(last?.status == "completed", "\(String(describing: last))")
+        // And downloads the result from the bucket's presigned URL: the photo as it was uploaded
+        let result = try await app.download(try #require(last?.resultUrl))
+        #expect(result == photo)
+        await gateway.stop()
         await system.stop()
     }
 }

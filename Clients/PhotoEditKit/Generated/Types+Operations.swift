@@ -1372,6 +1372,8 @@ internal enum Operations {
     }
     /// A signed URL to PUT one image to (refused with the quota 429 at 0 edits left).
     ///
+    /// With the folder store the URL is the gateway's own `upload` route; with the S3 store it is the bucket's presigned PUT, and `headers` (Content-Type, If-None-Match) are signed into it: send them as they are. Type, size and pixels are then checked at job creation.
+    ///
     /// - Remark: HTTP `POST /api/v1/uploads/presigned`.
     /// - Remark: Generated from `#/paths//api/v1/uploads/presigned/post(presignUpload)`.
     internal enum PresignUpload {
@@ -1962,6 +1964,29 @@ internal enum Operations {
                     }
                 }
             }
+            /// The request is malformed (a parameter, the JSON body, a header).
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/uploads/uploads/{folder}/{file}/put(upload)/responses/400`.
+            ///
+            /// HTTP response code: `400 badRequest`.
+            case badRequest(Components.Responses.BadRequest)
+            /// The associated value of the enum case if `self` is `.badRequest`.
+            ///
+            /// - Throws: An error if `self` is not `.badRequest`.
+            /// - SeeAlso: `.badRequest`.
+            internal var badRequest: Components.Responses.BadRequest {
+                get throws {
+                    switch self {
+                    case let .badRequest(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badRequest",
+                            response: self
+                        )
+                    }
+                }
+            }
             /// Not yours, or a URL that is invalid or has expired.
             ///
             /// - Remark: Generated from `#/paths//api/v1/uploads/uploads/{folder}/{file}/put(upload)/responses/403`.
@@ -2455,6 +2480,288 @@ internal enum Operations {
             }
         }
     }
+    /// A worker's result or thumbnail (folder store), through the URL the jobs service signed.
+    ///
+    /// - Remark: HTTP `PUT /files/{kind}/{folder}/{file}`.
+    /// - Remark: Generated from `#/paths//files/{kind}/{folder}/{file}/put(storeOutput)`.
+    internal enum StoreOutput {
+        internal static let id: Swift.String = "storeOutput"
+        internal struct Input: Sendable, Hashable {
+            /// - Remark: Generated from `#/paths/files/{kind}/{folder}/{file}/PUT/path`.
+            internal struct Path: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/files/{kind}/{folder}/{file}/PUT/path/kind`.
+                internal var kind: Swift.String
+                /// - Remark: Generated from `#/paths/files/{kind}/{folder}/{file}/PUT/path/folder`.
+                internal var folder: Swift.String
+                /// - Remark: Generated from `#/paths/files/{kind}/{folder}/{file}/PUT/path/file`.
+                internal var file: Swift.String
+                /// Creates a new `Path`.
+                ///
+                /// - Parameters:
+                ///   - kind:
+                ///   - folder:
+                ///   - file:
+                internal init(
+                    kind: Swift.String,
+                    folder: Swift.String,
+                    file: Swift.String
+                ) {
+                    self.kind = kind
+                    self.folder = folder
+                    self.file = file
+                }
+            }
+            internal var path: Operations.StoreOutput.Input.Path
+            /// - Remark: Generated from `#/paths/files/{kind}/{folder}/{file}/PUT/query`.
+            internal struct Query: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/files/{kind}/{folder}/{file}/PUT/query/owner`.
+                internal var owner: Swift.String
+                /// - Remark: Generated from `#/paths/files/{kind}/{folder}/{file}/PUT/query/exp`.
+                internal var exp: Swift.Int
+                /// - Remark: Generated from `#/paths/files/{kind}/{folder}/{file}/PUT/query/sig`.
+                internal var sig: Swift.String
+                /// Creates a new `Query`.
+                ///
+                /// - Parameters:
+                ///   - owner:
+                ///   - exp:
+                ///   - sig:
+                internal init(
+                    owner: Swift.String,
+                    exp: Swift.Int,
+                    sig: Swift.String
+                ) {
+                    self.owner = owner
+                    self.exp = exp
+                    self.sig = sig
+                }
+            }
+            internal var query: Operations.StoreOutput.Input.Query
+            /// - Remark: Generated from `#/paths/files/{kind}/{folder}/{file}/PUT/header`.
+            internal struct Headers: Sendable, Hashable {
+                internal var accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.StoreOutput.AcceptableContentType>]
+                /// Creates a new `Headers`.
+                ///
+                /// - Parameters:
+                ///   - accept:
+                internal init(accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.StoreOutput.AcceptableContentType>] = .defaultValues()) {
+                    self.accept = accept
+                }
+            }
+            internal var headers: Operations.StoreOutput.Input.Headers
+            /// - Remark: Generated from `#/paths/files/{kind}/{folder}/{file}/PUT/requestBody`.
+            internal enum Body: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/files/{kind}/{folder}/{file}/PUT/requestBody/content/image\/jpeg`.
+                case jpeg(OpenAPIRuntime.HTTPBody)
+                /// - Remark: Generated from `#/paths/files/{kind}/{folder}/{file}/PUT/requestBody/content/image\/png`.
+                case png(OpenAPIRuntime.HTTPBody)
+                /// - Remark: Generated from `#/paths/files/{kind}/{folder}/{file}/PUT/requestBody/content/image\/webp`.
+                case imageWebp(OpenAPIRuntime.HTTPBody)
+                /// - Remark: Generated from `#/paths/files/{kind}/{folder}/{file}/PUT/requestBody/content/image\/heic`.
+                case imageHeic(OpenAPIRuntime.HTTPBody)
+            }
+            internal var body: Operations.StoreOutput.Input.Body
+            /// Creates a new `Input`.
+            ///
+            /// - Parameters:
+            ///   - path:
+            ///   - query:
+            ///   - headers:
+            ///   - body:
+            internal init(
+                path: Operations.StoreOutput.Input.Path,
+                query: Operations.StoreOutput.Input.Query,
+                headers: Operations.StoreOutput.Input.Headers = .init(),
+                body: Operations.StoreOutput.Input.Body
+            ) {
+                self.path = path
+                self.query = query
+                self.headers = headers
+                self.body = body
+            }
+        }
+        internal enum Output: Sendable, Hashable {
+            internal struct Created: Sendable, Hashable {
+                /// Creates a new `Created`.
+                internal init() {}
+            }
+            /// Stored.
+            ///
+            /// - Remark: Generated from `#/paths//files/{kind}/{folder}/{file}/put(storeOutput)/responses/201`.
+            ///
+            /// HTTP response code: `201 created`.
+            case created(Operations.StoreOutput.Output.Created)
+            /// Stored.
+            ///
+            /// - Remark: Generated from `#/paths//files/{kind}/{folder}/{file}/put(storeOutput)/responses/201`.
+            ///
+            /// HTTP response code: `201 created`.
+            internal static var created: Self {
+                .created(.init())
+            }
+            /// The associated value of the enum case if `self` is `.created`.
+            ///
+            /// - Throws: An error if `self` is not `.created`.
+            /// - SeeAlso: `.created`.
+            internal var created: Operations.StoreOutput.Output.Created {
+                get throws {
+                    switch self {
+                    case let .created(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "created",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// The request is malformed (a parameter, the JSON body, a header).
+            ///
+            /// - Remark: Generated from `#/paths//files/{kind}/{folder}/{file}/put(storeOutput)/responses/400`.
+            ///
+            /// HTTP response code: `400 badRequest`.
+            case badRequest(Components.Responses.BadRequest)
+            /// The associated value of the enum case if `self` is `.badRequest`.
+            ///
+            /// - Throws: An error if `self` is not `.badRequest`.
+            /// - SeeAlso: `.badRequest`.
+            internal var badRequest: Components.Responses.BadRequest {
+                get throws {
+                    switch self {
+                    case let .badRequest(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badRequest",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Not yours, or a URL that is invalid or has expired.
+            ///
+            /// - Remark: Generated from `#/paths//files/{kind}/{folder}/{file}/put(storeOutput)/responses/403`.
+            ///
+            /// HTTP response code: `403 forbidden`.
+            case forbidden(Components.Responses.Forbidden)
+            /// The associated value of the enum case if `self` is `.forbidden`.
+            ///
+            /// - Throws: An error if `self` is not `.forbidden`.
+            /// - SeeAlso: `.forbidden`.
+            internal var forbidden: Components.Responses.Forbidden {
+                get throws {
+                    switch self {
+                    case let .forbidden(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "forbidden",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// The body is over its limit.
+            ///
+            /// - Remark: Generated from `#/paths//files/{kind}/{folder}/{file}/put(storeOutput)/responses/413`.
+            ///
+            /// HTTP response code: `413 contentTooLarge`.
+            case contentTooLarge(Components.Responses.TooLarge)
+            /// The associated value of the enum case if `self` is `.contentTooLarge`.
+            ///
+            /// - Throws: An error if `self` is not `.contentTooLarge`.
+            /// - SeeAlso: `.contentTooLarge`.
+            internal var contentTooLarge: Components.Responses.TooLarge {
+                get throws {
+                    switch self {
+                    case let .contentTooLarge(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "contentTooLarge",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service is down, overloaded or its storage failed; retry after `Retry-After`.
+            ///
+            /// - Remark: Generated from `#/paths//files/{kind}/{folder}/{file}/put(storeOutput)/responses/503`.
+            ///
+            /// HTTP response code: `503 serviceUnavailable`.
+            case serviceUnavailable(Components.Responses.Unavailable)
+            /// The associated value of the enum case if `self` is `.serviceUnavailable`.
+            ///
+            /// - Throws: An error if `self` is not `.serviceUnavailable`.
+            /// - SeeAlso: `.serviceUnavailable`.
+            internal var serviceUnavailable: Components.Responses.Unavailable {
+                get throws {
+                    switch self {
+                    case let .serviceUnavailable(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "serviceUnavailable",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A disk is full (`code` storage_full); nothing was stored.
+            ///
+            /// - Remark: Generated from `#/paths//files/{kind}/{folder}/{file}/put(storeOutput)/responses/507`.
+            ///
+            /// HTTP response code: `507 code507`.
+            case code507(Components.Responses.InsufficientStorage)
+            /// The associated value of the enum case if `self` is `.code507`.
+            ///
+            /// - Throws: An error if `self` is not `.code507`.
+            /// - SeeAlso: `.code507`.
+            internal var code507: Components.Responses.InsufficientStorage {
+                get throws {
+                    switch self {
+                    case let .code507(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "code507",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Undocumented response.
+            ///
+            /// A response with a code that is not documented in the OpenAPI document.
+            case undocumented(statusCode: Swift.Int, OpenAPIRuntime.UndocumentedPayload)
+        }
+        internal enum AcceptableContentType: AcceptableProtocol {
+            case applicationProblemJson
+            case other(Swift.String)
+            internal init?(rawValue: Swift.String) {
+                switch rawValue.lowercased() {
+                case "application/problem+json":
+                    self = .applicationProblemJson
+                default:
+                    self = .other(rawValue)
+                }
+            }
+            internal var rawValue: Swift.String {
+                switch self {
+                case let .other(string):
+                    return string
+                case .applicationProblemJson:
+                    return "application/problem+json"
+                }
+            }
+            internal static var allCases: [Self] {
+                [
+                    .applicationProblemJson
+                ]
+            }
+        }
+    }
     /// Starts an edit of an uploaded image (reserves quota first).
     ///
     /// - Remark: HTTP `POST /api/v1/jobs`.
@@ -2636,6 +2943,29 @@ internal enum Operations {
                     default:
                         try throwUnexpectedResponseStatus(
                             expectedStatus: "contentTooLarge",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Not one of the image types accepted, or not the bytes of that type.
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/jobs/post(createJob)/responses/415`.
+            ///
+            /// HTTP response code: `415 unsupportedMediaType`.
+            case unsupportedMediaType(Components.Responses.UnsupportedMediaType)
+            /// The associated value of the enum case if `self` is `.unsupportedMediaType`.
+            ///
+            /// - Throws: An error if `self` is not `.unsupportedMediaType`.
+            /// - SeeAlso: `.unsupportedMediaType`.
+            internal var unsupportedMediaType: Components.Responses.UnsupportedMediaType {
+                get throws {
+                    switch self {
+                    case let .unsupportedMediaType(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "unsupportedMediaType",
                             response: self
                         )
                     }
@@ -6421,7 +6751,7 @@ internal enum Operations {
                     self.body = body
                 }
             }
-            /// The result's bytes.
+            /// The result's bytes (folder store).
             ///
             /// - Remark: Generated from `#/paths//s/{token}/get(openShare)/responses/200`.
             ///
@@ -6439,6 +6769,52 @@ internal enum Operations {
                     default:
                         try throwUnexpectedResponseStatus(
                             expectedStatus: "ok",
+                            response: self
+                        )
+                    }
+                }
+            }
+            internal struct Found: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/s/{token}/GET/responses/302/headers`.
+                internal struct Headers: Sendable, Hashable {
+                    /// - Remark: Generated from `#/paths/s/{token}/GET/responses/302/headers/Location`.
+                    internal var location: Swift.String
+                    /// Creates a new `Headers`.
+                    ///
+                    /// - Parameters:
+                    ///   - location:
+                    internal init(location: Swift.String) {
+                        self.location = location
+                    }
+                }
+                /// Received HTTP response headers
+                internal var headers: Operations.OpenShare.Output.Found.Headers
+                /// Creates a new `Found`.
+                ///
+                /// - Parameters:
+                ///   - headers: Received HTTP response headers
+                internal init(headers: Operations.OpenShare.Output.Found.Headers) {
+                    self.headers = headers
+                }
+            }
+            /// The S3 store; a presigned URL of the result that lives 60 s.
+            ///
+            /// - Remark: Generated from `#/paths//s/{token}/get(openShare)/responses/302`.
+            ///
+            /// HTTP response code: `302 found`.
+            case found(Operations.OpenShare.Output.Found)
+            /// The associated value of the enum case if `self` is `.found`.
+            ///
+            /// - Throws: An error if `self` is not `.found`.
+            /// - SeeAlso: `.found`.
+            internal var found: Operations.OpenShare.Output.Found {
+                get throws {
+                    switch self {
+                    case let .found(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "found",
                             response: self
                         )
                     }

@@ -47,6 +47,8 @@ internal protocol APIProtocol: Sendable {
     func effects(_ input: Operations.Effects.Input) async throws -> Operations.Effects.Output
     /// A signed URL to PUT one image to (refused with the quota 429 at 0 edits left).
     ///
+    /// With the folder store the URL is the gateway's own `upload` route; with the S3 store it is the bucket's presigned PUT, and `headers` (Content-Type, If-None-Match) are signed into it: send them as they are. Type, size and pixels are then checked at job creation.
+    ///
     /// - Remark: HTTP `POST /api/v1/uploads/presigned`.
     /// - Remark: Generated from `#/paths//api/v1/uploads/presigned/post(presignUpload)`.
     func presignUpload(_ input: Operations.PresignUpload.Input) async throws -> Operations.PresignUpload.Output
@@ -60,6 +62,11 @@ internal protocol APIProtocol: Sendable {
     /// - Remark: HTTP `GET /files/{kind}/{folder}/{file}`.
     /// - Remark: Generated from `#/paths//files/{kind}/{folder}/{file}/get(download)`.
     func download(_ input: Operations.Download.Input) async throws -> Operations.Download.Output
+    /// A worker's result or thumbnail (folder store), through the URL the jobs service signed.
+    ///
+    /// - Remark: HTTP `PUT /files/{kind}/{folder}/{file}`.
+    /// - Remark: Generated from `#/paths//files/{kind}/{folder}/{file}/put(storeOutput)`.
+    func storeOutput(_ input: Operations.StoreOutput.Input) async throws -> Operations.StoreOutput.Output
     /// Starts an edit of an uploaded image (reserves quota first).
     ///
     /// - Remark: HTTP `POST /api/v1/jobs`.
@@ -206,6 +213,8 @@ extension APIProtocol {
     }
     /// A signed URL to PUT one image to (refused with the quota 429 at 0 edits left).
     ///
+    /// With the folder store the URL is the gateway's own `upload` route; with the S3 store it is the bucket's presigned PUT, and `headers` (Content-Type, If-None-Match) are signed into it: send them as they are. Type, size and pixels are then checked at job creation.
+    ///
     /// - Remark: HTTP `POST /api/v1/uploads/presigned`.
     /// - Remark: Generated from `#/paths//api/v1/uploads/presigned/post(presignUpload)`.
     internal func presignUpload(
@@ -247,6 +256,23 @@ extension APIProtocol {
             path: path,
             query: query,
             headers: headers
+        ))
+    }
+    /// A worker's result or thumbnail (folder store), through the URL the jobs service signed.
+    ///
+    /// - Remark: HTTP `PUT /files/{kind}/{folder}/{file}`.
+    /// - Remark: Generated from `#/paths//files/{kind}/{folder}/{file}/put(storeOutput)`.
+    internal func storeOutput(
+        path: Operations.StoreOutput.Input.Path,
+        query: Operations.StoreOutput.Input.Query,
+        headers: Operations.StoreOutput.Input.Headers = .init(),
+        body: Operations.StoreOutput.Input.Body
+    ) async throws -> Operations.StoreOutput.Output {
+        try await storeOutput(Operations.StoreOutput.Input(
+            path: path,
+            query: query,
+            headers: headers,
+            body: body
         ))
     }
     /// Starts an edit of an uploaded image (reserves quota first).

@@ -49,7 +49,18 @@ public struct EffectRunner: Sendable {
         let folder = scratch.appendingPathComponent("\(job.attempt.jobId)-\(job.attempt.attempt)-\(UUID().uuidString.prefix(8))")
         try await blocking { try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true) }
         // Whatever happens, nothing of the attempt outlives it.
-        defer { try? FileManager.default.removeItem(at: folder) }
+        do {
+            let output = try await run(job, in: folder, transfer: transfer, progress: progress)
+            _ = try? await blocking { try FileManager.default.removeItem(at: folder) }
+            return output
+        } catch {
+            _ = try? await blocking { try FileManager.default.removeItem(at: folder) }
+            throw error
+        }
+    }
+
+    /// The attempt's work, its files in `folder`.
+    func run(_ job: JobAssignment, in folder: URL, transfer: @Sendable () async throws -> JobTransfer, progress: @Sendable (Double) -> Void) async throws -> JobOutput {
         let urls = try await transfer()
         let inputExtension = job.imageKey.split(separator: ".").last.map { $0.lowercased() } ?? "jpg"
         let input = folder.appendingPathComponent("input.\(inputExtension)")

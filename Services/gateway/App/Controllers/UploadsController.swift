@@ -91,7 +91,13 @@ struct UploadsController<Context: RequestContext>: Sendable {
         }
         guard try await storing({ try await folder.head(key) }) == nil else { throw Self.alreadyUploaded }
         let (staged, counter) = try await receive(request.body, limit: maxBytes, into: folder, context: context)
-        defer { try? FileManager.default.removeItem(at: staged) }
+        return try await Self.consuming(staged, of: folder) {
+            try await adopt(staged, counter: counter, as: key, owner: owner, contentType: contentType, into: folder)
+        }
+    }
+
+    /// The checks of a received upload's bytes, then the put, once.
+    func adopt(_ staged: URL, counter: ByteCounter, as key: String, owner: String, contentType: String, into folder: FolderBlobStore) async throws -> Response {
         let head = counter.head
         guard let sniffed = ImageSniffer.contentType(of: Array(head.prefix(16))), sniffed == contentType else {
             throw UploadProblems.notAnImage(contentType)
@@ -121,13 +127,27 @@ struct UploadsController<Context: RequestContext>: Sendable {
             throw Problem(.forbidden, detail: "The write URL is invalid or has expired (or Content-Type differs from the one signed).")
         }
         let (staged, _) = try await receive(request.body, limit: UploadProblems.maxOutputBytes, into: folder, context: context)
-        defer { try? FileManager.default.removeItem(at: staged) }
-        do {
-            try await folder.put(key, from: .file(staged), metadata: BlobMetadata(owner: owner, contentType: contentType))
-        } catch {
-            throw storageProblem(error) ?? error
+        return try await Self.consuming(staged, of: folder) {
+            do {
+                try await folder.put(key, from: .file(staged), metadata: BlobMetadata(owner: owner, contentType: contentType))
+            } catch {
+                throw storageProblem(error) ?? error
+            }
+            return Response(status: .created)
         }
-        return Response(status: .created)
+    }
+
+    /// Runs `body`, then removes the staging file `staged` (off the cooperative pool), whether
+    /// `body` throws or not.
+    static func consuming(_ staged: URL, of folder: FolderBlobStore, _ body: () async throws -> Response) async throws -> Response {
+        do {
+            let response = try await body()
+            await folder.discard(staged)
+            return response
+        } catch {
+            await folder.discard(staged)
+            throw error
+        }
     }
 
     /// Streams a request body into a staging file of the store (413 past `limit`); a client that
@@ -138,7 +158,7 @@ struct UploadsController<Context: RequestContext>: Sendable {
         do {
             try await FileIO().writeFile(contents: LimitedBody(base: body, limit: limit, counter: counter), path: staged.path, context: context)
         } catch {
-            try? FileManager.default.removeItem(at: staged)
+            await folder.discard(staged)
             // The limit is checked on the bytes received, whatever error the file writer wrapped it in.
             if counter.count > limit { throw UploadProblems.tooLarge(limit) }
             if !counter.finished, !StorageErrors.isOutOfSpace(error) {
