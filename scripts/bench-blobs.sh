@@ -20,13 +20,7 @@ export QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" HISTORY_ENDPOINT="tcp://127.0.0.
 export QUOTA_BIND=$QUOTA_ENDPOINT
 "$BIN/quota" > "$work/quota.log" 2>&1 & pids+=($!)
 
-s3_port=$(python3 -c 'import socket
-for _ in range(50):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
-    t = socket.socket()
-    try:
-        t.bind(("127.0.0.1", p + 1)); t.close(); print(p); break
-    except OSError: t.close()')
+s3_port=$(scripts/free-port-pair.py)
 # 2,000 uploads of 2 MB are 4 GB, held in the memstore OSD's memory: room for them.
 S3_MEMORY_GB=${S3_MEMORY_GB:-8} scripts/s3-server.sh start "$work/s3" "$s3_port" >/dev/null
 trap 'scripts/s3-server.sh stop "$work/s3" >/dev/null 2>&1 || true; cleanup' EXIT
