@@ -58,17 +58,36 @@ func testRouter(gate: Gate = Gate()) -> BusRouter {
 func uniqueInproc() -> String { "inproc://test-\(UUID().uuidString)" }
 
 /// A TCP port on loopback that nothing listens on right now.
+/// A TCP port on loopback that nothing listens on right now, and that no other call in this test
+/// run returns: from 10,000 to 20,000, below the kernel's ephemeral range (32768 and up), where an
+/// outgoing connection of another test (an HTTP client, a worker) could take a port handed out by
+/// the kernel before the server binds it; and apart from the system tests' 20,000 to 32,000.
 func freePort() -> Int {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    defer { close(fd) }
-    var address = sockaddr_in()
-    address.sin_family = sa_family_t(AF_INET)
-    address.sin_addr.s_addr = inet_addr("127.0.0.1")
-    address.sin_port = 0
-    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-    _ = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) } }
-    _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) } }
-    return Int(UInt16(bigEndian: address.sin_port))
+    while true {
+        let candidate = BusPortPicker.next()
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = in_port_t(UInt16(candidate).bigEndian)
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        close(fd)
+        if bound == 0 { return candidate }
+    }
+}
+
+enum BusPortPicker {
+    static let range = 10_000..<20_000
+    private static let counter = Mutex(Int(getpid()) &* 7_919 % 10_000)
+
+    static func next() -> Int {
+        counter.withLock { value in
+            value = (value + 1) % range.count
+            return range.lowerBound + value
+        }
+    }
 }
 
 /// Runs a server on `endpoint` for the duration of `body`, then stops it and waits for it.
