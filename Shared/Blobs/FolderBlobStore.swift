@@ -220,9 +220,14 @@ final class OpenFile: Sendable {
             let (file, offset, count) = (file, offset, min(64 << 10, end - offset))
             let chunk = try await FolderBlobStore.blocking { () -> ByteBuffer in
                 var buffer = ByteBufferAllocator().buffer(capacity: count)
+                var failure: Int32 = 0
                 let read = buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: count) { pointer in
-                    pread(file.descriptor, pointer.baseAddress, count, off_t(offset))
+                    let read = pread(file.descriptor, pointer.baseAddress, count, off_t(offset))
+                    // The closure must answer how many bytes it wrote: never a negative count.
+                    if read < 0 { failure = errno }
+                    return max(0, read)
                 }
+                if failure != 0 { throw POSIXError(POSIXErrorCode(rawValue: failure) ?? .EIO) }
                 guard read > 0 else { throw BlobStoreError(.unavailable, "a file ended before its size") }
                 return buffer
             }
