@@ -48,7 +48,7 @@ final class JobSystem: @unchecked Sendable {
     var publicBase: String { "http://\(hostAddress):\(gatewayPort)" }
     /// The store's settings for the service processes (S3's, or none for the folder).
     let storeEnvironment: [String: String]
-    var replica: Task<Void, any Error>?
+    var replica: ServiceProcess?
     let store: Store
 
     init(workers count: Int = 1, uploadMaxBytes: Int = 20 << 20, workerCapacity: Int = 1, quota: [String: String] = [:], history: [String: String] = [:], jobs: [String: String] = [:],
@@ -98,27 +98,19 @@ final class JobSystem: @unchecked Sendable {
         for _ in 0..<count { try startWorker(capacity: workerCapacity) }
     }
 
-    /// Starts the gateway replica on `gatewayPort` with the current configuration (call again
-    /// after changing it) and waits until it answers.
+    /// Starts the gateway replica, a gateway process of its own, on `gatewayPort` with the
+    /// system's blob store, and waits until it answers. (A process, not a router in this one: it
+    /// serves every worker's input and outputs, work that would otherwise compete with the tests
+    /// for this process's threads.)
     func startReplica() async throws {
-        if let replica {
-            replica.cancel()
-            _ = await replica.result
-        }
-        var replicaConfiguration = configuration
-        replicaConfiguration.host = hostAddress
-        replicaConfiguration.port = gatewayPort
-        let app = try await buildApplication(configuration: replicaConfiguration, logger: Logger(label: "gateway-replica"))
-        replica = Task {
-            let group = ServiceGroup(configuration: .init(services: [app], gracefulShutdownSignals: [], logger: Logger(label: "gateway-replica")))
-            try await withTaskCancellationHandler {
-                try await group.run()
-            } onCancel: {
-                Task { await group.triggerGracefulShutdown() }
-            }
-        }
-        // Asked without blocking a thread: a blocking read here would hold one of the few
-        // threads of the cooperative pool that the replica's own handlers run on.
+        var environment = [
+            "GATEWAY_HOST": hostAddress, "GATEWAY_PORT": "\(gatewayPort)", "JWT_SECRET": Self.secret, "ADMIN_TOKEN": Self.adminToken,
+            "URL_SIGNING_SECRET": Self.signingSecret, "PUBLIC_BASE_URL": publicBase, "DATA_DIR": services.dataDirectory.path,
+            "BLOB_DIR": blobDirectory, "UPLOAD_MAX_BYTES": "\(configuration.uploadMaxBytes)",
+        ].merging(storeEnvironment) { _, new in new }
+        for service in ServiceName.allCases { environment[service.endpointVariable] = services.endpoints[service]! }
+        replica = try ServiceProcess("gateway", environment: environment)
+        // Asked without blocking a thread of the cooperative pool.
         let url = "\(publicBase)/healthz"
         try await waitUntil {
             let answer = try? await HTTPClient.shared.execute(HTTPClientRequest(url: url), timeout: .seconds(2))
@@ -144,8 +136,7 @@ final class JobSystem: @unchecked Sendable {
 
     func stop() async {
         for worker in workers { await worker.stop() }
-        replica?.cancel()
-        _ = await replica?.result
+        await replica?.stop()
         await clients.shutdown()
         await services.stopAll()
         provider.cancel()
