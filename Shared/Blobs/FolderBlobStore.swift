@@ -192,7 +192,6 @@ public struct FolderBlobStore: BlobStore {
     static func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
         try await NIOThreadPool.singleton.runIfActive(work)
     }
-    func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T { try await Self.blocking(work) }
 }
 
 /// A file descriptor, closed when the last reader lets it go.

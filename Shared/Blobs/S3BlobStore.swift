@@ -203,7 +203,7 @@ public struct S3BlobStore: BlobStore {
                                               payloadHash: SigV4.unsignedPayload, date: Date())
             for (name, value) in headers + signed { request.headers.add(name: name, value: value) }
             do {
-                let response = try await client.execute(request, timeout: .nanoseconds(Int64(configuration.timeout.components.seconds) * 1_000_000_000))
+                let response = try await client.execute(request, timeout: TimeAmount(configuration.timeout))
                 let code = response.status.code
                 guard code >= 500 || code == 429 else { return response }
                 if attempt >= configuration.maxAttempts { return response }
