@@ -21,6 +21,7 @@ let package = Package(
         .executable(name: "loadtest", targets: ["loadtest"]),
         .executable(name: "bus-bench", targets: ["bus-bench"]),
         .executable(name: "bus-fixture", targets: ["bus-fixture"]),
+        .executable(name: "provider-fixture", targets: ["provider-fixture"]),
         .executable(name: "quota-bench", targets: ["quota-bench"]),
         .executable(name: "jobs-bench", targets: ["jobs-bench"]),
         .executable(name: "history-bench", targets: ["history-bench"]),
@@ -221,6 +222,8 @@ let package = Package(
             dependencies: [
                 "ImageOps", "Blobs", "JobsCore", "Messages", "Bus", "ServiceKit",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -261,6 +264,18 @@ let package = Package(
             name: "bench-bare",
             dependencies: [.product(name: "Hummingbird", package: "hummingbird"), .product(name: "Logging", package: "swift-log")],
             path: "Benchmarks/bench-bare",
+            swiftSettings: swiftSettings
+        ),
+        // A local stand-in for Gemini, OpenAI and fal (tests, `make bench-models`, `make run`).
+        .executableTarget(
+            name: "provider-fixture",
+            dependencies: [
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Tests/Fixtures/provider-fixture",
             swiftSettings: swiftSettings
         ),
         .executableTarget(

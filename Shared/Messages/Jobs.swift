@@ -10,8 +10,9 @@ public enum Jobs {
     public static let cancel = BusMethod<JobReference, JobRecord>("jobs.cancel")
     /// Whether a job exists and in which state, for quota's stale reservations (no user check).
     public static let lookup = BusMethod<JobLookup, JobExistence>("jobs.lookup")
-    /// The effects the workers can run, with their parameter schemas.
-    public static let effects = BusMethod<Empty, [EffectDescription]>("jobs.effects")
+    /// The effects the workers can run, with their prices, kinds and parameter schemas, and the
+    /// other names the app may use for them.
+    public static let effects = BusMethod<Empty, EffectList>("jobs.effects")
     /// Removes a job for good (history's delete and retention): cancelled first if it has not
     /// ended (its charge released), then its row, its result and thumbnail files, and its original
     /// upload once no other job of the user refers to it. Idempotent: an unknown job is purged.
@@ -21,8 +22,13 @@ public enum Jobs {
     /// open event stream with one call a round instead of one call per stream.
     public static let watch = BusMethod<WatchJobs, WatchedJobs>("jobs.watch")
 
-    /// The credits one job is charged (reserved at creation, committed when it completes).
-    public static let chargePerJob = 1
+    /// A provider's webhook reached the gateway for this job (its signature checked there): the
+    /// worker waiting on the job's generation asks the provider now instead of at its next poll.
+    /// The webhook's body is never trusted; only the provider's own answer to that poll is.
+    public static let providerCallback = BusMethod<ProviderCallback, Empty>("jobs.provider-callback")
+
+    /// The credits a job is charged when its effect names no price.
+    public static let defaultCredits = 1
 
     public enum ErrorCode {
         /// The effect is not in the catalogue.
@@ -56,8 +62,12 @@ public struct CreateJob: Codable, Sendable, Equatable {
     public var effectId: String
     public var parameters: [String: Double]
     public var prompt: String?
+    /// The credits the gateway reserved for the job (the effect's price when it was asked); the
+    /// job gives exactly these back if it fails, and history shows them.
+    public var credits: Int
 
-    public init(jobId: String, userId: String, isPro: Bool, imageKey: String, effectId: String, parameters: [String: Double] = [:], prompt: String? = nil) {
+    public init(jobId: String, userId: String, isPro: Bool, imageKey: String, effectId: String, parameters: [String: Double] = [:], prompt: String? = nil,
+                credits: Int = Jobs.defaultCredits) {
         self.jobId = jobId
         self.userId = userId
         self.isPro = isPro
@@ -65,6 +75,47 @@ public struct CreateJob: Codable, Sendable, Equatable {
         self.effectId = effectId
         self.parameters = parameters
         self.prompt = prompt
+        self.credits = credits
+    }
+
+    enum CodingKeys: String, CodingKey { case jobId, userId, isPro, imageKey, effectId, parameters, prompt, credits }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        jobId = try container.decode(String.self, forKey: .jobId)
+        userId = try container.decode(String.self, forKey: .userId)
+        isPro = try container.decode(Bool.self, forKey: .isPro)
+        imageKey = try container.decode(String.self, forKey: .imageKey)
+        effectId = try container.decode(String.self, forKey: .effectId)
+        parameters = try container.decode([String: Double].self, forKey: .parameters)
+        prompt = try container.decodeIfPresent(String.self, forKey: .prompt)
+        credits = try container.decodeIfPresent(Int.self, forKey: .credits) ?? Jobs.defaultCredits
+    }
+}
+
+/// The effect catalogue: every effect, and the aliases (`default`) that name one of them.
+public struct EffectList: Codable, Sendable, Equatable {
+    public var effects: [EffectDescription]
+    public var aliases: [String: String]
+    public init(effects: [EffectDescription], aliases: [String: String]) {
+        self.effects = effects
+        self.aliases = aliases
+    }
+
+    /// The effect `id` names, directly or through an alias.
+    public func effect(_ id: String) -> EffectDescription? {
+        effects.first { $0.id == id } ?? aliases[id].flatMap { target in effects.first { $0.id == target } }
+    }
+}
+
+/// A provider's webhook for a job, as the gateway passes it on once its signature is checked.
+public struct ProviderCallback: Codable, Sendable, Equatable {
+    public var jobId: String
+    /// The provider's request id the webhook names (compared with the job's own).
+    public var requestId: String?
+    public init(jobId: String, requestId: String?) {
+        self.jobId = jobId
+        self.requestId = requestId
     }
 }
 
@@ -175,12 +226,18 @@ public struct JobRecord: Codable, Sendable, Equatable {
     public var version: Int
     /// The user asked to cancel while the job was processing; its worker has been told.
     public var cancelRequested: Bool
+    /// The credits reserved for the job: committed when it completes, given back otherwise.
+    public var credits: Int
+    /// The provider's request of a long generation submitted to a provider's queue (fal), kept
+    /// durably so that any worker, after any restart, waits on the same request instead of
+    /// submitting (and paying for) another.
+    public var submission: ProviderRequest?
 
     public init(
         id: String, userId: String, isPro: Bool, imageKey: String, effectId: String, parameters: [String: Double],
         prompt: String?, status: JobStatus, progress: Double, attempts: Int, maxAttempts: Int, lastError: String?,
         resultKey: String?, thumbnailKey: String?, createdAt: Date, updatedAt: Date, startedAt: Date?, finishedAt: Date?, version: Int,
-        cancelRequested: Bool = false
+        cancelRequested: Bool = false, credits: Int = Jobs.defaultCredits, submission: ProviderRequest? = nil
     ) {
         self.id = id
         self.userId = userId
@@ -202,7 +259,66 @@ public struct JobRecord: Codable, Sendable, Equatable {
         self.finishedAt = finishedAt
         self.version = version
         self.cancelRequested = cancelRequested
+        self.credits = credits
+        self.submission = submission
     }
+
+    enum CodingKeys: String, CodingKey {
+        case id, userId, isPro, imageKey, effectId, parameters, prompt, status, progress, attempts, maxAttempts, lastError
+        case resultKey, thumbnailKey, createdAt, updatedAt, startedAt, finishedAt, version, cancelRequested, credits, submission
+    }
+
+    /// Decodes a job; `credits` (from before prices) defaults to 1, `cancelRequested` to false.
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        id = try c.decode(String.self, forKey: .id)
+        userId = try c.decode(String.self, forKey: .userId)
+        isPro = try c.decode(Bool.self, forKey: .isPro)
+        imageKey = try c.decode(String.self, forKey: .imageKey)
+        effectId = try c.decode(String.self, forKey: .effectId)
+        parameters = try c.decode([String: Double].self, forKey: .parameters)
+        prompt = try c.decodeIfPresent(String.self, forKey: .prompt)
+        status = try c.decode(JobStatus.self, forKey: .status)
+        progress = try c.decode(Double.self, forKey: .progress)
+        attempts = try c.decode(Int.self, forKey: .attempts)
+        maxAttempts = try c.decode(Int.self, forKey: .maxAttempts)
+        lastError = try c.decodeIfPresent(String.self, forKey: .lastError)
+        resultKey = try c.decodeIfPresent(String.self, forKey: .resultKey)
+        thumbnailKey = try c.decodeIfPresent(String.self, forKey: .thumbnailKey)
+        createdAt = try c.decode(Date.self, forKey: .createdAt)
+        updatedAt = try c.decode(Date.self, forKey: .updatedAt)
+        startedAt = try c.decodeIfPresent(Date.self, forKey: .startedAt)
+        finishedAt = try c.decodeIfPresent(Date.self, forKey: .finishedAt)
+        version = try c.decode(Int.self, forKey: .version)
+        cancelRequested = try c.decodeIfPresent(Bool.self, forKey: .cancelRequested) ?? false
+        credits = try c.decodeIfPresent(Int.self, forKey: .credits) ?? Jobs.defaultCredits
+        submission = try c.decodeIfPresent(ProviderRequest.self, forKey: .submission)
+    }
+}
+
+/// A request submitted to a provider's queue (fal's queue API): its id and the URLs fal answered
+/// with for its status, its result and its cancellation.
+public struct ProviderRequest: Codable, Sendable, Equatable {
+    public var provider: String
+    public var requestId: String
+    public var statusURL: String
+    public var responseURL: String
+    public var cancelURL: String?
+    /// When it was submitted: the model's timeout counts from here, across workers and restarts.
+    public var submittedAt: Date
+    public init(provider: String, requestId: String, statusURL: String, responseURL: String, cancelURL: String?, submittedAt: Date) {
+        self.provider = provider
+        self.requestId = requestId
+        self.statusURL = statusURL
+        self.responseURL = responseURL
+        self.cancelURL = cancelURL
+        self.submittedAt = submittedAt
+    }
+}
+
+/// What an effect makes: a still image or a video.
+public enum MediaKind: String, Codable, Sendable, CaseIterable {
+    case image, video
 }
 
 /// An effect the app can ask for: its id, the title the app shows, its parameters.
@@ -223,23 +339,40 @@ public struct EffectDescription: Codable, Sendable, Equatable {
     public var id: String
     public var title: String
     public var parameters: [Parameter]
-    /// How the worker runs it: `vips` (built in) or `remote` (an HTTP inference endpoint).
+    /// How the worker runs it: `vips` or `copy` (built in), a provider (`gemini`, `openai`,
+    /// `fal`), or `remote` (the operator's own HTTP endpoint).
     public var processor: String
-    /// For `remote`: the endpoint's URL.
+    /// For `remote`: the endpoint's URL. For a provider: its base URL instead of the public one
+    /// (a regional endpoint, a proxy, or a local server in tests).
     public var endpoint: String?
+    /// What one job costs, in credits (the units of the quota windows).
+    public var credits: Int
+    /// What it makes: an image, or a video (stored as `video/mp4`, its first frame the thumbnail).
+    public var kind: MediaKind
+    /// For a provider: the provider's own model id (`gemini-2.5-flash-image`, `gpt-image-1`,
+    /// `fal-ai/veo3.1/image-to-video`).
+    public var model: String?
+    /// How long one attempt may wait for the model before it fails as retryable; nil: the
+    /// default of its kind (the worker's `WORKER_IMAGE_TIMEOUT_S`, `WORKER_VIDEO_TIMEOUT_S`).
+    public var timeoutSeconds: Int?
 
-    public init(id: String, title: String, parameters: [Parameter] = [], processor: String = "vips", endpoint: String? = nil) {
+    public init(id: String, title: String, parameters: [Parameter] = [], processor: String = "vips", endpoint: String? = nil,
+                credits: Int = Jobs.defaultCredits, kind: MediaKind = .image, model: String? = nil, timeoutSeconds: Int? = nil) {
         self.id = id
         self.title = title
         self.parameters = parameters
         self.processor = processor
         self.endpoint = endpoint
+        self.credits = credits
+        self.kind = kind
+        self.model = model
+        self.timeoutSeconds = timeoutSeconds
     }
 
-    enum CodingKeys: String, CodingKey { case id, title, parameters, processor, endpoint }
+    enum CodingKeys: String, CodingKey { case id, title, parameters, processor, endpoint, credits, kind, model, timeoutSeconds }
 
-    /// Decodes an effect; `parameters` defaults to none and `processor` to `vips`, so an operator
-    /// writes only what matters.
+    /// Decodes an effect; `parameters` defaults to none, `processor` to `vips`, `credits` to 1 and
+    /// `kind` to `image`, so an operator writes only what matters.
     public init(from decoder: any Decoder) throws {
         let container = try decoder.container(keyedBy: CodingKeys.self)
         id = try container.decode(String.self, forKey: .id)
@@ -247,5 +380,9 @@ public struct EffectDescription: Codable, Sendable, Equatable {
         parameters = try container.decodeIfPresent([Parameter].self, forKey: .parameters) ?? []
         processor = try container.decodeIfPresent(String.self, forKey: .processor) ?? "vips"
         endpoint = try container.decodeIfPresent(String.self, forKey: .endpoint)
+        credits = try container.decodeIfPresent(Int.self, forKey: .credits) ?? Jobs.defaultCredits
+        kind = try container.decodeIfPresent(MediaKind.self, forKey: .kind) ?? .image
+        model = try container.decodeIfPresent(String.self, forKey: .model)
+        timeoutSeconds = try container.decodeIfPresent(Int.self, forKey: .timeoutSeconds)
     }
 }

@@ -27,6 +27,10 @@ public enum WorkerMessage: Codable, Sendable, Equatable {
     /// The presigned URLs of an attempt the worker holds have expired (or are about to) before
     /// it could use them: it asks for fresh ones.
     case renew(JobAttempt)
+    /// The attempt's generation was submitted to a provider's queue: the service records the
+    /// request durably and stops counting the job against the worker's slots (the worker waits
+    /// on it without one). Sent again with every heartbeat until `submissionRecorded`.
+    case submitted(JobAttempt, ProviderRequest)
 }
 
 /// What the jobs service tells a worker.
@@ -42,6 +46,10 @@ public enum DispatcherMessage: Codable, Sendable, Equatable {
     case recorded(JobAttempt)
     /// Fresh URLs for an attempt the worker holds, in answer to `renew`.
     case renewed(JobAttempt, JobTransfer)
+    /// The attempt's provider request is durable: the worker stops sending `submitted`.
+    case submissionRecorded(JobAttempt)
+    /// The provider's webhook came for this attempt's request: ask the provider now.
+    case poke(JobAttempt)
 }
 
 /// A worker's introduction.
@@ -89,8 +97,16 @@ public struct JobAssignment: Codable, Sendable, Equatable {
     /// service, which alone holds the store's credentials. Nil only in the state machine, before
     /// the dispatcher signs them on sending.
     public var transfer: JobTransfer?
+    /// A generation an earlier attempt submitted to the provider's queue: this attempt waits
+    /// on it (nothing is submitted, or paid for, twice).
+    public var submission: ProviderRequest?
+    /// The URL the provider's webhook is to call for this job (signed by the jobs service), for
+    /// providers with webhooks (fal).
+    public var callbackURL: String?
     public init(attempt: JobAttempt, userId: String, imageKey: String, effect: EffectDescription, parameters: [String: Double], prompt: String?,
-                transfer: JobTransfer? = nil) {
+                transfer: JobTransfer? = nil, submission: ProviderRequest? = nil, callbackURL: String? = nil) {
+        self.submission = submission
+        self.callbackURL = callbackURL
         self.attempt = attempt
         self.userId = userId
         self.imageKey = imageKey

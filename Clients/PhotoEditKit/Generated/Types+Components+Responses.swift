@@ -406,25 +406,41 @@ extension Components {
                         internal var retryAfter: Swift.Int
                         /// - Remark: Generated from `#/components/responses/QuotaExceeded/content/applicationProblemJson/value2/plan`.
                         internal var plan: Swift.String
+                        /// Credits left in the tightest violated window.
+                        ///
+                        /// - Remark: Generated from `#/components/responses/QuotaExceeded/content/applicationProblemJson/value2/creditsRemaining`.
+                        internal var creditsRemaining: Swift.Int?
+                        /// What the job costs (on job creation).
+                        ///
+                        /// - Remark: Generated from `#/components/responses/QuotaExceeded/content/applicationProblemJson/value2/creditsNeeded`.
+                        internal var creditsNeeded: Swift.Int?
                         /// Creates a new `Value2Payload`.
                         ///
                         /// - Parameters:
                         ///   - violatedPolicies:
                         ///   - retryAfter:
                         ///   - plan:
+                        ///   - creditsRemaining: Credits left in the tightest violated window.
+                        ///   - creditsNeeded: What the job costs (on job creation).
                         internal init(
                             violatedPolicies: Components.Responses.QuotaExceeded.Body.ApplicationProblemJsonPayload.Value2Payload.ViolatedPoliciesPayload,
                             retryAfter: Swift.Int,
-                            plan: Swift.String
+                            plan: Swift.String,
+                            creditsRemaining: Swift.Int? = nil,
+                            creditsNeeded: Swift.Int? = nil
                         ) {
                             self.violatedPolicies = violatedPolicies
                             self.retryAfter = retryAfter
                             self.plan = plan
+                            self.creditsRemaining = creditsRemaining
+                            self.creditsNeeded = creditsNeeded
                         }
                         internal enum CodingKeys: String, CodingKey {
                             case violatedPolicies = "violated-policies"
                             case retryAfter
                             case plan
+                            case creditsRemaining
+                            case creditsNeeded
                         }
                     }
                     /// - Remark: Generated from `#/components/responses/QuotaExceeded/content/applicationProblemJson/value2`.

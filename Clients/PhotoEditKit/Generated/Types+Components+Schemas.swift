@@ -381,6 +381,17 @@ extension Components {
             internal var id: Swift.String
             /// - Remark: Generated from `#/components/schemas/Effect/title`.
             internal var title: Swift.String
+            /// What one job costs
+            ///
+            /// - Remark: Generated from `#/components/schemas/Effect/credits`.
+            internal var credits: Swift.Int
+            /// - Remark: Generated from `#/components/schemas/Effect/kind`.
+            internal enum KindPayload: String, Codable, Hashable, Sendable, CaseIterable {
+                case image = "image"
+                case video = "video"
+            }
+            /// - Remark: Generated from `#/components/schemas/Effect/kind`.
+            internal var kind: Components.Schemas.Effect.KindPayload
             /// - Remark: Generated from `#/components/schemas/Effect/ParametersPayload`.
             internal struct ParametersPayloadPayload: Codable, Hashable, Sendable {
                 /// - Remark: Generated from `#/components/schemas/Effect/ParametersPayload/name`.
@@ -425,19 +436,27 @@ extension Components {
             /// - Parameters:
             ///   - id:
             ///   - title:
+            ///   - credits: What one job costs
+            ///   - kind:
             ///   - parameters:
             internal init(
                 id: Swift.String,
                 title: Swift.String,
+                credits: Swift.Int,
+                kind: Components.Schemas.Effect.KindPayload,
                 parameters: Components.Schemas.Effect.ParametersPayload
             ) {
                 self.id = id
                 self.title = title
+                self.credits = credits
+                self.kind = kind
                 self.parameters = parameters
             }
             internal enum CodingKeys: String, CodingKey {
                 case id
                 case title
+                case credits
+                case kind
                 case parameters
             }
         }
@@ -599,6 +618,10 @@ extension Components {
             internal var error: Swift.String?
             /// - Remark: Generated from `#/components/schemas/Job/attempts`.
             internal var attempts: Swift.Int
+            /// Credits reserved for the job (given back if it fails or is cancelled).
+            ///
+            /// - Remark: Generated from `#/components/schemas/Job/credits`.
+            internal var credits: Swift.Int?
             /// - Remark: Generated from `#/components/schemas/Job/createdAt`.
             internal var createdAt: Foundation.Date
             /// - Remark: Generated from `#/components/schemas/Job/updatedAt`.
@@ -619,6 +642,7 @@ extension Components {
             ///   - thumbnailUrl:
             ///   - error:
             ///   - attempts:
+            ///   - credits: Credits reserved for the job (given back if it fails or is cancelled).
             ///   - createdAt:
             ///   - updatedAt:
             ///   - finishedAt:
@@ -634,6 +658,7 @@ extension Components {
                 thumbnailUrl: Swift.String? = nil,
                 error: Swift.String? = nil,
                 attempts: Swift.Int,
+                credits: Swift.Int? = nil,
                 createdAt: Foundation.Date,
                 updatedAt: Foundation.Date,
                 finishedAt: Foundation.Date? = nil
@@ -649,6 +674,7 @@ extension Components {
                 self.thumbnailUrl = thumbnailUrl
                 self.error = error
                 self.attempts = attempts
+                self.credits = credits
                 self.createdAt = createdAt
                 self.updatedAt = updatedAt
                 self.finishedAt = finishedAt
@@ -665,6 +691,7 @@ extension Components {
                 case thumbnailUrl
                 case error
                 case attempts
+                case credits
                 case createdAt
                 case updatedAt
                 case finishedAt
@@ -721,6 +748,10 @@ extension Components {
             internal var error: Swift.String?
             /// - Remark: Generated from `#/components/schemas/HistoryItem/progress`.
             internal var progress: Swift.Double?
+            /// Credits the edit used (0 once failed or cancelled).
+            ///
+            /// - Remark: Generated from `#/components/schemas/HistoryItem/credits`.
+            internal var credits: Swift.Int?
             /// Creates a new `HistoryItem`.
             ///
             /// - Parameters:
@@ -736,6 +767,7 @@ extension Components {
             ///   - prompt:
             ///   - error:
             ///   - progress:
+            ///   - credits: Credits the edit used (0 once failed or cancelled).
             internal init(
                 id: Swift.String,
                 thumbnailUrl: Swift.String? = nil,
@@ -748,7 +780,8 @@ extension Components {
                 parameters: Components.Schemas.HistoryItem.ParametersPayload,
                 prompt: Swift.String? = nil,
                 error: Swift.String? = nil,
-                progress: Swift.Double? = nil
+                progress: Swift.Double? = nil,
+                credits: Swift.Int? = nil
             ) {
                 self.id = id
                 self.thumbnailUrl = thumbnailUrl
@@ -762,6 +795,7 @@ extension Components {
                 self.prompt = prompt
                 self.error = error
                 self.progress = progress
+                self.credits = credits
             }
             internal enum CodingKeys: String, CodingKey {
                 case id
@@ -776,6 +810,7 @@ extension Components {
                 case prompt
                 case error
                 case progress
+                case credits
             }
         }
         /// - Remark: Generated from `#/components/schemas/HistoryPage`.

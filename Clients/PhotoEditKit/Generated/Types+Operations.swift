@@ -1205,15 +1205,45 @@ internal enum Operations {
                     internal struct JsonPayload: Codable, Hashable, Sendable {
                         /// - Remark: Generated from `#/paths/api/v1/effects/GET/responses/200/content/json/effects`.
                         internal var effects: [Components.Schemas.Effect]
+                        /// Other names the app may send (`default`) and the effect each runs.
+                        ///
+                        /// - Remark: Generated from `#/paths/api/v1/effects/GET/responses/200/content/json/aliases`.
+                        internal struct AliasesPayload: Codable, Hashable, Sendable {
+                            /// A container of undocumented properties.
+                            internal var additionalProperties: [String: Swift.String]
+                            /// Creates a new `AliasesPayload`.
+                            ///
+                            /// - Parameters:
+                            ///   - additionalProperties: A container of undocumented properties.
+                            internal init(additionalProperties: [String: Swift.String] = .init()) {
+                                self.additionalProperties = additionalProperties
+                            }
+                            internal init(from decoder: any Swift.Decoder) throws {
+                                additionalProperties = try decoder.decodeAdditionalProperties(knownKeys: [])
+                            }
+                            internal func encode(to encoder: any Swift.Encoder) throws {
+                                try encoder.encodeAdditionalProperties(additionalProperties)
+                            }
+                        }
+                        /// Other names the app may send (`default`) and the effect each runs.
+                        ///
+                        /// - Remark: Generated from `#/paths/api/v1/effects/GET/responses/200/content/json/aliases`.
+                        internal var aliases: Operations.Effects.Output.Ok.Body.JsonPayload.AliasesPayload?
                         /// Creates a new `JsonPayload`.
                         ///
                         /// - Parameters:
                         ///   - effects:
-                        internal init(effects: [Components.Schemas.Effect]) {
+                        ///   - aliases: Other names the app may send (`default`) and the effect each runs.
+                        internal init(
+                            effects: [Components.Schemas.Effect],
+                            aliases: Operations.Effects.Output.Ok.Body.JsonPayload.AliasesPayload? = nil
+                        ) {
                             self.effects = effects
+                            self.aliases = aliases
                         }
                         internal enum CodingKeys: String, CodingKey {
                             case effects
+                            case aliases
                         }
                     }
                     /// - Remark: Generated from `#/paths/api/v1/effects/GET/responses/200/content/application\/json`.
@@ -8784,6 +8814,329 @@ internal enum Operations {
                     default:
                         try throwUnexpectedResponseStatus(
                             expectedStatus: "code507",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Undocumented response.
+            ///
+            /// A response with a code that is not documented in the OpenAPI document.
+            case undocumented(statusCode: Swift.Int, OpenAPIRuntime.UndocumentedPayload)
+        }
+        internal enum AcceptableContentType: AcceptableProtocol {
+            case json
+            case applicationProblemJson
+            case other(Swift.String)
+            internal init?(rawValue: Swift.String) {
+                switch rawValue.lowercased() {
+                case "application/json":
+                    self = .json
+                case "application/problem+json":
+                    self = .applicationProblemJson
+                default:
+                    self = .other(rawValue)
+                }
+            }
+            internal var rawValue: Swift.String {
+                switch self {
+                case let .other(string):
+                    return string
+                case .json:
+                    return "application/json"
+                case .applicationProblemJson:
+                    return "application/problem+json"
+                }
+            }
+            internal static var allCases: [Self] {
+                [
+                    .json,
+                    .applicationProblemJson
+                ]
+            }
+        }
+    }
+    /// A model provider's webhook (fal's queue) for a generation; the URL is signed by the jobs service.
+    ///
+    /// Only a URL the jobs service signed (`job`, `exp`, `sig`) is taken; anything else answers 404 and changes nothing. The body is not trusted: the worker waiting on the job asks the provider at once.
+    ///
+    /// - Remark: HTTP `POST /api/v1/providers/{provider}/webhook`.
+    /// - Remark: Generated from `#/paths//api/v1/providers/{provider}/webhook/post(providerWebhook)`.
+    internal enum ProviderWebhook {
+        internal static let id: Swift.String = "providerWebhook"
+        internal struct Input: Sendable, Hashable {
+            /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/path`.
+            internal struct Path: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/path/provider`.
+                internal var provider: Swift.String
+                /// Creates a new `Path`.
+                ///
+                /// - Parameters:
+                ///   - provider:
+                internal init(provider: Swift.String) {
+                    self.provider = provider
+                }
+            }
+            internal var path: Operations.ProviderWebhook.Input.Path
+            /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/query`.
+            internal struct Query: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/query/job`.
+                internal var job: Swift.String
+                /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/query/exp`.
+                internal var exp: Swift.Int
+                /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/query/sig`.
+                internal var sig: Swift.String
+                /// Creates a new `Query`.
+                ///
+                /// - Parameters:
+                ///   - job:
+                ///   - exp:
+                ///   - sig:
+                internal init(
+                    job: Swift.String,
+                    exp: Swift.Int,
+                    sig: Swift.String
+                ) {
+                    self.job = job
+                    self.exp = exp
+                    self.sig = sig
+                }
+            }
+            internal var query: Operations.ProviderWebhook.Input.Query
+            /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/header`.
+            internal struct Headers: Sendable, Hashable {
+                internal var accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.ProviderWebhook.AcceptableContentType>]
+                /// Creates a new `Headers`.
+                ///
+                /// - Parameters:
+                ///   - accept:
+                internal init(accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.ProviderWebhook.AcceptableContentType>] = .defaultValues()) {
+                    self.accept = accept
+                }
+            }
+            internal var headers: Operations.ProviderWebhook.Input.Headers
+            /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/requestBody`.
+            internal enum Body: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/requestBody/json`.
+                internal struct JsonPayload: Codable, Hashable, Sendable {
+                    /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/requestBody/json/request_id`.
+                    internal var requestId: Swift.String?
+                    /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/requestBody/json/gateway_request_id`.
+                    internal var gatewayRequestId: Swift.String?
+                    /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/requestBody/json/status`.
+                    internal var status: Swift.String?
+                    /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/requestBody/json/payload`.
+                    internal var payload: OpenAPIRuntime.OpenAPIObjectContainer?
+                    /// Creates a new `JsonPayload`.
+                    ///
+                    /// - Parameters:
+                    ///   - requestId:
+                    ///   - gatewayRequestId:
+                    ///   - status:
+                    ///   - payload:
+                    internal init(
+                        requestId: Swift.String? = nil,
+                        gatewayRequestId: Swift.String? = nil,
+                        status: Swift.String? = nil,
+                        payload: OpenAPIRuntime.OpenAPIObjectContainer? = nil
+                    ) {
+                        self.requestId = requestId
+                        self.gatewayRequestId = gatewayRequestId
+                        self.status = status
+                        self.payload = payload
+                    }
+                    internal enum CodingKeys: String, CodingKey {
+                        case requestId = "request_id"
+                        case gatewayRequestId = "gateway_request_id"
+                        case status
+                        case payload
+                    }
+                }
+                /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/requestBody/content/application\/json`.
+                case json(Operations.ProviderWebhook.Input.Body.JsonPayload)
+            }
+            internal var body: Operations.ProviderWebhook.Input.Body?
+            /// Creates a new `Input`.
+            ///
+            /// - Parameters:
+            ///   - path:
+            ///   - query:
+            ///   - headers:
+            ///   - body:
+            internal init(
+                path: Operations.ProviderWebhook.Input.Path,
+                query: Operations.ProviderWebhook.Input.Query,
+                headers: Operations.ProviderWebhook.Input.Headers = .init(),
+                body: Operations.ProviderWebhook.Input.Body? = nil
+            ) {
+                self.path = path
+                self.query = query
+                self.headers = headers
+                self.body = body
+            }
+        }
+        internal enum Output: Sendable, Hashable {
+            internal struct Ok: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/responses/200/content`.
+                internal enum Body: Sendable, Hashable {
+                    /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/responses/200/content/application\/json`.
+                    case json(OpenAPIRuntime.OpenAPIObjectContainer)
+                    /// The associated value of the enum case if `self` is `.json`.
+                    ///
+                    /// - Throws: An error if `self` is not `.json`.
+                    /// - SeeAlso: `.json`.
+                    internal var json: OpenAPIRuntime.OpenAPIObjectContainer {
+                        get throws {
+                            switch self {
+                            case let .json(body):
+                                return body
+                            }
+                        }
+                    }
+                }
+                /// Received HTTP response body
+                internal var body: Operations.ProviderWebhook.Output.Ok.Body
+                /// Creates a new `Ok`.
+                ///
+                /// - Parameters:
+                ///   - body: Received HTTP response body
+                internal init(body: Operations.ProviderWebhook.Output.Ok.Body) {
+                    self.body = body
+                }
+            }
+            /// Taken; the waiting worker asks the provider now.
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/providers/{provider}/webhook/post(providerWebhook)/responses/200`.
+            ///
+            /// HTTP response code: `200 ok`.
+            case ok(Operations.ProviderWebhook.Output.Ok)
+            /// The associated value of the enum case if `self` is `.ok`.
+            ///
+            /// - Throws: An error if `self` is not `.ok`.
+            /// - SeeAlso: `.ok`.
+            internal var ok: Operations.ProviderWebhook.Output.Ok {
+                get throws {
+                    switch self {
+                    case let .ok(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "ok",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// The request is malformed (a parameter, the JSON body, a header).
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/providers/{provider}/webhook/post(providerWebhook)/responses/400`.
+            ///
+            /// HTTP response code: `400 badRequest`.
+            case badRequest(Components.Responses.BadRequest)
+            /// The associated value of the enum case if `self` is `.badRequest`.
+            ///
+            /// - Throws: An error if `self` is not `.badRequest`.
+            /// - SeeAlso: `.badRequest`.
+            internal var badRequest: Components.Responses.BadRequest {
+                get throws {
+                    switch self {
+                    case let .badRequest(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badRequest",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// No such thing for this caller (anyone else's ids answer this too).
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/providers/{provider}/webhook/post(providerWebhook)/responses/404`.
+            ///
+            /// HTTP response code: `404 notFound`.
+            case notFound(Components.Responses.NotFound)
+            /// The associated value of the enum case if `self` is `.notFound`.
+            ///
+            /// - Throws: An error if `self` is not `.notFound`.
+            /// - SeeAlso: `.notFound`.
+            internal var notFound: Components.Responses.NotFound {
+                get throws {
+                    switch self {
+                    case let .notFound(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "notFound",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service answered something the gateway could not read.
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/providers/{provider}/webhook/post(providerWebhook)/responses/502`.
+            ///
+            /// HTTP response code: `502 badGateway`.
+            case badGateway(Components.Responses.BadGateway)
+            /// The associated value of the enum case if `self` is `.badGateway`.
+            ///
+            /// - Throws: An error if `self` is not `.badGateway`.
+            /// - SeeAlso: `.badGateway`.
+            internal var badGateway: Components.Responses.BadGateway {
+                get throws {
+                    switch self {
+                    case let .badGateway(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badGateway",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service is down, overloaded or its storage failed; retry after `Retry-After`.
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/providers/{provider}/webhook/post(providerWebhook)/responses/503`.
+            ///
+            /// HTTP response code: `503 serviceUnavailable`.
+            case serviceUnavailable(Components.Responses.Unavailable)
+            /// The associated value of the enum case if `self` is `.serviceUnavailable`.
+            ///
+            /// - Throws: An error if `self` is not `.serviceUnavailable`.
+            /// - SeeAlso: `.serviceUnavailable`.
+            internal var serviceUnavailable: Components.Responses.Unavailable {
+                get throws {
+                    switch self {
+                    case let .serviceUnavailable(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "serviceUnavailable",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service did not answer in time.
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/providers/{provider}/webhook/post(providerWebhook)/responses/504`.
+            ///
+            /// HTTP response code: `504 gatewayTimeout`.
+            case gatewayTimeout(Components.Responses.Timeout)
+            /// The associated value of the enum case if `self` is `.gatewayTimeout`.
+            ///
+            /// - Throws: An error if `self` is not `.gatewayTimeout`.
+            /// - SeeAlso: `.gatewayTimeout`.
+            internal var gatewayTimeout: Components.Responses.Timeout {
+                get throws {
+                    switch self {
+                    case let .gatewayTimeout(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "gatewayTimeout",
                             response: self
                         )
                     }

@@ -151,6 +151,13 @@ internal protocol APIProtocol: Sendable {
     /// - Remark: HTTP `POST /webhooks/adapty`.
     /// - Remark: Generated from `#/paths//webhooks/adapty/post(adaptyWebhook)`.
     func adaptyWebhook(_ input: Operations.AdaptyWebhook.Input) async throws -> Operations.AdaptyWebhook.Output
+    /// A model provider's webhook (fal's queue) for a generation; the URL is signed by the jobs service.
+    ///
+    /// Only a URL the jobs service signed (`job`, `exp`, `sig`) is taken; anything else answers 404 and changes nothing. The body is not trusted: the worker waiting on the job asks the provider at once.
+    ///
+    /// - Remark: HTTP `POST /api/v1/providers/{provider}/webhook`.
+    /// - Remark: Generated from `#/paths//api/v1/providers/{provider}/webhook/post(providerWebhook)`.
+    func providerWebhook(_ input: Operations.ProviderWebhook.Input) async throws -> Operations.ProviderWebhook.Output
 }
 
 /// Convenience overloads for operation inputs.
@@ -511,6 +518,25 @@ extension APIProtocol {
         body: Operations.AdaptyWebhook.Input.Body
     ) async throws -> Operations.AdaptyWebhook.Output {
         try await adaptyWebhook(Operations.AdaptyWebhook.Input(
+            headers: headers,
+            body: body
+        ))
+    }
+    /// A model provider's webhook (fal's queue) for a generation; the URL is signed by the jobs service.
+    ///
+    /// Only a URL the jobs service signed (`job`, `exp`, `sig`) is taken; anything else answers 404 and changes nothing. The body is not trusted: the worker waiting on the job asks the provider at once.
+    ///
+    /// - Remark: HTTP `POST /api/v1/providers/{provider}/webhook`.
+    /// - Remark: Generated from `#/paths//api/v1/providers/{provider}/webhook/post(providerWebhook)`.
+    internal func providerWebhook(
+        path: Operations.ProviderWebhook.Input.Path,
+        query: Operations.ProviderWebhook.Input.Query,
+        headers: Operations.ProviderWebhook.Input.Headers = .init(),
+        body: Operations.ProviderWebhook.Input.Body? = nil
+    ) async throws -> Operations.ProviderWebhook.Output {
+        try await providerWebhook(Operations.ProviderWebhook.Input(
+            path: path,
+            query: query,
             headers: headers,
             body: body
         ))

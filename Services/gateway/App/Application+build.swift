@@ -36,7 +36,13 @@ public func buildRouter(
     guard let blobs else { return router }
     let links = DownloadLinks(blobs: blobs, publicBaseURL: configuration.publicBaseURL, lifetime: configuration.signedURLLifetime)
     LegacyJobsController(clients: clients, authenticator: authenticator, links: links).addRoutes(to: router)
-    let creator = JobCreator(clients: clients, uploads: UploadCheck(blobs: blobs, maxBytes: configuration.uploadMaxBytes, maxPixels: configuration.imageMaxPixels))
+    let creator = JobCreator(
+        clients: clients, uploads: UploadCheck(blobs: blobs, maxBytes: configuration.uploadMaxBytes, maxPixels: configuration.imageMaxPixels),
+        prices: EffectPrices(clients: clients)
+    )
+    ProviderWebhooksController(
+        clients: clients, webhooks: WebhookSigner(secret: configuration.urlSigningSecret, publicBaseURL: configuration.publicBaseURL), logger: logger
+    ).addRoutes(to: router)
     UploadsController(
         clients: clients, authenticator: authenticator, blobs: blobs, signer: URLSigner(secret: configuration.urlSigningSecret),
         maxBytes: configuration.uploadMaxBytes, maxPixels: configuration.imageMaxPixels, lifetime: configuration.signedURLLifetime,

@@ -37,6 +37,9 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         case lookUp(Peer, [JobAttempt])
         /// Sign fresh URLs for an attempt this worker holds, and send them (`renewed`).
         case renew(Peer, JobAttempt)
+        /// Write the provider request this worker's attempt submitted, then call
+        /// `submissionRecorded`.
+        case recordSubmission(Peer, JobAttempt, ProviderRequest)
         /// For logs and metrics: a worker joined (holding up to `capacity` jobs: those it runs at
         /// once and those it prefetches) or was lost, with the count of workers now.
         case workerJoined(id: String, capacity: Int, heartbeat: Duration, connected: Int)
@@ -111,12 +114,17 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         public var maxCapacity: Int
         /// PRO users' jobs go first.
         public var proFirst: Bool
+        /// The most jobs of each provider (`gemini`, `openai`, `fal`, `remote`) held by workers
+        /// at once, generations waiting in a provider's queue aside: past it, that provider's
+        /// jobs wait in this queue, not in a worker. A provider not named has no limit.
+        public var providerLimits: [String: Int]
         /// The most results being written at once; past it, a result is dropped for now (its
         /// worker sends it again with its next heartbeat).
         public var maxRecording: Int
 
         public init(heartbeat: Duration = .seconds(1), heartbeatRange: ClosedRange<Duration> = .milliseconds(50)...(.seconds(60)),
-                    maxCapacity: Int = 256, proFirst: Bool = true, maxRecording: Int = 4096) {
+                    maxCapacity: Int = 256, proFirst: Bool = true, maxRecording: Int = 4096, providerLimits: [String: Int] = [:]) {
+            self.providerLimits = providerLimits
             self.heartbeat = heartbeat
             self.heartbeatRange = heartbeatRange
             self.maxCapacity = maxCapacity
@@ -133,8 +141,11 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         /// The interval the worker announced it sends heartbeats at.
         var heartbeat: Duration
         var lastSeen: Instant
-        /// Job id to what the worker holds of it.
+        /// Job id to what the worker holds of it, taking one of its slots.
         var held: [String: Held] = [:]
+        /// Job id to the attempts whose generations wait in a provider's queue: the worker still
+        /// holds them (and names them in heartbeats), but they take no slot.
+        var awaiting: [String: Held] = [:]
         /// It said it is stopping: it gets no more jobs.
         var leaving = false
         var free: Int { leaving ? 0 : capacity - held.count }
@@ -143,6 +154,18 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         var deadline: Duration { heartbeat * 3 }
 
         func accepts(_ job: QueuedJob) -> Bool { effects.contains("*") || effects.contains(job.effectId) }
+
+        /// What the worker holds of a job, in a slot or waiting on a provider.
+        func holds(_ jobId: String) -> Held? { held[jobId] ?? awaiting[jobId] }
+
+        /// The worker no longer holds the job.
+        mutating func drop(_ jobId: String) {
+            held[jobId] = nil
+            awaiting[jobId] = nil
+        }
+
+        /// Everything it holds, slots and provider waits.
+        var everything: [(String, Held)] { Array(held) + Array(awaiting) }
     }
 
     struct Held: Sendable, Equatable {
@@ -151,6 +174,8 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         var since: Instant
         /// A cancel arrived while the start was being written: sent right after the assignment.
         var cancelAfterStart = false
+        /// The provider its effect calls, for the per-provider limit.
+        var provider: String? = nil
     }
 
     struct Delayed: Comparable, Sendable {
@@ -174,6 +199,8 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
     var recording: Set<JobAttempt> = []
     /// Peers whose claims are being looked up.
     var lookingUp: Set<Peer> = []
+    /// Provider requests being written now: a copy sent again meanwhile is ignored.
+    var submitting: Set<JobAttempt> = []
     /// Processing jobs that no worker held at a reconcile, and since when.
     var unheld: [String: Instant] = [:]
 
@@ -208,8 +235,20 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
 
     /// Which worker holds a job, and under which attempt (0 while its start is written).
     public func holder(of jobId: String) -> (peer: Peer, attempt: Int)? {
-        for (peer, worker) in workers { if let held = worker.held[jobId] { return (peer, held.attempt) } }
+        for (peer, worker) in workers { if let held = worker.holds(jobId) { return (peer, held.attempt) } }
         return nil
+    }
+
+    /// Generations waiting in providers' queues, held by workers without a slot.
+    public var awaitingCount: Int { workers.values.reduce(0) { $0 + $1.awaiting.count } }
+
+    /// Jobs held in workers' slots now, by provider (those that call one).
+    public func activeByProvider() -> [String: Int] {
+        var active: [String: Int] = [:]
+        for worker in workers.values {
+            for held in worker.held.values { if let provider = held.provider { active[provider, default: 0] += 1 } }
+        }
+        return active
     }
 
     // MARK: Events: jobs
@@ -249,7 +288,7 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         case .heartbeat(let held):
             return heard(held, from: peer, now: now)
         case .progress(let attempt, let fraction):
-            if workers[peer]?.held[attempt.jobId]?.attempt == attempt.attempt, fraction.isFinite {
+            if workers[peer]?.holds(attempt.jobId)?.attempt == attempt.attempt, fraction.isFinite {
                 progress[attempt.jobId] = min(1, max(progress[attempt.jobId] ?? 0, fraction))
             }
             return []
@@ -263,8 +302,50 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
             return leaving(peer, returned: returned)
         case .renew(let attempt):
             // Only for an attempt the worker holds under its current number.
-            guard workers[peer]?.held[attempt.jobId]?.attempt == attempt.attempt else { return [] }
+            guard workers[peer]?.holds(attempt.jobId)?.attempt == attempt.attempt else { return [] }
             return [.renew(peer, attempt)]
+        case .submitted(let attempt, let request):
+            // Only for an attempt the worker holds (after this service restarted, once its
+            // claim is looked up: the worker sends it again with its next heartbeat).
+            guard workers[peer]?.holds(attempt.jobId)?.attempt == attempt.attempt,
+                  submitting.insert(attempt).inserted else { return [] }
+            return [.recordSubmission(peer, attempt, request)]
+        }
+    }
+
+    /// The provider's webhook came for a job: the worker waiting on its generation asks now.
+    public func poke(jobId: String) -> [Action] {
+        guard let (peer, attempt) = holder(of: jobId), attempt > 0 else { return [] }
+        return [.send(peer, .poke(JobAttempt(jobId: jobId, attempt: attempt)))]
+    }
+
+    /// What writing a provider request did.
+    public enum SubmissionOutcome: Sendable, Equatable {
+        /// Durable (now or before): the attempt waits on the provider without a slot.
+        case recorded
+        /// Refused: the attempt is no longer the job's current one (requeued, cancelled).
+        case refused(String)
+        /// The write failed: the worker sends it again.
+        case failed
+    }
+
+    /// A provider request was written (or not). Once it is durable the job leaves its worker's
+    /// slot (the worker keeps waiting on the provider without one) and the slot is handed out.
+    public mutating func submissionRecorded(_ attempt: JobAttempt, from peer: Peer, outcome: SubmissionOutcome, now: Instant) -> [Action] {
+        submitting.remove(attempt)
+        switch outcome {
+        case .failed:
+            return []
+        case .refused(let reason):
+            // Stale: the worker stops sending it and stops the generation.
+            return [.refused(attempt, reason: reason), .send(peer, .submissionRecorded(attempt)), .send(peer, .cancel(attempt))]
+        case .recorded:
+            if var held = workers[peer]?.held[attempt.jobId], held.attempt == attempt.attempt {
+                held.provider = nil
+                workers[peer]?.held[attempt.jobId] = nil
+                workers[peer]?.awaiting[attempt.jobId] = held
+            }
+            return [.send(peer, .submissionRecorded(attempt))] + dispatch(now: now)
         }
     }
 
@@ -275,8 +356,8 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         guard let worker = workers[peer] else { return [] }
         workers[peer]?.leaving = true
         var actions: [Action] = []
-        for attempt in returned where worker.held[attempt.jobId]?.attempt == attempt.attempt {
-            workers[peer]?.held[attempt.jobId] = nil
+        for attempt in returned where worker.holds(attempt.jobId)?.attempt == attempt.attempt {
+            workers[peer]?.drop(attempt.jobId)
             progress[attempt.jobId] = nil
             actions.append(.requeue(attempt, reason: "worker \(worker.id) stopped before running it", cause: .returned))
         }
@@ -313,10 +394,10 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         guard let worker = workers[peer] else { return [] }
         let names = Set(named)
         var actions: [Action] = []
-        for (jobId, held) in worker.held where held.attempt > 0 && held.since.duration(to: now) > worker.deadline {
+        for (jobId, held) in worker.everything where held.attempt > 0 && held.since.duration(to: now) > worker.deadline {
             let attempt = JobAttempt(jobId: jobId, attempt: held.attempt)
             if !names.contains(attempt), !recording.contains(attempt) {
-                workers[peer]?.held[jobId] = nil
+                workers[peer]?.drop(jobId)
                 progress[jobId] = nil
                 actions.append(.requeue(attempt, reason: "worker \(worker.id) does not hold the job", cause: .assignmentLost))
             }
@@ -331,10 +412,12 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
 
     /// The jobs a worker named that are still processing under the attempts it named: it holds
     /// them now, unless someone else took them meanwhile.
-    public mutating func claimed(_ current: [JobAttempt], by peer: Peer, now: Instant) -> [Action] {
+    public mutating func claimed(_ current: [JobAttempt], by peer: Peer, effects: [String: String] = [:], now: Instant) -> [Action] {
         lookingUp.remove(peer)
         for attempt in current where workers[peer] != nil && holder(of: attempt.jobId) == nil {
-            workers[peer]?.held[attempt.jobId] = Held(attempt: attempt.attempt, since: now)
+            // In a slot until the worker says again that it waits on a provider.
+            let provider = effects[attempt.jobId].flatMap { catalog.provider(of: $0) }
+            workers[peer]?.held[attempt.jobId] = Held(attempt: attempt.attempt, since: now, provider: provider)
             unheld[attempt.jobId] = nil
         }
         return []
@@ -352,24 +435,24 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
             let held = workers[peer]?.held[jobId]
             switch outcome {
             case .gone:
-                workers[peer]?.held[jobId] = nil
+                workers[peer]?.drop(jobId)
             case .failed:
-                workers[peer]?.held[jobId] = nil
+                workers[peer]?.drop(jobId)
                 queue.push(start.job, atFront: true)
                 failed = true
             case .started(let job):
                 let attempt = JobAttempt(jobId: job.id, attempt: job.attempts)
                 guard held != nil, let effect = catalog.effect(job.effectId) else {
                     // The worker was lost meanwhile (or the effect is gone from the catalogue).
-                    workers[peer]?.held[jobId] = nil
+                    workers[peer]?.drop(jobId)
                     actions.append(.requeue(attempt, reason: "worker lost before assignment", cause: .workerLost))
                     continue
                 }
-                workers[peer]?.held[jobId] = Held(attempt: job.attempts, since: now)
+                workers[peer]?.held[jobId] = Held(attempt: job.attempts, since: now, provider: held?.provider)
                 if job.attempts == 1 { actions.append(.firstAssignment(job)) }
                 actions.append(.send(peer, .assign(JobAssignment(
                     attempt: attempt, userId: job.userId, imageKey: job.imageKey,
-                    effect: effect, parameters: job.parameters, prompt: job.prompt
+                    effect: effect, parameters: job.parameters, prompt: job.prompt, submission: job.submission
                 ))))
                 if held?.cancelAfterStart == true { actions.append(.send(peer, .cancel(attempt))) }
             }
@@ -383,9 +466,9 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         recording.remove(attempt)
         if case .failed = outcome { return [] }
         var since: Instant?
-        if let held = workers[peer]?.held[attempt.jobId], held.attempt == attempt.attempt {
+        if let held = workers[peer]?.holds(attempt.jobId), held.attempt == attempt.attempt {
             since = held.since
-            workers[peer]?.held[attempt.jobId] = nil
+            workers[peer]?.drop(attempt.jobId)
             progress[attempt.jobId] = nil
         }
         var actions: [Action] = []
@@ -419,8 +502,8 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         var actions: [Action] = []
         for (peer, worker) in workers where worker.lastSeen.duration(to: now) > worker.deadline {
             workers[peer] = nil
-            actions.append(.workerLost(id: worker.id, jobs: worker.held.count, connected: workers.count))
-            for (jobId, held) in worker.held where held.attempt > 0 {
+            actions.append(.workerLost(id: worker.id, jobs: worker.held.count + worker.awaiting.count, connected: workers.count))
+            for (jobId, held) in worker.everything where held.attempt > 0 {
                 progress[jobId] = nil
                 actions.append(.requeue(JobAttempt(jobId: jobId, attempt: held.attempt), reason: "worker \(worker.id) was lost", cause: .workerLost))
             }
@@ -476,12 +559,21 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         guard queue.count > 0 else { return [] }
         var starts: [Start] = []
         var candidates = workers.filter { $0.value.free > 0 }.map { (peer: $0.key, free: $0.value.free) }
+        let limits = configuration.providerLimits
+        let catalog = self.catalog
+        var active = limits.isEmpty ? [:] : activeByProvider()
         while !candidates.isEmpty, queue.count > 0 {
             candidates.sort { $0.free > $1.free }
             var assigned = false
             for (index, candidate) in candidates.enumerated() {
-                guard let worker = workers[candidate.peer], let job = queue.pop(where: { worker.accepts($0) }) else { continue }
-                workers[candidate.peer]?.held[job.jobId] = Held(attempt: 0, since: now)
+                guard let worker = workers[candidate.peer], let job = queue.pop(where: { job in
+                    guard worker.accepts(job) else { return false }
+                    guard !limits.isEmpty, let provider = catalog.provider(of: job.effectId), let limit = limits[provider] else { return true }
+                    return active[provider, default: 0] < limit
+                }) else { continue }
+                let provider = catalog.provider(of: job.effectId)
+                if let provider, !limits.isEmpty { active[provider, default: 0] += 1 }
+                workers[candidate.peer]?.held[job.jobId] = Held(attempt: 0, since: now, provider: provider)
                 starts.append(Start(peer: candidate.peer, job: job))
                 candidates[index].free -= 1
                 if candidates[index].free == 0 { candidates.remove(at: index) }

@@ -27,18 +27,48 @@ public struct EffectCatalog: Sendable {
         self.aliases = ["default": "auto-enhance"]
     }
 
-    /// Reads extra effects from JSON: a list of `EffectDescription`s.
+    /// The processors a worker knows: libvips and copy built in, the providers' adapters, the
+    /// operator's own endpoint, and `noop` (for benchmarks of the queue).
+    public static let processors: Set<String> = ["vips", "copy", "remote", "gemini", "openai", "fal", "noop"]
+    /// The processors that call a model provider, each with its adapter.
+    public static let providers: Set<String> = ["gemini", "openai", "fal"]
+
+    /// Reads extra effects from JSON: a list of `EffectDescription`s. An effect with the id of a
+    /// built-in one replaces it (to change its price); one with the id `default` is what the app's
+    /// `model: "default"` runs (otherwise `auto-enhance`).
     public static func parse(json: String) throws -> [EffectDescription] {
         let effects = try JSONDecoder().decode([EffectDescription].self, from: Data(json.utf8))
-        for effect in effects where effect.processor == "remote" && effect.endpoint.flatMap(URL.init(string:)) == nil {
-            throw BusError(.badRequest, "effect \(effect.id): a remote effect needs an endpoint URL")
+        for effect in effects {
+            guard (1...256).contains(effect.id.utf8.count) else { throw BusError(.badRequest, "an effect id must be 1 to 256 bytes") }
+            guard processors.contains(effect.processor) else {
+                throw BusError(.badRequest, "effect \(effect.id): processor must be one of \(processors.sorted().joined(separator: ", "))")
+            }
+            guard (1...1000).contains(effect.credits) else { throw BusError(.badRequest, "effect \(effect.id): credits must be 1 to 1000") }
+            if let timeout = effect.timeoutSeconds, !(1...86_400).contains(timeout) {
+                throw BusError(.badRequest, "effect \(effect.id): timeoutSeconds must be 1 to 86400")
+            }
+            if effect.processor == "remote", effect.endpoint.flatMap(URL.init(string:)) == nil {
+                throw BusError(.badRequest, "effect \(effect.id): a remote effect needs an endpoint URL")
+            }
+            if providers.contains(effect.processor), (effect.model ?? "").isEmpty {
+                throw BusError(.badRequest, "effect \(effect.id): a \(effect.processor) effect names the provider's model id in model")
+            }
+            if let endpoint = effect.endpoint, URL(string: endpoint)?.scheme == nil {
+                throw BusError(.badRequest, "effect \(effect.id): endpoint must be an absolute URL")
+            }
         }
         return effects
     }
 
-    /// The effect named `id` (or an alias of one).
+    /// The effect named `id` (or an alias of one, unless an effect has that id itself).
     public func effect(_ id: String) -> EffectDescription? {
-        effects[aliases[id] ?? id]
+        effects[id] ?? aliases[id].flatMap { effects[$0] }
+    }
+
+    /// The provider an effect's jobs call (for the per-provider concurrency limit), nil for
+    /// those that call none.
+    public func provider(of effectId: String) -> String? {
+        effect(effectId).map(\.processor).flatMap { Self.providers.contains($0) || $0 == "remote" ? $0 : nil }
     }
 
     /// The effect and its full parameters (defaults filled in), or a typed error.

@@ -68,11 +68,15 @@ public enum JobRules {
 
     /// The current attempt failed: queued again after the policy's backoff if `retryable` and
     /// attempts remain and no cancel was asked for; else failed, charge released.
-    public static func fail(_ job: JobRecord, _ attempt: JobAttempt, error: String, retryable: Bool, retry: RetryPolicy, now: Date) -> Decision {
+    public static func fail(_ job: JobRecord, _ attempt: JobAttempt, error: String, retryable: Bool, retry: RetryPolicy, now: Date,
+                            keepSubmission: Bool = false) -> Decision {
         let error = String(error.prefix(maxErrorLength))
         if let early = fence(job, attempt, recordedAs: { ($0.status == .failed || $0.status == .queued) && $0.lastError == error }) { return early }
         var job = job
         job.lastError = error
+        // A failure the worker reports ends the provider's request with it: a retry submits
+        // anew. (A lost worker's requeue keeps it: the next attempt waits on the same request.)
+        if !keepSubmission { job.submission = nil }
         if retryable && job.attempts < job.maxAttempts && !job.cancelRequested {
             job.status = .queued
             job.progress = 0
@@ -102,7 +106,21 @@ public enum JobRules {
             return .refuse(job.status == .processing ? "stale attempt \(attempt.attempt)" : "job is \(job.status.rawValue)")
         }
         if job.cancelRequested { return cancelled(job, attempt, now: now) }
-        return fail(job, attempt, error: reason, retryable: true, retry: retry, now: now)
+        return fail(job, attempt, error: reason, retryable: true, retry: retry, now: now, keepSubmission: true)
+    }
+
+    /// The current attempt submitted its generation to a provider's queue: the request is kept
+    /// on the row (the job stays processing; not a state change, so its version stays). The
+    /// same request again is already recorded; another one for the same attempt replaces it.
+    public static func submitted(_ job: JobRecord, _ attempt: JobAttempt, _ request: ProviderRequest) -> Decision {
+        guard job.status == .processing else { return .refuse("job is \(job.status.rawValue)") }
+        guard job.attempts == attempt.attempt else {
+            return .refuse("stale attempt \(attempt.attempt); the current attempt is \(job.attempts)")
+        }
+        if job.submission == request { return .alreadyRecorded(job) }
+        var job = job
+        job.submission = request
+        return .apply(Transition(job: job))
     }
 
     /// What the user's cancel does.

@@ -19,14 +19,18 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
     let blobs = try await configuration.blobs.open()
     let channel = try await BusChannel.bind(configuration.workerEndpoint, curveSecretKey: service.curveSecretKey, logger: logger)
     let dispatcher = Dispatcher(
-        channel: channel, store: store, catalog: catalog, transfers: TransferSigner(blobs: blobs, lifetime: configuration.transferLifetime),
-        proFirst: configuration.proFirst, logger: logger
+        channel: channel, store: store, catalog: catalog,
+        transfers: TransferSigner(
+            blobs: blobs, lifetime: configuration.transferLifetime,
+            webhooks: WebhookSigner(secret: configuration.blobs.urlSigningSecret, publicBaseURL: configuration.blobs.publicBaseURL)
+        ),
+        proFirst: configuration.proFirst, providerLimits: configuration.providerLimits, logger: logger
     )
     let recovered = try await store.recover(now: Date())
     await dispatcher.load(recovered)
     ProcessMetrics.onScrape {
         guard let counts = try? await store.counts() else { return }
-        JobsMetrics.refresh(states: counts.states, outbox: counts.outbox, queued: await dispatcher.queuedCount)
+        JobsMetrics.refresh(states: counts.states, outbox: counts.outbox, queued: await dispatcher.queuedCount, awaiting: await dispatcher.awaitingCount)
     }
     ProcessMetrics.addReporter { await dispatcher.workerSections() }
     JobsHandler(store: store, dispatcher: dispatcher, catalog: catalog, maxQueued: configuration.maxQueued).register(on: &router)

@@ -30,13 +30,13 @@ public actor Dispatcher {
     static let maxWorkerMetricsBytes = 256 << 10
 
     public init(channel: BusChannel, store: JobStore, catalog: EffectCatalog, transfers: TransferSigner, proFirst: Bool = true,
-                heartbeatInterval: Duration = .seconds(1), logger: Logger) {
+                heartbeatInterval: Duration = .seconds(1), providerLimits: [String: Int] = [:], logger: Logger) {
         self.channel = channel
         self.store = store
         self.transfers = transfers
         self.catalog = catalog
         self.logger = logger
-        self.machine = Machine(catalog: catalog, configuration: .init(heartbeat: heartbeatInterval, proFirst: proFirst))
+        self.machine = Machine(catalog: catalog, configuration: .init(heartbeat: heartbeatInterval, proFirst: proFirst, providerLimits: providerLimits))
         self.failures = FailureLog(logger: logger)
     }
 
@@ -47,6 +47,14 @@ public actor Dispatcher {
     public func load(_ jobs: [JobRecord]) {
         perform(machine.enqueue(jobs.map(Machine.queued), now: .now))
     }
+
+    /// A provider's webhook came for a job: the worker waiting on its generation asks now.
+    public func poke(jobId: String) {
+        perform(machine.poke(jobId: jobId))
+    }
+
+    /// Generations waiting in providers' queues, held without a worker slot.
+    public var awaitingCount: Int { machine.awaitingCount }
 
     /// Queues a newly created job and hands it out if a worker is free.
     public func enqueue(_ job: JobRecord) {
@@ -127,6 +135,8 @@ public actor Dispatcher {
                 channel.send(message, to: peer)
             case .renew(let peer, let attempt):
                 Task { await self.renew(attempt, for: peer) }
+            case .recordSubmission(let peer, let attempt, let request):
+                Task { await self.writeSubmission(request, of: attempt, from: peer) }
             case .start(let starts):
                 Task { await self.writeStarts(starts) }
             case .record(let peer, let attempt, let result):
@@ -142,7 +152,7 @@ public actor Dispatcher {
                 JobsMetrics.workersConnected.record(connected)
                 logger.warning("worker lost", metadata: ["worker": "\(id)", "jobs": "\(jobs)"])
             case .finished(let job, let since):
-                JobsMetrics.finished(job, runningSince: since)
+                JobsMetrics.finished(job, runningSince: since, provider: catalog.provider(of: job.effectId))
             case .firstAssignment(let job):
                 JobsMetrics.waitBeforeAssignment.recordSeconds(max(0, Date().timeIntervalSince(job.createdAt)))
             case .refused(let attempt, let reason):
@@ -202,6 +212,23 @@ public actor Dispatcher {
         perform(machine.recorded(attempt, from: peer, outcome: outcome, now: .now))
     }
 
+    /// Writes the provider request an attempt submitted; the worker sends it again until it
+    /// hears that it is recorded.
+    private func writeSubmission(_ request: ProviderRequest, of attempt: JobAttempt, from peer: BusChannel.Peer) async {
+        let outcome: Machine.SubmissionOutcome
+        do {
+            switch try await store.recordSubmission(attempt, request) {
+            case .applied, .alreadyRecorded: outcome = .recorded
+            case .refused(let reason): outcome = .refused(reason)
+            }
+            failures.recovered("submission")
+        } catch {
+            failures.record("submission", "cannot record provider requests yet; workers send them again: \(error)")
+            outcome = .failed
+        }
+        perform(machine.submissionRecorded(attempt, from: peer, outcome: outcome, now: .now))
+    }
+
     /// Queues a processing attempt again (fenced: nothing happens if it is no longer current).
     private func writeRequeue(_ attempt: JobAttempt, reason: String, cause: Machine.RequeueCause) async {
         var requeued: JobRecord?
@@ -221,7 +248,7 @@ public actor Dispatcher {
     private func renew(_ attempt: JobAttempt, for peer: BusChannel.Peer) async {
         guard let job = try? await store.jobs([attempt.jobId]).first, job.status == .processing, job.attempts == attempt.attempt,
               let effect = catalog.effect(job.effectId) else { return }
-        let transfer = transfers.transfer(attempt, userId: job.userId, imageKey: job.imageKey, processor: effect.processor)
+        let transfer = transfers.transfer(attempt, userId: job.userId, imageKey: job.imageKey, effect: effect)
         channel.send(DispatcherMessage.renewed(attempt, transfer), to: peer)
     }
 
@@ -230,7 +257,9 @@ public actor Dispatcher {
     private func lookUp(_ attempts: [JobAttempt], for peer: BusChannel.Peer) async {
         let stored = (try? await store.jobs(attempts.map(\.jobId))) ?? []
         let named = Set(attempts)
-        let current = stored.filter { $0.status == .processing }.map { JobAttempt(jobId: $0.id, attempt: $0.attempts) }.filter { named.contains($0) }
-        perform(machine.claimed(current, by: peer, now: .now))
+        let processing = stored.filter { $0.status == .processing && named.contains(JobAttempt(jobId: $0.id, attempt: $0.attempts)) }
+        let current = processing.map { JobAttempt(jobId: $0.id, attempt: $0.attempts) }
+        let effects = Dictionary(processing.map { ($0.id, $0.effectId) }, uniquingKeysWith: { first, _ in first })
+        perform(machine.claimed(current, by: peer, effects: effects, now: .now))
     }
 }

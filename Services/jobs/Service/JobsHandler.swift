@@ -40,8 +40,20 @@ public struct JobsHandler: Sendable {
             return JobPurged(existed: purge.job != nil)
         }
         router.register(Jobs.watch) { request, _ in try await watch(request) }
+        router.register(Jobs.providerCallback) { request, _ in
+            // Only a job that waits on a provider request (the one named, when the webhook names
+            // one) is poked; anything else changes nothing. The result itself is never taken
+            // from a webhook: the worker asks the provider.
+            guard let job = try await store.job(request.jobId), job.status == .processing, let submission = job.submission,
+                  request.requestId == nil || request.requestId == submission.requestId else { return Empty() }
+            await dispatcher.poke(jobId: job.id)
+            return Empty()
+        }
         router.register(Jobs.effects) { _, _ in
-            catalog.effects.values.sorted { $0.id < $1.id }
+            EffectList(
+                effects: catalog.effects.values.filter { $0.processor != "noop" }.sorted { $0.id < $1.id },
+                aliases: catalog.aliases.filter { catalog.effects[$0.key] == nil }
+            )
         }
     }
 
@@ -73,6 +85,7 @@ public struct JobsHandler: Sendable {
         if let prompt = request.prompt, prompt.utf8.count > 2000 {
             throw BusError(.badRequest, "prompt must be at most 2,000 bytes")
         }
+        guard (1...1000).contains(request.credits) else { throw BusError(.badRequest, "credits must be 1 to 1000") }
         let (effect, parameters) = try catalog.resolve(request.effectId, parameters: request.parameters)
         guard await dispatcher.queuedCount < maxQueued else {
             throw BusError(Jobs.ErrorCode.queueFull, "\(maxQueued) jobs are queued; try again later", retryable: true)

@@ -14,15 +14,22 @@ public enum JobsMetrics {
 
     /// Counts a recorded result by effect and final state; a completed job's run time (from its
     /// assignment to the recorded result) goes to `jobs_run_duration_seconds` by effect.
-    static func finished(_ job: JobRecord, runningSince: ContinuousClock.Instant?) {
+    /// A completed job's credits (committed to quota) go to `jobs_credits_charged_total` by
+    /// effect and provider (`none` for the built-in effects).
+    static func finished(_ job: JobRecord, runningSince: ContinuousClock.Instant?, provider: String?) {
         Counter(label: "jobs_results_total", dimensions: [("effect", job.effectId), ("state", job.status.rawValue)]).increment()
+        if job.status == .completed {
+            Counter(label: "jobs_credits_charged_total", dimensions: [("effect", job.effectId), ("provider", provider ?? "none")]).increment(by: job.credits)
+        }
         if job.status == .completed, let runningSince {
             Metrics.Timer(label: "jobs_run_duration_seconds", dimensions: [("effect", job.effectId)]).record(runningSince.duration(to: .now))
         }
     }
 
     /// Sets the gauges read at scrape time.
-    public static func refresh(states: [JobStatus: Int], outbox: [String: Int], queued: Int) {
+    public static func refresh(states: [JobStatus: Int], outbox: [String: Int], queued: Int, awaiting: Int = 0) {
+        // Generations waiting in providers' queues, held by workers without a slot.
+        Gauge(label: "jobs_generations_awaiting").record(awaiting)
         for status in JobStatus.allCases {
             Gauge(label: "jobs_by_state", dimensions: [("state", status.rawValue)]).record(states[status] ?? 0)
         }

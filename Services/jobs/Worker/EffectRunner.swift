@@ -27,11 +27,36 @@ public struct EffectRunner: Sendable {
     /// The largest input fetched (`UPLOAD_MAX_BYTES` is checked before a job exists; this bounds
     /// what a worker holds whatever the store says).
     let maxInputBytes: Int
+    /// The model providers' keys, base URLs and timeouts.
+    let providers: ProviderSettings
 
-    public init(scratch: URL, maxPixels: Int = 50_000_000, maxInputBytes: Int = 64 << 20) {
+    /// What the app shows when a model refuses an edit for safety.
+    public static let refusalMessage = "The model declined this edit."
+
+    public init(scratch: URL, maxPixels: Int = 50_000_000, maxInputBytes: Int = 64 << 20, providers: ProviderSettings = ProviderSettings()) {
         self.scratch = scratch
         self.maxPixels = maxPixels
         self.maxInputBytes = maxInputBytes
+        self.providers = providers
+    }
+
+    /// How a long generation talks to its worker: `submitted` once the provider has the request
+    /// (the worker records it with the jobs service and frees the job's slot), `wait` between two
+    /// polls (returning early when the provider's webhook came).
+    public struct GenerationHooks: Sendable {
+        public var submitted: @Sendable (ProviderRequest) -> Void
+        public var wait: @Sendable (Duration) async throws -> Void
+        /// Whether a cancellation is the worker stopping and handing the generation over (the
+        /// provider's request goes on) rather than the user's cancel (it is cancelled there too).
+        public var handedOff: @Sendable () -> Bool
+        public init(submitted: @escaping @Sendable (ProviderRequest) -> Void, wait: @escaping @Sendable (Duration) async throws -> Void,
+                    handedOff: @escaping @Sendable () -> Bool = { false }) {
+            self.submitted = submitted
+            self.wait = wait
+            self.handedOff = handedOff
+        }
+        /// No one to tell; polls at the interval.
+        public static let none = GenerationHooks(submitted: { _ in }, wait: { try await Task.sleep(for: $0) })
     }
 
     /// Starts libvips once per process.
@@ -40,7 +65,8 @@ public struct EffectRunner: Sendable {
     }
 
     /// Runs `job`. `transfer` gives its URLs, fresh (asked again if they expire before they are used).
-    public func run(_ job: JobAssignment, transfer: @Sendable () async throws -> JobTransfer, progress: @Sendable (Double) -> Void) async throws -> JobOutput {
+    public func run(_ job: JobAssignment, transfer: @Sendable () async throws -> JobTransfer, hooks: GenerationHooks = .none,
+                    progress: @escaping @Sendable (Double) -> Void) async throws -> JobOutput {
         if job.effect.processor == "noop" {
             // For benchmarks of the queue itself, configured through JOBS_EFFECTS only (never in
             // the catalogue): no file is read or written; the keys name nothing.
@@ -50,7 +76,7 @@ public struct EffectRunner: Sendable {
         try await blocking { try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true) }
         // Whatever happens, nothing of the attempt outlives it.
         do {
-            let output = try await run(job, in: folder, transfer: transfer, progress: progress)
+            let output = try await run(job, in: folder, transfer: transfer, hooks: hooks, progress: progress)
             _ = try? await blocking { try FileManager.default.removeItem(at: folder) }
             return output
         } catch {
@@ -60,7 +86,8 @@ public struct EffectRunner: Sendable {
     }
 
     /// The attempt's work, its files in `folder`.
-    func run(_ job: JobAssignment, in folder: URL, transfer: @Sendable () async throws -> JobTransfer, progress: @Sendable (Double) -> Void) async throws -> JobOutput {
+    func run(_ job: JobAssignment, in folder: URL, transfer: @Sendable () async throws -> JobTransfer, hooks: GenerationHooks,
+             progress: @escaping @Sendable (Double) -> Void) async throws -> JobOutput {
         let urls = try await transfer()
         let inputExtension = job.imageKey.split(separator: ".").last.map { $0.lowercased() } ?? "jpg"
         let input = folder.appendingPathComponent("input.\(inputExtension)")
@@ -75,6 +102,8 @@ public struct EffectRunner: Sendable {
             try await blocking { try FileManager.default.copyItem(at: input, to: result) }
         case "remote":
             try await remote(job, imageURL: urls.inputURL, to: result)
+        case "gemini", "openai", "fal":
+            try await model(job, input: input, to: result, in: folder, hooks: hooks, progress: progress)
         case _ where job.effect.id == "auto-enhance":
             let scale = fittingScale(job.parameters["upscale"] ?? 1, of: size)
             try await enhance(input: input, output: result, fidelity: job.parameters["fidelity"] ?? 1, scale: scale)
@@ -84,7 +113,11 @@ public struct EffectRunner: Sendable {
             try await vips(input: input, output: result, effect: job.effect.id, amount: amount)
         }
         progress(0.6)
-        try await thumbnailOf(result, to: thumbnail)
+        if job.effect.kind == .video {
+            try await VideoFrames.thumbnail(of: result, to: thumbnail, size: 200)
+        } else {
+            try await thumbnailOf(result, to: thumbnail)
+        }
         progress(0.9)
         // The URLs again: the edit may have outlived them.
         let outputs = try await transfer()
@@ -191,6 +224,81 @@ public struct EffectRunner: Sendable {
                 throw EffectError("thumbnail failed: \(Self.text(error))", retryable: false)
             }
         }
+    }
+
+    /// Runs a provider's model on `input` and writes what it made to `output`: an image as
+    /// JPEG (checked against the pixel limit first: a provider's answer is input like any
+    /// other), a video as the MP4 it is.
+    private func model(_ job: JobAssignment, input: URL, to output: URL, in folder: URL, hooks: GenerationHooks,
+                       progress: @escaping @Sendable (Double) -> Void) async throws {
+        let effect = job.effect
+        let model = effect.model ?? ""
+        let timeout = effect.timeoutSeconds.map { Duration.seconds($0) } ?? (effect.kind == .video ? providers.videoTimeout : providers.imageTimeout)
+        let prompt = job.prompt.flatMap { $0.isEmpty ? nil : $0 } ?? effect.title
+        func key(_ value: String?, _ name: String) throws -> String {
+            guard let value else { throw EffectError("\(name) is not set on this worker", retryable: false) }
+            return value
+        }
+        let made: ModelOutput
+        switch effect.processor {
+        case "gemini":
+            let bytes = try await blocking { try Data(contentsOf: input) }
+            let adapter = GeminiAdapter(baseURL: effect.endpoint ?? providers.geminiBaseURL, key: try key(providers.geminiKey, "GEMINI_API_KEY"))
+            made = try await adapter.edit(bytes, contentType: Self.imageType(of: bytes), prompt: prompt,
+                                          call: ProviderCall(provider: "gemini", model: model, timeout: timeout))
+        case "openai":
+            let bytes = try await blocking { try Data(contentsOf: input) }
+            let adapter = OpenAIAdapter(baseURL: effect.endpoint ?? providers.openAIBaseURL, key: try key(providers.openAIKey, "OPENAI_API_KEY"))
+            made = try await adapter.edit(bytes, contentType: Self.imageType(of: bytes), prompt: prompt,
+                                          call: ProviderCall(provider: "openai", model: model, timeout: timeout))
+        default:
+            let adapter = FalAdapter(queueURL: effect.endpoint ?? providers.falQueueURL, key: try key(providers.falKey, "FAL_KEY"))
+            let request: ProviderRequest
+            if let submitted = job.submission {
+                // An earlier attempt submitted it: wait on the same request.
+                request = submitted
+            } else {
+                let bytes = try await blocking { try Data(contentsOf: input) }
+                request = try await adapter.submit(bytes, contentType: Self.imageType(of: bytes), prompt: prompt, parameters: job.parameters,
+                                                   webhook: job.callbackURL, call: ProviderCall(provider: "fal", model: model, timeout: timeout))
+            }
+            hooks.submitted(request)
+            // The timeout counts from the submission, whichever worker submitted it.
+            let elapsed = Duration.milliseconds(Int64(max(0, Date().timeIntervalSince(request.submittedAt)) * 1000))
+            let call = ProviderCall(provider: "fal", model: model, timeout: timeout, from: ContinuousClock.now.advanced(by: .zero - elapsed))
+            let interval = providers.pollInterval
+            do {
+                made = try await adapter.result(of: request, call: call, progress: progress, wait: { try await hooks.wait(interval) })
+            } catch {
+                // The user cancelled: tell fal too (outside this cancelled task, awaited). A
+                // worker handing the generation over as it stops leaves it running.
+                if Task.isCancelled, !hooks.handedOff() { await Task.detached { await adapter.cancel(request) }.value }
+                throw error
+            }
+        }
+        try await blocking { try made.bytes.write(to: output.deletingLastPathComponent().appendingPathComponent("model-output")) }
+        let raw = output.deletingLastPathComponent().appendingPathComponent("model-output")
+        if effect.kind == .video {
+            let head = Array(made.bytes.prefix(12))
+            guard head.count == 12, Array(head[4..<8]) == Array("ftyp".utf8), ImageSniffer.contentType(of: head) == nil else {
+                throw EffectError("the model's answer is not an MP4 video", retryable: false)
+            }
+            try await blocking {
+                try? FileManager.default.removeItem(at: output)
+                try FileManager.default.moveItem(at: raw, to: output)
+            }
+        } else {
+            guard ImageSniffer.contentType(of: Array(made.bytes.prefix(16))) != nil else {
+                throw EffectError("the model did not answer with an image", retryable: false)
+            }
+            _ = try await checkSize(raw)
+            try await vips(input: raw, output: output, effect: "upscale", amount: 1)
+        }
+    }
+
+    /// The type of an input image from its bytes (uploads are checked, so it is one of these).
+    static func imageType(of bytes: Data) -> String {
+        ImageSniffer.contentType(of: Array(bytes.prefix(16))) ?? "image/jpeg"
     }
 
     /// Asks a remote inference endpoint: JSON in (a signed URL of the image, effect, parameters,

@@ -37,8 +37,30 @@ public struct Worker: Service {
         /// Prefetched assignments in the order they came, how many run now, and whether the
         /// worker is stopping (it takes no more).
         private let queue = Mutex<(waiting: Deque<JobAssignment>, active: Int, leaving: Bool)>(([], 0, false))
+        /// Attempts whose generations wait in a provider's queue: they gave their place back.
+        private let detached = Mutex<Set<JobAttempt>>([])
+        /// The most of those at once; past it a generation keeps its place while it waits.
+        let maxDetached: Int
 
-        init(capacity: Int) { self.capacity = capacity }
+        init(capacity: Int, maxDetached: Int = 2000) {
+            self.capacity = capacity
+            self.maxDetached = maxDetached
+        }
+
+        /// The attempt waits on a provider now: its place goes to the next waiting job (returned,
+        /// to launch), unless `maxDetached` wait so already. False if it keeps its place.
+        func detach(_ attempt: JobAttempt) -> (detached: Bool, next: JobAssignment?) {
+            let detached = self.detached.withLock { set -> Bool in
+                guard !set.contains(attempt), set.count < maxDetached, tasks.withLock({ $0.index(forKey: attempt) != nil }) else { return false }
+                set.insert(attempt)
+                return true
+            }
+            return detached ? (true, next()) : (false, nil)
+        }
+
+        /// Whether the attempt gave its place back (so its end frees none).
+        func isDetached(_ attempt: JobAttempt) -> Bool { detached.withLock { $0.contains(attempt) } }
+        var detachedCount: Int { detached.withLock { $0.count } }
 
         var attempts: [JobAttempt] { tasks.withLock { Array($0.keys) } }
         var count: Int { tasks.withLock { $0.count } }
@@ -47,7 +69,9 @@ public struct Worker: Service {
         func add(_ attempt: JobAttempt) { tasks.withLock { $0[attempt] = .some(nil) } }
         var isLeaving: Bool { queue.withLock { $0.leaving } }
         /// The worker is stopping: the prefetched jobs that have not started are dropped and
-        /// returned, to be given back.
+        /// returned, to be given back; so are the generations waiting on a provider (their tasks
+        /// stop without cancelling the provider's request, which the job's next attempt, on
+        /// another worker, waits on).
         func leave() -> [JobAttempt] {
             let returned = queue.withLock { queue -> [JobAttempt] in
                 queue.leaving = true
@@ -55,8 +79,15 @@ public struct Worker: Service {
                 return queue.waiting.map(\.attempt)
             }
             for attempt in returned { remove(attempt) }
-            return returned
+            let handed = detached.withLock { Array($0) }
+            handedOff.withLock { $0.formUnion(handed) }
+            for attempt in handed { tasks.withLock { $0[attempt] ?? nil }?.cancel() }
+            return returned + handed
         }
+
+        /// Generations given back as the worker stops: they end without a result.
+        private let handedOff = Mutex<Set<JobAttempt>>([])
+        func isHandedOff(_ attempt: JobAttempt) -> Bool { handedOff.withLock { $0.contains(attempt) } }
         /// `job` if it may run now (fewer than `capacity` run); otherwise it waits its turn.
         func admit(_ job: JobAssignment) -> JobAssignment? {
             queue.withLock { queue in
@@ -85,7 +116,12 @@ public struct Worker: Service {
             }
             if held && wasCancelled(attempt) { task.cancel() }
         }
-        func remove(_ attempt: JobAttempt) { tasks.withLock { _ = $0.removeValue(forKey: attempt) }; cancelled.withLock { _ = $0.remove(attempt) } }
+        func remove(_ attempt: JobAttempt) {
+            tasks.withLock { _ = $0.removeValue(forKey: attempt) }
+            cancelled.withLock { _ = $0.remove(attempt) }
+            detached.withLock { _ = $0.remove(attempt) }
+            handedOff.withLock { _ = $0.remove(attempt) }
+        }
         func contains(_ attempt: JobAttempt) -> Bool { tasks.withLock { $0.index(forKey: attempt) != nil } }
 
         enum Cancel { case notHeld, running, waiting }
@@ -135,6 +171,76 @@ public struct Worker: Service {
         func forget(_ attempt: JobAttempt) { _ = transfers.withLock { $0.removeValue(forKey: attempt) } }
     }
 
+    /// Provider requests the jobs service has not yet said it recorded, sent again with every
+    /// heartbeat; all of them again after a reconnect (a restarted service learns them anew).
+    final class Submissions: Sendable {
+        private let requests = Mutex<[JobAttempt: (request: ProviderRequest, recorded: Bool)]>([:])
+        func submitted(_ attempt: JobAttempt, _ request: ProviderRequest) { requests.withLock { $0[attempt] = (request, false) } }
+        func recorded(_ attempt: JobAttempt) { requests.withLock { $0[attempt]?.recorded = true } }
+        func forget(_ attempt: JobAttempt) { _ = requests.withLock { $0.removeValue(forKey: attempt) } }
+        /// Those not recorded, as messages.
+        var unrecorded: [WorkerMessage] { requests.withLock { $0.filter { !$0.value.recorded }.map { .submitted($0.key, $0.value.request) } } }
+        /// After a reconnect: none is known to be recorded.
+        func resetAll() { requests.withLock { for key in $0.keys { $0[key]?.recorded = false } } }
+    }
+
+    /// Wakes a generation's poll early when the provider's webhook came (`poke`).
+    final class Pokes: Sendable {
+        private struct State {
+            var waiting: [JobAttempt: CheckedContinuation<Void, Never>] = [:]
+            /// Pokes that came while the attempt was not waiting: its next wait returns at once.
+            var pending: Set<JobAttempt> = []
+        }
+        private let state = Mutex(State())
+
+        func poke(_ attempt: JobAttempt, held: Bool) {
+            let continuation = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                if let continuation = state.waiting.removeValue(forKey: attempt) { return continuation }
+                if held { state.pending.insert(attempt) }
+                return nil
+            }
+            continuation?.resume()
+        }
+
+        func forget(_ attempt: JobAttempt) {
+            let continuation = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                state.pending.remove(attempt)
+                return state.waiting.removeValue(forKey: attempt)
+            }
+            continuation?.resume()
+        }
+
+        /// Waits `interval`, or less if poked meanwhile (or before). Throws if cancelled.
+        func wait(_ attempt: JobAttempt, _ interval: Duration) async throws {
+            if state.withLock({ $0.pending.remove(attempt) != nil }) { return }
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask { try? await Task.sleep(for: interval) }
+                group.addTask { await self.poked(attempt) }
+                await group.next()
+                group.cancelAll()
+                // The poke's wait ends when cancelled; the sleep ends at once too.
+                self.forget(attempt)
+            }
+            try Task.checkCancellation()
+        }
+
+        private func poked(_ attempt: JobAttempt) async {
+            await withTaskCancellationHandler {
+                await withCheckedContinuation { continuation in
+                    let resumeNow = state.withLock { state -> Bool in
+                        if Task.isCancelled || state.pending.remove(attempt) != nil { return true }
+                        state.waiting[attempt] = continuation
+                        return false
+                    }
+                    if resumeNow { continuation.resume() }
+                }
+            } onCancel: {
+                let continuation = state.withLock { $0.waiting.removeValue(forKey: attempt) }
+                continuation?.resume()
+            }
+        }
+    }
+
     /// URLs closer than this to their expiry are renewed before use (a store checks a URL when
     /// a request starts, so a transfer begun in time completes).
     static let renewalMargin: TimeInterval = 2
@@ -150,9 +256,10 @@ public struct Worker: Service {
     static let metricsInterval = Duration.seconds(5)
 
     public func run() async throws {
-        let running = Running(capacity: configuration.capacity)
+        let running = Running(capacity: configuration.capacity, maxDetached: runner.providers.maxGenerations)
         let unrecorded = Unrecorded()
         let renewed = Renewed()
+        let generations = Generations(submissions: Submissions(), pokes: Pokes())
         while !Task.isCancelled && !Task.isShuttingDownGracefully {
             let channel = try await BusChannel.connect(configuration.endpoint, curve: configuration.curve, logger: logger)
             let ready = WorkerMessage.ready(WorkerReady(
@@ -161,6 +268,7 @@ public struct Worker: Service {
             ))
             channel.send(ready)
             for result in unrecorded.all.values { channel.send(result) }
+            generations.submissions.resetAll()
             logger.info("connected", metadata: [
                 "endpoint": "\(configuration.endpoint)", "capacity": "\(configuration.capacity)", "prefetch": "\(configuration.prefetch)",
             ])
@@ -171,7 +279,7 @@ public struct Worker: Service {
                         for await message in channel.incoming {
                             lastHeard.touch()
                             guard let decoded = BusChannel.decode(DispatcherMessage.self, message) else { continue }
-                            handle(decoded, channel: channel, running: running, unrecorded: unrecorded, renewed: renewed, ready: ready)
+                            handle(decoded, channel: channel, running: running, unrecorded: unrecorded, renewed: renewed, generations: generations, ready: ready)
                         }
                     }
                     group.addTask {
@@ -183,6 +291,7 @@ public struct Worker: Service {
                             let results = unrecorded.all
                             channel.send(WorkerMessage.heartbeat(running: running.attempts + results.keys))
                             for result in results.values { channel.send(result) }
+                            for submitted in generations.submissions.unrecorded { channel.send(submitted) }
                             if metricsSent.map({ $0.duration(to: .now) >= Self.metricsInterval }) ?? true {
                                 metricsSent = .now
                                 channel.send(WorkerMessage.metrics(ProcessMetrics.exposition()))
@@ -208,8 +317,13 @@ public struct Worker: Service {
         while running.count > 0 { try? await Task.sleep(for: .milliseconds(50)) }
     }
 
-    private func handle(_ message: DispatcherMessage, channel: BusChannel, running: Running, unrecorded: Unrecorded, renewed: Renewed, ready: WorkerMessage) {
+    private func handle(_ message: DispatcherMessage, channel: BusChannel, running: Running, unrecorded: Unrecorded, renewed: Renewed,
+                        generations: Generations, ready: WorkerMessage) {
         switch message {
+        case .submissionRecorded(let attempt):
+            generations.submissions.recorded(attempt)
+        case .poke(let attempt):
+            generations.pokes.poke(attempt, held: running.contains(attempt))
         case .renewed(let attempt, let transfer):
             renewed.deliver(attempt, transfer, held: running.contains(attempt))
         case .heartbeat:
@@ -218,6 +332,8 @@ public struct Worker: Service {
             channel.send(ready)
             if running.isLeaving { channel.send(WorkerMessage.leaving(returned: [])) }
             for result in unrecorded.all.values { channel.send(result) }
+            generations.submissions.resetAll()
+            for submitted in generations.submissions.unrecorded { channel.send(submitted) }
         case .recorded(let attempt):
             unrecorded.recorded(attempt)
         case .refused(let attempt, let reason):
@@ -241,7 +357,9 @@ public struct Worker: Service {
             }
             guard !running.contains(job.attempt) else { return }
             running.add(job.attempt)
-            if let admitted = running.admit(job) { launch(admitted, channel: channel, running: running, unrecorded: unrecorded, renewed: renewed) }
+            if let admitted = running.admit(job) {
+                launch(admitted, channel: channel, running: running, unrecorded: unrecorded, renewed: renewed, generations: generations)
+            }
         }
     }
 
@@ -258,15 +376,44 @@ public struct Worker: Service {
         while !unrecorded.all.isEmpty, ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(20)) }
     }
 
-    /// Runs a job in a task of its own; when it ends, the next prefetched job runs.
-    private func launch(_ job: JobAssignment, channel: BusChannel, running: Running, unrecorded: Unrecorded, renewed: Renewed) {
+    /// A worker's long generations: provider requests to report, and webhook pokes.
+    struct Generations: Sendable {
+        let submissions: Submissions
+        let pokes: Pokes
+    }
+
+    /// Runs a job in a task of its own; when it ends, the next prefetched job runs (or, for a
+    /// generation that gave its place back while it waited on a provider, already ran).
+    private func launch(_ job: JobAssignment, channel: BusChannel, running: Running, unrecorded: Unrecorded, renewed: Renewed, generations: Generations) {
+        let attempt = job.attempt
+        let hooks = EffectRunner.GenerationHooks(
+            submitted: { request in
+                generations.submissions.submitted(attempt, request)
+                channel.send(WorkerMessage.submitted(attempt, request))
+                if let next = running.detach(attempt).next {
+                    launch(next, channel: channel, running: running, unrecorded: unrecorded, renewed: renewed, generations: generations)
+                }
+            },
+            wait: { interval in try await generations.pokes.wait(attempt, interval) },
+            handedOff: { running.isHandedOff(attempt) }
+        )
         let task = Task {
-            let result = await execute(job, channel: channel, running: running, renewed: renewed)
-            renewed.forget(job.attempt)
-            finish(job.attempt, with: result, channel: channel, running: running, unrecorded: unrecorded)
-            if let next = running.next() { launch(next, channel: channel, running: running, unrecorded: unrecorded, renewed: renewed) }
+            let result = await execute(job, channel: channel, running: running, renewed: renewed, hooks: hooks)
+            renewed.forget(attempt)
+            generations.submissions.forget(attempt)
+            generations.pokes.forget(attempt)
+            if running.isHandedOff(attempt) {
+                // Given back as the worker stops: the service queued it again already.
+                running.remove(attempt)
+                return
+            }
+            let detached = running.isDetached(attempt)
+            finish(attempt, with: result, channel: channel, running: running, unrecorded: unrecorded)
+            if !detached, let next = running.next() {
+                launch(next, channel: channel, running: running, unrecorded: unrecorded, renewed: renewed, generations: generations)
+            }
         }
-        running.attach(job.attempt, task)
+        running.attach(attempt, task)
     }
 
     /// Sends an attempt's result, kept until the service says it is recorded.
@@ -280,7 +427,7 @@ public struct Worker: Service {
     /// Runs one attempt and returns its result message. While the disk is full the attempt
     /// waits for space (up to `storageWait`) instead of failing: a full disk is the operator's
     /// to fix, not a reason to use up the job's attempts.
-    private func execute(_ job: JobAssignment, channel: BusChannel, running: Running, renewed: Renewed) async -> WorkerMessage {
+    private func execute(_ job: JobAssignment, channel: BusChannel, running: Running, renewed: Renewed, hooks: EffectRunner.GenerationHooks) async -> WorkerMessage {
         var jobLogger = logger
         jobLogger[metadataKey: "job"] = "\(job.attempt.jobId)"
         jobLogger[metadataKey: "attempt"] = "\(job.attempt.attempt)"
@@ -288,19 +435,20 @@ public struct Worker: Service {
         let started = ContinuousClock.now
         WorkerMetrics.inProgress.increment()
         defer { WorkerMetrics.inProgress.decrement() }
-        let result = await attempt(job, channel: channel, running: running, renewed: renewed, logger: jobLogger, started: started)
+        let result = await attempt(job, channel: channel, running: running, renewed: renewed, hooks: hooks, logger: jobLogger, started: started)
         WorkerMetrics.finished(job.effect.id, result, after: started.duration(to: .now))
         return result
     }
 
-    private func attempt(_ job: JobAssignment, channel: BusChannel, running: Running, renewed: Renewed, logger jobLogger: Logger, started: ContinuousClock.Instant) async -> WorkerMessage {
+    private func attempt(_ job: JobAssignment, channel: BusChannel, running: Running, renewed: Renewed, hooks: EffectRunner.GenerationHooks,
+                         logger jobLogger: Logger, started: ContinuousClock.Instant) async -> WorkerMessage {
         var pause = Duration.seconds(1)
         let heartbeat = configuration.heartbeat
         while true {
             do {
                 let output = try await runner.run(job, transfer: {
                     try await Self.fresh(job, channel: channel, renewed: renewed, wait: max(.seconds(5), heartbeat * 5))
-                }) { fraction in
+                }, hooks: hooks) { fraction in
                     channel.send(WorkerMessage.progress(job.attempt, fraction: fraction))
                 }
                 if running.wasCancelled(job.attempt) {

@@ -52,5 +52,5 @@ public struct WorkerConfiguration: Sendable {
         "JOBS_WORKER_ENDPOINT", "WORKER_CAPACITY", "WORKER_PREFETCH", "WORKER_ID", "WORKER_SCRATCH_DIR", "WORKER_HEARTBEAT_MS",
         "LOG_LEVEL", "WORKER_EFFECTS", "BUS_CURVE_PUBLIC",
         "IMAGE_MAX_PIXELS", "WORKER_STORAGE_WAIT_S", "BUS_ENCODING",
-    ]
+    ] + ProviderSettings.environmentKeys
 }

@@ -13,7 +13,10 @@ await ProcessExit.run("worker") {
     let logger = Logger(label: configuration.workerId)
     ProcessMetrics.bootstrap()
     EffectRunner.startImageLibrary()
-    let runner = EffectRunner(scratch: URL(fileURLWithPath: configuration.scratchDirectory), maxPixels: configuration.maxPixels)
+    let runner = EffectRunner(
+        scratch: URL(fileURLWithPath: configuration.scratchDirectory), maxPixels: configuration.maxPixels,
+        providers: try ProviderSettings(environment: Environment())
+    )
     let worker = Worker(
         configuration: configuration, runner: runner,
         effects: configuration.effects,

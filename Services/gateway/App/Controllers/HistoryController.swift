@@ -95,6 +95,9 @@ struct HistoryController<Context: RequestContext>: Sendable {
         var prompt: String?
         var error: String?
         var progress: Double?
+        /// Credits the edit used: its price once it completed (or while it runs); 0 when it
+        /// failed or was cancelled (they were given back).
+        var credits: Int
 
         init(_ item: HistoryItem, links: DownloadLinks) {
             let completed = item.status == .completed
@@ -110,6 +113,7 @@ struct HistoryController<Context: RequestContext>: Sendable {
             prompt = item.prompt
             error = item.status == .failed ? item.lastError : nil
             progress = status == .processing ? item.progress : nil
+            credits = item.cost
         }
     }
 

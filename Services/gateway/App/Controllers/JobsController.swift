@@ -21,17 +21,29 @@ struct JobsController<Context: RequestContext>: Sendable {
         var prompt: String?
     }
 
-    /// An effect as the app shows it: no processor or endpoint (those are the operator's).
+    /// An effect as the app shows it: its price in credits and what it makes, with no processor,
+    /// model or endpoint (those are the operator's).
     struct EffectView: Encodable {
         var id: String
         var title: String
+        var credits: Int
+        var kind: MediaKind
         var parameters: [EffectDescription.Parameter]
+    }
+
+    struct EffectsView: Encodable {
+        var effects: [EffectView]
+        /// Other names the app may send (`default`) and the effect each runs.
+        var aliases: [String: String]
     }
 
     func addRoutes(to router: Router<Context>) {
         router.get("/api/v1/effects") { _, _ in
-            let effects = try await clients.call(.jobs, Jobs.effects, Empty())
-            return try JSONResponse.make(.ok, ["effects": effects.map { EffectView(id: $0.id, title: $0.title, parameters: $0.parameters) }])
+            let list = try await creator.prices.list()
+            return try JSONResponse.make(.ok, EffectsView(
+                effects: list.effects.map { EffectView(id: $0.id, title: $0.title, credits: $0.credits, kind: $0.kind, parameters: $0.parameters) },
+                aliases: list.aliases
+            ))
         }
         router.post("/api/v1/jobs") { request, context in
             let caller = try await authenticator.caller(of: request)
@@ -96,6 +108,8 @@ struct JobsController<Context: RequestContext>: Sendable {
         var thumbnailUrl: String?
         var error: String?
         var attempts: Int
+        /// Credits reserved for the job (committed when it completes, given back otherwise).
+        var credits: Int
         var createdAt: Date
         var updatedAt: Date
         var finishedAt: Date?
@@ -118,7 +132,7 @@ struct JobsController<Context: RequestContext>: Sendable {
             prompt: job.prompt, originalImageKey: job.imageKey,
             resultUrl: job.status == .completed ? url(job.resultKey) : nil,
             thumbnailUrl: job.status == .completed ? url(job.thumbnailKey) : nil,
-            error: job.status == .failed ? job.lastError : nil, attempts: job.attempts,
+            error: job.status == .failed ? job.lastError : nil, attempts: job.attempts, credits: job.credits,
             createdAt: job.createdAt, updatedAt: job.updatedAt, finishedAt: job.finishedAt
         )
     }

@@ -6,12 +6,14 @@ import Hummingbird
 import Messages
 
 /// Creates jobs for the routes that start one (a new edit, a re-run from a job or from history):
-/// checks the image is the caller's, reserves quota for the job id, asks jobs to create the job,
-/// and gives the units back when creation definitely failed.
+/// checks the image is the caller's, reserves the effect's price in credits for the job id, asks
+/// jobs to create the job, and gives the credits back when creation definitely failed.
 struct JobCreator: Sendable {
     let clients: ServiceClients
     /// The upload checks (owner, type, size, pixels), remembered for a minute once passed.
     let uploads: UploadCheck
+    /// Each effect's price now (a re-run pays its model's price of today, not the original's).
+    let prices: EffectPrices
 
     struct Accepted: Encodable {
         var jobId: String
@@ -21,17 +23,18 @@ struct JobCreator: Sendable {
 
     /// Validates, reserves quota for the job id, creates the job; releases on a definite failure.
     func create(caller: Caller, imageKey: String, effect: String, parameters: [String: Double], prompt: String?, idempotencyKey: String?) async throws -> Response {
+        let priced = try await prices.effect(effect)
         _ = try await uploads.verify(imageKey, of: caller)
         let jobId = try Self.jobId(user: caller.id, idempotencyKey: idempotencyKey)
-        let decision = try await clients.call(.quota, Quota.reserve, ReserveQuota(userId: caller.id, jobId: jobId, cost: Jobs.chargePerJob))
+        let decision = try await clients.call(.quota, Quota.reserve, ReserveQuota(userId: caller.id, jobId: jobId, cost: priced.credits))
         guard decision.admitted else {
-            throw RateLimitHeaders.problem(for: decision, now: Date())
+            throw RateLimitHeaders.problem(for: decision, needed: priced.credits, now: Date())
         }
         let job: JobRecord
         do {
             job = try await clients.client(for: .jobs).call(Jobs.create, CreateJob(
                 jobId: jobId, userId: caller.id, isPro: decision.status.isPro, imageKey: imageKey,
-                effectId: effect, parameters: parameters, prompt: prompt
+                effectId: effect, parameters: parameters, prompt: prompt, credits: priced.credits
             ))
         } catch {
             // A definite answer means no job exists: give the units back. A timeout or a lost

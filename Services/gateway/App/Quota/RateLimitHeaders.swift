@@ -22,8 +22,11 @@ public enum RateLimitHeaders {
 
     /// The 429 answer to a denied reservation: problem+json naming the violated windows, with
     /// `Retry-After` (seconds until a retry can succeed) and the rate-limit headers.
-    public static func problem(for decision: QuotaDecision, now: Date) -> Problem {
-        problem(status: decision.status, violated: decision.violated, retryAt: decision.retryAt, now: now)
+    /// `needed` is what the job costs: the answer says it, and how many credits are left (the
+    /// least of the violated windows' remainders), so the app can say "this edit needs 4
+    /// credits; you have 1".
+    public static func problem(for decision: QuotaDecision, needed: Int? = nil, now: Date) -> Problem {
+        problem(status: decision.status, violated: decision.violated, retryAt: decision.retryAt, needed: needed, now: now)
     }
 
     /// The same 429 for a user with no room left in some window, before anything is charged
@@ -34,22 +37,33 @@ public enum RateLimitHeaders {
         return problem(status: status, violated: exhausted.map(\.name), retryAt: exhausted.map(\.resetsAt).max(), now: now)
     }
 
-    static func problem(status: QuotaStatus, violated: [String], retryAt: Date?, now: Date) -> Problem {
+    static func problem(status: QuotaStatus, violated: [String], retryAt: Date?, needed: Int? = nil, now: Date) -> Problem {
         var fields = headers(for: status, now: now)
         let retryAfter = retryAt.map { secondsUntil($0, from: now) } ?? 1
         fields[.retryAfter] = "\(retryAfter)"
         let names = violated.joined(separator: " and ")
+        let windows = [status.daily, status.monthly].filter { violated.contains($0.name) }
+        let remaining = windows.compactMap(\.remaining).min() ?? 0
+        var extensions: [String: ProblemValue] = [
+            "violated-policies": .strings(violated),
+            "retryAfter": .int(retryAfter),
+            "plan": .string(status.plan),
+            "creditsRemaining": .int(remaining),
+        ]
+        let detail: String
+        if let needed {
+            extensions["creditsNeeded"] = .int(needed)
+            detail = "This edit needs \(needed) credit\(needed == 1 ? "" : "s") and \(remaining) \(remaining == 1 ? "is" : "are") left in the \(names) limit of the \(status.plan) plan; try again in \(retryAfter) seconds."
+        } else {
+            detail = "The \(names) edit limit of the \(status.plan) plan is used up; try again in \(retryAfter) seconds."
+        }
         return Problem(
             .tooManyRequests,
             title: "Quota exceeded",
-            detail: "The \(names) edit limit of the \(status.plan) plan is used up; try again in \(retryAfter) seconds.",
+            detail: detail,
             type: "/problems/quota-exceeded",
             headers: fields,
-            extensions: [
-                "violated-policies": .strings(violated),
-                "retryAfter": .int(retryAfter),
-                "plan": .string(status.plan),
-            ]
+            extensions: extensions
         )
     }
 

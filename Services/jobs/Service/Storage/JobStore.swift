@@ -53,7 +53,7 @@ public struct JobStore: Sendable {
                 id: request.jobId, userId: request.userId, isPro: request.isPro, imageKey: request.imageKey,
                 effectId: effectId, parameters: parameters, prompt: request.prompt, status: .queued, progress: 0,
                 attempts: 0, maxAttempts: retry.maxAttempts, lastError: nil, resultKey: nil, thumbnailKey: nil,
-                createdAt: now, updatedAt: now, startedAt: nil, finishedAt: nil, version: 1
+                createdAt: now, updatedAt: now, startedAt: nil, finishedAt: nil, version: 1, credits: request.credits
             )
             try JobRows.insert(db, job)
             try emit(db, job: job, now: now)
@@ -154,6 +154,21 @@ public struct JobStore: Sendable {
         let (outcome, _) = try await report(attempt) { [retry] job in JobRules.requeue(job, attempt, reason: reason, retry: retry, now: now) }
         if case .applied(let job) = outcome { return job }
         return nil
+    }
+
+    /// The current attempt submitted its generation to a provider's queue: the request is kept
+    /// on the job (not a state change: the job stays processing, its version unchanged).
+    public func recordSubmission(_ attempt: JobAttempt, _ request: ProviderRequest) async throws -> Outcome {
+        try await writes.perform { db in
+            guard let job = try JobRows.job(db, attempt.jobId) else { return .refused("no such job") }
+            switch JobRules.submitted(job, attempt, request) {
+            case .refuse(let reason): return .refused(reason)
+            case .alreadyRecorded(let job): return .alreadyRecorded(job)
+            case .apply(let transition):
+                try JobRows.update(db, transition.job)
+                return .applied(transition.job)
+            }
+        }
     }
 
     /// The worker stopped the current attempt after a cancel: cancelled, charge released.

@@ -73,12 +73,30 @@ public struct JobsDatabase: Sendable {
             // The unused-upload sweep asks, for each day-old upload, whether any job uses it.
             try db.create(index: "job_by_image_key", on: "job", columns: ["imageKey"])
         }
+        migrator.registerMigration("v5: prices and provider requests") { db in
+            // The credits a job was charged (jobs from before prices cost one), and the request
+            // of a generation submitted to a provider's queue (JSON `ProviderRequest`).
+            try db.alter(table: "job") { table in
+                table.add(column: "credits", .integer).notNull().defaults(to: 1)
+                table.add(column: "submission", .text)
+            }
+        }
         return migrator
     }
 }
 
 extension JobRecord: FetchableRecord, PersistableRecord {
     public static var databaseTableName: String { "job" }
+
+    /// `parameters` and `submission` are JSON in their columns, coded as `JobRows` codes them
+    /// (Foundation's defaults, keys sorted), so rows written either way read back either way.
+    public static func databaseJSONEncoder(for column: String) -> JSONEncoder {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        return encoder
+    }
+
+    public static func databaseJSONDecoder(for column: String) -> JSONDecoder { JSONDecoder() }
 
     public enum Columns {
         public static let id = Column("id")

@@ -1,0 +1,395 @@
+import AsyncHTTPClient
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Logging
+import NIOCore
+import Synchronization
+
+// A local stand-in for the model providers the workers call, for tests, `make bench-models` and
+// trying a model by hand with `make run`: Google's Gemini `generateContent`, OpenAI's image
+// edits, and fal's queue API, each answering in the shapes the provider documents (the adapters
+// in Services/jobs/Worker/Providers name the pages) and checking what it is sent the way the
+// real API would: the path, the key's header, the body's shape. A request the real API would
+// reject is answered with that provider's error and recorded in `/_fixture/stats` under
+// `rejected`, which tests require to stay empty.
+//
+// The prompt steers it, so a test needs no control calls: `unsafe` is refused for safety;
+// `ratelimit` is answered 429 with `Retry-After: 2` three times (per prompt), then served; for
+// fal, `nowebhook` sends no webhook and `twicehook` sends it twice. Images come back as the
+// photo sent (a real image); videos as a real MP4 made by ffmpeg at start.
+//
+// FIXTURE_PORT (required), FIXTURE_IMAGE_MS (50: an image's time), FIXTURE_VIDEO_MS (5000: a
+// queued generation's time), FIXTURE_GEMINI_KEY / FIXTURE_OPENAI_KEY / FIXTURE_FAL_KEY (the
+// keys it accepts).
+
+/// What the fixture saw: requests by route, the most in flight at once by provider, what it
+/// rejected, and fal's queue.
+struct Stats: Codable {
+    var requests: [String: Int] = [:]
+    var inFlight: [String: Int] = [:]
+    var maxInFlight: [String: Int] = [:]
+    var rejected: [String] = []
+    var rateLimited: [String: Int] = [:]
+    var submissions = 0
+    var cancels = 0
+    var webhooksSent = 0
+    var webhookFailures = 0
+    var falRequestsWaiting = 0
+    var maxFalRequestsWaiting = 0
+}
+
+struct FalRequest {
+    var model: String
+    var prompt: String
+    var image: Data
+    var imageType: String
+    var readyAt: ContinuousClock.Instant
+    var cancelled = false
+}
+
+final class State: Sendable {
+    let stats = Mutex(Stats())
+    let fal = Mutex<[String: FalRequest]>([:])
+
+    func begin(_ provider: String, _ route: String) {
+        stats.withLock {
+            $0.requests[route, default: 0] += 1
+            $0.inFlight[provider, default: 0] += 1
+            $0.maxInFlight[provider] = max($0.maxInFlight[provider] ?? 0, $0.inFlight[provider]!)
+        }
+    }
+    func end(_ provider: String) { stats.withLock { $0.inFlight[provider, default: 1] -= 1 } }
+    func reject(_ reason: String) { stats.withLock { if $0.rejected.count < 100 { $0.rejected.append(reason) } } }
+
+    /// Whether this prompt's request is to be answered 429 now (three times per prompt).
+    func rateLimit(_ prompt: String) -> Bool {
+        guard prompt.contains("ratelimit") else { return false }
+        return stats.withLock { stats in
+            let seen = stats.rateLimited[prompt, default: 0]
+            guard seen < 3 else { return false }
+            stats.rateLimited[prompt] = seen + 1
+            return true
+        }
+    }
+}
+
+@main
+struct ProviderFixture: Sendable {
+    let port: Int
+    let imageDelay: Duration
+    let videoDelay: Duration
+    let geminiKey: String
+    let openAIKey: String
+    let falKey: String
+    let video: Data
+    let state = State()
+    var base: String { "http://127.0.0.1:\(port)" }
+
+    static func main() async throws {
+        let environment = ProcessInfo.processInfo.environment
+        guard let port = environment["FIXTURE_PORT"].flatMap(Int.init) else {
+            FileHandle.standardError.write(Data("FIXTURE_PORT is required\n".utf8))
+            exit(2)
+        }
+        let fixture = ProviderFixture(
+            port: port,
+            imageDelay: .milliseconds(Int(environment["FIXTURE_IMAGE_MS"] ?? "") ?? 50),
+            videoDelay: .milliseconds(Int(environment["FIXTURE_VIDEO_MS"] ?? "") ?? 5000),
+            geminiKey: environment["FIXTURE_GEMINI_KEY"] ?? "test-gemini-key",
+            openAIKey: environment["FIXTURE_OPENAI_KEY"] ?? "test-openai-key",
+            falKey: environment["FIXTURE_FAL_KEY"] ?? "test-fal-key",
+            video: try makeVideo()
+        )
+        try await fixture.run()
+    }
+
+    /// A one-second MP4, made once.
+    static func makeVideo() throws -> Data {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("fixture-\(UUID().uuidString).mp4")
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["ffmpeg", "-nostdin", "-loglevel", "error", "-y", "-f", "lavfi", "-i", "testsrc=size=320x240:rate=10", "-t", "1",
+                             "-pix_fmt", "yuv420p", "-c:v", "libx264", file.path]
+        try process.run()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else { throw CancellationError() }
+        defer { try? FileManager.default.removeItem(at: file) }
+        return try Data(contentsOf: file)
+    }
+
+    // MARK: Answers
+
+    static func json(_ status: HTTPResponse.Status, _ value: Any, headers: HTTPFields = [:]) -> Response {
+        let data = (try? JSONSerialization.data(withJSONObject: value)) ?? Data()
+        var fields = headers
+        fields[.contentType] = "application/json"
+        return Response(status: status, headers: fields, body: .init(byteBuffer: ByteBuffer(bytes: data)))
+    }
+
+    static func sniff(_ data: Data) -> String? {
+        let bytes = Array(data.prefix(12))
+        if bytes.starts(with: [0xFF, 0xD8, 0xFF]) { return "image/jpeg" }
+        if bytes.starts(with: [0x89, 0x50, 0x4E, 0x47]) { return "image/png" }
+        if bytes.count >= 12, bytes.starts(with: Array("RIFF".utf8)), Array(bytes[8..<12]) == Array("WEBP".utf8) { return "image/webp" }
+        return nil
+    }
+
+    /// Google's error envelope.
+    static func googleError(_ code: Int, _ status: String, _ message: String, headers: HTTPFields = [:]) -> Response {
+        json(.init(code: code), ["error": ["code": code, "message": message, "status": status]], headers: headers)
+    }
+
+    /// OpenAI's error envelope.
+    static func openAIError(_ code: Int, _ message: String, type: String, errorCode: String?, headers: HTTPFields = [:]) -> Response {
+        json(.init(code: code), ["error": ["message": message, "type": type, "param": NSNull(), "code": errorCode.map { $0 as Any } ?? NSNull()]], headers: headers)
+    }
+
+    /// fal's error body.
+    static func falDetail(_ status: Int, _ message: String) -> Response { json(.init(code: status), ["detail": message]) }
+
+    func falAuthorized(_ request: Request) -> Bool { request.headers[.authorization] == "Key \(falKey)" }
+
+    /// The parts of a multipart/form-data body: name to (filename, content type, bytes).
+    static func multipart(_ body: Data, boundary: String) -> [String: (filename: String?, type: String?, data: Data)] {
+        var parts: [String: (filename: String?, type: String?, data: Data)] = [:]
+        let delimiter = Data("--\(boundary)".utf8)
+        var chunks: [Data] = []
+        var rest = body[...]
+        while let range = rest.range(of: delimiter) {
+            chunks.append(Data(rest[rest.startIndex..<range.lowerBound]))
+            rest = rest[range.upperBound...]
+        }
+        for chunk in chunks.dropFirst() {
+            guard let split = chunk.range(of: Data("\r\n\r\n".utf8)) else { continue }
+            let head = String(decoding: chunk[chunk.startIndex..<split.lowerBound], as: UTF8.self)
+            var content = Data(chunk[split.upperBound...])
+            if content.suffix(2) == Data("\r\n".utf8) { content.removeLast(2) }
+            func attribute(_ name: String) -> String? {
+                guard let range = head.range(of: " \(name)=\"") else { return nil }
+                return String(head[range.upperBound...].prefix { $0 != "\"" })
+            }
+            let type = head.components(separatedBy: "\r\n").first { $0.lowercased().hasPrefix("content-type:") }
+                .map { $0.dropFirst("content-type:".count).trimmingCharacters(in: .whitespaces) }
+            if let name = attribute("name") { parts[name] = (attribute("filename"), type, content) }
+        }
+        return parts
+    }
+
+    /// Sends fal's webhook for a finished request (its documented body), once or twice.
+    func sendWebhook(_ url: String, id: String, times: Int) async {
+        let payload: [String: Any] = [
+            "request_id": id, "gateway_request_id": id, "status": "OK",
+            "payload": ["video": ["url": "\(base)/files/\(id).mp4", "content_type": "video/mp4"]],
+        ]
+        let body = (try? JSONSerialization.data(withJSONObject: payload)) ?? Data()
+        for _ in 0..<times {
+            var request = HTTPClientRequest(url: url)
+            request.method = .POST
+            request.headers.add(name: "Content-Type", value: "application/json")
+            request.body = .bytes(ByteBuffer(bytes: body))
+            let answer = try? await HTTPClient.shared.execute(request, timeout: .seconds(15))
+            state.stats.withLock { if answer?.status == .ok { $0.webhooksSent += 1 } else { $0.webhookFailures += 1 } }
+        }
+    }
+
+    // MARK: Routes
+
+    func run() async throws {
+        let router = Router()
+        router.post("/v1beta/models/:call") { request, context in try await gemini(request, call: try context.parameters.require("call")) }
+        router.post("/v1/images/edits") { request, _ in try await openAI(request) }
+        router.get("/files/:name") { _, context in try file(try context.parameters.require("name")) }
+        router.get("/_fixture/stats") { _, _ in
+            let stats = state.stats.withLock { $0 }
+            return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: try JSONEncoder().encode(stats))))
+        }
+        router.on("/**", method: .post) { request, _ in try await falSubmit(request) }
+        router.on("/**", method: .get) { request, _ in falRead(request) }
+        router.on("/**", method: .put) { request, _ in falCancel(request) }
+        var logger = Logger(label: "provider-fixture")
+        logger.logLevel = .warning
+        let app = Application(router: router, configuration: .init(address: .hostname("127.0.0.1", port: port)), logger: logger)
+        print("provider-fixture listening on \(port)")
+        try await app.runService()
+    }
+
+    /// Gemini: `POST /v1beta/models/{model}:generateContent`.
+    func gemini(_ request: Request, call: String) async throws -> Response {
+        state.begin("gemini", "gemini.generateContent")
+        defer { state.end("gemini") }
+        guard call.hasSuffix(":generateContent"), call.hasPrefix("gemini-") else {
+            state.reject("gemini: path \(call)")
+            return Self.googleError(404, "NOT_FOUND", "models/\(call) is not found for API version v1beta")
+        }
+        guard request.headers[HTTPField.Name("x-goog-api-key")!] == geminiKey else {
+            state.reject("gemini: missing or wrong x-goog-api-key")
+            return Self.googleError(403, "PERMISSION_DENIED", "Method doesn't allow unregistered callers.")
+        }
+        let body = try await request.body.collect(upTo: 100 << 20)
+        guard let object = try? JSONSerialization.jsonObject(with: Data(buffer: body)) as? [String: Any],
+              let contents = object["contents"] as? [[String: Any]], let parts = contents.first?["parts"] as? [[String: Any]] else {
+            state.reject("gemini: body is not {contents: [{parts}]}")
+            return Self.googleError(400, "INVALID_ARGUMENT", "Invalid JSON payload received.")
+        }
+        let prompt = parts.compactMap { $0["text"] as? String }.joined(separator: " ")
+        let inline = parts.compactMap { ($0["inline_data"] ?? $0["inlineData"]) as? [String: Any] }.first
+        guard !prompt.isEmpty, let inline, let mime = (inline["mime_type"] ?? inline["mimeType"]) as? String,
+              let data = (inline["data"] as? String).flatMap({ Data(base64Encoded: $0) }), Self.sniff(data) == mime else {
+            state.reject("gemini: parts need a text and an inline_data image whose mime_type matches its bytes")
+            return Self.googleError(400, "INVALID_ARGUMENT", "Unable to process input image.")
+        }
+        if state.rateLimit(prompt) {
+            return Self.googleError(429, "RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota).", headers: [.retryAfter: "2"])
+        }
+        try await Task.sleep(for: imageDelay)
+        if prompt.contains("unsafe") {
+            return Self.json(.ok, ["promptFeedback": ["blockReason": "SAFETY"], "usageMetadata": ["promptTokenCount": 10]])
+        }
+        return Self.json(.ok, [
+            "candidates": [[
+                "content": ["role": "model", "parts": [["text": "Here is your edit."], ["inlineData": ["mimeType": mime, "data": data.base64EncodedString()]]]],
+                "finishReason": "STOP", "index": 0,
+            ]],
+            "modelVersion": String(call.dropLast(":generateContent".count)),
+        ])
+    }
+
+    /// OpenAI: `POST /v1/images/edits`, multipart.
+    func openAI(_ request: Request) async throws -> Response {
+        state.begin("openai", "openai.images.edits")
+        defer { state.end("openai") }
+        guard request.headers[.authorization] == "Bearer \(openAIKey)" else {
+            state.reject("openai: missing or wrong bearer key")
+            return Self.openAIError(401, "Incorrect API key provided.", type: "invalid_request_error", errorCode: "invalid_api_key")
+        }
+        guard let contentType = request.headers[.contentType], contentType.hasPrefix("multipart/form-data"),
+              let boundary = contentType.components(separatedBy: "boundary=").last, !boundary.isEmpty else {
+            state.reject("openai: not multipart/form-data")
+            return Self.openAIError(400, "Invalid Content-Type header, expected multipart/form-data.", type: "invalid_request_error", errorCode: nil)
+        }
+        let body = Data(buffer: try await request.body.collect(upTo: 100 << 20))
+        let parts = Self.multipart(body, boundary: boundary)
+        guard let model = parts["model"].map({ String(decoding: $0.data, as: UTF8.self) }), model.hasPrefix("gpt-image") || model.hasPrefix("dall-e"),
+              let prompt = parts["prompt"].map({ String(decoding: $0.data, as: UTF8.self) }), !prompt.isEmpty,
+              let image = parts["image"], image.filename != nil, let type = Self.sniff(image.data), image.type == type else {
+            state.reject("openai: multipart needs model, prompt and an image file whose type matches its bytes")
+            return Self.openAIError(400, "Invalid request: model, prompt and image are required.", type: "invalid_request_error", errorCode: nil)
+        }
+        if state.rateLimit(prompt) {
+            return Self.openAIError(429, "Rate limit reached for images per minute.", type: "requests", errorCode: "rate_limit_exceeded", headers: [.retryAfter: "2"])
+        }
+        try await Task.sleep(for: imageDelay)
+        if prompt.contains("unsafe") {
+            return Self.openAIError(400, "Your request was rejected by the safety system.", type: "image_generation_user_error", errorCode: "moderation_blocked")
+        }
+        return Self.json(.ok, ["created": Int(Date().timeIntervalSince1970), "data": [["b64_json": image.data.base64EncodedString()]]])
+    }
+
+    /// The files fal's results name (its CDN): the video, or an image model's image.
+    func file(_ name: String) throws -> Response {
+        if name.hasSuffix(".mp4") {
+            return Response(status: .ok, headers: [.contentType: "video/mp4"], body: .init(byteBuffer: ByteBuffer(bytes: video)))
+        }
+        let id = String(name.split(separator: ".").first ?? "")
+        guard let request = state.fal.withLock({ $0[id] }) else { return Response(status: .notFound) }
+        return Response(status: .ok, headers: [.contentType: request.imageType], body: .init(byteBuffer: ByteBuffer(bytes: request.image)))
+    }
+
+    /// fal: `POST /{model_id}[?fal_webhook=]` submits to the queue.
+    func falSubmit(_ request: Request) async throws -> Response {
+        state.begin("fal", "fal.submit")
+        defer { state.end("fal") }
+        let model = String(request.uri.path.dropFirst())
+        guard model.hasPrefix("fal-ai/"), !model.contains("/requests/") else {
+            state.reject("fal: submit path \(model)")
+            return Self.falDetail(404, "Application not found")
+        }
+        guard falAuthorized(request) else {
+            state.reject("fal: missing or wrong Authorization: Key")
+            return Self.falDetail(401, "Unauthorized")
+        }
+        let body = Data(buffer: try await request.body.collect(upTo: 100 << 20))
+        guard let input = try? JSONSerialization.jsonObject(with: body) as? [String: Any], let prompt = input["prompt"] as? String,
+              let imageURL = input["image_url"] as? String, let comma = imageURL.firstIndex(of: ","),
+              let image = Data(base64Encoded: String(imageURL[imageURL.index(after: comma)...])),
+              let type = Self.sniff(image), imageURL.hasPrefix("data:\(type);base64,") else {
+            state.reject("fal: input needs prompt and image_url (a data URI of an image)")
+            return Self.json(.unprocessableContent, ["detail": [["loc": ["body", "image_url"], "msg": "field required", "type": "value_error.missing"]]])
+        }
+        if state.rateLimit(prompt) {
+            return Self.json(.tooManyRequests, ["detail": "Too many requests"], headers: [.retryAfter: "2"])
+        }
+        let id = UUID().uuidString.lowercased()
+        let waiting = state.fal.withLock { requests -> Int in
+            requests[id] = FalRequest(model: model, prompt: prompt, image: image, imageType: type, readyAt: .now.advanced(by: videoDelay))
+            return requests.values.filter { !$0.cancelled && $0.readyAt > .now }.count
+        }
+        state.stats.withLock {
+            $0.submissions += 1
+            $0.falRequestsWaiting = waiting
+            $0.maxFalRequestsWaiting = max($0.maxFalRequestsWaiting, waiting)
+        }
+        if let webhook = request.uri.queryParameters["fal_webhook"].map(String.init), !prompt.contains("nowebhook") {
+            let times = prompt.contains("twicehook") ? 2 : 1
+            Task {
+                try? await Task.sleep(for: videoDelay)
+                await sendWebhook(webhook, id: id, times: times)
+            }
+        }
+        let root = "\(base)/\(model)/requests/\(id)"
+        return Self.json(.ok, ["request_id": id, "response_url": root, "status_url": root + "/status", "cancel_url": root + "/cancel", "queue_position": 0])
+    }
+
+    /// fal: `GET /{model_id}/requests/{id}/status` and `GET /{model_id}/requests/{id}` (the result).
+    func falRead(_ request: Request) -> Response {
+        let path = request.uri.path
+        guard let range = path.range(of: "/requests/") else { return Self.falDetail(404, "Not found") }
+        let model = String(path[path.index(after: path.startIndex)..<range.lowerBound])
+        let tail = path[range.upperBound...].split(separator: "/")
+        guard let idPart = tail.first else { return Self.falDetail(404, "Not found") }
+        let id = String(idPart)
+        let isStatus = tail.count == 2 && tail[1] == "status"
+        state.begin("fal-poll", isStatus ? "fal.status" : "fal.result")
+        defer { state.end("fal-poll") }
+        guard falAuthorized(request) else {
+            state.reject("fal: status or result without Authorization: Key")
+            return Self.falDetail(401, "Unauthorized")
+        }
+        guard let job = state.fal.withLock({ $0[id] }), job.model == model else { return Self.falDetail(404, "Request not found") }
+        let done = job.readyAt <= .now
+        if isStatus {
+            return Self.json(.ok, ["status": done ? "COMPLETED" : "IN_PROGRESS", "queue_position": 0, "response_url": "\(base)/\(model)/requests/\(id)"])
+        }
+        guard done else { return Self.falDetail(400, "Request is still in progress") }
+        if job.prompt.contains("unsafe") {
+            return Self.json(.unprocessableContent, ["detail": [[
+                "loc": ["body", "prompt"], "type": "content_policy_violation",
+                "msg": "The content could not be processed because it contained material flagged by a content checker.",
+            ]]])
+        }
+        if model.contains("video") || model.contains("veo") {
+            return Self.json(.ok, ["video": ["url": "\(base)/files/\(id).mp4", "content_type": "video/mp4", "file_name": "output.mp4"]])
+        }
+        return Self.json(.ok, ["images": [["url": "\(base)/files/\(id).img", "content_type": job.imageType]]])
+    }
+
+    /// fal: `PUT /{model_id}/requests/{id}/cancel`.
+    func falCancel(_ request: Request) -> Response {
+        let path = request.uri.path
+        guard path.hasSuffix("/cancel"), let range = path.range(of: "/requests/") else { return Self.falDetail(404, "Not found") }
+        guard falAuthorized(request) else {
+            state.reject("fal: cancel without Authorization: Key")
+            return Self.falDetail(401, "Unauthorized")
+        }
+        let id = String(path[range.upperBound...].split(separator: "/").first ?? "")
+        let found = state.fal.withLock { requests -> Bool in
+            guard requests[id] != nil else { return false }
+            requests[id]?.cancelled = true
+            return true
+        }
+        guard found else { return Self.falDetail(404, "Request not found") }
+        state.stats.withLock { $0.cancels += 1 }
+        return Self.json(.accepted, ["status": "CANCELLATION_REQUESTED"])
+    }
+}

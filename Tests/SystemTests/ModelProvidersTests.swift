@@ -1,0 +1,280 @@
+import AsyncHTTPClient
+import Blobs
+import Foundation
+import HTTPTypes
+import Hummingbird
+import HummingbirdTesting
+import Messages
+import NIOCore
+import Testing
+
+/// Real models through the gateway, with real processes: effects priced in credits, run by the
+/// providers' adapters against `provider-fixture`, a local server that answers in Gemini's,
+/// OpenAI's and fal's documented shapes and checks what it is sent as they would (its
+/// `rejected` list must stay empty). Long fal generations hold no worker slot.
+@Suite("Models, providers and credits", .serialized)
+struct ModelProvidersTests {
+    static let keys = (gemini: "sk-gemini-SECRET-4711", openai: "sk-openai-SECRET-4712", fal: "fal-SECRET-4713")
+
+    /// The fixture process and the job system its models point at.
+    final class ModelSystem: @unchecked Sendable {
+        // @unchecked: driven by one test at a time.
+        let fixture: ServiceProcess
+        let fixturePort = freePort()
+        let system: JobSystem
+        var fixtureBase: String { "http://127.0.0.1:\(fixturePort)" }
+
+        init(videoMilliseconds: Int = 1500, imageMilliseconds: Int = 50, pollMilliseconds: Int = 1000, workers: Int = 2, capacity: Int = 4,
+             plans: String? = nil, limits: String? = nil, maxAttempts: Int = 3) async throws {
+            fixture = try ServiceProcess("provider-fixture", environment: [
+                "FIXTURE_PORT": "\(fixturePort)", "FIXTURE_VIDEO_MS": "\(videoMilliseconds)", "FIXTURE_IMAGE_MS": "\(imageMilliseconds)",
+                "FIXTURE_GEMINI_KEY": keys.gemini, "FIXTURE_OPENAI_KEY": keys.openai, "FIXTURE_FAL_KEY": keys.fal,
+            ])
+            let base = "http://127.0.0.1:\(fixturePort)"
+            try await waitUntil(within: .seconds(30)) {
+                (try? await HTTPClient.shared.execute(HTTPClientRequest(url: base + "/_fixture/stats"), timeout: .seconds(2)))?.status == .ok
+            }
+            let effects = """
+                [{"id": "nano-banana", "title": "Nano Banana", "processor": "gemini", "model": "gemini-2.5-flash-image", "credits": 4, "endpoint": "\(base)"},
+                 {"id": "gpt-edit", "title": "GPT Image", "processor": "openai", "model": "gpt-image-1", "credits": 3, "endpoint": "\(base)"},
+                 {"id": "veo", "title": "FalAI Veo 3.1", "processor": "fal", "model": "fal-ai/veo3.1/image-to-video", "kind": "video", "credits": 4, "endpoint": "\(base)"}]
+                """
+            var jobs = ["JOBS_EFFECTS": effects, "JOBS_MAX_ATTEMPTS": "\(maxAttempts)"]
+            if let limits { jobs["JOBS_PROVIDER_CONCURRENCY"] = limits }
+            system = try await JobSystem(workers: 0, quota: plans.map { ["QUOTA_PLANS": $0] } ?? [:], jobs: jobs)
+            for _ in 0..<workers {
+                try system.startWorker(capacity: capacity, extra: [
+                    "GEMINI_API_KEY": keys.gemini, "OPENAI_API_KEY": keys.openai, "FAL_KEY": keys.fal, "WORKER_POLL_MS": "\(pollMilliseconds)",
+                    "WORKER_PREFETCH": "0",
+                ])
+            }
+        }
+
+        /// What the fixture saw.
+        func stats() async throws -> [String: Any] {
+            let response = try await HTTPClient.shared.execute(HTTPClientRequest(url: fixtureBase + "/_fixture/stats"), timeout: .seconds(5))
+            let body = try await response.body.collect(upTo: 1 << 20)
+            return (try JSONSerialization.jsonObject(with: Data(buffer: body)) as? [String: Any]) ?? [:]
+        }
+
+        /// Every line the processes wrote (services, workers, the gateway replica, the fixture).
+        func logs() throws -> String {
+            let processes = Array(system.services.processes.values) + system.workers + [system.replica, fixture].compactMap { $0 }
+            return try processes.map { try String(contentsOf: $0.logURL, encoding: .utf8) }.joined(separator: "\n")
+        }
+
+        func stop() async {
+            await system.stop()
+            await fixture.stop()
+        }
+    }
+
+    static func fetch(_ url: String) async throws -> (Int, String, Data) {
+        let response = try await HTTPClient.shared.execute(HTTPClientRequest(url: url), timeout: .seconds(10))
+        let body = try await response.body.collect(upTo: 32 << 20)
+        return (Int(response.status.code), response.headers.first(name: "Content-Type") ?? "", Data(buffer: body))
+    }
+
+    /// The credits left today, as the app reads them.
+    static func dailyRemaining(_ client: any TestClientProtocol, _ user: HTTPFields) async throws -> Int? {
+        let credits = try await client.execute(uri: "/api/v1/users/me/credits", method: .get, headers: user)
+        return JobSystem.json(credits)["dailyRemaining"] as? Int
+    }
+
+    static func create(_ client: any TestClientProtocol, _ user: HTTPFields, key: String, effect: String, prompt: String) async throws -> (HTTPResponse.Status, [String: Any]) {
+        let response = try await JobSystem.createJob(client, as: user, imageKey: key, effect: effect, prompt: prompt)
+        return (response.status, JobSystem.json(response))
+    }
+
+    @Test func geminiOpenAIAndFalEditsCompleteWithStoredResultsAndNoKeyLeaks() async throws {
+        let models = try await ModelSystem(videoMilliseconds: 1500, pollMilliseconds: 20_000)
+        let device = UUID()
+        let user = JobSystem.guest(device)
+        try await models.system.gateway { client in
+            // The catalogue shows prices and kinds, never a processor, model, endpoint or key
+            let listing = try await client.execute(uri: "/api/v1/effects", method: .get, headers: user)
+            let listed = String(buffer: listing.body)
+            let effects = try #require(JobSystem.json(listing)["effects"] as? [[String: Any]])
+            let veo = try #require(effects.first { $0["id"] as? String == "veo" })
+            #expect(veo["credits"] as? Int == 4 && veo["kind"] as? String == "video")
+            #expect(effects.first { $0["id"] as? String == "grayscale" }?["credits"] as? Int == 1)
+            #expect(!listed.contains("endpoint") && !listed.contains("SECRET") && !listed.contains("processor"))
+
+            let key = try await JobSystem.upload(client, as: user)
+            var jobs: [String: String] = [:]
+            for (effect, prompt) in [("nano-banana", "make it a watercolour"), ("gpt-edit", "add a hat"), ("veo", "make it move"),
+                                     ("veo", "twicehook pan slowly")] {
+                let (status, body) = try await Self.create(client, user, key: key, effect: effect, prompt: prompt)
+                #expect(status == .accepted, "\(effect): \(body)")
+                jobs[prompt] = try #require(body["jobId"] as? String)
+            }
+            for (prompt, jobId) in jobs {
+                // fal's webhook is the fast path: the workers poll only every 20 s, so the videos
+                // complete within this wait only because the webhook came.
+                let status = try await JobSystem.waitForStatus(client, as: user, jobId: jobId, within: .seconds(15))
+                #expect(status["status"] as? String == "completed", "\(prompt): \(status)")
+            }
+            // Images: a JPEG result and thumbnail
+            for prompt in ["make it a watercolour", "add a hat"] {
+                let status = try await JobSystem.waitForStatus(client, as: user, jobId: jobs[prompt]!)
+                let (code, type, bytes) = try await Self.fetch(try #require(status["resultUrl"] as? String))
+                #expect(code == 200 && type == "image/jpeg" && ImageSniffer.contentType(of: Array(bytes.prefix(16))) == "image/jpeg")
+            }
+            // The video: an MP4, and its first frame as the thumbnail
+            let video = try await JobSystem.waitForStatus(client, as: user, jobId: jobs["make it move"]!)
+            let (code, type, bytes) = try await Self.fetch(try #require(video["resultUrl"] as? String))
+            #expect(code == 200 && type == "video/mp4" && bytes.count > 1000 && String(decoding: bytes[4..<8], as: UTF8.self) == "ftyp")
+            let (_, _, thumbnail) = try await Self.fetch(try #require(video["thumbnailUrl"] as? String))
+            #expect(ImageSniffer.contentType(of: Array(thumbnail.prefix(16))) == "image/jpeg")
+            let (width, height) = try JobSystem.dimensions(of: thumbnail)
+            #expect(width == 200 && height == 150, "the 320x240 video's first frame fits 200x200: \(width)x\(height)")
+
+            // History and the older route: the real credits, and video_url pointing at the MP4
+            try await waitUntil {
+                let legacy = try await client.execute(uri: "/get-video-jobs?device_id=\(device.uuidString)", method: .get, headers: user)
+                let listed = (JobSystem.json(legacy)["jobs"] as? [[String: Any]]) ?? []
+                let entry = listed.first { $0["job_id"] as? String == jobs["make it move"] }
+                return entry?["credits_used"] as? Int == 4 && (entry?["video_url"] as? String)?.isEmpty == false
+                    && listed.first { $0["job_id"] as? String == jobs["add a hat"] }?["credits_used"] as? Int == 3
+            }
+            let item = try await client.execute(uri: "/api/v1/history/\(jobs["make it a watercolour"]!)", method: .get, headers: user)
+            #expect(JobSystem.json(item)["credits"] as? Int == 4)
+
+            // Charged once each, the webhook that came twice included: 4 + 3 + 4 + 4 of 20
+            try await waitUntil { try await Self.dailyRemaining(client, user) == 20 - 15 }
+            let stats = try await models.stats()
+            #expect((stats["rejected"] as? [String])?.isEmpty == true, "\(stats["rejected"] ?? "")")
+            #expect(stats["submissions"] as? Int == 2, "one submission per video job")
+            #expect((stats["webhooksSent"] as? Int ?? 0) >= 3)
+
+            // A forged webhook (no valid signature) answers 404 and changes nothing
+            var forged = HTTPClientRequest(url: "\(models.system.publicBase)/api/v1/providers/fal/webhook?job=\(jobs["make it move"]!)&exp=9999999999&sig=forged")
+            forged.method = .POST
+            forged.body = .bytes(ByteBuffer(string: #"{"request_id": "x", "status": "OK", "payload": {"video": {"url": "http://evil/x.mp4"}}}"#))
+            let answer = try await HTTPClient.shared.execute(forged, timeout: .seconds(5))
+            #expect(answer.status == .notFound)
+            let after = try await JobSystem.waitForStatus(client, as: user, jobId: jobs["make it move"]!)
+            #expect(after["resultUrl"] as? String != nil && after["status"] as? String == "completed")
+
+            // A job whose webhook never comes completes by polling (every 20 s here)
+            let (status, body) = try await Self.create(client, user, key: key, effect: "veo", prompt: "nowebhook drift")
+            #expect(status == .accepted)
+            let polled = try await JobSystem.waitForStatus(client, as: user, jobId: try #require(body["jobId"] as? String), within: .seconds(60))
+            #expect(polled["status"] as? String == "completed", "\(polled)")
+        }
+        // No key in any process's log
+        let logs = try models.logs()
+        for key in [Self.keys.gemini, Self.keys.openai, Self.keys.fal] { #expect(!logs.contains(key)) }
+        await models.stop()
+    }
+
+    @Test func creditsAreReservedAtThePriceAndGivenBackOnARefusal() async throws {
+        let models = try await ModelSystem(plans: #"{"free": {"daily": 5, "monthly": 600}, "twenty": {"daily": 20, "monthly": 600}}"#)
+        let user = JobSystem.guest(UUID())
+        try await models.system.gateway { client in
+            let key = try await JobSystem.upload(client, as: user)
+            // A safety refusal fails at once, says so, and gives all 4 credits back
+            let (refusedStatus, refusedBody) = try await Self.create(client, user, key: key, effect: "nano-banana", prompt: "something unsafe")
+            #expect(refusedStatus == .accepted)
+            let refused = try await JobSystem.waitForStatus(client, as: user, jobId: try #require(refusedBody["jobId"] as? String))
+            #expect(refused["status"] as? String == "failed" && refused["error"] as? String == "The model declined this edit.", "\(refused)")
+            try await waitUntil { try await Self.dailyRemaining(client, user) == 5 }
+            // 5 left: a 4-credit job is admitted, the next refused naming 4 needed and 1 left
+            let (firstStatus, first) = try await Self.create(client, user, key: key, effect: "veo", prompt: "wave")
+            #expect(firstStatus == .accepted)
+            let second = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "nano-banana", prompt: "again")
+            #expect(second.status == .tooManyRequests)
+            let problem = JobSystem.json(second)
+            #expect(problem["creditsNeeded"] as? Int == 4 && problem["creditsRemaining"] as? Int == 1, "\(problem)")
+            let done = try await JobSystem.waitForStatus(client, as: user, jobId: try #require(first["jobId"] as? String))
+            #expect(done["status"] as? String == "completed")
+        }
+        // 100 concurrent 4-credit creates for a user with 20 credits admit exactly 5
+        let rich = UUID()
+        let richUser = JobSystem.guest(rich)
+        try await models.system.gateway { client in
+            let admin: HTTPFields = [.authorization: "Bearer \(JobSystem.adminToken)", .contentType: "application/json"]
+            let plan = try await client.execute(uri: "/admin/v1/users/device:\(rich.uuidString.lowercased())/plan", method: .put, headers: admin,
+                                                body: ByteBuffer(string: #"{"plan": "twenty"}"#))
+            #expect(plan.status == .ok)
+            let key = try await JobSystem.upload(client, as: richUser)
+            let statuses = try await withThrowingTaskGroup(of: HTTPResponse.Status.self) { group in
+                for index in 0..<100 {
+                    group.addTask {
+                        try await JobSystem.createJob(client, as: richUser, imageKey: key, effect: "nano-banana", prompt: "burst \(index)").status
+                    }
+                }
+                return try await group.reduce(into: [HTTPResponse.Status]()) { $0.append($1) }
+            }
+            #expect(statuses.filter { $0 == .accepted }.count == 5, "\(statuses.filter { $0 == .accepted }.count) admitted")
+            #expect(statuses.filter { $0 == .tooManyRequests }.count == 95)
+        }
+        let stats = try await models.stats()
+        #expect((stats["rejected"] as? [String])?.isEmpty == true, "\(stats["rejected"] ?? "")")
+        await models.stop()
+    }
+
+    @Test func rateLimitWaitsUseNoAttemptAndTheConcurrencyLimitHolds() async throws {
+        // One attempt only: the job can complete only if the 429 waits did not use it up.
+        let models = try await ModelSystem(imageMilliseconds: 800, plans: #"{"free": {"daily": 100, "monthly": 600}}"#,
+                                           limits: #"{"gemini": 2}"#, maxAttempts: 1)
+        let user = JobSystem.guest(UUID())
+        try await models.system.gateway { client in
+            let key = try await JobSystem.upload(client, as: user)
+            var ids: [String] = []
+            for index in 0..<6 {
+                let prompt = index == 0 ? "ratelimit \(UUID().uuidString)" : "portrait \(index)"
+                let (status, body) = try await Self.create(client, user, key: key, effect: "nano-banana", prompt: prompt)
+                #expect(status == .accepted)
+                ids.append(try #require(body["jobId"] as? String))
+            }
+            for id in ids {
+                let status = try await JobSystem.waitForStatus(client, as: user, jobId: id, within: .seconds(60))
+                #expect(status["status"] as? String == "completed", "\(status)")
+            }
+            let job = try await client.execute(uri: "/api/v1/jobs/\(ids[0])", method: .get, headers: user)
+            #expect(JobSystem.json(job)["attempts"] as? Int == 1)
+        }
+        let stats = try await models.stats()
+        let most = (stats["maxInFlight"] as? [String: Int])?["gemini"] ?? 0
+        // 8 worker slots and 6 jobs: only the limit keeps the provider at 2 at once.
+        #expect(most == 2, "the most gemini requests at once: \(most)")
+        #expect((stats["rateLimited"] as? [String: Int])?.values.first == 3)
+        #expect((stats["rejected"] as? [String])?.isEmpty == true)
+        await models.stop()
+    }
+
+    @Test func aVideoSurvivesKillsOfJobsAndOfItsWorkerChargedOnce() async throws {
+        let models = try await ModelSystem(videoMilliseconds: 6000, pollMilliseconds: 500, workers: 1, capacity: 1)
+        let device = UUID()
+        let user = JobSystem.guest(device)
+        try await models.system.gateway { client in
+            let key = try await JobSystem.upload(client, as: user)
+            let (status, body) = try await Self.create(client, user, key: key, effect: "veo", prompt: "nowebhook sunrise")
+            #expect(status == .accepted)
+            let jobId = try #require(body["jobId"] as? String)
+            try await waitUntil { (try await models.stats())["submissions"] as? Int == 1 }
+            // Its generation waits at fal and holds no slot: a filter runs on the one slot meanwhile
+            let (quickStatus, quick) = try await Self.create(client, user, key: key, effect: "grayscale", prompt: "quick")
+            #expect(quickStatus == .accepted)
+            let quickDone = try await JobSystem.waitForStatus(client, as: user, jobId: try #require(quick["jobId"] as? String), within: .seconds(4))
+            #expect(quickDone["status"] as? String == "completed", "\(quickDone)")
+            // kill -9 of jobs and of the worker while the video is generated
+            models.system.services.processes[.jobs]?.signal(SIGKILL)
+            models.system.workers.last?.signal(SIGKILL)
+            _ = try await models.system.services.processes[.jobs]?.waitForExit()
+            try models.system.services.restart(.jobs)
+            _ = try await waitUntilHealthy(models.system.clients.jobs)
+            try models.system.startWorker(capacity: 1, extra: [
+                "GEMINI_API_KEY": Self.keys.gemini, "OPENAI_API_KEY": Self.keys.openai, "FAL_KEY": Self.keys.fal, "WORKER_POLL_MS": "500",
+            ])
+            let done = try await JobSystem.waitForStatus(client, as: user, jobId: jobId, within: .seconds(60))
+            #expect(done["status"] as? String == "completed", "\(done)")
+            // Submitted once at the provider, and charged once: 4 + 1 of the day's 20
+            let stats = try await models.stats()
+            #expect(stats["submissions"] as? Int == 1)
+            try await waitUntil { try await Self.dailyRemaining(client, user) == 20 - 5 }
+        }
+        await models.stop()
+    }
+}
