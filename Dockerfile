@@ -13,7 +13,7 @@ RUN swift build -c release --static-swift-stdlib \
     && mkdir /out && for p in gateway quota history jobs worker; do cp "$(swift build -c release --show-bin-path)/$p" /out/; done
 
 FROM debian:bookworm-slim
-RUN apt-get update && apt-get install -y --no-install-recommends libzmq5 libsqlite3-0 libvips42 ca-certificates tzdata \
+RUN apt-get update && apt-get install -y --no-install-recommends libzmq5 libsqlite3-0 libvips42 ffmpeg ca-certificates tzdata \
     && rm -rf /var/lib/apt/lists/* && useradd --system --home /data app && mkdir /data && chown app /data
 COPY --from=build /out/ /usr/local/bin/
 COPY openapi.yaml /usr/local/share/photoedit/openapi.yaml

@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CONFIG ?= debug
 
-.PHONY: deps build run test conformance generate loadtest bench-gateway bench-bus bench-quota bench-jobs bench-history bench-blobs stream-cost clean
+.PHONY: deps build run test conformance generate loadtest bench-gateway bench-bus bench-quota bench-jobs bench-history bench-blobs bench-models stream-cost clean
 
 deps:
 	@scripts/install-deps.sh
@@ -68,6 +68,11 @@ bench-history: deps
 ## 2,000 uploads of 2 MB through the app's flow, folder store against S3 store (a local RADOS Gateway).
 bench-blobs: deps
 	@scripts/bench-blobs.sh
+
+## Models against the local provider fixture: image jobs per second against the providers' ceiling,
+## and 1,000 five-second videos in flight with the worker slots they hold.
+bench-models: deps
+	@scripts/bench-models.sh
 
 ## What 1,000 open job event streams cost the jobs service and the gateway (CPU, descriptors).
 stream-cost: deps

@@ -29,6 +29,24 @@ if [ "${BLOB_STORE:-folder}" = s3 ] && [ -z "${S3_ENDPOINT:-}" ]; then
   source "$S3_DIR/s3.env"
 fi
 
+# MODELS=local: the provider fixture (a local server in Gemini's, OpenAI's and fal's shapes, made
+# for tests) on FIXTURE_PORT (default 7490), three models configured against it (unless
+# JOBS_EFFECTS is set) and the keys it takes, to try a model by hand:
+#   photoedit edit photo.jpg --effect nano-banana --prompt "make it a watercolour" --wait
+if [ "${MODELS:-}" = local ]; then
+  FIXTURE_PORT=${FIXTURE_PORT:-7490}
+  fixture="http://127.0.0.1:$FIXTURE_PORT"
+  export GEMINI_API_KEY=${GEMINI_API_KEY:-test-gemini-key} OPENAI_API_KEY=${OPENAI_API_KEY:-test-openai-key} FAL_KEY=${FAL_KEY:-test-fal-key}
+  export FIXTURE_GEMINI_KEY=$GEMINI_API_KEY FIXTURE_OPENAI_KEY=$OPENAI_API_KEY FIXTURE_FAL_KEY=$FAL_KEY
+  export JOBS_EFFECTS=${JOBS_EFFECTS:-"[
+    {\"id\": \"nano-banana\", \"title\": \"Nano Banana\", \"processor\": \"gemini\", \"model\": \"gemini-2.5-flash-image\", \"credits\": 2, \"endpoint\": \"$fixture\"},
+    {\"id\": \"gpt-image\", \"title\": \"GPT Image\", \"processor\": \"openai\", \"model\": \"gpt-image-1\", \"credits\": 3, \"endpoint\": \"$fixture\"},
+    {\"id\": \"veo\", \"title\": \"FalAI Veo 3.1\", \"processor\": \"fal\", \"model\": \"fal-ai/veo3.1/image-to-video\", \"kind\": \"video\", \"credits\": 4, \"endpoint\": \"$fixture\"}]"}
+  FIXTURE_PORT=$FIXTURE_PORT "$BIN/provider-fixture" 2>&1 &
+  fixture_pid=$!
+  echo "[run] MODELS=local: provider fixture at $fixture; models nano-banana (Gemini), gpt-image (OpenAI), veo (fal, video)"
+fi
+
 # Runs one process, restarting it after a crash until told to stop. A process that exits with
 # status 0 was asked to stop (SIGTERM, or a SIGINT sent to the whole process group, which
 # background shells of a script cannot trap): it is not restarted.
@@ -53,6 +71,7 @@ supervise() {
 }
 
 pids=()
+[ -n "${fixture_pid:-}" ] && pids+=("$fixture_pid")
 for name in quota history jobs gateway; do
   supervise "$name" &
   pids+=($!)

@@ -119,6 +119,10 @@ public struct Effect: Sendable, Equatable {
     }
     public var id: String
     public var title: String
+    /// What one edit costs, in credits.
+    public var credits: Int
+    /// `image` or `video`.
+    public var kind: String
     public var parameters: [Parameter]
 }
 

@@ -56,7 +56,7 @@ public struct PhotoEditClient: Sendable {
     public func effects() async throws(PhotoEditError) -> [Effect] {
         try await call {
             try await api.effects().ok.body.json.effects.map { effect in
-                Effect(id: effect.id, title: effect.title, parameters: effect.parameters.map {
+                Effect(id: effect.id, title: effect.title, credits: effect.credits, kind: effect.kind.rawValue, parameters: effect.parameters.map {
                     Effect.Parameter(name: $0.name, minimum: $0.minimum, maximum: $0.maximum, defaultValue: $0.defaultValue)
                 })
             }

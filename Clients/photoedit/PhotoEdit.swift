@@ -123,7 +123,8 @@ struct EffectsCommand: AsyncParsableCommand {
         try await photoedit.run {
             for effect in try await client.effects() {
                 let parameters = effect.parameters.map { "\($0.name)=\($0.minimum)…\($0.maximum) (default \($0.defaultValue))" }
-                print("\(effect.id)  \(effect.title)\(parameters.isEmpty ? "" : "  " + parameters.joined(separator: ", "))")
+                let price = "\(effect.credits) credit\(effect.credits == 1 ? "" : "s")\(effect.kind == "video" ? ", video" : "")"
+                print("\(effect.id)  \(effect.title)  (\(price))\(parameters.isEmpty ? "" : "  " + parameters.joined(separator: ", "))")
             }
         }
     }
@@ -185,6 +186,7 @@ struct EditCommand: AsyncParsableCommand {
         let bytes = [UInt8](data.prefix(4))
         if bytes.starts(with: [0x89, 0x50, 0x4E, 0x47]) { return "png" }
         if bytes.starts(with: Array("RIFF".utf8)) { return "webp" }
+        if data.count >= 8, Array(data.prefix(8).suffix(4)) == Array("ftyp".utf8) { return "mp4" }
         return "jpg"
     }
 }

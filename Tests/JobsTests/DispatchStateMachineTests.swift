@@ -26,8 +26,11 @@ struct DispatchStateMachineTests {
         var holdWrites = false
         var lost: [Machine.RequeueCause] = []
 
-        init(proFirst: Bool = true, heartbeat: Duration = .seconds(1), maxRecording: Int = 4096) {
-            machine = Machine(catalog: EffectCatalog(), configuration: .init(heartbeat: heartbeat, proFirst: proFirst, maxRecording: maxRecording))
+        init(proFirst: Bool = true, heartbeat: Duration = .seconds(1), maxRecording: Int = 4096, catalog: EffectCatalog = EffectCatalog(),
+             providerLimits: [String: Int] = [:]) {
+            machine = Machine(catalog: catalog, configuration: .init(
+                heartbeat: heartbeat, proFirst: proFirst, maxRecording: maxRecording, providerLimits: providerLimits
+            ))
         }
 
         mutating func advance(_ duration: Duration) {
@@ -81,7 +84,7 @@ struct DispatchStateMachineTests {
             for action in actions {
                 switch action {
                 case .send(let peer, let message): sent[peer, default: []].append(message)
-                case .start, .record, .requeue, .lookUp:
+                case .start, .record, .requeue, .lookUp, .recordSubmission:
                     if holdWrites { pending.append(action) } else { carryOut(action) }
                 default: notes.append(action)
                 }
@@ -121,6 +124,17 @@ struct DispatchStateMachineTests {
                 } else {
                     run(machine.requeued(nil, now: now))
                 }
+            case .recordSubmission(let peer, let attempt, let request):
+                let outcome: Machine.SubmissionOutcome
+                switch rows[attempt.jobId].map({ JobRules.submitted($0, attempt, request) }) {
+                case .apply(let transition):
+                    rows[attempt.jobId] = transition.job
+                    outcome = .recorded
+                case .alreadyRecorded: outcome = .recorded
+                case .refuse(let reason): outcome = .refused(reason)
+                case nil: outcome = .refused("no such job")
+                }
+                run(machine.submissionRecorded(attempt, from: peer, outcome: outcome, now: now))
             case .lookUp(let peer, let attempts):
                 let current = attempts.filter { rows[$0.jobId]?.status == .processing && rows[$0.jobId]?.attempts == $0.attempt }
                 run(machine.claimed(current, by: peer, now: now))
@@ -156,6 +170,84 @@ struct DispatchStateMachineTests {
 
     func done(_ id: String, _ attempt: Int, key: String = "r") -> WorkerMessage {
         .done(JobAttempt(jobId: id, attempt: attempt), JobOutput(resultKey: "\(key)-\(id)", thumbnailKey: "t-\(id)"))
+    }
+
+    // MARK: Generations at providers
+
+    static let models = EffectCatalog(extra: [
+        EffectDescription(id: "veo", title: "Veo", processor: "fal", credits: 4, kind: .video, model: "fal-ai/veo3.1/image-to-video"),
+        EffectDescription(id: "banana", title: "Nano Banana", processor: "gemini", model: "gemini-2.5-flash-image"),
+    ])
+
+    static func request(_ id: String) -> ProviderRequest {
+        ProviderRequest(provider: "fal", requestId: "r-\(id)", statusURL: "http://fal/\(id)/status", responseURL: "http://fal/\(id)",
+                        cancelURL: "http://fal/\(id)/cancel", submittedAt: Date(timeIntervalSince1970: 1_800_000_000))
+    }
+
+    @Test func aGenerationWaitingAtItsProviderGivesItsSlotBackOnceItsRequestIsDurable() {
+        var harness = Harness(catalog: Self.models)
+        let video = JobAttempt(jobId: "v1", attempt: 1)
+        harness.create("v1", effect: "veo")
+        harness.create("j2")
+        harness.ready("w", capacity: 1)
+        #expect(harness.assigned("w") == [video])
+        // Submitted, not yet durable: the slot is still the video's
+        harness.holdWrites = true
+        harness.from("w", .submitted(video, Self.request("v1")))
+        #expect(harness.assigned("w") == [video])
+        // Durable: the worker hears it, and its one slot takes the next job
+        harness.holdWrites = false
+        harness.flush()
+        #expect(harness.rows["v1"]?.submission == Self.request("v1") && harness.rows["v1"]?.status == .processing)
+        #expect(harness.messages("w").contains(.submissionRecorded(video)))
+        #expect(harness.assigned("w") == [video, JobAttempt(jobId: "j2", attempt: 1)])
+        #expect(harness.machine.awaitingCount == 1)
+        // The same submission again (the worker resends until it hears) writes nothing new
+        harness.from("w", .submitted(video, Self.request("v1")))
+        #expect(harness.assigned("w").count == 2)
+        // The provider's webhook pokes the worker that waits on it
+        harness.clear()
+        harness.run(harness.machine.poke(jobId: "v1"))
+        #expect(harness.messages("w") == [.poke(video)])
+        // Its result is recorded as any other; progress reports still count
+        harness.from("w", .progress(video, fraction: 0.5))
+        #expect(harness.machine.progress(of: ["v1"])["v1"] == 0.5)
+        harness.from("w", done("v1", 1))
+        #expect(harness.rows["v1"]?.status == .completed && harness.machine.awaitingCount == 0)
+    }
+
+    @Test func aLostWorkersGenerationIsQueuedAgainAndTheNextAttemptWaitsOnTheSameRequest() {
+        var harness = Harness(catalog: Self.models)
+        harness.create("v1", effect: "veo")
+        harness.ready("w", capacity: 1)
+        harness.from("w", .submitted(JobAttempt(jobId: "v1", attempt: 1), Self.request("v1")))
+        // The worker goes silent: the job is queued again with its provider request
+        harness.advance(.seconds(4))
+        harness.tick()
+        #expect(harness.lost == [.workerLost])
+        #expect(harness.rows["v1"]?.status == .queued && harness.rows["v1"]?.submission == Self.request("v1"))
+        // The next worker's assignment names the request: nothing is submitted twice
+        harness.ready("v", capacity: 1)
+        let assignment = harness.sent["v"]?.compactMap { if case .assign(let job) = $0 { job } else { nil } }.first
+        #expect(assignment?.attempt == JobAttempt(jobId: "v1", attempt: 2) && assignment?.submission == Self.request("v1"))
+        // A submission from a stale attempt is refused and its worker told to stop
+        harness.clear()
+        harness.ready("w", capacity: 1)
+        harness.from("v", .submitted(JobAttempt(jobId: "v1", attempt: 1), Self.request("v1")))
+        #expect(harness.messages("v").isEmpty)
+    }
+
+    @Test func aProvidersLimitKeepsItsJobsInTheQueueNotInAWorker() {
+        var harness = Harness(catalog: Self.models, providerLimits: ["gemini": 1])
+        harness.create("b1", effect: "banana")
+        harness.create("b2", effect: "banana")
+        harness.create("c3")
+        harness.ready("w", capacity: 3)
+        // One gemini job at a time; the filter behind them is not held up
+        #expect(harness.assigned("w") == [JobAttempt(jobId: "b1", attempt: 1), JobAttempt(jobId: "c3", attempt: 1)])
+        #expect(harness.machine.activeByProvider() == ["gemini": 1])
+        harness.from("w", done("b1", 1))
+        #expect(harness.assigned("w").last == JobAttempt(jobId: "b2", attempt: 1))
     }
 
     // MARK: Assignment

@@ -123,4 +123,19 @@ struct JobRulesTests {
         #expect(JobRules.purgeSettlement(job(.queued)) == .release)
         #expect(JobRules.purgeSettlement(job(.completed, attempts: 1)) == nil)
     }
+
+    @Test func aLostAttemptKeepsItsProviderRequestAndAReportedFailureEndsIt() throws {
+        var job = self.job(.processing, attempts: 1)
+        let request = ProviderRequest(provider: "fal", requestId: "r1", statusURL: "s", responseURL: "r", cancelURL: nil, submittedAt: now)
+        guard case .apply(let submitted) = JobRules.submitted(job, JobAttempt(jobId: job.id, attempt: 1), request) else { Issue.record("not applied"); return }
+        job = submitted.job
+        #expect(job.submission == request && job.version == 1, "not a state change")
+        #expect(JobRules.submitted(job, JobAttempt(jobId: job.id, attempt: 1), request) == .alreadyRecorded(job))
+        if case .apply(let lost) = JobRules.requeue(job, JobAttempt(jobId: job.id, attempt: 1), reason: "lost", retry: retry, now: now) {
+            #expect(lost.job.status == .queued && lost.job.submission == request)
+        } else { Issue.record("requeue refused") }
+        if case .apply(let failed) = JobRules.fail(job, JobAttempt(jobId: job.id, attempt: 1), error: "timeout", retryable: true, retry: retry, now: now) {
+            #expect(failed.job.status == .queued && failed.job.submission == nil)
+        } else { Issue.record("fail refused") }
+    }
 }

@@ -242,6 +242,9 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
     /// Generations waiting in providers' queues, held by workers without a slot.
     public var awaitingCount: Int { workers.values.reduce(0) { $0 + $1.awaiting.count } }
 
+    /// Worker slots taken now (jobs running or prefetched; generations waiting take none).
+    public var slotsHeld: Int { workers.values.reduce(0) { $0 + $1.held.count } }
+
     /// Jobs held in workers' slots now, by provider (those that call one).
     public func activeByProvider() -> [String: Int] {
         var active: [String: Int] = [:]

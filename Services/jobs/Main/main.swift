@@ -30,7 +30,7 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
     await dispatcher.load(recovered)
     ProcessMetrics.onScrape {
         guard let counts = try? await store.counts() else { return }
-        JobsMetrics.refresh(states: counts.states, outbox: counts.outbox, queued: await dispatcher.queuedCount, awaiting: await dispatcher.awaitingCount)
+        JobsMetrics.refresh(states: counts.states, outbox: counts.outbox, queued: await dispatcher.queuedCount, awaiting: await dispatcher.awaitingCount, slotsHeld: await dispatcher.slotsHeld)
     }
     ProcessMetrics.addReporter { await dispatcher.workerSections() }
     JobsHandler(store: store, dispatcher: dispatcher, catalog: catalog, maxQueued: configuration.maxQueued).register(on: &router)

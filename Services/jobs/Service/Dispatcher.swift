@@ -56,6 +56,9 @@ public actor Dispatcher {
     /// Generations waiting in providers' queues, held without a worker slot.
     public var awaitingCount: Int { machine.awaitingCount }
 
+    /// Worker slots taken now.
+    public var slotsHeld: Int { machine.slotsHeld }
+
     /// Queues a newly created job and hands it out if a worker is free.
     public func enqueue(_ job: JobRecord) {
         perform(machine.enqueue([Machine.queued(job)], now: .now))

@@ -27,9 +27,11 @@ public enum JobsMetrics {
     }
 
     /// Sets the gauges read at scrape time.
-    public static func refresh(states: [JobStatus: Int], outbox: [String: Int], queued: Int, awaiting: Int = 0) {
-        // Generations waiting in providers' queues, held by workers without a slot.
+    public static func refresh(states: [JobStatus: Int], outbox: [String: Int], queued: Int, awaiting: Int = 0, slotsHeld: Int = 0) {
+        // Generations waiting in providers' queues, held by workers without a slot, and the
+        // worker slots taken now.
         Gauge(label: "jobs_generations_awaiting").record(awaiting)
+        Gauge(label: "jobs_worker_slots_held").record(slotsHeld)
         for status in JobStatus.allCases {
             Gauge(label: "jobs_by_state", dimensions: [("state", status.rawValue)]).record(states[status] ?? 0)
         }

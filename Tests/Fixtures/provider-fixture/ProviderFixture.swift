@@ -201,7 +201,11 @@ struct ProviderFixture: Sendable {
         router.post("/v1/images/edits") { request, _ in try await openAI(request) }
         router.get("/files/:name") { _, context in try file(try context.parameters.require("name")) }
         router.get("/_fixture/stats") { _, _ in
-            let stats = state.stats.withLock { $0 }
+            // Generations in flight now: submitted, not cancelled, not yet done.
+            let now = ContinuousClock.now
+            let waiting = state.fal.withLock { $0.values.filter { !$0.cancelled && $0.readyAt > now }.count }
+            var stats = state.stats.withLock { $0 }
+            stats.falRequestsWaiting = waiting
             return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: try JSONEncoder().encode(stats))))
         }
         router.on("/**", method: .post) { request, _ in try await falSubmit(request) }
