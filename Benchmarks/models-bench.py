@@ -5,7 +5,7 @@
    the worker's adapter sends), for IMAGES requests: the rate the provider servers allow.
 2. images: IMAGES jobs of the Gemini-priced model through the gateway, from creation to the last
    completed: jobs per second.
-3. videos: VIDEOS jobs of the fal video model created at once; sampled every 0.2 s until all
+3. videos: VIDEOS jobs of the fal video model created at once; sampled every 0.5 s until all
    completed: the most generations in flight at the provider, and the jobs service's count of
    worker slots held at that moment.
 
@@ -137,7 +137,8 @@ def wait_completed(effect, count, limit):
     while time.monotonic() < deadline:
         if completed(effect) >= count:
             return time.monotonic()
-        time.sleep(0.1)
+        # Each look is a scrape of every process: not too often, or it is what is measured.
+        time.sleep(0.5)
     sys.exit(f"only {completed(effect)} of {count} {effect} jobs completed in {limit} s")
 
 
@@ -159,7 +160,7 @@ def sampler():
         slots = sample(text, "jobs_worker_slots_held")
         if waiting > peak["in_flight"]:
             peak["in_flight"], peak["slots"] = waiting, int(slots)
-        time.sleep(0.2)
+        time.sleep(0.5)
 
 
 thread = threading.Thread(target=sampler)

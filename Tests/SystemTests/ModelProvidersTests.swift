@@ -7,6 +7,8 @@ import HummingbirdTesting
 import Messages
 import NIOCore
 import Testing
+@testable import WorkerKit
+import NIOHTTP1
 
 /// Real models through the gateway, with real processes: effects priced in credits, run by the
 /// providers' adapters against `provider-fixture`, a local server that answers in Gemini's,
@@ -127,7 +129,7 @@ struct ModelProvidersTests {
             let (_, _, thumbnail) = try await Self.fetch(try #require(video["thumbnailUrl"] as? String))
             #expect(ImageSniffer.contentType(of: Array(thumbnail.prefix(16))) == "image/jpeg")
             let (width, height) = try JobSystem.dimensions(of: thumbnail)
-            #expect(width == 200 && height == 150, "the 320x240 video's first frame fits 200x200: \(width)x\(height)")
+            #expect(width == 200 && height == 200, "the 320x240 video's first frame, centre-cropped as every thumbnail: \(width)x\(height)")
 
             // History and the older route: the real credits, and video_url pointing at the MP4
             try await waitUntil {
@@ -173,12 +175,19 @@ struct ModelProvidersTests {
         let user = JobSystem.guest(UUID())
         try await models.system.gateway { client in
             let key = try await JobSystem.upload(client, as: user)
-            // A safety refusal fails at once, says so, and gives all 4 credits back
-            let (refusedStatus, refusedBody) = try await Self.create(client, user, key: key, effect: "nano-banana", prompt: "something unsafe")
-            #expect(refusedStatus == .accepted)
-            let refused = try await JobSystem.waitForStatus(client, as: user, jobId: try #require(refusedBody["jobId"] as? String))
-            #expect(refused["status"] as? String == "failed" && refused["error"] as? String == "The model declined this edit.", "\(refused)")
-            try await waitUntil { try await Self.dailyRemaining(client, user) == 5 }
+            // A safety refusal of each provider (Gemini's blocked prompt, OpenAI's
+            // moderation_blocked, fal's content_policy_violation) fails at once, not retried,
+            // says so, and gives all the credits back
+            for effect in ["nano-banana", "gpt-edit", "veo"] {
+                let (refusedStatus, refusedBody) = try await Self.create(client, user, key: key, effect: effect, prompt: "something unsafe")
+                #expect(refusedStatus == .accepted)
+                let refusedId = try #require(refusedBody["jobId"] as? String)
+                let refused = try await JobSystem.waitForStatus(client, as: user, jobId: refusedId)
+                #expect(refused["status"] as? String == "failed" && refused["error"] as? String == "The model declined this edit.", "\(effect): \(refused)")
+                let job = try await client.execute(uri: "/api/v1/jobs/\(refusedId)", method: .get, headers: user)
+                #expect(JobSystem.json(job)["attempts"] as? Int == 1, "a refusal is not retried")
+                try await waitUntil { try await Self.dailyRemaining(client, user) == 5 }
+            }
             // 5 left: a 4-credit job is admitted, the next refused naming 4 needed and 1 left
             let (firstStatus, first) = try await Self.create(client, user, key: key, effect: "veo", prompt: "wave")
             #expect(firstStatus == .accepted)
@@ -274,7 +283,50 @@ struct ModelProvidersTests {
             let stats = try await models.stats()
             #expect(stats["submissions"] as? Int == 1)
             try await waitUntil { try await Self.dailyRemaining(client, user) == 20 - 5 }
+
+            // A video the user cancels while it generates is cancelled at fal too, credits back
+            let (cancelStatus, cancelBody) = try await Self.create(client, user, key: key, effect: "veo", prompt: "nowebhook long")
+            #expect(cancelStatus == .accepted)
+            let cancelId = try #require(cancelBody["jobId"] as? String)
+            try await waitUntil { (try await models.stats())["submissions"] as? Int == 2 }
+            try await waitUntil { try await Self.dailyRemaining(client, user) == 20 - 5 - 4 }
+            let cancelled = try await client.execute(uri: "/api/v1/jobs/\(cancelId)/cancel", method: .post, headers: user)
+            #expect(cancelled.status == .ok)
+            let ended = try await JobSystem.waitForStatus(client, as: user, jobId: cancelId)
+            #expect(ended["status"] as? String == "cancelled", "\(ended)")
+            try await waitUntil { (try await models.stats())["cancels"] as? Int == 1 }
+            try await waitUntil { try await Self.dailyRemaining(client, user) == 20 - 5 }
         }
         await models.stop()
+    }
+}
+
+/// The pieces of the adapters that need no server: how a provider's wait is read.
+@Suite("Provider calls")
+struct ProviderCallTests {
+    @Test func retryAfterIsReadInSecondsAsADateOrInMilliseconds() {
+        let now = Date(timeIntervalSince1970: 1_800_000_000)
+        var headers = HTTPHeaders()
+        #expect(ProviderCall.retryAfter(headers, now: now) == nil)
+        headers.replaceOrAdd(name: "Retry-After", value: "2")
+        #expect(ProviderCall.retryAfter(headers, now: now) == .seconds(2))
+        // An HTTP date (RFC 9110), 30 s after now
+        headers.replaceOrAdd(name: "Retry-After", value: "Fri, 15 Jan 2027 08:00:30 GMT")
+        #expect(ProviderCall.retryAfter(headers, now: now) == .seconds(30))
+        // OpenAI's milliseconds win; an absurd wait is capped at ten minutes
+        headers.replaceOrAdd(name: "retry-after-ms", value: "1500")
+        #expect(ProviderCall.retryAfter(headers, now: now) == .milliseconds(1500))
+        headers.remove(name: "retry-after-ms")
+        headers.replaceOrAdd(name: "Retry-After", value: "86400")
+        #expect(ProviderCall.retryAfter(headers, now: now) == .seconds(600))
+    }
+
+    @Test func aProvidersErrorMessageIsShortAndAKeyRefusalNeverQuotesIt() {
+        let call = ProviderCall(provider: "openai", model: "gpt-image-1", timeout: .seconds(10))
+        let body = Data(#"{"error": {"message": "Incorrect API key provided: sk-abc***xyz.", "type": "invalid_request_error", "code": "invalid_api_key"}}"#.utf8)
+        let refused = call.failure(.init(status: 401, headers: [:], body: body))
+        #expect(!refused.retryable && !refused.description.contains("sk-abc") && refused.description.contains("401"))
+        let malformed = call.failure(.init(status: 400, headers: [:], body: Data(#"{"error": {"message": "Invalid image."}}"#.utf8)))
+        #expect(malformed.description.contains("Invalid image.") && !malformed.retryable)
     }
 }

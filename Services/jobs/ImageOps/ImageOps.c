@@ -100,3 +100,34 @@ int imageops_probe(const char *path, int *width, int *height, char *error, size_
     g_object_unref(image);
     return 0;
 }
+
+int imageops_probe_buffer(const void *data, size_t length, int *width, int *height, char *error, size_t error_size) {
+    VipsImage *image = vips_image_new_from_buffer(data, length, "", NULL);
+    if (!image) return fail(error, error_size);
+    *width = vips_image_get_width(image);
+    *height = vips_image_get_height(image);
+    g_object_unref(image);
+    return 0;
+}
+
+int imageops_thumbnail_buffer(const void *data, size_t length, int size, void **out, size_t *out_length, char *error, size_t error_size) {
+    VipsImage *thumbnail = NULL;
+    if (vips_thumbnail_buffer((void *) data, length, &thumbnail, size, "height", size, "crop", VIPS_INTERESTING_CENTRE, NULL) != 0) {
+        return fail(error, error_size);
+    }
+    int rc = vips_jpegsave_buffer(thumbnail, out, out_length, NULL);
+    g_object_unref(thumbnail);
+    return rc == 0 ? 0 : fail(error, error_size);
+}
+
+int imageops_jpeg_buffer(const void *data, size_t length, void **out, size_t *out_length, char *error, size_t error_size) {
+    VipsImage *image = vips_image_new_from_buffer(data, length, "", "access", VIPS_ACCESS_SEQUENTIAL, NULL);
+    if (!image) return fail(error, error_size);
+    int rc = vips_jpegsave_buffer(image, out, out_length, NULL);
+    g_object_unref(image);
+    return rc == 0 ? 0 : fail(error, error_size);
+}
+
+void imageops_free(void *pointer) {
+    g_free(pointer);
+}

@@ -72,6 +72,10 @@ public struct EffectRunner: Sendable {
             // the catalogue): no file is read or written; the keys name nothing.
             return JobOutput(resultKey: "noop/\(job.attempt.jobId)", thumbnailKey: "noop/\(job.attempt.jobId)")
         }
+        if job.effect.kind == .image, Self.providers.contains(job.effect.processor) {
+            // A model's image needs no file: fetched, sent, checked and stored from memory.
+            return try await runImageModel(job, transfer: transfer, hooks: hooks, progress: progress)
+        }
         let folder = scratch.appendingPathComponent("\(job.attempt.jobId)-\(job.attempt.attempt)-\(UUID().uuidString.prefix(8))")
         try await blocking { try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true) }
         // Whatever happens, nothing of the attempt outlives it.
@@ -103,7 +107,7 @@ public struct EffectRunner: Sendable {
         case "remote":
             try await remote(job, imageURL: urls.inputURL, to: result)
         case "gemini", "openai", "fal":
-            try await model(job, input: input, to: result, in: folder, hooks: hooks, progress: progress)
+            try await videoModel(job, input: input, to: result, hooks: hooks, progress: progress)
         case _ where job.effect.id == "auto-enhance":
             let scale = fittingScale(job.parameters["upscale"] ?? 1, of: size)
             try await enhance(input: input, output: result, fidelity: job.parameters["fidelity"] ?? 1, scale: scale)
@@ -129,6 +133,12 @@ public struct EffectRunner: Sendable {
     /// Fetches `url` into `file` (at most `maxInputBytes`). A missing input fails for good; an
     /// unreachable store, 5xx or an expired URL is retryable.
     func fetch(_ url: String, to file: URL) async throws {
+        let bytes = try await fetch(url)
+        try await blocking { try bytes.write(to: file) }
+    }
+
+    /// Fetches `url` into memory (at most `maxInputBytes`), failing as `fetch(_:to:)` does.
+    func fetch(_ url: String) async throws -> Data {
         let response: HTTPClientResponse
         do {
             response = try await HTTPClient.shared.execute(HTTPClientRequest(url: url), timeout: .seconds(60))
@@ -146,13 +156,17 @@ public struct EffectRunner: Sendable {
         } catch {
             throw EffectError("the input image is over \(maxInputBytes) bytes or was cut short", retryable: false)
         }
-        try await blocking { try Data(body.readableBytesView).write(to: file) }
+        return Data(body.readableBytesView)
     }
 
     /// Writes `file` with the presigned `write`. A full store (507) says so in words the
     /// worker's wait for space knows; other failures are retryable.
     func store(_ file: URL, with write: PresignedWrite) async throws {
-        let bytes = try await blocking { try Data(contentsOf: file) }
+        try await store(bytes: try await blocking { try Data(contentsOf: file) }, with: write)
+    }
+
+    /// Writes `bytes` with the presigned `write`, as `store(_:with:)` does.
+    func store(bytes: Data, with write: PresignedWrite) async throws {
         var request = HTTPClientRequest(url: write.url)
         request.method = .PUT
         for (name, value) in write.headers { request.headers.add(name: name, value: value) }
@@ -185,7 +199,7 @@ public struct EffectRunner: Sendable {
 
     /// Refuses an input over the pixel limit from its header alone (the gateway checks uploads;
     /// this guards files that reached the store another way); returns its size.
-    private func checkSize(_ input: URL) async throws -> ImageSize {
+    func checkSize(_ input: URL) async throws -> ImageSize {
         let size = try await blocking {
             var width: Int32 = 0, height: Int32 = 0
             var error = [CChar](repeating: 0, count: 512)
@@ -209,7 +223,7 @@ public struct EffectRunner: Sendable {
         }
     }
 
-    private func vips(input: URL, output: URL, effect: String, amount: Double) async throws {
+    func vips(input: URL, output: URL, effect: String, amount: Double) async throws {
         try await blocking {
             var error = [CChar](repeating: 0, count: 512)
             let rc = imageops_apply(input.path, output.path, effect, amount, &error, error.count)
@@ -224,81 +238,6 @@ public struct EffectRunner: Sendable {
                 throw EffectError("thumbnail failed: \(Self.text(error))", retryable: false)
             }
         }
-    }
-
-    /// Runs a provider's model on `input` and writes what it made to `output`: an image as
-    /// JPEG (checked against the pixel limit first: a provider's answer is input like any
-    /// other), a video as the MP4 it is.
-    private func model(_ job: JobAssignment, input: URL, to output: URL, in folder: URL, hooks: GenerationHooks,
-                       progress: @escaping @Sendable (Double) -> Void) async throws {
-        let effect = job.effect
-        let model = effect.model ?? ""
-        let timeout = effect.timeoutSeconds.map { Duration.seconds($0) } ?? (effect.kind == .video ? providers.videoTimeout : providers.imageTimeout)
-        let prompt = job.prompt.flatMap { $0.isEmpty ? nil : $0 } ?? effect.title
-        func key(_ value: String?, _ name: String) throws -> String {
-            guard let value else { throw EffectError("\(name) is not set on this worker", retryable: false) }
-            return value
-        }
-        let made: ModelOutput
-        switch effect.processor {
-        case "gemini":
-            let bytes = try await blocking { try Data(contentsOf: input) }
-            let adapter = GeminiAdapter(baseURL: effect.endpoint ?? providers.geminiBaseURL, key: try key(providers.geminiKey, "GEMINI_API_KEY"))
-            made = try await adapter.edit(bytes, contentType: Self.imageType(of: bytes), prompt: prompt,
-                                          call: ProviderCall(provider: "gemini", model: model, timeout: timeout))
-        case "openai":
-            let bytes = try await blocking { try Data(contentsOf: input) }
-            let adapter = OpenAIAdapter(baseURL: effect.endpoint ?? providers.openAIBaseURL, key: try key(providers.openAIKey, "OPENAI_API_KEY"))
-            made = try await adapter.edit(bytes, contentType: Self.imageType(of: bytes), prompt: prompt,
-                                          call: ProviderCall(provider: "openai", model: model, timeout: timeout))
-        default:
-            let adapter = FalAdapter(queueURL: effect.endpoint ?? providers.falQueueURL, key: try key(providers.falKey, "FAL_KEY"))
-            let request: ProviderRequest
-            if let submitted = job.submission {
-                // An earlier attempt submitted it: wait on the same request.
-                request = submitted
-            } else {
-                let bytes = try await blocking { try Data(contentsOf: input) }
-                request = try await adapter.submit(bytes, contentType: Self.imageType(of: bytes), prompt: prompt, parameters: job.parameters,
-                                                   webhook: job.callbackURL, call: ProviderCall(provider: "fal", model: model, timeout: timeout))
-            }
-            hooks.submitted(request)
-            // The timeout counts from the submission, whichever worker submitted it.
-            let elapsed = Duration.milliseconds(Int64(max(0, Date().timeIntervalSince(request.submittedAt)) * 1000))
-            let call = ProviderCall(provider: "fal", model: model, timeout: timeout, from: ContinuousClock.now.advanced(by: .zero - elapsed))
-            let interval = providers.pollInterval
-            do {
-                made = try await adapter.result(of: request, call: call, progress: progress, wait: { try await hooks.wait(interval) })
-            } catch {
-                // The user cancelled: tell fal too (outside this cancelled task, awaited). A
-                // worker handing the generation over as it stops leaves it running.
-                if Task.isCancelled, !hooks.handedOff() { await Task.detached { await adapter.cancel(request) }.value }
-                throw error
-            }
-        }
-        try await blocking { try made.bytes.write(to: output.deletingLastPathComponent().appendingPathComponent("model-output")) }
-        let raw = output.deletingLastPathComponent().appendingPathComponent("model-output")
-        if effect.kind == .video {
-            let head = Array(made.bytes.prefix(12))
-            guard head.count == 12, Array(head[4..<8]) == Array("ftyp".utf8), ImageSniffer.contentType(of: head) == nil else {
-                throw EffectError("the model's answer is not an MP4 video", retryable: false)
-            }
-            try await blocking {
-                try? FileManager.default.removeItem(at: output)
-                try FileManager.default.moveItem(at: raw, to: output)
-            }
-        } else {
-            guard ImageSniffer.contentType(of: Array(made.bytes.prefix(16))) != nil else {
-                throw EffectError("the model did not answer with an image", retryable: false)
-            }
-            _ = try await checkSize(raw)
-            try await vips(input: raw, output: output, effect: "upscale", amount: 1)
-        }
-    }
-
-    /// The type of an input image from its bytes (uploads are checked, so it is one of these).
-    static func imageType(of bytes: Data) -> String {
-        ImageSniffer.contentType(of: Array(bytes.prefix(16))) ?? "image/jpeg"
     }
 
     /// Asks a remote inference endpoint: JSON in (a signed URL of the image, effect, parameters,
@@ -360,7 +299,7 @@ public struct EffectRunner: Sendable {
 
     /// Runs blocking work (libvips, file copies) on the worker's `BlockingPool`, off the
     /// cooperative pool.
-    private func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+    func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
         do {
             return try await BlockingPool.shared.run(work)
         } catch let overloaded as BlockingPool.Overloaded {

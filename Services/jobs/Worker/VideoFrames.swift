@@ -7,7 +7,8 @@ enum VideoFrames {
     /// The ffmpeg binary (`FFMPEG`, default the one on `PATH`).
     static let ffmpeg = ProcessInfo.processInfo.environment["FFMPEG"] ?? "ffmpeg"
 
-    /// Writes the first frame of `video`, scaled to fit `size` x `size`, to `output`.
+    /// Writes the first frame of `video` to `output`, centre-cropped to `size` x `size` as every
+    /// thumbnail is.
     static func thumbnail(of video: URL, to output: URL, size: Int, timeout: TimeInterval = 30) async throws {
         do {
             try await BlockingPool.shared.run {
@@ -15,7 +16,7 @@ enum VideoFrames {
                 process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
                 process.arguments = [
                     ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-y", "-i", video.path, "-frames:v", "1",
-                    "-vf", "scale=\(size):\(size):force_original_aspect_ratio=decrease", "-q:v", "4", output.path,
+                    "-vf", "scale=\(size):\(size):force_original_aspect_ratio=increase,crop=\(size):\(size)", "-q:v", "4", output.path,
                 ]
                 let errors = Pipe()
                 process.standardOutput = FileHandle.nullDevice

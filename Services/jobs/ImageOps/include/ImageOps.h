@@ -22,4 +22,12 @@ int imageops_thumbnail(const char *input, const char *output, int size, char *er
 /* Reads an image's width and height. */
 int imageops_probe(const char *path, int *width, int *height, char *error, size_t error_size);
 
+/* The same three on images in memory, for work that needs no file (a model's answer): the size
+ * from the header; a `size`x`size` centre-cropped JPEG thumbnail; the image as JPEG. What
+ * `out` points to is freed with `imageops_free`. */
+int imageops_probe_buffer(const void *data, size_t length, int *width, int *height, char *error, size_t error_size);
+int imageops_thumbnail_buffer(const void *data, size_t length, int size, void **out, size_t *out_length, char *error, size_t error_size);
+int imageops_jpeg_buffer(const void *data, size_t length, void **out, size_t *out_length, char *error, size_t error_size);
+void imageops_free(void *pointer);
+
 #endif
