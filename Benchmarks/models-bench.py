@@ -144,8 +144,17 @@ def wait_completed(effect, count, limit):
 
 # 2. Images through the whole system.
 started = time.monotonic()
-parallel(images, lambda index: create("banana", index))
+created = parallel(images, lambda index: create("banana", index))
 images_per_s = images / (wait_completed("banana", images, 600) - started)
+print(f"(diagnostic) {images} image jobs created in {created:.1f} s, {images / images_per_s:.1f} s to the last completion", file=sys.stderr)
+text = metrics()
+for name in ["worker_provider_request_seconds", "worker_job_duration_seconds", "jobs_run_duration_seconds", "jobs_wait_before_assignment_seconds"]:
+    total, count = sample(text, name + "_sum"), sample(text, name + "_count")
+    if count:
+        print(f"(diagnostic) {name}: mean {1000 * total / count:.1f} ms over {count:.0f}", file=sys.stderr)
+for line in text.splitlines():
+    if line.startswith("http_server_request_duration") and ("_sum" in line or "_count" in line) and "/files" in line:
+        print("(diagnostic) " + line, file=sys.stderr)
 
 # 3. Videos: all created at once, sampled until done.
 peak = {"in_flight": 0, "slots": 0}

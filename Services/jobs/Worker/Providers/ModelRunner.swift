@@ -26,11 +26,18 @@ extension EffectRunner {
         _ = try await checkSize(made.bytes, what: "the model's image")
         let result = type == "image/jpeg" ? made.bytes : try await jpeg(made.bytes)
         progress(0.6)
-        let thumbnail = try await thumbnail(of: result)
-        progress(0.9)
+        // The result is stored while its thumbnail is made and stored: the two writes overlap.
         let outputs = try await transfer()
-        try await store(bytes: result, with: outputs.result)
-        try await store(bytes: thumbnail, with: outputs.thumbnail)
+        async let resultStored: Void = store(bytes: result, with: outputs.result)
+        do {
+            let thumbnail = try await thumbnail(of: result)
+            progress(0.9)
+            try await store(bytes: thumbnail, with: outputs.thumbnail)
+        } catch {
+            try? await resultStored
+            throw error
+        }
+        try await resultStored
         return JobOutput(resultKey: outputs.result.key, thumbnailKey: outputs.thumbnail.key)
     }
 
