@@ -60,7 +60,6 @@ public struct Worker: Service {
 
         /// Whether the attempt gave its place back (so its end frees none).
         func isDetached(_ attempt: JobAttempt) -> Bool { detached.withLock { $0.contains(attempt) } }
-        var detachedCount: Int { detached.withLock { $0.count } }
 
         var attempts: [JobAttempt] { tasks.withLock { Array($0.keys) } }
         var count: Int { tasks.withLock { $0.count } }
