@@ -27,5 +27,38 @@ public enum BusSecurity {
         return CurveClientKeys(serverPublicKey: server, publicKey: publicKey, secretKey: secretKey)
     }
 
-    public static let environmentKeys = ["BUS_CURVE_SECRET", "BUS_CURVE_PUBLIC"]
+    public static let environmentKeys = ["BUS_CURVE_SECRET", "BUS_CURVE_PUBLIC", "BUS_ALLOW_PLAINTEXT"]
+
+    /// Whether `endpoint` can be reached only from this machine: `ipc://`, `inproc://`, or
+    /// `tcp://` on a loopback address (`127.x.x.x`, `::1`, `localhost`, `lo`).
+    public static func isLocal(_ endpoint: String) -> Bool {
+        if endpoint.hasPrefix("ipc://") || endpoint.hasPrefix("inproc://") { return true }
+        guard endpoint.hasPrefix("tcp://") else { return false }
+        var host = String(endpoint.dropFirst("tcp://".count))
+        if host.hasPrefix("["), let close = host.firstIndex(of: "]") {
+            host = String(host[host.index(after: host.startIndex)..<close])
+        } else if let colon = host.lastIndex(of: ":") {
+            host = String(host[..<colon])
+        }
+        return host == "localhost" || host == "lo" || host == "::1" || host.split(separator: ".").first == "127"
+    }
+
+    /// Refuses to serve the bus in plain text where other machines can reach it: an endpoint
+    /// bound off loopback needs CURVE (`BUS_CURVE_SECRET`), unless the operator says with
+    /// `BUS_ALLOW_PLAINTEXT=1` that the network is private.
+    public static func checkExposure(_ endpoint: String, variable: String, curve: Bool, environment: Environment) throws {
+        guard !curve, !isLocal(endpoint), environment.string("BUS_ALLOW_PLAINTEXT", default: "") != "1" else { return }
+        throw PlaintextExposure(variable: variable, endpoint: endpoint)
+    }
+}
+
+/// A bus endpoint that other machines could reach in plain text.
+public struct PlaintextExposure: Error, CustomStringConvertible {
+    public var variable: String
+    public var endpoint: String
+
+    public var description: String {
+        "\(variable)=\(endpoint) is reachable from other machines and BUS_CURVE_SECRET is not set: refusing to serve the bus in plain text "
+            + "on the network. Set BUS_CURVE_SECRET (docs/bus.md, \"CURVE\"), or BUS_ALLOW_PLAINTEXT=1 if this network is private."
+    }
 }

@@ -18,6 +18,7 @@ public enum BusServiceRunner {
         register: @Sendable (inout BusRouter, ServiceConfiguration, Logger) async throws -> [any Service] = { _, _, _ in [] }
     ) async throws {
         let configuration = try ServiceConfiguration(service: service, environment: environment)
+        try BusSecurity.checkExposure(configuration.bindEndpoint, variable: service.bindVariable, curve: configuration.curveSecretKey != nil, environment: environment)
         ProcessLogging.bootstrap(level: configuration.logLevel, process: service.rawValue)
         let logger = Logger(label: service.rawValue)
         ProcessMetrics.bootstrap()

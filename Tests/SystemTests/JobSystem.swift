@@ -13,6 +13,7 @@ import ServiceKit
 import ServiceLifecycle
 import Synchronization
 import Testing
+import ZeroMQ
 
 /// The job pipeline as real processes (quota, jobs, workers) with the gateway's router in this
 /// process, a blob store (a folder, or the test RADOS Gateway with `blobs: .s3`), and a small
@@ -50,11 +51,23 @@ final class JobSystem: @unchecked Sendable {
     let storeEnvironment: [String: String]
     var replica: ServiceProcess?
     let store: Store
+    /// With a second host the bus is on the network, so it runs with CURVE (services refuse plain
+    /// text off loopback): the services' key pair, and what callers need (the public half).
+    let curveServer: [String: String]
+    let curveCaller: [String: String]
 
     init(workers count: Int = 1, uploadMaxBytes: Int = 20 << 20, workerCapacity: Int = 1, quota: [String: String] = [:], history: [String: String] = [:], jobs: [String: String] = [:],
          shareLifetime: Int = 7 * 86_400, dataDirectory: URL? = nil, blobs store: Store = .folder,
          hostAddress: String = "127.0.0.1") async throws {
         self.hostAddress = hostAddress
+        if hostAddress != "127.0.0.1" {
+            let keys = try ZMQCurveKeyPair.generate()
+            curveServer = ["BUS_CURVE_SECRET": keys.secretKey, "BUS_CURVE_PUBLIC": keys.publicKey]
+            curveCaller = ["BUS_CURVE_PUBLIC": keys.publicKey]
+        } else {
+            curveServer = [:]
+            curveCaller = [:]
+        }
         let port = providerPort
         self.store = store
         var s3 = try store == .s3 ? TestS3.configuration() : nil
@@ -77,19 +90,21 @@ final class JobSystem: @unchecked Sendable {
             """
         try services.start(.quota, extra: [
             "JOBS_ENDPOINT": services.endpoints[.jobs]!, "QUOTA_STALE_AFTER_S": "1", "QUOTA_STALE_SCAN_MS": "300",
-        ].merging(quota) { _, new in new })
+        ].merging(curveServer) { _, new in new }.merging(quota) { _, new in new })
         try services.start(.jobs, extra: [
             "JOBS_WORKER_BIND": "tcp://\(hostAddress == "127.0.0.1" ? hostAddress : "0.0.0.0"):\(workerPort)", "QUOTA_ENDPOINT": services.endpoints[.quota]!,
             "JOBS_EFFECTS": effects, "JOBS_RETRY_BASE_MS": "200",
             "URL_SIGNING_SECRET": Self.signingSecret, "PUBLIC_BASE_URL": "http://\(hostAddress):\(gatewayPort)",
-        ].merging(storeEnvironment) { _, new in new }.merging(jobs) { _, new in new })
-        try services.start(.history, extra: history)
-        configuration = GatewayConfiguration(
+        ].merging(storeEnvironment) { _, new in new }.merging(curveServer) { _, new in new }.merging(jobs) { _, new in new })
+        try services.start(.history, extra: curveServer.merging(history) { _, new in new })
+        var configuration = GatewayConfiguration(
             endpoints: services.endpoints, jwtSecret: Self.secret, adminToken: Self.adminToken,
             blobDirectory: services.dataDirectory.appendingPathComponent("blobs").path,
             urlSigningSecret: Self.signingSecret, publicBaseURL: "http://\(hostAddress):\(gatewayPort)", uploadMaxBytes: uploadMaxBytes,
             shareLifetime: shareLifetime, blobStore: s3.map { .s3($0) }
         )
+        configuration.curve = try BusSecurity.clientKeys(Environment(curveCaller))
+        self.configuration = configuration
         clients = ServiceClients(configuration: configuration)
         _ = try await waitUntilHealthy(clients.quota)
         _ = try await waitUntilHealthy(clients.jobs)
@@ -109,6 +124,7 @@ final class JobSystem: @unchecked Sendable {
             "BLOB_DIR": blobDirectory, "UPLOAD_MAX_BYTES": "\(configuration.uploadMaxBytes)",
         ].merging(storeEnvironment) { _, new in new }
         for service in ServiceName.allCases { environment[service.endpointVariable] = services.endpoints[service]! }
+        environment.merge(curveCaller) { _, new in new }
         replica = try ServiceProcess("gateway", environment: environment)
         // Asked without blocking a thread of the cooperative pool.
         let url = "\(publicBase)/healthz"
@@ -129,7 +145,7 @@ final class JobSystem: @unchecked Sendable {
         let worker = try ServiceProcess("worker", wrappedBy: host?.command(hiding: services.dataDirectory) ?? [], environment: [
             // No blob folder, no store settings: a worker has only its assignments' URLs.
             "JOBS_WORKER_ENDPOINT": workerEndpoint, "WORKER_ID": "w\(workers.count + 1)", "WORKER_CAPACITY": "\(capacity)",
-        ].merging(extra) { _, new in new })
+        ].merging(curveCaller) { _, new in new }.merging(extra) { _, new in new })
         workers.append(worker)
         return worker
     }
