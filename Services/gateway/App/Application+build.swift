@@ -69,9 +69,15 @@ public func buildApplication(
     let clients = ServiceClients(configuration: configuration)
     if configuration.jwtSecret == nil { logger.warning("JWT_SECRET is not set: every bearer token will be refused") }
     if configuration.adminToken == nil { logger.warning("ADMIN_TOKEN is not set: every admin call will be refused") }
+    let limits = configuration.clientLimits
+    let connections = ConnectionCount()
     let streams = JobStreams(jobs: clients.jobs, perUser: configuration.streamsPerUser, total: configuration.streamsTotal, logger: logger)
     return Application(
         router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration, streams: streams, blobs: blobs, metrics: metrics, logger: logger),
+        server: .http1(configuration: .init(
+            additionalChannelHandlers: [ConnectionGuard(limits: limits, count: connections)],
+            idleTimeout: .nanoseconds(Int64(limits.idleTimeout / .nanoseconds(1)))
+        )),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "gateway"),
         services: [streams, clients],
         logger: logger

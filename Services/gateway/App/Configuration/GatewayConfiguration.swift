@@ -51,6 +51,9 @@ public struct GatewayConfiguration: Sendable {
     /// Where the OpenAPI document is (`OPENAPI_FILE`; by default `openapi.yaml` in the working
     /// folder or the repo root above the executable).
     public var openAPIFile: String?
+    /// What a client may hold of the gateway (`HTTP_IDLE_TIMEOUT_S`, 60; `HTTP_BODY_MIN_BYTES_PER_S`,
+    /// 1024; `HTTP_BODY_GRACE_S`, 10; `HTTP_MAX_CONNECTIONS`, 10,000): see `ClientLimits`.
+    public var clientLimits = ClientLimits()
     /// CURVE keys for the bus (`BUS_CURVE_PUBLIC`); nil for plain traffic.
     public var curve: CurveClientKeys?
 
@@ -131,13 +134,20 @@ public struct GatewayConfiguration: Sendable {
             blobStore: try BlobStoreConfiguration(environment: environment.values).store
         )
         curve = try BusSecurity.clientKeys(environment)
+        clientLimits = ClientLimits(
+            idleTimeout: .seconds(max(1, try environment.int("HTTP_IDLE_TIMEOUT_S", default: 60))),
+            minimumBodyRate: max(0, try environment.int("HTTP_BODY_MIN_BYTES_PER_S", default: 1024)),
+            bodyGrace: .seconds(max(1, try environment.int("HTTP_BODY_GRACE_S", default: 10))),
+            maxConnections: max(1, try environment.int("HTTP_MAX_CONNECTIONS", default: 10_000))
+        )
     }
 
     /// The environment variables `init(environment:)` reads, and `BUS_ENCODING`, which the bus reads.
     public static var environmentKeys: [String] {
         ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "JWT_SECRET", "ADMIN_TOKEN",
          "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S",
-         "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "OPENAPI_FILE", "BUS_CURVE_PUBLIC", "BUS_ENCODING"]
+         "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "OPENAPI_FILE", "BUS_CURVE_PUBLIC", "BUS_ENCODING",
+         "HTTP_IDLE_TIMEOUT_S", "HTTP_BODY_MIN_BYTES_PER_S", "HTTP_BODY_GRACE_S", "HTTP_MAX_CONNECTIONS"]
             + ServiceName.allCases.map(\.endpointVariable) + BlobStoreConfiguration.environmentKeys
     }
 
