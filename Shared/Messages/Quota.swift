@@ -21,6 +21,9 @@ public enum Quota {
     /// refund): once per event id, and only if it is not older than the last one applied for
     /// the user. Durable before it answers.
     public static let applySubscription = BusMethod<SubscriptionEvent, SubscriptionOutcome>("quota.apply-subscription")
+    /// Admits a guest id seen for the first time from a client network, or refuses it past the
+    /// network's limit of new guests an hour. A guest id admitted before is admitted again.
+    public static let admitGuest = BusMethod<AdmitGuest, GuestAdmission>("quota.admit-guest")
 
     /// Error codes the quota service answers with.
     public enum ErrorCode {
@@ -40,11 +43,38 @@ public struct ReserveQuota: Codable, Sendable, Equatable {
     public var userId: String
     public var jobId: String
     public var cost: Int
+    /// For a guest, the client network it calls from (`v4:203.0.113.0/24`): the guests of one
+    /// network share its free credits of the day as well.
+    public var network: String?
 
-    public init(userId: String, jobId: String, cost: Int = 1) {
+    public init(userId: String, jobId: String, cost: Int = 1, network: String? = nil) {
         self.userId = userId
         self.jobId = jobId
         self.cost = cost
+        self.network = network
+    }
+}
+
+/// A guest id and the client network it calls from.
+public struct AdmitGuest: Codable, Sendable, Equatable {
+    public var userId: String
+    public var network: String
+    public init(userId: String, network: String) {
+        self.userId = userId
+        self.network = network
+    }
+}
+
+/// Whether a guest id may be used: admitted, or refused until `retryAt` because its network
+/// made `limit` new guests in the last hour.
+public struct GuestAdmission: Codable, Sendable, Equatable {
+    public var admitted: Bool
+    public var limit: Int
+    public var retryAt: Date?
+    public init(admitted: Bool, limit: Int, retryAt: Date?) {
+        self.admitted = admitted
+        self.limit = limit
+        self.retryAt = retryAt
     }
 }
 
@@ -182,13 +212,16 @@ public struct QuotaDecision: Codable, Sendable, Equatable {
     public var violated: [String]
     /// When every violated window has reset, so a retry can succeed; nil when admitted.
     public var retryAt: Date?
+    /// With `network` among the violated windows: the credits the guests' network has left today.
+    public var networkRemaining: Int?
 
-    public init(admitted: Bool, jobId: String, status: QuotaStatus, violated: [String], retryAt: Date?) {
+    public init(admitted: Bool, jobId: String, status: QuotaStatus, violated: [String], retryAt: Date?, networkRemaining: Int? = nil) {
         self.admitted = admitted
         self.jobId = jobId
         self.status = status
         self.violated = violated
         self.retryAt = retryAt
+        self.networkRemaining = networkRemaining
     }
 }
 

@@ -149,4 +149,25 @@ struct QuotaLedgerTests {
         #expect(status.daily.used == 0)
         #expect(status.plan == "free")
     }
+
+    @Test func guestsOfANetworkShareItsCreditsAndAReleaseGivesThemBack() throws {
+        let guests = QuotaLedger(plans: .standard, guests: GuestLimits(perNetworkHour: 2, networkDaily: 5))
+        func reserve(_ user: String, _ job: String, cost: Int) throws -> QuotaDecision {
+            try database.writer.write { try guests.reserve($0, ReserveQuota(userId: user, jobId: job, cost: cost, network: "v4:203.0.113.0/24"), now: noon) }
+        }
+        #expect(try reserve("device:a", "j1", cost: 4).admitted)
+        let denied = try reserve("device:b", "j2", cost: 2)
+        #expect(!denied.admitted && denied.violated == ["network"] && denied.networkRemaining == 1)
+        _ = try database.writer.write { try guests.release($0, jobId: "j1", now: noon) }
+        #expect(try reserve("device:b", "j3", cost: 5).admitted, "the released 4 went back to the network")
+        // New guest ids: two an hour from this network, then refused until the first is an hour old
+        func admit(_ user: String, at now: Date) throws -> GuestAdmission {
+            try database.writer.write { try guests.admitGuest($0, AdmitGuest(userId: user, network: "v4:203.0.113.0/24"), now: now) }
+        }
+        #expect(try admit("device:a", at: noon).admitted && admit("device:b", at: noon.addingTimeInterval(60)).admitted)
+        let refused = try admit("device:c", at: noon.addingTimeInterval(120))
+        #expect(!refused.admitted && refused.retryAt == noon.addingTimeInterval(3600))
+        #expect(try admit("device:a", at: noon.addingTimeInterval(120)).admitted, "a known guest is admitted again")
+        #expect(try admit("device:c", at: noon.addingTimeInterval(3601)).admitted)
+    }
 }

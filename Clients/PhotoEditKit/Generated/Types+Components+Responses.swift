@@ -397,6 +397,7 @@ extension Components {
                         internal enum ViolatedPoliciesPayloadPayload: String, Codable, Hashable, Sendable, CaseIterable {
                             case daily = "daily"
                             case monthly = "monthly"
+                            case network = "network"
                         }
                         /// - Remark: Generated from `#/components/responses/QuotaExceeded/content/applicationProblemJson/value2/violated-policies`.
                         internal typealias ViolatedPoliciesPayload = [Components.Responses.QuotaExceeded.Body.ApplicationProblemJsonPayload.Value2Payload.ViolatedPoliciesPayloadPayload]

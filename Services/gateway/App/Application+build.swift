@@ -6,9 +6,6 @@ import Logging
 import Prometheus
 import ServiceKit
 
-/// The gateway's request context.
-public typealias GatewayContext = BasicRequestContext
-
 /// Builds the gateway's router: metrics, request ids, one access line per request, problem+json
 /// errors, then the routes.
 public func buildRouter(
@@ -25,6 +22,7 @@ public func buildRouter(
     router.middlewares.add(RequestIdMiddleware())
     router.middlewares.add(AccessLogMiddleware())
     router.middlewares.add(ProblemMiddleware())
+    router.middlewares.add(GuestAdmissionMiddleware(clients: clients, networks: configuration.clientNetworks))
     HealthController(clients: clients, readinessTimeout: configuration.readinessTimeout).addRoutes(to: router)
     OpenAPIController(path: configuration.openAPIFile, logger: logger).addRoutes(to: router)
     MetricsController(registry: metrics, clients: clients).addRoutes(to: router)

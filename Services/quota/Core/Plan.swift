@@ -72,3 +72,15 @@ public struct PlanCatalogError: Error, CustomStringConvertible {
     public var description: String
     init(_ description: String) { self.description = description }
 }
+
+/// What guests (users known only by a device id) may do per client network: make at most
+/// `perNetworkHour` new guest ids an hour (0: no limit), and spend at most `networkDaily`
+/// credits a day between them (0: no shared limit), besides each guest's own plan.
+public struct GuestLimits: Sendable, Equatable {
+    public var perNetworkHour: Int
+    public var networkDaily: Int
+    public init(perNetworkHour: Int = 30, networkDaily: Int = 100) {
+        self.perNetworkHour = perNetworkHour
+        self.networkDaily = networkDaily
+    }
+}

@@ -9,14 +9,14 @@ await ProcessExit.run("quota") { try await BusServiceRunner.run(.quota, translat
     let configuration = try QuotaConfiguration(environment: Environment(), dataDirectory: service.dataDirectory)
     try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
     let database = try QuotaDatabase.open(path: configuration.databasePath)
-    QuotaHandler(database: database, plans: configuration.plans).register(on: &router)
+    QuotaHandler(database: database, plans: configuration.plans, guests: configuration.guests).register(on: &router)
     logger.info("quota database open", metadata: [
         "path": "\(configuration.databasePath)",
         "plans": "\(configuration.plans.plans.keys.sorted().joined(separator: ","))",
     ])
     return [
         StaleReservationResolver(
-            database: database, ledger: QuotaLedger(plans: configuration.plans),
+            database: database, ledger: QuotaLedger(plans: configuration.plans, guests: configuration.guests),
             jobs: BusClient(configuration: .init(endpoint: configuration.jobsEndpoint, curve: service.curveClientKeys), logger: logger),
             staleAfter: configuration.staleAfter, interval: configuration.staleScanInterval, logger: logger
         ),

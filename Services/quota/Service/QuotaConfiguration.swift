@@ -15,6 +15,9 @@ public struct QuotaConfiguration: Sendable {
     public var staleScanInterval: Duration
     /// The jobs service, asked about stale reservations (`JOBS_ENDPOINT`).
     public var jobsEndpoint: String
+    /// New guests a client network may make an hour (`QUOTA_GUESTS_PER_NETWORK_HOUR`, 30) and
+    /// the credits its guests share a day (`QUOTA_GUEST_NETWORK_DAILY`, 100; 0: none shared).
+    public var guests = GuestLimits()
 
     public init(plans: PlanCatalog = .standard, databasePath: String, staleAfter: Duration = .seconds(120), staleScanInterval: Duration = .seconds(10), jobsEndpoint: String = ServiceName.jobs.defaultEndpoint) {
         self.plans = plans
@@ -41,8 +44,13 @@ public struct QuotaConfiguration: Sendable {
             staleScanInterval: .milliseconds(max(10, try environment.int("QUOTA_STALE_SCAN_MS", default: 10_000))),
             jobsEndpoint: environment.string(ServiceName.jobs.endpointVariable, default: ServiceName.jobs.defaultEndpoint)
         )
+        guests = GuestLimits(
+            perNetworkHour: max(0, try environment.int("QUOTA_GUESTS_PER_NETWORK_HOUR", default: 30)),
+            networkDaily: max(0, try environment.int("QUOTA_GUEST_NETWORK_DAILY", default: 100))
+        )
     }
 
     /// The variables `init(environment:dataDirectory:)` reads.
-    public static let environmentKeys = ["QUOTA_PLANS", "QUOTA_DB", "QUOTA_STALE_AFTER_S", "QUOTA_STALE_SCAN_MS", "JOBS_ENDPOINT"]
+    public static let environmentKeys = ["QUOTA_PLANS", "QUOTA_DB", "QUOTA_STALE_AFTER_S", "QUOTA_STALE_SCAN_MS", "JOBS_ENDPOINT",
+                                         "QUOTA_GUESTS_PER_NETWORK_HOUR", "QUOTA_GUEST_NETWORK_DAILY"]
 }

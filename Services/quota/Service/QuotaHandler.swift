@@ -15,8 +15,8 @@ public struct QuotaHandler: Sendable {
 
     let plans: PlanCatalog
 
-    public init(database: QuotaDatabase, plans: PlanCatalog, now: @escaping @Sendable () -> Date = Date.init) {
-        self.ledger = QuotaLedger(plans: plans)
+    public init(database: QuotaDatabase, plans: PlanCatalog, guests: GuestLimits = GuestLimits(), now: @escaping @Sendable () -> Date = Date.init) {
+        self.ledger = QuotaLedger(plans: plans, guests: guests)
         self.plans = plans
         self.database = database
         self.committer = GroupCommitter(writer: database.writer)
@@ -46,7 +46,7 @@ public struct QuotaHandler: Sendable {
     private static let decisionCounters: [DecisionKey: Counter] = {
         var counters: [DecisionKey: Counter] = [:]
         for admitted in [true, false] {
-            for window in [CalendarWindow.Kind.daily.rawValue, CalendarWindow.Kind.monthly.rawValue] {
+            for window in [CalendarWindow.Kind.daily.rawValue, CalendarWindow.Kind.monthly.rawValue, "network"] {
                 counters[DecisionKey(admitted: admitted, window: window)] = Counter(
                     label: "quota_decisions_total", dimensions: [("decision", admitted ? "admitted" : "denied"), ("window", window)]
                 )
@@ -82,6 +82,12 @@ public struct QuotaHandler: Sendable {
         router.register(Quota.applySubscription) { request, _ in
             let now = now()
             return try await committer.perform { [ledger] db in try ledger.applySubscription(db, request, now: now) }
+        }
+        router.register(Quota.admitGuest) { request, _ in
+            let now = now()
+            let admission = try await committer.perform { [ledger] db in try ledger.admitGuest(db, request, now: now) }
+            if !admission.admitted { Counter(label: "quota_guests_refused_total").increment() }
+            return admission
         }
         router.register(Quota.plans) { _, _ in
             plans.plans.values.sorted { $0.name < $1.name }.map {

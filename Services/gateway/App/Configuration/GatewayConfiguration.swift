@@ -54,6 +54,8 @@ public struct GatewayConfiguration: Sendable {
     /// What a client may hold of the gateway (`HTTP_IDLE_TIMEOUT_S`, 60; `HTTP_BODY_MIN_BYTES_PER_S`,
     /// 1024; `HTTP_BODY_GRACE_S`, 10; `HTTP_MAX_CONNECTIONS`, 10,000): see `ClientLimits`.
     public var clientLimits = ClientLimits()
+    /// The proxies whose `X-Forwarded-For` is believed (`TRUSTED_PROXIES`, CIDRs): see `ClientNetworks`.
+    public var clientNetworks = try! ClientNetworks(trustedProxies: nil)
     /// CURVE keys for the bus (`BUS_CURVE_PUBLIC`); nil for plain traffic.
     public var curve: CurveClientKeys?
 
@@ -134,6 +136,7 @@ public struct GatewayConfiguration: Sendable {
             blobStore: try BlobStoreConfiguration(environment: environment.values).store
         )
         curve = try BusSecurity.clientKeys(environment)
+        clientNetworks = try ClientNetworks(trustedProxies: environment.optional("TRUSTED_PROXIES"))
         clientLimits = ClientLimits(
             idleTimeout: .seconds(max(1, try environment.int("HTTP_IDLE_TIMEOUT_S", default: 60))),
             minimumBodyRate: max(0, try environment.int("HTTP_BODY_MIN_BYTES_PER_S", default: 1024)),
@@ -147,7 +150,7 @@ public struct GatewayConfiguration: Sendable {
         ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "JWT_SECRET", "ADMIN_TOKEN",
          "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S",
          "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "OPENAPI_FILE", "BUS_CURVE_PUBLIC", "BUS_ENCODING",
-         "HTTP_IDLE_TIMEOUT_S", "HTTP_BODY_MIN_BYTES_PER_S", "HTTP_BODY_GRACE_S", "HTTP_MAX_CONNECTIONS"]
+         "HTTP_IDLE_TIMEOUT_S", "HTTP_BODY_MIN_BYTES_PER_S", "HTTP_BODY_GRACE_S", "HTTP_MAX_CONNECTIONS", "TRUSTED_PROXIES"]
             + ServiceName.allCases.map(\.endpointVariable) + BlobStoreConfiguration.environmentKeys
     }
 

@@ -47,7 +47,7 @@ struct HistoryController<Context: RequestContext>: Sendable {
             let (caller, item) = try await ownedItem(request, context)
             return try await creator.create(
                 caller: caller, imageKey: item.originalImageKey, effect: item.effectId, parameters: item.parameters,
-                prompt: item.prompt, idempotencyKey: request.headers[.idempotencyKey]
+                prompt: item.prompt, idempotencyKey: request.headers[.idempotencyKey], network: request.headers[.clientNetwork]
             )
         }
         router.post("/api/v1/history/:jobId/share") { request, context in

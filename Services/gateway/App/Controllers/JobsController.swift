@@ -53,7 +53,7 @@ struct JobsController<Context: RequestContext>: Sendable {
             }
             return try await creator.create(
                 caller: caller, imageKey: body.imageKey, effect: effect, parameters: body.parameters ?? [:],
-                prompt: body.prompt, idempotencyKey: request.headers[.idempotencyKey]
+                prompt: body.prompt, idempotencyKey: request.headers[.idempotencyKey], network: request.headers[.clientNetwork]
             )
         }
         router.get("/api/v1/jobs/:jobId") { request, context in
@@ -75,7 +75,7 @@ struct JobsController<Context: RequestContext>: Sendable {
             let (caller, original) = try await ownedJob(request, context)
             return try await creator.create(
                 caller: caller, imageKey: original.imageKey, effect: original.effectId, parameters: original.parameters,
-                prompt: original.prompt, idempotencyKey: request.headers[.idempotencyKey]
+                prompt: original.prompt, idempotencyKey: request.headers[.idempotencyKey], network: request.headers[.clientNetwork]
             )
         }
     }

@@ -22,11 +22,14 @@ struct JobCreator: Sendable {
     }
 
     /// Validates, reserves quota for the job id, creates the job; releases on a definite failure.
-    func create(caller: Caller, imageKey: String, effect: String, parameters: [String: Double], prompt: String?, idempotencyKey: String?) async throws -> Response {
+    /// `network` is a guest's client network (from `GuestAdmissionMiddleware`): its guests share
+    /// the day's free credits.
+    func create(caller: Caller, imageKey: String, effect: String, parameters: [String: Double], prompt: String?, idempotencyKey: String?,
+                network: String? = nil) async throws -> Response {
         let priced = try await prices.effect(effect)
         _ = try await uploads.verify(imageKey, of: caller)
         let jobId = try Self.jobId(user: caller.id, idempotencyKey: idempotencyKey)
-        let decision = try await clients.call(.quota, Quota.reserve, ReserveQuota(userId: caller.id, jobId: jobId, cost: priced.credits))
+        let decision = try await clients.call(.quota, Quota.reserve, ReserveQuota(userId: caller.id, jobId: jobId, cost: priced.credits, network: caller.isGuest ? network : nil))
         guard decision.admitted else {
             throw RateLimitHeaders.problem(for: decision, needed: priced.credits, now: Date())
         }

@@ -26,7 +26,8 @@ public enum RateLimitHeaders {
     /// least of the violated windows' remainders), so the app can say "this edit needs 4
     /// credits; you have 1".
     public static func problem(for decision: QuotaDecision, needed: Int? = nil, now: Date) -> Problem {
-        problem(status: decision.status, violated: decision.violated, retryAt: decision.retryAt, needed: needed, now: now)
+        problem(status: decision.status, violated: decision.violated, retryAt: decision.retryAt, needed: needed,
+                networkRemaining: decision.networkRemaining, now: now)
     }
 
     /// The same 429 for a user with no room left in some window, before anything is charged
@@ -37,13 +38,14 @@ public enum RateLimitHeaders {
         return problem(status: status, violated: exhausted.map(\.name), retryAt: exhausted.map(\.resetsAt).max(), now: now)
     }
 
-    static func problem(status: QuotaStatus, violated: [String], retryAt: Date?, needed: Int? = nil, now: Date) -> Problem {
+    static func problem(status: QuotaStatus, violated: [String], retryAt: Date?, needed: Int? = nil, networkRemaining: Int? = nil, now: Date) -> Problem {
         var fields = headers(for: status, now: now)
         let retryAfter = retryAt.map { secondsUntil($0, from: now) } ?? 1
         fields[.retryAfter] = "\(retryAfter)"
         let names = violated.joined(separator: " and ")
         let windows = [status.daily, status.monthly].filter { violated.contains($0.name) }
-        let remaining = windows.compactMap(\.remaining).min() ?? 0
+        // `network`: the free credits a guest's network shares a day.
+        let remaining = (windows.compactMap(\.remaining) + (violated.contains("network") ? [networkRemaining ?? 0] : [])).min() ?? 0
         var extensions: [String: ProblemValue] = [
             "violated-policies": .strings(violated),
             "retryAfter": .int(retryAfter),

@@ -85,6 +85,19 @@ public struct QuotaDatabase: Sendable {
                 table.column("receivedAt", .datetime).notNull()
             }
         }
+        migrator.registerMigration("v3: guests by client network") { db in
+            // Each guest id with the network it was first seen from, and when (new guests a
+            // network makes an hour are limited); and the network a guest's charge also went to.
+            try db.create(table: "guest", options: .withoutRowID) { table in
+                table.primaryKey("userId", .text)
+                table.column("network", .text).notNull()
+                table.column("firstSeen", .double).notNull()
+            }
+            try db.create(index: "guest_by_network", on: "guest", columns: ["network", "firstSeen"])
+            try db.alter(table: "charge") { table in
+                table.add(column: "network", .text)
+            }
+        }
         return migrator
     }
 }

@@ -8,9 +8,13 @@ import Storage
 /// `commit`, `release` and the rest mean in rows.
 public struct QuotaLedger: Sendable {
     public let plans: PlanCatalog
+    public let guests: GuestLimits
     private let windows = WindowCache()
 
-    public init(plans: PlanCatalog = .standard) { self.plans = plans }
+    public init(plans: PlanCatalog = .standard, guests: GuestLimits = GuestLimits()) {
+        self.plans = plans
+        self.guests = guests
+    }
 
     /// Charges `request.cost` against both windows, or denies naming the windows that refuse.
     /// A job id already charged returns its admission again and charges nothing more.
@@ -38,6 +42,18 @@ public struct QuotaLedger: Sendable {
         guard verdict.admitted else {
             return QuotaDecision(admitted: false, jobId: request.jobId, status: context.status(), violated: verdict.violated, retryAt: verdict.retryAt)
         }
+        // A guest's network shares the day's free credits of all its guests (UTC days).
+        let network = guests.networkDaily > 0 ? request.network.flatMap { $0.isEmpty || $0.utf8.count > 64 ? nil : $0 } : nil
+        if let network {
+            let used = try Int.fetchOne(
+                db.cachedStatement(sql: "SELECT used FROM usage WHERE userId = ? AND window = 'daily' AND windowKey = ?"),
+                arguments: ["net:" + network, context.day.key]
+            ) ?? 0
+            if used + request.cost > guests.networkDaily {
+                return QuotaDecision(admitted: false, jobId: request.jobId, status: context.status(), violated: ["network"],
+                                     retryAt: context.day.end, networkRemaining: max(0, guests.networkDaily - used))
+            }
+        }
         let charge = try db.cachedStatement(sql: """
             INSERT INTO usage (userId, window, windowKey, used) VALUES (?, ?, ?, ?)
             ON CONFLICT (userId, window, windowKey) DO UPDATE SET used = used + excluded.used
@@ -45,10 +61,11 @@ public struct QuotaLedger: Sendable {
         for window in [context.day, context.month] {
             try charge.execute(arguments: [request.userId, window.kind.rawValue, window.key, request.cost])
         }
+        if let network { try charge.execute(arguments: ["net:" + network, CalendarWindow.Kind.daily.rawValue, context.day.key, request.cost]) }
         try db.cachedStatement(sql: """
-            INSERT INTO charge (jobId, userId, cost, state, dayKey, monthKey, reservedAt)
-            VALUES (?, ?, ?, 'reserved', ?, ?, ?)
-            """).execute(arguments: [request.jobId, request.userId, request.cost, context.day.key, context.month.key, StoredDate.text(now)])
+            INSERT INTO charge (jobId, userId, cost, state, dayKey, monthKey, reservedAt, network)
+            VALUES (?, ?, ?, 'reserved', ?, ?, ?, ?)
+            """).execute(arguments: [request.jobId, request.userId, request.cost, context.day.key, context.month.key, StoredDate.text(now), network])
         var charged = context
         charged.dailyUsed += request.cost
         charged.monthlyUsed += request.cost
@@ -84,11 +101,40 @@ public struct QuotaLedger: Sendable {
                     arguments: [charge.cost, charge.userId, window.rawValue, key]
                 )
             }
+            if let network = try String.fetchOne(db, sql: "SELECT network FROM charge WHERE jobId = ?", arguments: [jobId]) {
+                try db.execute(
+                    sql: "UPDATE usage SET used = max(0, used - ?) WHERE userId = ? AND window = 'daily' AND windowKey = ?",
+                    arguments: [charge.cost, "net:" + network, charge.dayKey]
+                )
+            }
             charge.state = .released
             charge.settledAt = now
             try charge.update(db)
             return charge
         }
+    }
+
+    /// Admits a guest id: one seen before always; a new one unless its network made
+    /// `guests.perNetworkHour` new guests in the last hour (then refused until the oldest of
+    /// them is an hour old).
+    public func admitGuest(_ db: Database, _ request: AdmitGuest, now: Date) throws -> GuestAdmission {
+        try validate(user: request.userId)
+        guard (1...64).contains(request.network.utf8.count) else { throw BusError(.badRequest, "network must be 1 to 64 bytes") }
+        let limit = guests.perNetworkHour
+        if try Bool.fetchOne(db, sql: "SELECT 1 FROM guest WHERE userId = ?", arguments: [request.userId]) == true {
+            return GuestAdmission(admitted: true, limit: limit, retryAt: nil)
+        }
+        let since = now.timeIntervalSince1970 - 3600
+        let recent = try Double.fetchAll(
+            db, sql: "SELECT firstSeen FROM guest WHERE network = ? AND firstSeen > ? ORDER BY firstSeen LIMIT ?",
+            arguments: [request.network, since, limit]
+        )
+        if limit > 0, recent.count >= limit {
+            return GuestAdmission(admitted: false, limit: limit, retryAt: Date(timeIntervalSince1970: recent[0] + 3600))
+        }
+        try db.execute(sql: "INSERT INTO guest (userId, network, firstSeen) VALUES (?, ?, ?)",
+                       arguments: [request.userId, request.network, now.timeIntervalSince1970])
+        return GuestAdmission(admitted: true, limit: limit, retryAt: nil)
     }
 
     /// The user's plan and windows now.
