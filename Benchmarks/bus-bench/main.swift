@@ -20,7 +20,7 @@ struct EchoBody: Codable, Sendable {
     var parameters: [String: Double]
 }
 
-let echo = BusMethod<EchoBody, EchoBody>("bench.echo")
+let echo = BusMethod<EchoBody, EchoBody>("bench.echo", roles: Set(BusRole.known))
 let sample = EchoBody(
     userId: "device:2b7f4c1e-8a53-4f0e-9d55-0c6c1c1a9e77",
     jobId: "4f1c2d9e-6b7a-4c3e-8f21-9a0b1c2d3e4f",

@@ -47,11 +47,14 @@ public final class BusChannel: Sendable {
     private let context: ZMQContext
     private let logger: Logger
     private let curveSecretKey: [UInt8]?
+    private let knownCallers: Bool
     private let curveClient: CurveClientKeys?
     private let encoding = BusEncoding.fromEnvironment()
 
-    private init(role: Role, endpoint: String, maxQueued: Int, context: ZMQContext, logger: Logger, curveSecretKey: [UInt8]? = nil, curveClient: CurveClientKeys? = nil) {
+    private init(role: Role, endpoint: String, maxQueued: Int, context: ZMQContext, logger: Logger, curveSecretKey: [UInt8]? = nil,
+                 curveClient: CurveClientKeys? = nil, knownCallers: Bool = false) {
         self.curveSecretKey = curveSecretKey
+        self.knownCallers = knownCallers
         self.curveClient = curveClient
         self.role = role
         self.endpoint = endpoint
@@ -61,13 +64,14 @@ public final class BusChannel: Sendable {
         (incoming, continuation) = AsyncStream.makeStream(of: Message.self, bufferingPolicy: .bufferingOldest(maxQueued))
     }
 
-    /// Binds a ROUTER channel on `endpoint` (CURVE with `curveSecretKey`); throws if the
-    /// endpoint cannot be bound.
+    /// Binds a ROUTER channel on `endpoint` (CURVE with `curveSecretKey`; with `knownCallers`,
+    /// only `worker` keys of the allow-list connect); throws if the endpoint cannot be bound.
     public static func bind(
-        _ endpoint: String, maxQueued: Int = 10_000, curveSecretKey: [UInt8]? = nil,
+        _ endpoint: String, maxQueued: Int = 10_000, curveSecretKey: [UInt8]? = nil, knownCallers: Bool = false,
         context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.channel")
     ) async throws -> BusChannel {
-        let channel = BusChannel(role: .bind, endpoint: endpoint, maxQueued: maxQueued, context: context, logger: logger, curveSecretKey: curveSecretKey)
+        let channel = BusChannel(role: .bind, endpoint: endpoint, maxQueued: maxQueued, context: context, logger: logger, curveSecretKey: curveSecretKey,
+                                 knownCallers: knownCallers)
         try await channel.start()
         return channel
     }
@@ -147,7 +151,11 @@ public final class BusChannel: Sendable {
             try socket.setHighWaterMarks(send: Int32(maxQueued), receive: Int32(maxQueued))
             try socket.setMaxMessageSize(1 << 20)
             try socket.setHeartbeat(interval: 1000, timeout: 3000)
-            if let key = curveSecretKey { try socket.setCurveServer(secretKey: key) }
+            if let key = curveSecretKey {
+                // Only worker keys, when callers are known by key (`BusAuthentication`).
+                if knownCallers { try socket.setZAPDomain(BusAuthentication.workersDomain) }
+                try socket.setCurveServer(secretKey: key)
+            }
             if let curve = curveClient {
                 try socket.setCurveClient(serverKey: curve.serverPublicKey, publicKey: curve.publicKey, secretKey: curve.secretKey)
             }

@@ -9,6 +9,9 @@ public struct BusRequestContext: Sendable {
     public var traceId: String
     /// Wall-clock milliseconds since 1970 after which nobody waits for the reply.
     public var deadlineMilliseconds: Int64
+    /// The caller's role as its key says (`BusAuthentication`), nil when callers are not known by
+    /// key (no allow-list: plain text, or CURVE without one).
+    public var callerRole: BusRole?
     /// The service's logger, without this request's metadata.
     private var baseLogger: Logger
 
@@ -24,7 +27,8 @@ public struct BusRequestContext: Sendable {
         set { baseLogger = newValue }
     }
 
-    public init(method: String, traceId: String, deadlineMilliseconds: Int64, logger: Logger) {
+    public init(method: String, traceId: String, deadlineMilliseconds: Int64, callerRole: BusRole? = nil, logger: Logger) {
+        self.callerRole = callerRole
         self.method = method
         self.traceId = traceId
         self.deadlineMilliseconds = deadlineMilliseconds
@@ -63,7 +67,12 @@ public struct BusRouter: Sendable {
         _ handler: @escaping @Sendable (Request, BusRequestContext) async throws -> Reply
     ) {
         let translator = self.translator, failures = self.failures
+        let roles = method.roles
         handlers[method.name] = { body, encoding, context in
+            // A known caller outside the method's roles is refused before anything is read.
+            if let role = context.callerRole, !roles.contains(role) {
+                return .failure(BusError(.forbidden, "\(method.name) is not for callers with the role \(role)"))
+            }
             let request: Request
             do {
                 request = try BusCodec.decode(Request.self, from: body, as: encoding)

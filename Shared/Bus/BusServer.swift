@@ -31,6 +31,9 @@ public final class BusServer: Service, Sendable {
         public var lingerMilliseconds: Int32
         /// CURVE secret key (32 bytes) to require encrypted, authenticated peers; nil for plain.
         public var curveSecretKey: [UInt8]?
+        /// Callers are known by key (`BusAuthentication` installed): each request carries its
+        /// caller's role, which the router checks against the method's.
+        public var knownCallers = false
 
         public init(
             endpoint: String,
@@ -120,6 +123,10 @@ public final class BusServer: Service, Sendable {
             try socket.setMaxMessageSize(configuration.maxMessageBytes)
             try socket.setHeartbeat(interval: 1000, timeout: 3000)
             if let key = configuration.curveSecretKey {
+                if configuration.knownCallers {
+                    try socket.setZAPDomain(BusAuthentication.busDomain)
+                    socket.readsUserId = true
+                }
                 try socket.setCurveServer(secretKey: key)
             }
             try socket.bind(configuration.endpoint)
@@ -239,6 +246,7 @@ public final class BusServer: Service, Sendable {
             method: header.method,
             traceId: header.traceId,
             deadlineMilliseconds: header.deadlineMilliseconds,
+            callerRole: socket.readsUserId ? BusRole(rawValue: socket.lastUserId ?? "") : nil,
             logger: logger
         )
         let body = frames[2]

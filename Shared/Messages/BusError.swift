@@ -50,6 +50,8 @@ public struct BusError: Error, Codable, Sendable, Equatable, CustomStringConvert
         public static let badReply = Code("bad_reply")
         /// The thing asked for does not exist (or belongs to someone else).
         public static let notFound = Code("not_found")
+        /// The caller's role (its key) may not call this method.
+        public static let forbidden = Code("forbidden")
         /// The request conflicts with the current state.
         public static let conflict = Code("conflict")
         /// The caller's task was cancelled before the reply came.

@@ -2,7 +2,7 @@
 /// bus with real processes. No production service registers them.
 public enum FixtureMethods {
     /// Answers with the string it was sent.
-    public static let echo = BusMethod<String, String>("fixture.echo")
+    public static let echo = BusMethod<String, String>("fixture.echo", roles: Set(BusRole.known))
     /// Waits the given number of milliseconds, then answers with it.
-    public static let sleep = BusMethod<Int, Int>("fixture.sleep")
+    public static let sleep = BusMethod<Int, Int>("fixture.sleep", roles: Set(BusRole.known))
 }

@@ -2,7 +2,7 @@
 public enum Telemetry {
     /// Asks a service for its metrics in the Prometheus text format, and those of the processes
     /// that report to it (the jobs service answers for its workers).
-    public static let scrape = BusMethod<Empty, MetricsSnapshot>("metrics.scrape")
+    public static let scrape = BusMethod<Empty, MetricsSnapshot>("metrics.scrape", roles: BusRole.services)
 }
 
 /// One or more Prometheus text expositions, each with the labels that tell whose it is.

@@ -1,4 +1,5 @@
 import Bus
+import Messages
 import ZeroMQ
 
 /// CURVE on the bus, from the environment: services read the server key pair's secret half
@@ -14,20 +15,48 @@ public enum BusSecurity {
         return key
     }
 
-    /// The keys a caller connects with, nil when CURVE is off.
+    /// The keys a caller connects with, nil when CURVE is off: its own key pair is
+    /// `BUS_CURVE_KEY` (the secret half, Z85; its public half is what services list in
+    /// `BUS_CURVE_CLIENTS`), or a new one each start when that is unset.
     public static func clientKeys(_ environment: Environment) throws -> CurveClientKeys? {
         guard let text = environment.optional("BUS_CURVE_PUBLIC") else { return nil }
         guard let server = ZMQCurveKeyPair.decode(z85: text) else {
             throw ConfigurationError(key: "BUS_CURVE_PUBLIC", value: text, expected: "a 40-character Z85 CURVE key")
         }
-        let own = try ZMQCurveKeyPair.generate()
+        let own: ZMQCurveKeyPair
+        if let secret = environment.optional("BUS_CURVE_KEY") {
+            guard let publicKey = ZMQCurveKeyPair.publicKey(ofSecret: secret) else {
+                throw ConfigurationError(key: "BUS_CURVE_KEY", value: "(hidden)", expected: "a 40-character Z85 CURVE secret key")
+            }
+            own = ZMQCurveKeyPair(publicKey: publicKey, secretKey: secret)
+        } else {
+            own = try ZMQCurveKeyPair.generate()
+        }
         guard let publicKey = ZMQCurveKeyPair.decode(z85: own.publicKey), let secretKey = ZMQCurveKeyPair.decode(z85: own.secretKey) else {
             throw ConfigurationError(key: "BUS_CURVE_PUBLIC", value: text, expected: "a key libzmq can use")
         }
         return CurveClientKeys(serverPublicKey: server, publicKey: publicKey, secretKey: secretKey)
     }
 
-    public static let environmentKeys = ["BUS_CURVE_SECRET", "BUS_CURVE_PUBLIC", "BUS_ALLOW_PLAINTEXT"]
+    public static let environmentKeys = ["BUS_CURVE_SECRET", "BUS_CURVE_PUBLIC", "BUS_ALLOW_PLAINTEXT", "BUS_CURVE_KEY", "BUS_CURVE_CLIENTS"]
+
+    /// The callers a service admits (`BUS_CURVE_CLIENTS`): `role:PUBLICKEY` pairs, comma- or
+    /// space-separated (a caller may be listed with two keys while its keys are rotated); nil
+    /// when unset (any caller with the server key connects, and roles are not checked).
+    public static func knownCallers(_ environment: Environment) throws -> [[UInt8]: BusRole]? {
+        guard let text = environment.optional("BUS_CURVE_CLIENTS") else { return nil }
+        var callers: [[UInt8]: BusRole] = [:]
+        for entry in text.split(whereSeparator: { $0 == "," || $0 == " " || $0 == "\n" }) {
+            let parts = entry.split(separator: ":", maxSplits: 1)
+            guard parts.count == 2, let key = ZMQCurveKeyPair.decode(z85: String(parts[1])),
+                  BusRole.known.contains(BusRole(rawValue: String(parts[0]))) else {
+                throw ConfigurationError(key: "BUS_CURVE_CLIENTS", value: String(entry.prefix(60)),
+                                         expected: "role:PUBLICKEY pairs, roles \(BusRole.known.map(\.rawValue).joined(separator: ", "))")
+            }
+            callers[key] = BusRole(rawValue: String(parts[0]))
+        }
+        return callers
+    }
 
     /// Whether `endpoint` can be reached only from this machine: `ipc://`, `inproc://`, or
     /// `tcp://` on a loopback address (`127.x.x.x`, `::1`, `localhost`, `lo`).

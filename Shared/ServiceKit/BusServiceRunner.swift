@@ -28,12 +28,17 @@ public enum BusServiceRunner {
         router.register(Telemetry.scrape) { _, _ in await ProcessMetrics.snapshot() }
         let extraServices = try await register(&router, configuration, logger)
 
+        if let callers = configuration.knownCallers {
+            try BusAuthentication.install(callers: callers, logger: logger)
+        }
+        var serverConfiguration = BusServer.Configuration(
+            endpoint: configuration.bindEndpoint,
+            maxInFlight: configuration.maxInFlight,
+            curveSecretKey: configuration.curveSecretKey
+        )
+        serverConfiguration.knownCallers = configuration.knownCallers != nil
         let server = BusServer(
-            configuration: .init(
-                endpoint: configuration.bindEndpoint,
-                maxInFlight: configuration.maxInFlight,
-                curveSecretKey: configuration.curveSecretKey
-            ),
+            configuration: serverConfiguration,
             router: router,
             logger: logger
         )

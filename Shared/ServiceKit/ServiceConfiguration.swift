@@ -1,4 +1,5 @@
 import Bus
+import Messages
 import Foundation
 import Logging
 
@@ -16,8 +17,10 @@ public struct ServiceConfiguration: Sendable {
     public var logLevel: Logger.Level
     /// The CURVE secret key to bind with (`BUS_CURVE_SECRET`); nil for plain traffic.
     public var curveSecretKey: [UInt8]?
-    /// The CURVE keys for this service's own calls to others (`BUS_CURVE_PUBLIC`).
+    /// The CURVE keys for this service's own calls to others (`BUS_CURVE_PUBLIC`, `BUS_CURVE_KEY`).
     public var curveClientKeys: CurveClientKeys?
+    /// The callers it admits, by public key, with their roles (`BUS_CURVE_CLIENTS`); nil: any.
+    public var knownCallers: [[UInt8]: BusRole]?
 
     public init(
         service: ServiceName,
@@ -44,6 +47,10 @@ public struct ServiceConfiguration: Sendable {
         )
         curveSecretKey = try BusSecurity.serverSecretKey(environment)
         curveClientKeys = try BusSecurity.clientKeys(environment)
+        knownCallers = try BusSecurity.knownCallers(environment)
+        if knownCallers != nil && curveSecretKey == nil {
+            throw ConfigurationError(key: "BUS_CURVE_CLIENTS", value: "(set)", expected: "used with BUS_CURVE_SECRET (callers are known by their CURVE keys)")
+        }
     }
 
     /// The environment variables `init(service:environment:)` reads, and `BUS_ENCODING`, which the bus reads.

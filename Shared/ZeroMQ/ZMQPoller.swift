@@ -44,6 +44,11 @@ public struct ZMQCurveKeyPair: Sendable {
     public let publicKey: String
     public let secretKey: String
 
+    public init(publicKey: String, secretKey: String) {
+        self.publicKey = publicKey
+        self.secretKey = secretKey
+    }
+
     /// Generates a new key pair (`zmq_curve_keypair`).
     public static func generate() throws(ZMQError) -> ZMQCurveKeyPair {
         var publicKey = [CChar](repeating: 0, count: 41)
@@ -54,6 +59,21 @@ public struct ZMQCurveKeyPair: Sendable {
 
     private static func text(_ characters: [CChar]) -> String {
         String(decoding: characters.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// The public key of a Z85 secret key (`zmq_curve_public`); nil if malformed.
+    public static func publicKey(ofSecret secret: String) -> String? {
+        guard secret.utf8.count == 40 else { return nil }
+        var publicKey = [CChar](repeating: 0, count: 41)
+        guard zmq_curve_public(&publicKey, secret) == 0 else { return nil }
+        return text(publicKey)
+    }
+
+    /// Encodes 32 key bytes as Z85 text (`zmq_z85_encode`).
+    public static func encode(_ key: [UInt8]) -> String {
+        var characters = [CChar](repeating: 0, count: 41)
+        _ = key.withUnsafeBufferPointer { zmq_z85_encode(&characters, $0.baseAddress, 32) }
+        return text(characters)
     }
 
     /// Decodes a 40-character Z85 key into its 32 bytes (`zmq_z85_decode`); nil if malformed.

@@ -5,10 +5,11 @@ import Clibzmq
 public final class ZMQSocket {
     /// The socket patterns the bus uses.
     public enum Kind: Sendable {
-        case router, dealer, pair, pub, sub
+        case router, dealer, pair, pub, sub, rep
 
         var rawValue: Int32 {
             switch self {
+            case .rep: ZMQ_REP
             case .router: ZMQ_ROUTER
             case .dealer: ZMQ_DEALER
             case .pair: ZMQ_PAIR
@@ -21,6 +22,10 @@ public final class ZMQSocket {
     let handle: UnsafeMutableRawPointer
     private let context: ZMQContext
     private var closed = false
+    /// With `readsUserId`, `receive` keeps here the `User-Id` the ZAP handler gave the sender
+    /// of the last message (its role), nil when it had none.
+    public var readsUserId = false
+    public private(set) var lastUserId: String?
 
     /// Opens a socket of `kind` in `context` (`zmq_socket`).
     public init(_ kind: Kind, context: ZMQContext = .shared) throws(ZMQError) {
@@ -119,6 +124,7 @@ public final class ZMQSocket {
     public func receive(wait: Bool = false, maxFrames: Int = 16) throws(ZMQError) -> ReceivedMessage? {
         var frames: [[UInt8]] = []
         var overflow = false
+        if readsUserId { lastUserId = nil }
         var message = zmq_msg_t()
         zmq_msg_init(&message)
         defer { zmq_msg_close(&message) }
@@ -131,6 +137,9 @@ public final class ZMQSocket {
                 if error == .interrupted { continue }
                 throw error
             }
+            // A ROUTER's routing-id frame is its own and carries no metadata: read it from the
+            // sender's frames.
+            if readsUserId, let userId = zmq_msg_gets(&message, "User-Id") { lastUserId = String(cString: userId) }
             if frames.count < maxFrames {
                 let size = zmq_msg_size(&message)
                 if size == 0 {
@@ -203,6 +212,13 @@ public final class ZMQSocket {
     public func setRouterMandatory(_ on: Bool) throws(ZMQError) { try setOption(ZMQ_ROUTER_MANDATORY, Int32(on ? 1 : 0)) }
 
     /// Makes this socket a CURVE server with `secretKey` (32 bytes): `ZMQ_CURVE_SERVER`, `ZMQ_CURVE_SECRETKEY`.
+    /// Sets the ZAP domain (`ZMQ_ZAP_DOMAIN`): the authentication handler sees it with each
+    /// connection and may admit different callers on different sockets.
+    public func setZAPDomain(_ domain: String) throws(ZMQError) { try setOption(ZMQ_ZAP_DOMAIN, bytes: Array(domain.utf8)) }
+
+    /// Sets the receive timeout in milliseconds (`ZMQ_RCVTIMEO`; -1 waits for ever).
+    public func setReceiveTimeout(milliseconds: Int32) throws(ZMQError) { try setOption(ZMQ_RCVTIMEO, milliseconds) }
+
     public func setCurveServer(secretKey: [UInt8]) throws(ZMQError) {
         try setOption(ZMQ_CURVE_SERVER, 1 as Int32)
         try setOption(ZMQ_CURVE_SECRETKEY, bytes: secretKey)

@@ -44,7 +44,7 @@ struct BusRoundTripTests {
         let endpoint = uniqueInproc()
         try await withServer(endpoint: endpoint) { _ in
             try await withClient(endpoint: endpoint) { client in
-                let error = await failure(client, BusMethod<Tagged, Tagged>("test.nothing"), Tagged(tag: 1, text: ""))
+                let error = await failure(client, BusMethod<Tagged, Tagged>("test.nothing", roles: Set(BusRole.known)), Tagged(tag: 1, text: ""))
                 #expect(error?.code == .unknownMethod)
                 #expect(error?.retryable == false)
             }
@@ -83,7 +83,7 @@ struct BusRoundTripTests {
         try await withServer(endpoint: endpoint) { _ in
             try await withClient(endpoint: endpoint) { client in
                 // A descriptor that disagrees with the server's reply type
-                let mismatched = BusMethod<Tagged, [String]>(TestMethods.echo.name)
+                let mismatched = BusMethod<Tagged, [String]>(TestMethods.echo.name, roles: Set(BusRole.known))
                 let error = await failure(client, mismatched, Tagged(tag: 1, text: "x"))
                 #expect(error?.code == .badReply)
             }
@@ -107,13 +107,13 @@ struct BusRoundTripTests {
     @Test func traceIdTravelsToTheHandler() async throws {
         let endpoint = uniqueInproc()
         var router = BusRouter()
-        router.register(BusMethod<Empty, String>("test.trace")) { _, context in
+        router.register(BusMethod<Empty, String>("test.trace", roles: Set(BusRole.known))) { _, context in
             "\(context.traceId)|\(BusTrace.id)"
         }
         try await withServer(endpoint: endpoint, router: router) { _ in
             try await withClient(endpoint: endpoint) { client in
                 let seen = try await BusTrace.$id.withValue("req-42") {
-                    try await client.call(BusMethod<Empty, String>("test.trace"), Empty())
+                    try await client.call(BusMethod<Empty, String>("test.trace", roles: Set(BusRole.known)), Empty())
                 }
                 #expect(seen == "req-42|req-42")
             }

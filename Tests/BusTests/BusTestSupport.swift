@@ -13,8 +13,8 @@ struct Tagged: Codable, Sendable, Equatable {
 }
 
 enum TestMethods {
-    static let echo = BusMethod<Tagged, Tagged>("test.echo")
-    static let wait = BusMethod<Int, Int>("test.wait")
+    static let echo = BusMethod<Tagged, Tagged>("test.echo", roles: Set(BusRole.known))
+    static let wait = BusMethod<Int, Int>("test.wait", roles: Set(BusRole.known))
 }
 
 /// A gate slow handlers wait at until the test opens it.

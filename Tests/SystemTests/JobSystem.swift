@@ -52,21 +52,31 @@ final class JobSystem: @unchecked Sendable {
     var replica: ServiceProcess?
     let store: Store
     /// With a second host the bus is on the network, so it runs with CURVE (services refuse plain
-    /// text off loopback): the services' key pair, and what callers need (the public half).
-    let curveServer: [String: String]
-    let curveCaller: [String: String]
+    /// text off loopback) and callers known by key: each process has its own key pair, and every
+    /// service admits those keys with their roles. By role: what that process is started with.
+    let curve: [BusRole: [String: String]]
+    func curve(_ role: BusRole) -> [String: String] { curve[role] ?? [:] }
 
     init(workers count: Int = 1, uploadMaxBytes: Int = 20 << 20, workerCapacity: Int = 1, quota: [String: String] = [:], history: [String: String] = [:], jobs: [String: String] = [:],
          shareLifetime: Int = 7 * 86_400, dataDirectory: URL? = nil, blobs store: Store = .folder,
          hostAddress: String = "127.0.0.1") async throws {
         self.hostAddress = hostAddress
         if hostAddress != "127.0.0.1" {
-            let keys = try ZMQCurveKeyPair.generate()
-            curveServer = ["BUS_CURVE_SECRET": keys.secretKey, "BUS_CURVE_PUBLIC": keys.publicKey]
-            curveCaller = ["BUS_CURVE_PUBLIC": keys.publicKey]
+            let server = try ZMQCurveKeyPair.generate()
+            var own: [BusRole: ZMQCurveKeyPair] = [:]
+            for role in [BusRole.gateway, .quota, .jobs, .history, .worker] { own[role] = try ZMQCurveKeyPair.generate() }
+            let allowList = own.map { "\($0.key.rawValue):\($0.value.publicKey)" }.joined(separator: ",")
+            var settings: [BusRole: [String: String]] = [:]
+            for (role, pair) in own {
+                settings[role] = ["BUS_CURVE_PUBLIC": server.publicKey, "BUS_CURVE_KEY": pair.secretKey]
+                if role != .gateway && role != .worker {
+                    settings[role]!["BUS_CURVE_SECRET"] = server.secretKey
+                    settings[role]!["BUS_CURVE_CLIENTS"] = allowList
+                }
+            }
+            curve = settings
         } else {
-            curveServer = [:]
-            curveCaller = [:]
+            curve = [:]
         }
         let port = providerPort
         self.store = store
@@ -90,20 +100,20 @@ final class JobSystem: @unchecked Sendable {
             """
         try services.start(.quota, extra: [
             "JOBS_ENDPOINT": services.endpoints[.jobs]!, "QUOTA_STALE_AFTER_S": "1", "QUOTA_STALE_SCAN_MS": "300",
-        ].merging(curveServer) { _, new in new }.merging(quota) { _, new in new })
+        ].merging((curve[.quota] ?? [:])) { _, new in new }.merging(quota) { _, new in new })
         try services.start(.jobs, extra: [
             "JOBS_WORKER_BIND": "tcp://\(hostAddress == "127.0.0.1" ? hostAddress : "0.0.0.0"):\(workerPort)", "QUOTA_ENDPOINT": services.endpoints[.quota]!,
             "JOBS_EFFECTS": effects, "JOBS_RETRY_BASE_MS": "200",
             "URL_SIGNING_SECRET": Self.signingSecret, "PUBLIC_BASE_URL": "http://\(hostAddress):\(gatewayPort)",
-        ].merging(storeEnvironment) { _, new in new }.merging(curveServer) { _, new in new }.merging(jobs) { _, new in new })
-        try services.start(.history, extra: curveServer.merging(history) { _, new in new })
+        ].merging(storeEnvironment) { _, new in new }.merging((curve[.jobs] ?? [:])) { _, new in new }.merging(jobs) { _, new in new })
+        try services.start(.history, extra: (curve[.history] ?? [:]).merging(history) { _, new in new })
         var configuration = GatewayConfiguration(
             endpoints: services.endpoints, jwtSecret: Self.secret, adminToken: Self.adminToken,
             blobDirectory: services.dataDirectory.appendingPathComponent("blobs").path,
             urlSigningSecret: Self.signingSecret, publicBaseURL: "http://\(hostAddress):\(gatewayPort)", uploadMaxBytes: uploadMaxBytes,
             shareLifetime: shareLifetime, blobStore: s3.map { .s3($0) }
         )
-        configuration.curve = try BusSecurity.clientKeys(Environment(curveCaller))
+        configuration.curve = try BusSecurity.clientKeys(Environment((curve[.gateway] ?? [:])))
         self.configuration = configuration
         clients = ServiceClients(configuration: configuration)
         _ = try await waitUntilHealthy(clients.quota)
@@ -124,7 +134,7 @@ final class JobSystem: @unchecked Sendable {
             "BLOB_DIR": blobDirectory, "UPLOAD_MAX_BYTES": "\(configuration.uploadMaxBytes)",
         ].merging(storeEnvironment) { _, new in new }
         for service in ServiceName.allCases { environment[service.endpointVariable] = services.endpoints[service]! }
-        environment.merge(curveCaller) { _, new in new }
+        environment.merge((curve[.gateway] ?? [:])) { _, new in new }
         replica = try ServiceProcess("gateway", environment: environment)
         // Asked without blocking a thread of the cooperative pool.
         let url = "\(publicBase)/healthz"
@@ -145,7 +155,7 @@ final class JobSystem: @unchecked Sendable {
         let worker = try ServiceProcess("worker", wrappedBy: host?.command(hiding: services.dataDirectory) ?? [], environment: [
             // No blob folder, no store settings: a worker has only its assignments' URLs.
             "JOBS_WORKER_ENDPOINT": workerEndpoint, "WORKER_ID": "w\(workers.count + 1)", "WORKER_CAPACITY": "\(capacity)",
-        ].merging(curveCaller) { _, new in new }.merging(extra) { _, new in new })
+        ].merging((curve[.worker] ?? [:])) { _, new in new }.merging(extra) { _, new in new })
         workers.append(worker)
         return worker
     }

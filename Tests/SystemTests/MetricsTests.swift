@@ -100,7 +100,7 @@ struct MetricsTests {
         let denials = exposition.sum("quota_decisions_total", ["decision": "denied"])
         let report = try await system.clients.quota.call(Quota.reserve, ReserveQuota(userId: "metrics-user", jobId: UUID().uuidString, cost: 1000))
         #expect(!report.admitted)
-        _ = try? await system.clients.quota.call(BusMethod<Empty, Empty>("no.such.method"), Empty())
+        _ = try? await system.clients.quota.call(BusMethod<Empty, Empty>("no.such.method", roles: Set(BusRole.known)), Empty())
         try await waitUntil {
             let now = try Self.scrape(port: port).exposition
             return now.sum("quota_decisions_total", ["decision": "denied", "window": "daily"]) == denials + 1

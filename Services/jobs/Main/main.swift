@@ -18,7 +18,9 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
     let store = JobStore(database: database, retry: configuration.retry, effectTitles: catalog.effects.mapValues(\.title))
     let blobs = try await configuration.blobs.open()
     try BusSecurity.checkExposure(configuration.workerEndpoint, variable: "JOBS_WORKER_BIND", curve: service.curveSecretKey != nil, environment: Environment())
-    let channel = try await BusChannel.bind(configuration.workerEndpoint, curveSecretKey: service.curveSecretKey, logger: logger)
+    let channel = try await BusChannel.bind(
+        configuration.workerEndpoint, curveSecretKey: service.curveSecretKey, knownCallers: service.knownCallers != nil, logger: logger
+    )
     let dispatcher = Dispatcher(
         channel: channel, store: store, catalog: catalog,
         transfers: TransferSigner(

@@ -50,7 +50,7 @@ public struct WorkerConfiguration: Sendable {
 
     public static let environmentKeys = [
         "JOBS_WORKER_ENDPOINT", "WORKER_CAPACITY", "WORKER_PREFETCH", "WORKER_ID", "WORKER_SCRATCH_DIR", "WORKER_HEARTBEAT_MS",
-        "LOG_LEVEL", "WORKER_EFFECTS", "BUS_CURVE_PUBLIC",
+        "LOG_LEVEL", "WORKER_EFFECTS", "BUS_CURVE_PUBLIC", "BUS_CURVE_KEY",
         "IMAGE_MAX_PIXELS", "WORKER_STORAGE_WAIT_S", "BUS_ENCODING",
     ] + ProviderSettings.environmentKeys
 }

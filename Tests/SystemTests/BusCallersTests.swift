@@ -1,0 +1,98 @@
+import Bus
+import Foundation
+import Messages
+import ServiceKit
+import Testing
+import ZeroMQ
+
+/// Callers known by key, limited to their role (real service processes, CURVE over tcp): each
+/// service admits the public keys of `BUS_CURVE_CLIENTS`, each with a role; a method outside the
+/// caller's role answers `forbidden` and changes nothing; an unknown key gets no connection.
+@Suite("Bus callers by key and role", .serialized)
+struct BusCallersTests {
+    struct Keys {
+        let server = try! ZMQCurveKeyPair.generate()
+        let gateway = try! ZMQCurveKeyPair.generate()
+        let newGateway = try! ZMQCurveKeyPair.generate()
+        let worker = try! ZMQCurveKeyPair.generate()
+        let history = try! ZMQCurveKeyPair.generate()
+        let stranger = try! ZMQCurveKeyPair.generate()
+    }
+
+    /// A client of `endpoint` calling with `key`.
+    static func client(_ endpoint: String, server: ZMQCurveKeyPair, key: ZMQCurveKeyPair, timeout: Duration = .seconds(3)) throws -> BusClient {
+        let curve = try BusSecurity.clientKeys(Environment(["BUS_CURVE_PUBLIC": server.publicKey, "BUS_CURVE_KEY": key.secretKey]))
+        return BusClient(configuration: .init(endpoint: endpoint, defaultTimeout: timeout, curve: curve))
+    }
+
+    /// What a caller without a connection hears: its own deadline, or its client's word that the
+    /// service cannot be reached (the handshake was refused).
+    static let unanswered: Set<BusError.Code> = [.timeout, .unavailable, .connectionLost]
+
+    static func code(_ body: () async throws -> Void) async -> BusError.Code? {
+        do { try await body(); return nil } catch let error as BusError { return error.code } catch { return BusError.Code("other") }
+    }
+
+    @Test func aWorkersKeyIsRefusedWhatIsNotItsAndAStrangersKeyGetsNoConnection() async throws {
+        let keys = Keys()
+        let services = try RunningServices(only: [])
+        let allowed = "gateway:\(keys.gateway.publicKey), worker:\(keys.worker.publicKey), history:\(keys.history.publicKey)"
+        let curve = ["BUS_CURVE_SECRET": keys.server.secretKey, "BUS_CURVE_PUBLIC": keys.server.publicKey, "BUS_CURVE_CLIENTS": allowed]
+        try services.start(.quota, extra: curve)
+        try services.start(.jobs, extra: curve)
+        try services.start(.history, extra: curve)
+        let gatewayQuota = try Self.client(services.endpoints[.quota]!, server: keys.server, key: keys.gateway)
+        _ = try await waitUntilHealthy(gatewayQuota)
+
+        // A worker's key: quota's plan change, history's delete and jobs' reads are forbidden
+        let workerQuota = try Self.client(services.endpoints[.quota]!, server: keys.server, key: keys.worker)
+        let workerJobs = try Self.client(services.endpoints[.jobs]!, server: keys.server, key: keys.worker)
+        let workerHistory = try Self.client(services.endpoints[.history]!, server: keys.server, key: keys.worker)
+        #expect(await Self.code { _ = try await workerQuota.call(Quota.setPlan, SetPlan(userId: "mallory", plan: "pro")) } == .forbidden)
+        #expect(await Self.code { _ = try await workerJobs.call(Jobs.get, JobReference(jobId: "j", userId: "alice")) } == .forbidden)
+        #expect(await Self.code { _ = try await workerHistory.call(History.delete, HistoryItemReference(userId: "alice", jobId: "j")) } == .forbidden)
+        // Nothing changed: mallory is still on the free plan
+        #expect(try await gatewayQuota.call(Quota.status, UserReference(userId: "mallory")).plan == "free")
+        // The gateway's key may; history's key may ask jobs to purge (its flow), not to change plans
+        #expect(try await gatewayQuota.call(Quota.setPlan, SetPlan(userId: "bob", plan: "pro")).plan == "pro")
+        let historyJobs = try Self.client(services.endpoints[.jobs]!, server: keys.server, key: keys.history)
+        #expect(try await historyJobs.call(Jobs.purge, JobReference(jobId: "none", userId: "bob")).existed == false)
+        let historyQuota = try Self.client(services.endpoints[.quota]!, server: keys.server, key: keys.history)
+        #expect(await Self.code { _ = try await historyQuota.call(Quota.setPlan, SetPlan(userId: "bob", plan: "free")) } == .forbidden)
+
+        // A key nobody listed: no connection, so no answer; the refusal is counted
+        let stranger = try Self.client(services.endpoints[.quota]!, server: keys.server, key: keys.stranger, timeout: .seconds(1))
+        let strangerCode = await Self.code { _ = try await stranger.call(Quota.status, UserReference(userId: "bob")) }
+        #expect(Self.unanswered.contains(strangerCode ?? .init("answered")), "\(String(describing: strangerCode))")
+        let scrape = try await gatewayQuota.call(Telemetry.scrape, Empty())
+        #expect(scrape.sections.map(\.text).joined().contains("bus_callers_refused_total"))
+        #expect(services.processes[.quota]!.output.contains("refused a bus caller with an unknown key"))
+
+        for client in [gatewayQuota, workerQuota, workerJobs, workerHistory, historyJobs, historyQuota, stranger] { await client.shutdown() }
+        await services.stopAll()
+    }
+
+    @Test func duringARotationBothKeysAreServedAndAfterItTheOldOneIsRefused() async throws {
+        let keys = Keys()
+        let services = try RunningServices(only: [])
+        let base = ["BUS_CURVE_SECRET": keys.server.secretKey, "BUS_CURVE_PUBLIC": keys.server.publicKey]
+        try services.start(.quota, extra: base.merging(["BUS_CURVE_CLIENTS": "gateway:\(keys.gateway.publicKey),gateway:\(keys.newGateway.publicKey)"]) { _, new in new })
+        let old = try Self.client(services.endpoints[.quota]!, server: keys.server, key: keys.gateway, timeout: .seconds(1))
+        let new = try Self.client(services.endpoints[.quota]!, server: keys.server, key: keys.newGateway, timeout: .seconds(1))
+        _ = try await waitUntilHealthy(old)
+        _ = try await waitUntilHealthy(new)
+        await old.shutdown()
+        await new.shutdown()
+        // The old key is removed: its callers are refused, the new one's served
+        await services.stop(.quota)
+        try services.start(.quota, extra: base.merging(["BUS_CURVE_CLIENTS": "gateway:\(keys.newGateway.publicKey)"]) { _, new in new })
+        let renewed = try Self.client(services.endpoints[.quota]!, server: keys.server, key: keys.newGateway, timeout: .seconds(1))
+        _ = try await waitUntilHealthy(renewed)
+        let retired = try Self.client(services.endpoints[.quota]!, server: keys.server, key: keys.gateway, timeout: .seconds(1))
+        let retiredCode = await Self.code { _ = try await retired.call(Quota.status, UserReference(userId: "bob")) }
+        #expect(Self.unanswered.contains(retiredCode ?? .init("answered")), "\(String(describing: retiredCode))")
+        await renewed.shutdown()
+        await retired.shutdown()
+        await services.stopAll()
+    }
+}
