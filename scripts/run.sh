@@ -29,6 +29,19 @@ if [ "${BLOB_STORE:-folder}" = s3 ] && [ -z "${S3_ENDPOINT:-}" ]; then
   source "$S3_DIR/s3.env"
 fi
 
+# The bus runs with CURVE and callers known by key (secure by default): keys made once into
+# $DATA_DIR/bus-keys.env by `photoedit keys`, each process started with its role's key, every
+# service admitting those keys only, each method only from its roles (docs/bus.md). BUS_KEYS=off
+# runs the bus in plain text (loopback only).
+if [ "${BUS_KEYS:-on}" != off ]; then
+  KEYS_FILE="$DATA_DIR/bus-keys.env"
+  [ -f "$KEYS_FILE" ] || "$BIN/photoedit" keys --output "$KEYS_FILE" || exit 1
+  set -a
+  source "$KEYS_FILE"
+  set +a
+  echo "[run] bus: CURVE, callers known by key ($KEYS_FILE)"
+fi
+
 # MODELS=local: the provider fixture (a local server in Gemini's, OpenAI's and fal's shapes, made
 # for tests) on FIXTURE_PORT (default 7490), three models configured against it (unless
 # JOBS_EFFECTS is set) and the keys it takes, to try a model by hand:
@@ -72,12 +85,14 @@ supervise() {
 
 pids=()
 [ -n "${fixture_pid:-}" ] && pids+=("$fixture_pid")
+# Each process's own bus key (empty with BUS_KEYS=off: none).
+key_of() { local variable="$(echo "$1" | tr '[:lower:]' '[:upper:]')_BUS_CURVE_KEY"; echo "${!variable:-}"; }
 for name in quota history jobs gateway; do
-  supervise "$name" &
+  BUS_CURVE_KEY=$(key_of "$name") supervise "$name" &
   pids+=($!)
 done
 for index in $(seq 1 "$WORKERS"); do
-  WORKER_ID="worker-$index" supervise worker "worker-$index" &
+  BUS_CURVE_KEY=$(key_of worker) WORKER_ID="worker-$index" supervise worker "worker-$index" &
   pids+=($!)
 done
 if [ -n "$S3_DIR" ]; then

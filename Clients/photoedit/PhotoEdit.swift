@@ -16,7 +16,7 @@ struct PhotoEdit: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "photoedit",
         abstract: "Edit photos through the photoedit gateway.",
-        subcommands: [MeCommand.self, EffectsCommand.self, EditCommand.self, HistoryCommand.self, DeleteCommand.self, ShareCommand.self, RerunCommand.self]
+        subcommands: [MeCommand.self, EffectsCommand.self, EditCommand.self, HistoryCommand.self, DeleteCommand.self, ShareCommand.self, RerunCommand.self, KeysCommand.self]
     )
 }
 

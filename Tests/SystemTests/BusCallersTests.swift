@@ -96,3 +96,51 @@ struct BusCallersTests {
         await services.stopAll()
     }
 }
+
+/// `photoedit keys` makes keys libzmq takes, and a deployment runs on them.
+@Suite("Bus keys by command", .serialized)
+struct BusKeysCommandTests {
+    static func settings(_ text: String) -> [String: String] {
+        Dictionary(text.split(separator: "\n").filter { !$0.hasPrefix("#") }.compactMap { line -> (String, String)? in
+            let parts = line.split(separator: "=", maxSplits: 1)
+            return parts.count == 2 ? (String(parts[0]), String(parts[1]).trimmingCharacters(in: CharacterSet(charactersIn: "'"))) : nil
+        }, uniquingKeysWith: { _, last in last })
+    }
+
+    @Test func theKeysAreLibzmqsAndAServiceRunsOnThemAndARotationAddsAKey() async throws {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("keys-\(UUID().uuidString).env")
+        let made = try await CommandLineClientTests.photoedit(["keys", "--output", file.path])
+        #expect(made.status == 0, "\(made.output)")
+        var keys = Self.settings(try String(contentsOf: file, encoding: .utf8))
+        #expect((try FileManager.default.attributesOfItem(atPath: file.path)[.posixPermissions] as? Int) == 0o600)
+        // Each secret's public half (by libzmq) is the one listed
+        #expect(ZMQCurveKeyPair.publicKey(ofSecret: keys["BUS_CURVE_SECRET"] ?? "") == keys["BUS_CURVE_PUBLIC"])
+        let listed = keys["BUS_CURVE_CLIENTS"] ?? ""
+        for role in ["gateway", "quota", "jobs", "history", "worker", "operator"] {
+            let secret = try #require(keys["\(role.uppercased())_BUS_CURVE_KEY"])
+            let publicKey = try #require(ZMQCurveKeyPair.publicKey(ofSecret: secret))
+            #expect(listed.contains("\(role):\(publicKey)"))
+        }
+        // quota runs on them; the gateway's key is served, with its role
+        let services = try RunningServices(only: [])
+        try services.start(.quota, extra: [
+            "BUS_CURVE_SECRET": keys["BUS_CURVE_SECRET"]!, "BUS_CURVE_PUBLIC": keys["BUS_CURVE_PUBLIC"]!,
+            "BUS_CURVE_CLIENTS": listed, "BUS_CURVE_KEY": keys["QUOTA_BUS_CURVE_KEY"]!,
+        ])
+        let curve = try BusSecurity.clientKeys(Environment(["BUS_CURVE_PUBLIC": keys["BUS_CURVE_PUBLIC"]!, "BUS_CURVE_KEY": keys["GATEWAY_BUS_CURVE_KEY"]!]))
+        let gateway = BusClient(configuration: .init(endpoint: services.endpoints[.quota]!, defaultTimeout: .seconds(3), curve: curve))
+        _ = try await waitUntilHealthy(gateway)
+        #expect(try await gateway.call(Quota.setPlan, SetPlan(userId: "bob", plan: "pro")).plan == "pro")
+        await gateway.shutdown()
+        await services.stopAll()
+        // A rotation of the gateway's key: the new one is the gateway's, the old one still listed
+        let rotated = try await CommandLineClientTests.photoedit(["keys", "--output", file.path, "--rotate", "gateway"])
+        #expect(rotated.status == 0, "\(rotated.output)")
+        let before = keys
+        keys = Self.settings(try String(contentsOf: file, encoding: .utf8))
+        let newPublic = try #require(ZMQCurveKeyPair.publicKey(ofSecret: keys["GATEWAY_BUS_CURVE_KEY"] ?? ""))
+        let oldPublic = try #require(ZMQCurveKeyPair.publicKey(ofSecret: before["GATEWAY_BUS_CURVE_KEY"] ?? ""))
+        #expect(newPublic != oldPublic && keys["BUS_CURVE_CLIENTS"]!.contains("gateway:\(newPublic)") && keys["BUS_CURVE_CLIENTS"]!.contains("gateway:\(oldPublic)"))
+        try? FileManager.default.removeItem(at: file)
+    }
+}
