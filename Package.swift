@@ -257,7 +257,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "bus-bench",
-            dependencies: ["Bus", "Messages", "ServiceKit"],
+            dependencies: ["Bus", "Messages", "ServiceKit", "ZeroMQ"],
             path: "Benchmarks/bus-bench",
             swiftSettings: swiftSettings
         ),

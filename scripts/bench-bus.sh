@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Bus benchmark: our bus (Swift, Codable, ~200-byte body) against raw libzmq (C, same frames and
 # sizes), each as a DEALER client and a ROUTER echo server in two processes over tcp loopback.
-# The ratio line compares the bus as most code calls it (tasks on the cooperative pool).
+# The ratio line compares the bus as most code calls it (tasks on the cooperative pool), and what
+# encryption costs: the bus again with CURVE and callers known by key (a ZAP handler, roles
+# checked), against the plain bus of the same run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${BENCH_SECONDS:-3}
@@ -25,6 +27,10 @@ measure() { # measure SERVER_CMD CLIENT_CMD: "zmq_echo bus" speaks the bus's fra
 
 raw=$(measure ".build/bench/zmq_echo " ".build/bench/zmq_echo ")
 bus=$(measure "$BIN/bus-bench " "$BIN/bus-bench ")
+read -r server_public server_secret caller_public caller_secret <<< "$("$BIN/bus-bench" keys -)"
+curve_server() { BUS_CURVE_SECRET=$server_secret BUS_CURVE_CLIENTS="gateway:$caller_public" "$BIN/bus-bench" server "$@"; }
+curve_client() { BUS_CURVE_PUBLIC=$server_public BUS_CURVE_KEY=$caller_secret "$BIN/bus-bench" client "$@"; }
+curve=$(measure "curve_" "curve_")
 swift_client=$(measure ".build/bench/zmq_echo bus" "$BIN/bus-bench ")
 hex_body=$("$BIN/bus-bench" body -)
 c_bus_client() { .build/bench/zmq_echo busclient "$1" "$2" "$hex_body"; }  # with a binary body
@@ -34,6 +40,7 @@ raw_lat=$(field "$raw" latency_us); raw_tp=$(field "$raw" throughput_rps)
 bus_lat=$(field "$bus" latency_us); bus_tp=$(field "$bus" throughput_rps)
 
 bus_exec_lat=$(field "$bus" executor_latency_us); bus_exec_tp=$(field "$bus" executor_throughput_rps)
+curve_lat=$(field "$curve" latency_us); curve_tp=$(field "$curve" throughput_rps)
 
 echo "raw libzmq (C)                     latency, 1 in flight:    ${raw_lat} us"
 echo "raw libzmq (C)                     throughput, 64 in flight: ${raw_tp} req/s"
@@ -41,8 +48,10 @@ echo "bus, callers on the pool           latency, 1 in flight:    ${bus_lat} us"
 echo "bus, callers on the pool           throughput, 64 in flight: ${bus_tp} req/s"
 echo "bus, callers on the client's thread latency, 1 in flight:    ${bus_exec_lat} us"
 echo "bus, callers on the client's thread throughput, 64 in flight: ${bus_exec_tp} req/s"
+echo "bus with CURVE, callers by key      latency, 1 in flight:    ${curve_lat} us"
+echo "bus with CURVE, callers by key      throughput, 64 in flight: ${curve_tp} req/s"
 echo "diagnostic: bus client vs C server  $(field "$swift_client" latency_us) us, $(field "$swift_client" throughput_rps) req/s"
 echo "diagnostic: C client vs bus server  $(field "$swift_server" latency_us) us, $(field "$swift_server" throughput_rps) req/s"
 echo "diagnostic: handler path alone (decode, handle, encode; binary and JSON): $("$BIN/bus-bench" handler -)"
-awk -v bl="$bus_lat" -v rl="$raw_lat" -v bt="$bus_tp" -v rt="$raw_tp" \
-  'BEGIN { printf "bus/raw latency ratio: %.2f  bus/raw throughput ratio: %.2f\n", bl/rl, bt/rt }'
+awk -v bl="$bus_lat" -v rl="$raw_lat" -v bt="$bus_tp" -v rt="$raw_tp" -v cl="$curve_lat" -v ct="$curve_tp" \
+  'BEGIN { printf "bus/raw latency ratio: %.2f  bus/raw throughput ratio: %.2f  curve/plain latency ratio: %.2f  curve/plain throughput ratio: %.2f\n", bl/rl, bt/rt, cl/bl, ct/bt }'

@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import Messages
 import ServiceKit
+import ZeroMQ
 
 // Bus benchmark: `bus-bench server ENDPOINT` serves an echo method; `bus-bench client ENDPOINT
 // [SECONDS]` measures round-trip latency with one request in flight and throughput with 64 in
@@ -96,12 +97,23 @@ let seconds = arguments.count > 3 ? Double(arguments[3]) ?? 3 : 3
 
 switch arguments[1] {
 case "server":
+    // CURVE, and callers known by key, when the environment says so (`make bench-bus`'s curve run).
+    let environment = Environment()
+    var configuration = BusServer.Configuration(endpoint: endpoint, maxInFlight: 4096, curveSecretKey: try BusSecurity.serverSecretKey(environment))
+    if let callers = try BusSecurity.knownCallers(environment) {
+        try BusAuthentication.install(callers: callers, logger: Logger(label: "bench"))
+        configuration.knownCallers = true
+    }
     var router = BusRouter()
     router.register(echo) { body, _ in body }
-    let server = BusServer(configuration: .init(endpoint: endpoint, maxInFlight: 4096), router: router, logger: Logger(label: "bench"))
+    let server = BusServer(configuration: configuration, router: router, logger: Logger(label: "bench"))
     try await server.run()
+case "keys":
+    // A server key pair and a caller's, for the curve run: SERVER_PUBLIC SERVER_SECRET CALLER_PUBLIC CALLER_SECRET.
+    let server = try ZMQCurveKeyPair.generate(), caller = try ZMQCurveKeyPair.generate()
+    print("\(server.publicKey) \(server.secretKey) \(caller.publicKey) \(caller.secretKey)")
 case "client":
-    let client = BusClient(endpoint: endpoint, timeout: .seconds(10))
+    let client = BusClient(configuration: .init(endpoint: endpoint, defaultTimeout: .seconds(10), curve: try BusSecurity.clientKeys(Environment())))
     // Callers as most code makes them: tasks on the cooperative pool, a thread hop each way.
     let latencyMicros = try await latency(client: client, seconds: seconds)
     let poolRate = try await throughput(client: client, inFlight: 64, seconds: seconds)
