@@ -28,7 +28,8 @@ measure() { # measure SERVER_CMD CLIENT_CMD: "zmq_echo bus" speaks the bus's fra
 raw=$(measure ".build/bench/zmq_echo " ".build/bench/zmq_echo ")
 bus=$(measure "$BIN/bus-bench " "$BIN/bus-bench ")
 read -r server_public server_secret caller_public caller_secret <<< "$("$BIN/bus-bench" keys -)"
-curve_server() { BUS_CURVE_SECRET=$server_secret BUS_CURVE_CLIENTS="gateway:$caller_public" "$BIN/bus-bench" server "$@"; }
+# exec: the background job is the server itself, so the kill below reaches it.
+curve_server() { BUS_CURVE_SECRET=$server_secret BUS_CURVE_CLIENTS="gateway:$caller_public" exec "$BIN/bus-bench" server "$@"; }
 curve_client() { BUS_CURVE_PUBLIC=$server_public BUS_CURVE_KEY=$caller_secret "$BIN/bus-bench" client "$@"; }
 curve=$(measure "curve_" "curve_")
 swift_client=$(measure ".build/bench/zmq_echo bus" "$BIN/bus-bench ")

@@ -10,7 +10,20 @@ final class RawConnection: @unchecked Sendable {
     private var fd: Int32
 
     init(port: Int, timeout: Int = 10) throws {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        fd = -1
+        // Closed once, by `connected`, when the connection fails: a class whose init throws still
+        // runs its deinit, and a second close would hit whatever descriptor took the number.
+        fd = try Self.connected(port: port)
+        var limit = timeval(tv_sec: timeout, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+    }
+
+    deinit { close() }
+
+    /// A socket connected to `port` on loopback (blocking), or the error of the attempt.
+    static func connected(port: Int) throws -> Int32 {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw POSIXError(.EMFILE) }
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
@@ -20,19 +33,12 @@ final class RawConnection: @unchecked Sendable {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
         guard connected == 0 else {
-            // Closed once, here: a class whose init throws still runs its deinit, and a second
-            // close would hit whatever descriptor took the number meanwhile (another thread's).
             let code = errno
             Glibc.close(fd)
-            fd = -1
             throw POSIXError(POSIXErrorCode(rawValue: code) ?? .ECONNREFUSED)
         }
-        var limit = timeval(tv_sec: timeout, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+        return fd
     }
-
-    deinit { close() }
 
     /// Sends all of `bytes`; false if the connection refused them.
     @discardableResult

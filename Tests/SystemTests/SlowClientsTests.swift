@@ -25,16 +25,7 @@ struct SlowClientsTests {
             await offThePool {
                 let crowd = self
                 for _ in 0..<count {
-                    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-                    guard fd >= 0 else { break }
-                    var address = sockaddr_in()
-                    address.sin_family = sa_family_t(AF_INET)
-                    address.sin_port = in_port_t(UInt16(port).bigEndian)
-                    address.sin_addr.s_addr = inet_addr("127.0.0.1")
-                    let connected = withUnsafePointer(to: &address) {
-                        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-                    }
-                    guard connected == 0 else { Glibc.close(fd); continue }
+                    guard let fd = try? RawConnection.connected(port: port) else { continue }
                     _ = first.withCString { Glibc.send(fd, $0, strlen($0), Int32(MSG_NOSIGNAL)) }
                     crowd.fds.append(fd)
                 }
