@@ -101,7 +101,7 @@ case "server":
     let environment = Environment()
     var configuration = BusServer.Configuration(endpoint: endpoint, maxInFlight: 4096, curveSecretKey: try BusSecurity.serverSecretKey(environment))
     if let callers = try BusSecurity.knownCallers(environment) {
-        try BusAuthentication.install(callers: callers, logger: Logger(label: "bench"))
+        try await BusAuthentication.install(callers: callers, logger: Logger(label: "bench"))
         configuration.knownCallers = true
     }
     var router = BusRouter()

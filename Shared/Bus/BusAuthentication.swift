@@ -31,8 +31,9 @@ public final class BusAuthentication: Sendable {
     }
 
     /// Starts the process's handler with `callers` (public key to role); a second call changes
-    /// nothing. Returns once the handler is bound, so sockets bound after it are checked.
-    public static func install(callers: [[UInt8]: BusRole], logger: Logger) throws {
+    /// nothing. Returns once the handler is bound (waiting without holding a thread of the pool),
+    /// so sockets bound after it are checked.
+    public static func install(callers: [[UInt8]: BusRole], logger: Logger) async throws {
         let handler = BusAuthentication(callers: callers, logger: logger)
         let started: Bool = installed.withLock { current in
             guard current == nil else { return false }
@@ -40,24 +41,21 @@ public final class BusAuthentication: Sendable {
             return true
         }
         guard started else { return }
-        let ready = DispatchSemaphore(value: 0)
-        let failure = Mutex<ZMQError?>(nil)
-        IOThread.start(name: "bus-zap") {
-            let socket: ZMQSocket
-            do throws(ZMQError) {
-                socket = try ZMQSocket(.rep)
-                try socket.setLinger(milliseconds: 0)
-                try socket.bind("inproc://zeromq.zap.01")
-            } catch {
-                failure.withLock { $0 = error }
-                ready.signal()
-                return
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            IOThread.start(name: "bus-zap") {
+                let socket: ZMQSocket
+                do throws(ZMQError) {
+                    socket = try ZMQSocket(.rep)
+                    try socket.setLinger(milliseconds: 0)
+                    try socket.bind("inproc://zeromq.zap.01")
+                } catch {
+                    continuation.resume(throwing: error)
+                    return
+                }
+                continuation.resume()
+                handler.serve(socket)
             }
-            ready.signal()
-            handler.serve(socket)
         }
-        ready.wait()
-        if let error = failure.withLock({ $0 }) { throw error }
     }
 
     /// Answers ZAP requests until the context ends.

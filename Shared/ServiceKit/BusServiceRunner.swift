@@ -29,7 +29,7 @@ public enum BusServiceRunner {
         let extraServices = try await register(&router, configuration, logger)
 
         if let callers = configuration.knownCallers {
-            try BusAuthentication.install(callers: callers, logger: logger)
+            try await BusAuthentication.install(callers: callers, logger: logger)
         }
         var serverConfiguration = BusServer.Configuration(
             endpoint: configuration.bindEndpoint,
