@@ -22,6 +22,7 @@ let package = Package(
         .executable(name: "bus-bench", targets: ["bus-bench"]),
         .executable(name: "bus-fixture", targets: ["bus-fixture"]),
         .executable(name: "provider-fixture", targets: ["provider-fixture"]),
+        .executable(name: "slow-crowd", targets: ["slow-crowd"]),
         .executable(name: "quota-bench", targets: ["quota-bench"]),
         .executable(name: "jobs-bench", targets: ["jobs-bench"]),
         .executable(name: "history-bench", targets: ["history-bench"]),
@@ -278,6 +279,12 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ],
             path: "Tests/Fixtures/provider-fixture",
+            swiftSettings: swiftSettings
+        ),
+        // Slow clients held in a process of their own for the gateway's slow-client tests.
+        .executableTarget(
+            name: "slow-crowd",
+            path: "Tests/Fixtures/slow-crowd",
             swiftSettings: swiftSettings
         ),
         .executableTarget(
