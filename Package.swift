@@ -37,6 +37,8 @@ let package = Package(
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
         .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.8.0"),
         .package(url: "https://github.com/apple/swift-crypto.git", "4.0.0"..<"5.0.0"),
+        .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
+        .package(url: "https://github.com/apple/swift-asn1.git", from: "1.7.4"),
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
         .package(url: "https://github.com/apple/swift-nio-extras.git", from: "1.35.2"),
@@ -97,10 +99,21 @@ let package = Package(
             path: "Shared/ServiceKit",
             swiftSettings: swiftSettings
         ),
+        // Apple App Attest: a guest's attestation checked against Apple's root (CBOR, X.509).
+        .target(
+            name: "AppAttest",
+            dependencies: [
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
+            path: "Shared/AppAttest",
+            swiftSettings: swiftSettings
+        ),
         .target(
             name: "GatewayApp",
             dependencies: [
-                "Bus", "Messages", "ServiceKit", "Blobs",
+                "Bus", "Messages", "ServiceKit", "Blobs", "AppAttest",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "NIOHTTPTypes", package: "swift-nio-extras"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
@@ -341,6 +354,13 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(
+            name: "AppAttestTests",
+            dependencies: ["AppAttest", .product(name: "Crypto", package: "swift-crypto"), .product(name: "X509", package: "swift-certificates")],
+            path: "Tests/AppAttestTests",
+            exclude: ["Fixtures"],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
             name: "BlobsTests",
             dependencies: ["Blobs"],
             path: "Tests/BlobsTests",
@@ -401,7 +421,7 @@ let package = Package(
         .testTarget(
             name: "SystemTests",
             dependencies: [
-                "Bus", "Messages", "ZeroMQ", "ServiceKit", "GatewayApp", "QuotaService", "JobsService", "HistoryService", "WorkerKit", "JobsCore", "ImageOps", "Blobs",
+                "Bus", "Messages", "ZeroMQ", "ServiceKit", "GatewayApp", "AppAttest", "QuotaService", "JobsService", "HistoryService", "WorkerKit", "JobsCore", "ImageOps", "Blobs",
                 "PhotoEditKit",
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Hummingbird", package: "hummingbird"),

@@ -24,6 +24,10 @@ public enum Quota {
     /// Admits a guest id seen for the first time from a client network, or refuses it past the
     /// network's limit of new guests an hour. A guest id admitted before is admitted again.
     public static let admitGuest = BusMethod<AdmitGuest, GuestAdmission>("quota.admit-guest", roles: [.gateway])
+    /// Binds an App Attest key (verified by the gateway) to a guest id: the guest is admitted
+    /// whatever its network's count of new guests, and its jobs no longer draw on its network's
+    /// shared credits. A key belongs to one guest; a guest's new key replaces its old one.
+    public static let attestGuest = BusMethod<AttestGuest, GuestAttestation>("quota.attest-guest", roles: [.gateway])
 
     /// Error codes the quota service answers with.
     public enum ErrorCode {
@@ -55,27 +59,52 @@ public struct ReserveQuota: Codable, Sendable, Equatable {
     }
 }
 
-/// A guest id and the client network it calls from.
+/// A guest id and the client network it calls from. With `attestedOnly`, only a guest whose
+/// device was attested (App Attest) is admitted.
 public struct AdmitGuest: Codable, Sendable, Equatable {
     public var userId: String
     public var network: String
-    public init(userId: String, network: String) {
+    public var attestedOnly: Bool?
+    public init(userId: String, network: String, attestedOnly: Bool? = nil) {
         self.userId = userId
         self.network = network
+        self.attestedOnly = attestedOnly
     }
 }
 
-/// Whether a guest id may be used: admitted, or refused until `retryAt` because its network
-/// made `limit` new guests in the last hour.
+/// Whether a guest id may be used: admitted, or refused because its network made `limit` new
+/// guests in the last hour (until `retryAt`), or, `attestationRequired`, because only attested
+/// guests are admitted and this one is not.
 public struct GuestAdmission: Codable, Sendable, Equatable {
     public var admitted: Bool
     public var limit: Int
     public var retryAt: Date?
-    public init(admitted: Bool, limit: Int, retryAt: Date?) {
+    public var attestationRequired: Bool?
+    public init(admitted: Bool, limit: Int, retryAt: Date?, attestationRequired: Bool? = nil) {
         self.admitted = admitted
         self.limit = limit
         self.retryAt = retryAt
+        self.attestationRequired = attestationRequired
     }
+}
+
+/// A guest id, the client network it calls from, and the App Attest key id (base64) its
+/// device attested.
+public struct AttestGuest: Codable, Sendable, Equatable {
+    public var userId: String
+    public var network: String
+    public var keyId: String
+    public init(userId: String, network: String, keyId: String) {
+        self.userId = userId
+        self.network = network
+        self.keyId = keyId
+    }
+}
+
+/// Whether the key is now the guest's: false when it is bound to another guest.
+public struct GuestAttestation: Codable, Sendable, Equatable {
+    public var attested: Bool
+    public init(attested: Bool) { self.attested = attested }
 }
 
 /// Names a charge by its job id.

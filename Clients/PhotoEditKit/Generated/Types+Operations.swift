@@ -1170,6 +1170,587 @@ internal enum Operations {
             }
         }
     }
+    /// A one-time App Attest challenge for this guest's device (valid 5 minutes).
+    ///
+    /// With `APP_ATTEST_APP_ID` configured; 404 otherwise. The app passes SHA256(the challenge's UTF-8 bytes) as `clientDataHash` to `DCAppAttestService.attestKey`. Not subject to the guest limits of the client network.
+    ///
+    /// - Remark: HTTP `POST /api/v1/guests/attestation/challenge`.
+    /// - Remark: Generated from `#/paths//api/v1/guests/attestation/challenge/post(attestationChallenge)`.
+    internal enum AttestationChallenge {
+        internal static let id: Swift.String = "attestationChallenge"
+        internal struct Input: Sendable, Hashable {
+            /// - Remark: Generated from `#/paths/api/v1/guests/attestation/challenge/POST/header`.
+            internal struct Headers: Sendable, Hashable {
+                internal var accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.AttestationChallenge.AcceptableContentType>]
+                /// Creates a new `Headers`.
+                ///
+                /// - Parameters:
+                ///   - accept:
+                internal init(accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.AttestationChallenge.AcceptableContentType>] = .defaultValues()) {
+                    self.accept = accept
+                }
+            }
+            internal var headers: Operations.AttestationChallenge.Input.Headers
+            /// Creates a new `Input`.
+            ///
+            /// - Parameters:
+            ///   - headers:
+            internal init(headers: Operations.AttestationChallenge.Input.Headers = .init()) {
+                self.headers = headers
+            }
+        }
+        internal enum Output: Sendable, Hashable {
+            internal struct Ok: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/api/v1/guests/attestation/challenge/POST/responses/200/content`.
+                internal enum Body: Sendable, Hashable {
+                    /// - Remark: Generated from `#/paths/api/v1/guests/attestation/challenge/POST/responses/200/content/json`.
+                    internal struct JsonPayload: Codable, Hashable, Sendable {
+                        /// - Remark: Generated from `#/paths/api/v1/guests/attestation/challenge/POST/responses/200/content/json/challenge`.
+                        internal var challenge: Swift.String
+                        /// - Remark: Generated from `#/paths/api/v1/guests/attestation/challenge/POST/responses/200/content/json/expiresAt`.
+                        internal var expiresAt: Foundation.Date
+                        /// Creates a new `JsonPayload`.
+                        ///
+                        /// - Parameters:
+                        ///   - challenge:
+                        ///   - expiresAt:
+                        internal init(
+                            challenge: Swift.String,
+                            expiresAt: Foundation.Date
+                        ) {
+                            self.challenge = challenge
+                            self.expiresAt = expiresAt
+                        }
+                        internal enum CodingKeys: String, CodingKey {
+                            case challenge
+                            case expiresAt
+                        }
+                    }
+                    /// - Remark: Generated from `#/paths/api/v1/guests/attestation/challenge/POST/responses/200/content/application\/json`.
+                    case json(Operations.AttestationChallenge.Output.Ok.Body.JsonPayload)
+                    /// The associated value of the enum case if `self` is `.json`.
+                    ///
+                    /// - Throws: An error if `self` is not `.json`.
+                    /// - SeeAlso: `.json`.
+                    internal var json: Operations.AttestationChallenge.Output.Ok.Body.JsonPayload {
+                        get throws {
+                            switch self {
+                            case let .json(body):
+                                return body
+                            }
+                        }
+                    }
+                }
+                /// Received HTTP response body
+                internal var body: Operations.AttestationChallenge.Output.Ok.Body
+                /// Creates a new `Ok`.
+                ///
+                /// - Parameters:
+                ///   - body: Received HTTP response body
+                internal init(body: Operations.AttestationChallenge.Output.Ok.Body) {
+                    self.body = body
+                }
+            }
+            /// The challenge.
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/guests/attestation/challenge/post(attestationChallenge)/responses/200`.
+            ///
+            /// HTTP response code: `200 ok`.
+            case ok(Operations.AttestationChallenge.Output.Ok)
+            /// The associated value of the enum case if `self` is `.ok`.
+            ///
+            /// - Throws: An error if `self` is not `.ok`.
+            /// - SeeAlso: `.ok`.
+            internal var ok: Operations.AttestationChallenge.Output.Ok {
+                get throws {
+                    switch self {
+                    case let .ok(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "ok",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// No identity, or a bad one.
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/guests/attestation/challenge/post(attestationChallenge)/responses/401`.
+            ///
+            /// HTTP response code: `401 unauthorized`.
+            case unauthorized(Components.Responses.Unauthorized)
+            /// The associated value of the enum case if `self` is `.unauthorized`.
+            ///
+            /// - Throws: An error if `self` is not `.unauthorized`.
+            /// - SeeAlso: `.unauthorized`.
+            internal var unauthorized: Components.Responses.Unauthorized {
+                get throws {
+                    switch self {
+                    case let .unauthorized(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "unauthorized",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// No such thing for this caller (anyone else's ids answer this too).
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/guests/attestation/challenge/post(attestationChallenge)/responses/404`.
+            ///
+            /// HTTP response code: `404 notFound`.
+            case notFound(Components.Responses.NotFound)
+            /// The associated value of the enum case if `self` is `.notFound`.
+            ///
+            /// - Throws: An error if `self` is not `.notFound`.
+            /// - SeeAlso: `.notFound`.
+            internal var notFound: Components.Responses.NotFound {
+                get throws {
+                    switch self {
+                    case let .notFound(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "notFound",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Undocumented response.
+            ///
+            /// A response with a code that is not documented in the OpenAPI document.
+            case undocumented(statusCode: Swift.Int, OpenAPIRuntime.UndocumentedPayload)
+        }
+        internal enum AcceptableContentType: AcceptableProtocol {
+            case json
+            case applicationProblemJson
+            case other(Swift.String)
+            internal init?(rawValue: Swift.String) {
+                switch rawValue.lowercased() {
+                case "application/json":
+                    self = .json
+                case "application/problem+json":
+                    self = .applicationProblemJson
+                default:
+                    self = .other(rawValue)
+                }
+            }
+            internal var rawValue: Swift.String {
+                switch self {
+                case let .other(string):
+                    return string
+                case .json:
+                    return "application/json"
+                case .applicationProblemJson:
+                    return "application/problem+json"
+                }
+            }
+            internal static var allCases: [Self] {
+                [
+                    .json,
+                    .applicationProblemJson
+                ]
+            }
+        }
+    }
+    /// Attests this guest's device with Apple App Attest; the key is bound to the guest.
+    ///
+    /// The attestation object is checked against Apple's App Attest root for `APP_ATTEST_APP_ID` and `APP_ATTEST_ENVIRONMENT` (400 `invalid_challenge`, 422 `attestation_refused`, 409 `key_in_use` when the key is another guest's). An attested guest is admitted whatever its network's count of new guests, does not share its network's daily credits, and is the only kind of guest admitted with `APP_ATTEST_REQUIRED` (others answer 403 `attestation_required`).
+    ///
+    /// - Remark: HTTP `POST /api/v1/guests/attestation`.
+    /// - Remark: Generated from `#/paths//api/v1/guests/attestation/post(attestGuest)`.
+    internal enum AttestGuest {
+        internal static let id: Swift.String = "attestGuest"
+        internal struct Input: Sendable, Hashable {
+            /// - Remark: Generated from `#/paths/api/v1/guests/attestation/POST/header`.
+            internal struct Headers: Sendable, Hashable {
+                internal var accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.AttestGuest.AcceptableContentType>]
+                /// Creates a new `Headers`.
+                ///
+                /// - Parameters:
+                ///   - accept:
+                internal init(accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.AttestGuest.AcceptableContentType>] = .defaultValues()) {
+                    self.accept = accept
+                }
+            }
+            internal var headers: Operations.AttestGuest.Input.Headers
+            /// - Remark: Generated from `#/paths/api/v1/guests/attestation/POST/requestBody`.
+            internal enum Body: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/api/v1/guests/attestation/POST/requestBody/json`.
+                internal struct JsonPayload: Codable, Hashable, Sendable {
+                    /// The base64 key identifier `generateKey` gave (32 bytes).
+                    ///
+                    /// - Remark: Generated from `#/paths/api/v1/guests/attestation/POST/requestBody/json/keyId`.
+                    internal var keyId: Swift.String
+                    /// The base64 attestation object.
+                    ///
+                    /// - Remark: Generated from `#/paths/api/v1/guests/attestation/POST/requestBody/json/attestation`.
+                    internal var attestation: Swift.String
+                    /// The challenge this gateway gave this device.
+                    ///
+                    /// - Remark: Generated from `#/paths/api/v1/guests/attestation/POST/requestBody/json/challenge`.
+                    internal var challenge: Swift.String
+                    /// Creates a new `JsonPayload`.
+                    ///
+                    /// - Parameters:
+                    ///   - keyId: The base64 key identifier `generateKey` gave (32 bytes).
+                    ///   - attestation: The base64 attestation object.
+                    ///   - challenge: The challenge this gateway gave this device.
+                    internal init(
+                        keyId: Swift.String,
+                        attestation: Swift.String,
+                        challenge: Swift.String
+                    ) {
+                        self.keyId = keyId
+                        self.attestation = attestation
+                        self.challenge = challenge
+                    }
+                    internal enum CodingKeys: String, CodingKey {
+                        case keyId
+                        case attestation
+                        case challenge
+                    }
+                }
+                /// - Remark: Generated from `#/paths/api/v1/guests/attestation/POST/requestBody/content/application\/json`.
+                case json(Operations.AttestGuest.Input.Body.JsonPayload)
+            }
+            internal var body: Operations.AttestGuest.Input.Body
+            /// Creates a new `Input`.
+            ///
+            /// - Parameters:
+            ///   - headers:
+            ///   - body:
+            internal init(
+                headers: Operations.AttestGuest.Input.Headers = .init(),
+                body: Operations.AttestGuest.Input.Body
+            ) {
+                self.headers = headers
+                self.body = body
+            }
+        }
+        internal enum Output: Sendable, Hashable {
+            internal struct Ok: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/api/v1/guests/attestation/POST/responses/200/content`.
+                internal enum Body: Sendable, Hashable {
+                    /// - Remark: Generated from `#/paths/api/v1/guests/attestation/POST/responses/200/content/json`.
+                    internal struct JsonPayload: Codable, Hashable, Sendable {
+                        /// - Remark: Generated from `#/paths/api/v1/guests/attestation/POST/responses/200/content/json/attested`.
+                        internal var attested: Swift.Bool
+                        /// - Remark: Generated from `#/paths/api/v1/guests/attestation/POST/responses/200/content/json/keyId`.
+                        internal var keyId: Swift.String
+                        /// Creates a new `JsonPayload`.
+                        ///
+                        /// - Parameters:
+                        ///   - attested:
+                        ///   - keyId:
+                        internal init(
+                            attested: Swift.Bool,
+                            keyId: Swift.String
+                        ) {
+                            self.attested = attested
+                            self.keyId = keyId
+                        }
+                        internal enum CodingKeys: String, CodingKey {
+                            case attested
+                            case keyId
+                        }
+                    }
+                    /// - Remark: Generated from `#/paths/api/v1/guests/attestation/POST/responses/200/content/application\/json`.
+                    case json(Operations.AttestGuest.Output.Ok.Body.JsonPayload)
+                    /// The associated value of the enum case if `self` is `.json`.
+                    ///
+                    /// - Throws: An error if `self` is not `.json`.
+                    /// - SeeAlso: `.json`.
+                    internal var json: Operations.AttestGuest.Output.Ok.Body.JsonPayload {
+                        get throws {
+                            switch self {
+                            case let .json(body):
+                                return body
+                            }
+                        }
+                    }
+                }
+                /// Received HTTP response body
+                internal var body: Operations.AttestGuest.Output.Ok.Body
+                /// Creates a new `Ok`.
+                ///
+                /// - Parameters:
+                ///   - body: Received HTTP response body
+                internal init(body: Operations.AttestGuest.Output.Ok.Body) {
+                    self.body = body
+                }
+            }
+            /// Attested.
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/guests/attestation/post(attestGuest)/responses/200`.
+            ///
+            /// HTTP response code: `200 ok`.
+            case ok(Operations.AttestGuest.Output.Ok)
+            /// The associated value of the enum case if `self` is `.ok`.
+            ///
+            /// - Throws: An error if `self` is not `.ok`.
+            /// - SeeAlso: `.ok`.
+            internal var ok: Operations.AttestGuest.Output.Ok {
+                get throws {
+                    switch self {
+                    case let .ok(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "ok",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// The request is malformed (a parameter, the JSON body, a header).
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/guests/attestation/post(attestGuest)/responses/400`.
+            ///
+            /// HTTP response code: `400 badRequest`.
+            case badRequest(Components.Responses.BadRequest)
+            /// The associated value of the enum case if `self` is `.badRequest`.
+            ///
+            /// - Throws: An error if `self` is not `.badRequest`.
+            /// - SeeAlso: `.badRequest`.
+            internal var badRequest: Components.Responses.BadRequest {
+                get throws {
+                    switch self {
+                    case let .badRequest(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badRequest",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// No identity, or a bad one.
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/guests/attestation/post(attestGuest)/responses/401`.
+            ///
+            /// HTTP response code: `401 unauthorized`.
+            case unauthorized(Components.Responses.Unauthorized)
+            /// The associated value of the enum case if `self` is `.unauthorized`.
+            ///
+            /// - Throws: An error if `self` is not `.unauthorized`.
+            /// - SeeAlso: `.unauthorized`.
+            internal var unauthorized: Components.Responses.Unauthorized {
+                get throws {
+                    switch self {
+                    case let .unauthorized(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "unauthorized",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// No such thing for this caller (anyone else's ids answer this too).
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/guests/attestation/post(attestGuest)/responses/404`.
+            ///
+            /// HTTP response code: `404 notFound`.
+            case notFound(Components.Responses.NotFound)
+            /// The associated value of the enum case if `self` is `.notFound`.
+            ///
+            /// - Throws: An error if `self` is not `.notFound`.
+            /// - SeeAlso: `.notFound`.
+            internal var notFound: Components.Responses.NotFound {
+                get throws {
+                    switch self {
+                    case let .notFound(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "notFound",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// It conflicts with the current state (already finished, not shareable, used upload key).
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/guests/attestation/post(attestGuest)/responses/409`.
+            ///
+            /// HTTP response code: `409 conflict`.
+            case conflict(Components.Responses.Conflict)
+            /// The associated value of the enum case if `self` is `.conflict`.
+            ///
+            /// - Throws: An error if `self` is not `.conflict`.
+            /// - SeeAlso: `.conflict`.
+            internal var conflict: Components.Responses.Conflict {
+                get throws {
+                    switch self {
+                    case let .conflict(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "conflict",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// The body is over its limit.
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/guests/attestation/post(attestGuest)/responses/413`.
+            ///
+            /// HTTP response code: `413 contentTooLarge`.
+            case contentTooLarge(Components.Responses.TooLarge)
+            /// The associated value of the enum case if `self` is `.contentTooLarge`.
+            ///
+            /// - Throws: An error if `self` is not `.contentTooLarge`.
+            /// - SeeAlso: `.contentTooLarge`.
+            internal var contentTooLarge: Components.Responses.TooLarge {
+                get throws {
+                    switch self {
+                    case let .contentTooLarge(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "contentTooLarge",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Well-formed but refused (unknown effect, parameters out of range, too many pixels, unknown plan).
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/guests/attestation/post(attestGuest)/responses/422`.
+            ///
+            /// HTTP response code: `422 unprocessableContent`.
+            case unprocessableContent(Components.Responses.Unprocessable)
+            /// The associated value of the enum case if `self` is `.unprocessableContent`.
+            ///
+            /// - Throws: An error if `self` is not `.unprocessableContent`.
+            /// - SeeAlso: `.unprocessableContent`.
+            internal var unprocessableContent: Components.Responses.Unprocessable {
+                get throws {
+                    switch self {
+                    case let .unprocessableContent(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "unprocessableContent",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service answered something the gateway could not read.
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/guests/attestation/post(attestGuest)/responses/502`.
+            ///
+            /// HTTP response code: `502 badGateway`.
+            case badGateway(Components.Responses.BadGateway)
+            /// The associated value of the enum case if `self` is `.badGateway`.
+            ///
+            /// - Throws: An error if `self` is not `.badGateway`.
+            /// - SeeAlso: `.badGateway`.
+            internal var badGateway: Components.Responses.BadGateway {
+                get throws {
+                    switch self {
+                    case let .badGateway(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badGateway",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service is down, overloaded or its storage failed; retry after `Retry-After`.
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/guests/attestation/post(attestGuest)/responses/503`.
+            ///
+            /// HTTP response code: `503 serviceUnavailable`.
+            case serviceUnavailable(Components.Responses.Unavailable)
+            /// The associated value of the enum case if `self` is `.serviceUnavailable`.
+            ///
+            /// - Throws: An error if `self` is not `.serviceUnavailable`.
+            /// - SeeAlso: `.serviceUnavailable`.
+            internal var serviceUnavailable: Components.Responses.Unavailable {
+                get throws {
+                    switch self {
+                    case let .serviceUnavailable(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "serviceUnavailable",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service did not answer in time.
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/guests/attestation/post(attestGuest)/responses/504`.
+            ///
+            /// HTTP response code: `504 gatewayTimeout`.
+            case gatewayTimeout(Components.Responses.Timeout)
+            /// The associated value of the enum case if `self` is `.gatewayTimeout`.
+            ///
+            /// - Throws: An error if `self` is not `.gatewayTimeout`.
+            /// - SeeAlso: `.gatewayTimeout`.
+            internal var gatewayTimeout: Components.Responses.Timeout {
+                get throws {
+                    switch self {
+                    case let .gatewayTimeout(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "gatewayTimeout",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Undocumented response.
+            ///
+            /// A response with a code that is not documented in the OpenAPI document.
+            case undocumented(statusCode: Swift.Int, OpenAPIRuntime.UndocumentedPayload)
+        }
+        internal enum AcceptableContentType: AcceptableProtocol {
+            case json
+            case applicationProblemJson
+            case other(Swift.String)
+            internal init?(rawValue: Swift.String) {
+                switch rawValue.lowercased() {
+                case "application/json":
+                    self = .json
+                case "application/problem+json":
+                    self = .applicationProblemJson
+                default:
+                    self = .other(rawValue)
+                }
+            }
+            internal var rawValue: Swift.String {
+                switch self {
+                case let .other(string):
+                    return string
+                case .json:
+                    return "application/json"
+                case .applicationProblemJson:
+                    return "application/problem+json"
+                }
+            }
+            internal static var allCases: [Self] {
+                [
+                    .json,
+                    .applicationProblemJson
+                ]
+            }
+        }
+    }
     /// The effect catalogue the app shows.
     ///
     /// - Remark: HTTP `GET /api/v1/effects`.

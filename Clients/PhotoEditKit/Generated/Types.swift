@@ -40,6 +40,20 @@ internal protocol APIProtocol: Sendable {
     /// - Remark: HTTP `GET /api/v1/users/me/credits`.
     /// - Remark: Generated from `#/paths//api/v1/users/me/credits/get(credits)`.
     func credits(_ input: Operations.Credits.Input) async throws -> Operations.Credits.Output
+    /// A one-time App Attest challenge for this guest's device (valid 5 minutes).
+    ///
+    /// With `APP_ATTEST_APP_ID` configured; 404 otherwise. The app passes SHA256(the challenge's UTF-8 bytes) as `clientDataHash` to `DCAppAttestService.attestKey`. Not subject to the guest limits of the client network.
+    ///
+    /// - Remark: HTTP `POST /api/v1/guests/attestation/challenge`.
+    /// - Remark: Generated from `#/paths//api/v1/guests/attestation/challenge/post(attestationChallenge)`.
+    func attestationChallenge(_ input: Operations.AttestationChallenge.Input) async throws -> Operations.AttestationChallenge.Output
+    /// Attests this guest's device with Apple App Attest; the key is bound to the guest.
+    ///
+    /// The attestation object is checked against Apple's App Attest root for `APP_ATTEST_APP_ID` and `APP_ATTEST_ENVIRONMENT` (400 `invalid_challenge`, 422 `attestation_refused`, 409 `key_in_use` when the key is another guest's). An attested guest is admitted whatever its network's count of new guests, does not share its network's daily credits, and is the only kind of guest admitted with `APP_ATTEST_REQUIRED` (others answer 403 `attestation_required`).
+    ///
+    /// - Remark: HTTP `POST /api/v1/guests/attestation`.
+    /// - Remark: Generated from `#/paths//api/v1/guests/attestation/post(attestGuest)`.
+    func attestGuest(_ input: Operations.AttestGuest.Input) async throws -> Operations.AttestGuest.Output
     /// The effect catalogue the app shows.
     ///
     /// - Remark: HTTP `GET /api/v1/effects`.
@@ -210,6 +224,30 @@ extension APIProtocol {
     /// - Remark: Generated from `#/paths//api/v1/users/me/credits/get(credits)`.
     internal func credits(headers: Operations.Credits.Input.Headers = .init()) async throws -> Operations.Credits.Output {
         try await credits(Operations.Credits.Input(headers: headers))
+    }
+    /// A one-time App Attest challenge for this guest's device (valid 5 minutes).
+    ///
+    /// With `APP_ATTEST_APP_ID` configured; 404 otherwise. The app passes SHA256(the challenge's UTF-8 bytes) as `clientDataHash` to `DCAppAttestService.attestKey`. Not subject to the guest limits of the client network.
+    ///
+    /// - Remark: HTTP `POST /api/v1/guests/attestation/challenge`.
+    /// - Remark: Generated from `#/paths//api/v1/guests/attestation/challenge/post(attestationChallenge)`.
+    internal func attestationChallenge(headers: Operations.AttestationChallenge.Input.Headers = .init()) async throws -> Operations.AttestationChallenge.Output {
+        try await attestationChallenge(Operations.AttestationChallenge.Input(headers: headers))
+    }
+    /// Attests this guest's device with Apple App Attest; the key is bound to the guest.
+    ///
+    /// The attestation object is checked against Apple's App Attest root for `APP_ATTEST_APP_ID` and `APP_ATTEST_ENVIRONMENT` (400 `invalid_challenge`, 422 `attestation_refused`, 409 `key_in_use` when the key is another guest's). An attested guest is admitted whatever its network's count of new guests, does not share its network's daily credits, and is the only kind of guest admitted with `APP_ATTEST_REQUIRED` (others answer 403 `attestation_required`).
+    ///
+    /// - Remark: HTTP `POST /api/v1/guests/attestation`.
+    /// - Remark: Generated from `#/paths//api/v1/guests/attestation/post(attestGuest)`.
+    internal func attestGuest(
+        headers: Operations.AttestGuest.Input.Headers = .init(),
+        body: Operations.AttestGuest.Input.Body
+    ) async throws -> Operations.AttestGuest.Output {
+        try await attestGuest(Operations.AttestGuest.Input(
+            headers: headers,
+            body: body
+        ))
     }
     /// The effect catalogue the app shows.
     ///

@@ -15,20 +15,27 @@ public func buildRouter(
     streams: JobStreams,
     blobs: (any BlobStore)? = nil,
     metrics: PrometheusCollectorRegistry = PrometheusCollectorRegistry(),
-    logger: Logger = Logger(label: "gateway")
+    logger: Logger = Logger(label: "gateway"),
+    now: @escaping @Sendable () -> Date = Date.init
 ) -> Router<GatewayContext> {
     let router = Router(context: GatewayContext.self)
     router.middlewares.add(MetricsMiddleware())
     router.middlewares.add(RequestIdMiddleware())
     router.middlewares.add(AccessLogMiddleware())
     router.middlewares.add(ProblemMiddleware())
-    router.middlewares.add(GuestAdmissionMiddleware(clients: clients, networks: configuration.clientNetworks))
+    router.middlewares.add(GuestAdmissionMiddleware(
+        clients: clients, networks: configuration.clientNetworks, attestedOnly: configuration.appAttest?.required ?? false
+    ))
     HealthController(clients: clients, readinessTimeout: configuration.readinessTimeout).addRoutes(to: router)
     OpenAPIController(path: configuration.openAPIFile, logger: logger).addRoutes(to: router)
     MetricsController(registry: metrics, clients: clients).addRoutes(to: router)
     UsersController(clients: clients, authenticator: authenticator).addRoutes(to: router)
     AdminController(clients: clients, authenticator: authenticator).addRoutes(to: router)
     WebhooksController(clients: clients, authenticator: authenticator, adaptySecret: configuration.adaptyWebhookSecret, logger: logger).addRoutes(to: router)
+    AttestationController(
+        clients: clients, networks: configuration.clientNetworks, settings: configuration.appAttest,
+        challenges: AttestationChallenges(secret: configuration.urlSigningSecret), now: now
+    ).addRoutes(to: router)
     // Routers built for tests that need no files leave the blob routes out; the gateway's own
     // `buildApplication` always opens its store (and stops if it cannot).
     guard let blobs else { return router }

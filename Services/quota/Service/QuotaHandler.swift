@@ -89,6 +89,10 @@ public struct QuotaHandler: Sendable {
             if !admission.admitted { Counter(label: "quota_guests_refused_total").increment() }
             return admission
         }
+        router.register(Quota.attestGuest) { request, _ in
+            let now = now()
+            return try await committer.perform { [ledger] db in try ledger.attestGuest(db, request, now: now) }
+        }
         router.register(Quota.plans) { _, _ in
             plans.plans.values.sorted { $0.name < $1.name }.map {
                 PlanDescription(name: $0.name, dailyLimit: $0.dailyLimit, monthlyLimit: $0.monthlyLimit, isPro: $0.isPro, retentionDays: $0.retentionDays)

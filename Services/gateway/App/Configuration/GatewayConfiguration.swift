@@ -1,3 +1,4 @@
+import AppAttest
 import Blobs
 import Bus
 import Foundation
@@ -58,6 +59,9 @@ public struct GatewayConfiguration: Sendable {
     public var clientNetworks = try! ClientNetworks(trustedProxies: nil)
     /// CURVE keys for the bus (`BUS_CURVE_PUBLIC`); nil for plain traffic.
     public var curve: CurveClientKeys?
+    /// Apple App Attest at guest sign-up (`APP_ATTEST_APP_ID`, `APP_ATTEST_ENVIRONMENT`,
+    /// `APP_ATTEST_REQUIRED`); nil: off. See `AttestationController`.
+    public var appAttest: AppAttestSettings?
 
     public init(
         host: String = "127.0.0.1",
@@ -137,6 +141,7 @@ public struct GatewayConfiguration: Sendable {
         )
         curve = try BusSecurity.clientKeys(environment)
         clientNetworks = try ClientNetworks(trustedProxies: environment.optional("TRUSTED_PROXIES"))
+        appAttest = try AppAttestSettings(environment: environment)
         clientLimits = ClientLimits(
             idleTimeout: .seconds(max(1, try environment.int("HTTP_IDLE_TIMEOUT_S", default: 60))),
             minimumBodyRate: max(0, try environment.int("HTTP_BODY_MIN_BYTES_PER_S", default: 1024)),
@@ -150,12 +155,46 @@ public struct GatewayConfiguration: Sendable {
         ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "JWT_SECRET", "ADMIN_TOKEN",
          "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S",
          "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "OPENAPI_FILE", "BUS_CURVE_PUBLIC", "BUS_CURVE_KEY", "BUS_ENCODING",
-         "HTTP_IDLE_TIMEOUT_S", "HTTP_BODY_MIN_BYTES_PER_S", "HTTP_BODY_GRACE_S", "HTTP_MAX_CONNECTIONS", "TRUSTED_PROXIES"]
+         "HTTP_IDLE_TIMEOUT_S", "HTTP_BODY_MIN_BYTES_PER_S", "HTTP_BODY_GRACE_S", "HTTP_MAX_CONNECTIONS", "TRUSTED_PROXIES",
+         "APP_ATTEST_APP_ID", "APP_ATTEST_ENVIRONMENT", "APP_ATTEST_REQUIRED"]
             + ServiceName.allCases.map(\.endpointVariable) + BlobStoreConfiguration.environmentKeys
     }
 
     /// The blob store's settings, with the secret and base URL of the folder store's routes.
     public var blobs: BlobStoreConfiguration {
         BlobStoreConfiguration(store: blobStore, urlSigningSecret: urlSigningSecret, publicBaseURL: publicBaseURL)
+    }
+}
+
+/// Apple App Attest at guest sign-up: which app's attestations are accepted, from which App Attest
+/// environment, and whether a guest must be attested before anything else.
+public struct AppAttestSettings: Sendable {
+    /// The App ID attestations must be for: team id, a dot, bundle id (`APP_ATTEST_APP_ID`).
+    public var appId: String
+    /// `production` (the App Store and TestFlight; the default) or `development` (builds from
+    /// Xcode) (`APP_ATTEST_ENVIRONMENT`).
+    public var environment: AppAttestVerifier.Environment
+    /// Whether only attested guests are admitted (`APP_ATTEST_REQUIRED`, default false): an
+    /// unattested guest's requests then answer 403 `attestation_required`.
+    public var required: Bool
+
+    public init(appId: String, environment: AppAttestVerifier.Environment = .production, required: Bool = false) {
+        self.appId = appId
+        self.environment = environment
+        self.required = required
+    }
+
+    /// The settings of `environment`; nil without `APP_ATTEST_APP_ID`.
+    init?(environment: Environment) throws {
+        guard let appId = environment.optional("APP_ATTEST_APP_ID") else { return nil }
+        let parts = appId.split(separator: ".", maxSplits: 1)
+        guard parts.count == 2, parts[0].count == 10, parts[0].allSatisfy({ $0.isLetter || $0.isNumber }) else {
+            throw ConfigurationError(key: "APP_ATTEST_APP_ID", value: appId, expected: "TEAMID.bundle.id (a 10-character team id, a dot, the bundle id)")
+        }
+        let environmentText = environment.string("APP_ATTEST_ENVIRONMENT", default: "production")
+        guard let attestEnvironment = AppAttestVerifier.Environment(rawValue: environmentText) else {
+            throw ConfigurationError(key: "APP_ATTEST_ENVIRONMENT", value: environmentText, expected: "production or development")
+        }
+        self.init(appId: appId, environment: attestEnvironment, required: try environment.bool("APP_ATTEST_REQUIRED", default: false))
     }
 }

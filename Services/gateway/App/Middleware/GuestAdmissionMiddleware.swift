@@ -28,21 +28,28 @@ extension HTTPField.Name {
 /// the last hour; past it, 429 naming the limit. The network goes on with the request, so a
 /// guest's job is charged to its network's shared credits of the day as well. Device ids seen
 /// before are remembered here (a bounded set), so a known guest costs no bus call.
+///
+/// With `attestedOnly` (`APP_ATTEST_REQUIRED`), only guests whose device was attested are
+/// admitted (403 `attestation_required` otherwise). The attestation routes themselves pass.
 struct GuestAdmissionMiddleware<Context: RemoteAddressRequestContext>: RouterMiddleware {
     let clients: ServiceClients
     let networks: ClientNetworks
+    var attestedOnly = false
     let known = KnownGuests(capacity: 100_000)
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         var head = request.head
         head.headerFields[.clientNetwork] = nil
         guard request.headers[.authorization] == nil, let device = request.headers[.deviceId], let uuid = UUID(uuidString: device),
+              !request.uri.path.hasPrefix(AttestationController<Context>.attestationPath),
               let network = networks.network(peer: context.remoteAddress, forwardedFor: request.headers[.xForwardedFor]) else {
             return try await next(head.headerFields == request.headers ? request : Request(head: head, body: request.body), context)
         }
         let userId = "device:\(uuid.uuidString.lowercased())"
         if !known.contains(userId) {
-            let admission = try await clients.call(.quota, Quota.admitGuest, AdmitGuest(userId: userId, network: network))
+            let admission = try await clients.call(
+                .quota, Quota.admitGuest, AdmitGuest(userId: userId, network: network, attestedOnly: attestedOnly ? true : nil)
+            )
             guard admission.admitted else { throw Self.refused(admission) }
             known.insert(userId)
         }
@@ -51,6 +58,13 @@ struct GuestAdmissionMiddleware<Context: RemoteAddressRequestContext>: RouterMid
     }
 
     static func refused(_ admission: GuestAdmission) -> Problem {
+        if admission.attestationRequired == true {
+            return Problem(
+                .forbidden, title: "Attestation required",
+                detail: "Guests must attest their device first: \(AttestationController<Context>.challengePath), then \(AttestationController<Context>.attestationPath).",
+                type: "/problems/attestation-required", extensions: ["code": .string("attestation_required")]
+            )
+        }
         let retryAfter = admission.retryAt.map { max(1, Int($0.timeIntervalSinceNow.rounded(.up))) } ?? 3600
         return Problem(
             .tooManyRequests,

@@ -98,6 +98,13 @@ public struct QuotaDatabase: Sendable {
                 table.add(column: "network", .text)
             }
         }
+        migrator.registerMigration("v4: attested guests") { db in
+            // The App Attest key a guest's device attested: one guest per key.
+            try db.alter(table: "guest") { table in
+                table.add(column: "attestedKey", .text)
+            }
+            try db.execute(sql: "CREATE UNIQUE INDEX guest_by_attested_key ON guest (attestedKey) WHERE attestedKey IS NOT NULL")
+        }
         return migrator
     }
 }

@@ -42,8 +42,10 @@ public struct QuotaLedger: Sendable {
         guard verdict.admitted else {
             return QuotaDecision(admitted: false, jobId: request.jobId, status: context.status(), violated: verdict.violated, retryAt: verdict.retryAt)
         }
-        // A guest's network shares the day's free credits of all its guests (UTC days).
-        let network = guests.networkDaily > 0 ? request.network.flatMap { $0.isEmpty || $0.utf8.count > 64 ? nil : $0 } : nil
+        // A guest's network shares the day's free credits of all its guests (UTC days), except
+        // with an attested guest: a real install of the app, however many share its address.
+        var network = guests.networkDaily > 0 ? request.network.flatMap { $0.isEmpty || $0.utf8.count > 64 ? nil : $0 } : nil
+        if network != nil, try isAttested(db, request.userId) { network = nil }
         if let network {
             let used = try Int.fetchOne(
                 db.cachedStatement(sql: "SELECT used FROM usage WHERE userId = ? AND window = 'daily' AND windowKey = ?"),
@@ -116,14 +118,16 @@ public struct QuotaLedger: Sendable {
 
     /// Admits a guest id: one seen before always; a new one unless its network made
     /// `guests.perNetworkHour` new guests in the last hour (then refused until the oldest of
-    /// them is an hour old).
+    /// them is an hour old). With `attestedOnly`, an attested guest only.
     public func admitGuest(_ db: Database, _ request: AdmitGuest, now: Date) throws -> GuestAdmission {
         try validate(user: request.userId)
         guard (1...64).contains(request.network.utf8.count) else { throw BusError(.badRequest, "network must be 1 to 64 bytes") }
         let limit = guests.perNetworkHour
-        if try Bool.fetchOne(db, sql: "SELECT 1 FROM guest WHERE userId = ?", arguments: [request.userId]) == true {
-            return GuestAdmission(admitted: true, limit: limit, retryAt: nil)
+        let known = try Row.fetchOne(db, sql: "SELECT attestedKey FROM guest WHERE userId = ?", arguments: [request.userId])
+        if request.attestedOnly == true, (known?["attestedKey"] as String?) == nil {
+            return GuestAdmission(admitted: false, limit: limit, retryAt: nil, attestationRequired: true)
         }
+        if known != nil { return GuestAdmission(admitted: true, limit: limit, retryAt: nil) }
         let since = now.timeIntervalSince1970 - 3600
         let recent = try Double.fetchAll(
             db, sql: "SELECT firstSeen FROM guest WHERE network = ? AND firstSeen > ? ORDER BY firstSeen LIMIT ?",
@@ -135,6 +139,29 @@ public struct QuotaLedger: Sendable {
         try db.execute(sql: "INSERT INTO guest (userId, network, firstSeen) VALUES (?, ?, ?)",
                        arguments: [request.userId, request.network, now.timeIntervalSince1970])
         return GuestAdmission(admitted: true, limit: limit, retryAt: nil)
+    }
+
+    /// Binds an attested key to a guest id (creating the guest, whatever its network's count of
+    /// new guests): refused when the key is another guest's. The guest's previous key, if any, is
+    /// replaced.
+    public func attestGuest(_ db: Database, _ request: AttestGuest, now: Date) throws -> GuestAttestation {
+        try validate(user: request.userId)
+        guard (1...64).contains(request.network.utf8.count) else { throw BusError(.badRequest, "network must be 1 to 64 bytes") }
+        guard (1...64).contains(request.keyId.utf8.count) else { throw BusError(.badRequest, "keyId must be 1 to 64 bytes") }
+        let owner = try String.fetchOne(db, sql: "SELECT userId FROM guest WHERE attestedKey = ?", arguments: [request.keyId])
+        if let owner { return GuestAttestation(attested: owner == request.userId) }
+        try db.execute(sql: """
+            INSERT INTO guest (userId, network, firstSeen, attestedKey) VALUES (?, ?, ?, ?)
+            ON CONFLICT (userId) DO UPDATE SET attestedKey = excluded.attestedKey
+            """, arguments: [request.userId, request.network, now.timeIntervalSince1970, request.keyId])
+        return GuestAttestation(attested: true)
+    }
+
+    /// Whether a user is a guest whose device was attested.
+    func isAttested(_ db: Database, _ userId: String) throws -> Bool {
+        try Bool.fetchOne(
+            db.cachedStatement(sql: "SELECT attestedKey IS NOT NULL FROM guest WHERE userId = ?"), arguments: [userId]
+        ) ?? false
     }
 
     /// The user's plan and windows now.
