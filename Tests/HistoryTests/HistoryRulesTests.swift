@@ -26,24 +26,26 @@ struct HistoryRulesTests {
         #expect(MonthSections.group([item], timeZone: nil, locale: "xx-unknown").first?.title == "November 2025")
     }
 
-    @Test func retentionNeverTakesAJobThatHasNotEnded() throws {
+    @Test func retentionTakesEndedJobsOnlyFromBeforeItsCutoff() throws {
+        // The sweep's SQL takes its statuses and its cutoff from this rule
+        #expect(Set(RetentionRule.sweepable) == [.completed, .failed, .cancelled])
         let now = Events.epoch.addingTimeInterval(31 * 86_400)
-        #expect(RetentionRule.isExpired(HistoryItem(event: Events.job("a")), now: now, retentionDays: 30))
-        #expect(!RetentionRule.isExpired(HistoryItem(event: Events.job("a")), now: now, retentionDays: 365))
-        #expect(!RetentionRule.isExpired(HistoryItem(event: Events.job("a", status: .processing)), now: now, retentionDays: 30))
+        #expect(RetentionRule.cutoff(now: now, retentionDays: 30) == Events.epoch.addingTimeInterval(86_400))
+        #expect(RetentionRule.cutoff(now: now, retentionDays: 0) == now.addingTimeInterval(-86_400), "a day at least")
     }
 
     @Test func theSweepDeletesOnlyEndedItemsPastTheCutoff() async throws {
         let database = try HistoryDatabase.inMemory()
         let now = Events.epoch.addingTimeInterval(31 * 86_400)
         _ = try await database.applyJobEvents([
-            Events.job("old"), Events.job("old-running", status: .processing),
+            Events.job("old"), Events.job("old-failed", status: .failed), Events.job("old-cancelled", status: .cancelled),
+            Events.job("old-running", status: .processing), Events.job("old-queued", status: .queued),
             Events.job("recent", createdAt: now.addingTimeInterval(-86_400)),
         ])
         let cutoff = RetentionRule.cutoff(now: now, retentionDays: 30)
         #expect(try await database.usersWithItems(before: cutoff, afterUser: "", limit: 10).users == ["u1"])
-        #expect(try await database.deleteExpiredItems(userId: "u1", before: cutoff, limit: 10, now: now) == 1)
-        #expect(Set(try await database.page(ListHistory(userId: "u1")).items.map(\.jobId)) == ["old-running", "recent"])
+        #expect(try await database.deleteExpiredItems(userId: "u1", before: cutoff, limit: 10, now: now) == 3)
+        #expect(Set(try await database.page(ListHistory(userId: "u1")).items.map(\.jobId)) == ["old-running", "old-queued", "recent"])
     }
 
     @Test func aShareOpensUntilItExpiresOrIsRevoked() async throws {

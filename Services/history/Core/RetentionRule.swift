@@ -11,9 +11,4 @@ public enum RetentionRule {
 
     /// The job statuses retention may delete.
     public static let sweepable: [JobStatus] = JobStatus.allCases.filter(\.isTerminal)
-
-    /// Whether `item` is past retention at `now`.
-    public static func isExpired(_ item: HistoryItem, now: Date, retentionDays: Int) -> Bool {
-        item.status.isTerminal && item.createdAt < cutoff(now: now, retentionDays: retentionDays)
-    }
 }

@@ -44,12 +44,17 @@ extension HistoryDatabase {
     /// `cutoff`; queued and processing jobs are never touched. Returns how many went.
     public func deleteExpiredItems(userId: String, before cutoff: Date, limit: Int, now: Date) async throws -> Int {
         try await write { db in
+            // The statuses retention may take are the rule's (`RetentionRule.sweepable`).
+            let statuses = RetentionRule.sweepable.map(\.rawValue)
+            var arguments: StatementArguments = [userId, cutoff.milliseconds]
+            arguments += StatementArguments(statuses)
+            arguments += [limit]
             let rows = try Row.fetchAll(
                 db, sql: """
-                    SELECT * FROM item WHERE userId = ? AND createdAt < ? AND status IN ('completed', 'failed', 'cancelled')
+                    SELECT * FROM item WHERE userId = ? AND createdAt < ? AND status IN (\(databaseQuestionMarks(count: statuses.count)))
                     ORDER BY createdAt LIMIT ?
                     """,
-                arguments: [userId, cutoff.milliseconds, limit]
+                arguments: arguments
             )
             for row in rows { try Self.removeItem(db, row: row, now: now) }
             return rows.count
