@@ -49,10 +49,11 @@ public final class BusChannel: Sendable {
     private let curveSecretKey: [UInt8]?
     private let knownCallers: Bool
     private let curveClient: CurveClientKeys?
-    private let encoding = BusEncoding.fromEnvironment()
+    private let encoding: BusEncoding
 
     private init(role: Role, endpoint: String, maxQueued: Int, context: ZMQContext, logger: Logger, curveSecretKey: [UInt8]? = nil,
-                 curveClient: CurveClientKeys? = nil, knownCallers: Bool = false) {
+                 curveClient: CurveClientKeys? = nil, knownCallers: Bool = false, encoding: BusEncoding = .binary) {
+        self.encoding = encoding
         self.curveSecretKey = curveSecretKey
         self.knownCallers = knownCallers
         self.curveClient = curveClient
@@ -67,21 +68,22 @@ public final class BusChannel: Sendable {
     /// Binds a ROUTER channel on `endpoint` (CURVE with `curveSecretKey`; with `knownCallers`,
     /// only `worker` keys of the allow-list connect); throws if the endpoint cannot be bound.
     public static func bind(
-        _ endpoint: String, maxQueued: Int = 10_000, curveSecretKey: [UInt8]? = nil, knownCallers: Bool = false,
+        _ endpoint: String, maxQueued: Int = 10_000, curveSecretKey: [UInt8]? = nil, knownCallers: Bool = false, encoding: BusEncoding = .binary,
         context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.channel")
     ) async throws -> BusChannel {
         let channel = BusChannel(role: .bind, endpoint: endpoint, maxQueued: maxQueued, context: context, logger: logger, curveSecretKey: curveSecretKey,
-                                 knownCallers: knownCallers)
+                                 knownCallers: knownCallers, encoding: encoding)
         try await channel.start()
         return channel
     }
 
     /// Connects a DEALER channel to `endpoint` (CURVE with `curve`; libzmq reconnects by itself).
     public static func connect(
-        _ endpoint: String, maxQueued: Int = 10_000, curve: CurveClientKeys? = nil,
+        _ endpoint: String, maxQueued: Int = 10_000, curve: CurveClientKeys? = nil, encoding: BusEncoding = .binary,
         context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.channel")
     ) async throws -> BusChannel {
-        let channel = BusChannel(role: .connect, endpoint: endpoint, maxQueued: maxQueued, context: context, logger: logger, curveClient: curve)
+        let channel = BusChannel(role: .connect, endpoint: endpoint, maxQueued: maxQueued, context: context, logger: logger, curveClient: curve,
+                                 encoding: encoding)
         try await channel.start()
         return channel
     }

@@ -28,7 +28,7 @@ public final class BusClient: Sendable {
         /// CURVE keys; nil for a plain connection.
         public var curve: CurveClientKeys?
         /// How request bodies are written (replies come back the same way): binary, or JSON to
-        /// read them when debugging. `BUS_ENCODING` sets the default.
+        /// read them when debugging. A process reads it from `BUS_ENCODING` with its configuration.
         public var encoding: BusEncoding
 
         public init(
@@ -38,7 +38,7 @@ public final class BusClient: Sendable {
             sendHighWaterMark: Int32 = 10_000,
             maxMessageBytes: Int64 = 4 << 20,
             curve: CurveClientKeys? = nil,
-            encoding: BusEncoding = .fromEnvironment()
+            encoding: BusEncoding = .binary
         ) {
             self.encoding = encoding
             self.endpoint = endpoint

@@ -8,12 +8,16 @@ public enum BusEncoding: UInt8, Sendable, CaseIterable, CustomStringConvertible 
     case json = 0
     case binary = 1
 
-    /// The encoding named by `BUS_ENCODING` (`json` or `binary`); binary if unset.
-    public static func fromEnvironment(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> BusEncoding {
-        environment["BUS_ENCODING"]?.lowercased() == "json" ? .json : .binary
-    }
-
     public var description: String { self == .json ? "json" : "binary" }
+
+    /// The encoding named `text` (`json` or `binary`, any case); nil for anything else.
+    public init?(name text: String) {
+        switch text.lowercased() {
+        case "json": self = .json
+        case "binary": self = .binary
+        default: return nil
+        }
+    }
 }
 
 /// How message bodies are written on the bus: `Codable` values as JSON or in `BinaryCoding`.

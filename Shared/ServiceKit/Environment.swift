@@ -1,4 +1,6 @@
+import Bus
 import Foundation
+import Logging
 
 /// Reads configuration from environment variables, each with a default that runs on one machine.
 public struct Environment: Sendable {
@@ -15,6 +17,26 @@ public struct Environment: Sendable {
     public func string(_ key: String, default defaultValue: String) -> String {
         guard let value = values[key], !value.isEmpty else { return defaultValue }
         return value
+    }
+
+    /// The least severe log level printed (`LOG_LEVEL`, default `info`); every process reads it
+    /// here.
+    public func logLevel() throws -> Logger.Level {
+        let text = string("LOG_LEVEL", default: "info")
+        guard let level = Logger.Level(rawValue: text.lowercased()) else {
+            throw ConfigurationError(key: "LOG_LEVEL", value: text, expected: "a log level (trace, debug, info, notice, warning, error, critical)")
+        }
+        return level
+    }
+
+    /// How this process writes bus bodies (`BUS_ENCODING`: `binary`, the default, or `json`);
+    /// every process reads it here and hands it to its bus clients and channels.
+    public func busEncoding() throws -> BusEncoding {
+        let text = string("BUS_ENCODING", default: "binary")
+        guard let encoding = BusEncoding(name: text) else {
+            throw ConfigurationError(key: "BUS_ENCODING", value: text, expected: "binary or json")
+        }
+        return encoding
     }
 
     /// The integer value of `key`, or `defaultValue` when unset; an unparsable value is an error.

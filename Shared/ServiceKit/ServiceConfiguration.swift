@@ -21,6 +21,8 @@ public struct ServiceConfiguration: Sendable {
     public var curveClientKeys: CurveClientKeys?
     /// The callers it admits, by public key, with their roles (`BUS_CURVE_CLIENTS`); nil: any.
     public var knownCallers: [[UInt8]: BusRole]?
+    /// How its own calls write bodies (`BUS_ENCODING`, default binary).
+    public var busEncoding: BusEncoding = .binary
 
     public init(
         service: ServiceName,
@@ -43,8 +45,9 @@ public struct ServiceConfiguration: Sendable {
             bindEndpoint: environment.string(service.bindVariable, default: service.defaultEndpoint),
             maxInFlight: try environment.int(service.maxInFlightVariable, default: 1024),
             dataDirectory: environment.string("DATA_DIR", default: ".data"),
-            logLevel: try Self.logLevel(environment)
+            logLevel: try environment.logLevel()
         )
+        busEncoding = try environment.busEncoding()
         curveSecretKey = try BusSecurity.serverSecretKey(environment)
         curveClientKeys = try BusSecurity.clientKeys(environment)
         knownCallers = try BusSecurity.knownCallers(environment)
@@ -53,16 +56,13 @@ public struct ServiceConfiguration: Sendable {
         }
     }
 
-    /// The environment variables `init(service:environment:)` reads, and `BUS_ENCODING`, which the bus reads.
+    /// The environment variables `init(service:environment:)` reads.
     public static func environmentKeys(for service: ServiceName) -> [String] {
         [service.bindVariable, service.maxInFlightVariable, "DATA_DIR", "LOG_LEVEL", "BUS_ENCODING"] + BusSecurity.environmentKeys
     }
 
-    static func logLevel(_ environment: Environment) throws -> Logger.Level {
-        let text = environment.string("LOG_LEVEL", default: "info")
-        guard let level = Logger.Level(rawValue: text.lowercased()) else {
-            throw ConfigurationError(key: "LOG_LEVEL", value: text, expected: "a log level (trace, debug, info, notice, warning, error, critical)")
-        }
-        return level
+    /// A client of `endpoint` with this process's keys and encoding.
+    public func client(of endpoint: String) -> BusClient.Configuration {
+        BusClient.Configuration(endpoint: endpoint, curve: curveClientKeys, encoding: busEncoding)
     }
 }

@@ -13,7 +13,7 @@ await ProcessExit.run("history") { try await BusServiceRunner.run(.history, tran
     let database = try HistoryDatabase.open(path: configuration.databasePath)
     let purges = PurgeDeliverer(
         database: database,
-        jobs: BusClient(configuration: .init(endpoint: configuration.jobsEndpoint, curve: service.curveClientKeys), logger: logger),
+        jobs: BusClient(configuration: service.client(of: configuration.jobsEndpoint), logger: logger),
         logger: logger
     )
     HistoryHandler(database: database, purges: purges).register(on: &router)
@@ -23,7 +23,7 @@ await ProcessExit.run("history") { try await BusServiceRunner.run(.history, tran
         purges,
         RetentionSweeper(
             database: database,
-            quota: BusClient(configuration: .init(endpoint: configuration.quotaEndpoint, curve: service.curveClientKeys), logger: logger),
+            quota: BusClient(configuration: service.client(of: configuration.quotaEndpoint), logger: logger),
             interval: configuration.sweepInterval, changesKeep: configuration.changesKeep, purges: purges, logger: logger
         ),
     ]

@@ -19,7 +19,8 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
     let blobs = try await configuration.blobs.open()
     try BusSecurity.checkExposure(configuration.workerEndpoint, variable: "JOBS_WORKER_BIND", curve: service.curveSecretKey != nil, environment: Environment())
     let channel = try await BusChannel.bind(
-        configuration.workerEndpoint, curveSecretKey: service.curveSecretKey, knownCallers: service.knownCallers != nil, logger: logger
+        configuration.workerEndpoint, curveSecretKey: service.curveSecretKey, knownCallers: service.knownCallers != nil,
+        encoding: service.busEncoding, logger: logger
     )
     let dispatcher = Dispatcher(
         channel: channel, store: store, catalog: catalog,
@@ -42,12 +43,12 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
         DispatcherService(dispatcher: dispatcher, channel: channel),
         OutboxDeliverer(
             database: database,
-            quota: BusClient(configuration: .init(endpoint: configuration.quotaEndpoint, curve: service.curveClientKeys), logger: logger),
+            quota: BusClient(configuration: service.client(of: configuration.quotaEndpoint), logger: logger),
             logger: logger
         ),
         HistoryEventDeliverer(
             database: database,
-            history: BusClient(configuration: .init(endpoint: configuration.historyEndpoint, curve: service.curveClientKeys), logger: logger),
+            history: BusClient(configuration: service.client(of: configuration.historyEndpoint), logger: logger),
             logger: logger
         ),
         BlobJanitor(database: database, blobs: blobs, logger: logger),

@@ -260,7 +260,7 @@ public struct Worker: Service {
         let renewed = Renewed()
         let generations = Generations(submissions: Submissions(), pokes: Pokes())
         while !Task.isCancelled && !Task.isShuttingDownGracefully {
-            let channel = try await BusChannel.connect(configuration.endpoint, curve: configuration.curve, logger: logger)
+            let channel = try await BusChannel.connect(configuration.endpoint, curve: configuration.curve, encoding: configuration.busEncoding, logger: logger)
             let ready = WorkerMessage.ready(WorkerReady(
                 workerId: configuration.workerId, capacity: configuration.capacity, effects: effects,
                 heartbeatMilliseconds: Int(configuration.heartbeat.wholeMilliseconds), prefetch: configuration.prefetch

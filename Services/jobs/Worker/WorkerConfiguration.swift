@@ -1,5 +1,6 @@
 import Bus
 import Foundation
+import Logging
 import ServiceKit
 
 /// What a worker process reads from the environment.
@@ -21,7 +22,9 @@ public struct WorkerConfiguration: Sendable {
     /// dead after three silent intervals.
     public var heartbeat: Duration
     /// The least severe log level printed (`LOG_LEVEL`).
-    public var logLevel: String
+    public var logLevel: Logger.Level
+    /// How the worker protocol's messages are written (`BUS_ENCODING`, default binary).
+    public var busEncoding: BusEncoding
     /// Effect ids this worker takes (`WORKER_EFFECTS`, comma-separated; default `*`, every
     /// effect: the assignment carries the effect's description, remote ones included).
     public var effects: [String]
@@ -41,7 +44,8 @@ public struct WorkerConfiguration: Sendable {
         workerId = environment.string("WORKER_ID", default: "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)")
         scratchDirectory = environment.string("WORKER_SCRATCH_DIR", default: FileManager.default.temporaryDirectory.appendingPathComponent("photoedit-worker-\(ProcessInfo.processInfo.processIdentifier)").path)
         heartbeat = .milliseconds(max(50, try environment.int("WORKER_HEARTBEAT_MS", default: 1000)))
-        logLevel = environment.string("LOG_LEVEL", default: "info")
+        logLevel = try environment.logLevel()
+        busEncoding = try environment.busEncoding()
         curve = try BusSecurity.clientKeys(environment)
         maxPixels = try environment.int("IMAGE_MAX_PIXELS", default: 50_000_000)
         storageWait = .seconds(max(0, try environment.int("WORKER_STORAGE_WAIT_S", default: 600)))

@@ -17,7 +17,7 @@ await ProcessExit.run("quota") { try await BusServiceRunner.run(.quota, translat
     return [
         StaleReservationResolver(
             database: database, ledger: QuotaLedger(plans: configuration.plans, guests: configuration.guests),
-            jobs: BusClient(configuration: .init(endpoint: configuration.jobsEndpoint, curve: service.curveClientKeys), logger: logger),
+            jobs: BusClient(configuration: service.client(of: configuration.jobsEndpoint), logger: logger),
             staleAfter: configuration.staleAfter, interval: configuration.staleScanInterval, logger: logger
         ),
     ]

@@ -15,7 +15,8 @@ public struct ServiceClients: Service {
             BusClient(configuration: .init(
                 endpoint: configuration.endpoints[service] ?? service.defaultEndpoint,
                 defaultTimeout: configuration.busTimeout,
-                curve: configuration.curve
+                curve: configuration.curve,
+                encoding: configuration.busEncoding
             ))
         }
         quota = client(.quota)

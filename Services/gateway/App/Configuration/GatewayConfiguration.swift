@@ -59,6 +59,8 @@ public struct GatewayConfiguration: Sendable {
     public var clientNetworks = try! ClientNetworks(trustedProxies: nil)
     /// CURVE keys for the bus (`BUS_CURVE_PUBLIC`); nil for plain traffic.
     public var curve: CurveClientKeys?
+    /// How its bus calls write bodies (`BUS_ENCODING`, default binary).
+    public var busEncoding: BusEncoding = .binary
     /// Apple App Attest at guest sign-up (`APP_ATTEST_APP_ID`, `APP_ATTEST_ENVIRONMENT`,
     /// `APP_ATTEST_REQUIRED`); nil: off. See `AttestationController`.
     public var appAttest: AppAttestSettings?
@@ -110,10 +112,6 @@ public struct GatewayConfiguration: Sendable {
 
     /// Reads the configuration from `environment`.
     public init(environment: Environment) throws {
-        let levelText = environment.string("LOG_LEVEL", default: "info")
-        guard let level = Logger.Level(rawValue: levelText.lowercased()) else {
-            throw ConfigurationError(key: "LOG_LEVEL", value: levelText, expected: "a log level")
-        }
         self.init(
             host: environment.string("GATEWAY_HOST", default: "127.0.0.1"),
             port: try environment.int("GATEWAY_PORT", default: 8080),
@@ -122,7 +120,7 @@ public struct GatewayConfiguration: Sendable {
             }),
             busTimeout: .milliseconds(try environment.int("BUS_TIMEOUT_MS", default: 5000)),
             readinessTimeout: .milliseconds(try environment.int("READY_TIMEOUT_MS", default: 500)),
-            logLevel: level,
+            logLevel: try environment.logLevel(),
             jwtSecret: environment.optional("JWT_SECRET"),
             adminToken: environment.optional("ADMIN_TOKEN"),
             blobDirectory: environment.string("BLOB_DIR", default: environment.string("DATA_DIR", default: ".data") + "/blobs"),
@@ -140,6 +138,7 @@ public struct GatewayConfiguration: Sendable {
             blobStore: try BlobStoreConfiguration(environment: environment.values).store
         )
         curve = try BusSecurity.clientKeys(environment)
+        busEncoding = try environment.busEncoding()
         clientNetworks = try ClientNetworks(trustedProxies: environment.optional("TRUSTED_PROXIES"))
         appAttest = try AppAttestSettings(environment: environment)
         clientLimits = ClientLimits(
@@ -150,7 +149,7 @@ public struct GatewayConfiguration: Sendable {
         )
     }
 
-    /// The environment variables `init(environment:)` reads, and `BUS_ENCODING`, which the bus reads.
+    /// The environment variables `init(environment:)` reads.
     public static var environmentKeys: [String] {
         ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "JWT_SECRET", "ADMIN_TOKEN",
          "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S",
