@@ -145,12 +145,14 @@ case "inproc":
     var router = BusRouter()
     router.register(echo) { body, _ in body }
     let server = BusServer(configuration: .init(endpoint: endpoint, maxInFlight: 4096), router: router, logger: Logger(label: "bench"))
-    let serverTask = Task { try await server.run() }
-    let client = BusClient(endpoint: endpoint, timeout: .seconds(10))
-    let latencyMicros = try await latency(client: client, seconds: seconds)
-    let rate = try await throughput(client: client, inFlight: 64, seconds: seconds)
-    print(String(format: "inproc latency_us=%.2f throughput_rps=%.0f", latencyMicros, rate))
-    serverTask.cancel()
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        group.addTask { try await server.run() }
+        let client = BusClient(endpoint: endpoint, timeout: .seconds(10))
+        let latencyMicros = try await latency(client: client, seconds: seconds)
+        let rate = try await throughput(client: client, inFlight: 64, seconds: seconds)
+        print(String(format: "inproc latency_us=%.2f throughput_rps=%.0f", latencyMicros, rate))
+        group.cancelAll()
+    }
 default:
     print("usage: bus-bench server|client ENDPOINT [seconds]")
     exit(2)

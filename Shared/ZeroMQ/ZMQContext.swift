@@ -43,13 +43,19 @@ public final class ZMQContext: @unchecked Sendable {
             Self.term(context.pointer)
             report.yield(true)
         }
-        let timer = Task {
-            try? await Task.sleep(for: limit)
-            report.yield(false)
+        return await withTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                for await finished in outcome { return finished }
+                return false
+            }
+            group.addTask {
+                try? await Task.sleep(for: limit)
+                return false
+            }
+            let first = await group.next() ?? false
+            group.cancelAll()
+            return first
         }
-        defer { timer.cancel() }
-        for await finished in outcome { return finished }
-        return false
     }
 
     private static func term(_ handle: UnsafeMutableRawPointer) {

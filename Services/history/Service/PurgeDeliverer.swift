@@ -27,26 +27,35 @@ public final class PurgeDeliverer: Service, Sendable {
     public func wake() { signal.yield() }
 
     public func run() async throws {
-        let ticker = Task { [signal, interval] in
-            while !Task.isCancelled {
-                try? await Task.sleep(for: interval)
-                signal.yield()
-            }
-        }
-        await cancelWhenGracefulShutdown { [self] in
-            var failing = false
-            for await _ in signals {
-                do {
-                    let failed = try await deliverDue()
-                    if failed > 0, !failing { logger.warning("jobs does not take purges yet; they stay queued and are retried") }
-                    if failed == 0, failing { logger.info("jobs takes purges again") }
-                    failing = failed > 0
-                } catch {
-                    logger.error("purge delivery failed", metadata: ["error": "\(error)"])
+        await cancelWhenGracefulShutdown { [self, signal, interval] in
+            await withTaskGroup(of: Void.self) { group in
+                // The interval's wake-up, beside `wake()`'s
+                group.addTask {
+                    while !Task.isCancelled {
+                        try? await Task.sleep(for: interval)
+                        signal.yield()
+                    }
                 }
+                group.addTask { [self] in
+                    var failing = false
+                    for await _ in signals {
+                        guard !Task.isCancelled else { break }
+                        do {
+                            let failed = try await deliverDue()
+                            if failed > 0, !failing { logger.warning("jobs does not take purges yet; they stay queued and are retried") }
+                            if failed == 0, failing { logger.info("jobs takes purges again") }
+                            failing = failed > 0
+                        } catch is CancellationError {
+                            break
+                        } catch {
+                            logger.error("purge delivery failed", metadata: ["error": "\(error)"])
+                        }
+                    }
+                }
+                await group.next()
+                group.cancelAll()
             }
         }
-        ticker.cancel()
         signal.finish()
         await jobs.shutdown()
     }

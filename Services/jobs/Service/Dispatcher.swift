@@ -10,8 +10,9 @@ import Metrics
 ///
 /// Each event (a worker's message, a created job, a tick, the end of a write) goes into the state
 /// machine, and the actions it answers are carried out here: messages are sent on the worker
-/// channel at once, writes run in tasks of their own through the store's group committer, and
-/// each write's outcome is fed back in as another event. So the actor never awaits a database in
+/// channel at once, writes run concurrently in the task group of `runWrites` (owned by
+/// `DispatcherService`, drained at shutdown) through the store's group committer, and each
+/// write's outcome is fed back in as another event. So the actor never awaits a database in
 /// the middle of a change, results arriving together are written together, and a worker hears
 /// `recorded` only once its result is durable.
 public actor Dispatcher {
@@ -28,6 +29,11 @@ public actor Dispatcher {
     private var workerMetrics: [BusChannel.Peer: MetricsSection] = [:]
     /// The largest metrics text kept from one worker.
     static let maxWorkerMetricsBytes = 256 << 10
+    /// Writes handed to `runWrites`. Not otherwise bounded: each is about an attempt the state
+    /// machine holds or a start it asked for, and those are bounded by the workers' capacity and
+    /// the starts it hands out a tick.
+    private let writes: AsyncStream<@Sendable () async -> Void>
+    private let writesInput: AsyncStream<@Sendable () async -> Void>.Continuation
 
     public init(channel: BusChannel, store: JobStore, catalog: EffectCatalog, transfers: TransferSigner, proFirst: Bool = true,
                 heartbeatInterval: Duration = .seconds(1), providerLimits: [String: Int] = [:], logger: Logger) {
@@ -38,7 +44,21 @@ public actor Dispatcher {
         self.logger = logger
         self.machine = Machine(catalog: catalog, configuration: .init(heartbeat: heartbeatInterval, proFirst: proFirst, providerLimits: providerLimits))
         self.failures = FailureLog(logger: logger)
+        (writes, writesInput) = AsyncStream.makeStream(of: (@Sendable () async -> Void).self)
     }
+
+    /// Runs the dispatcher's writes, concurrently, until `finishWrites()`; then waits for those
+    /// in flight. Its owner (`DispatcherService`) runs it for the life of the service.
+    public nonisolated func runWrites() async {
+        await withDiscardingTaskGroup { group in
+            for await write in writes { group.addTask { await write() } }
+        }
+    }
+
+    /// No more writes: `runWrites` returns once those in flight are done.
+    public nonisolated func finishWrites() { writesInput.finish() }
+
+    private func spawn(_ write: @escaping @Sendable () async -> Void) { writesInput.yield(write) }
 
     /// Jobs waiting for a worker, backoffs included.
     public var queuedCount: Int { machine.queuedCount }
@@ -137,17 +157,17 @@ public actor Dispatcher {
             case .send(let peer, let message):
                 channel.send(message, to: peer)
             case .renew(let peer, let attempt):
-                Task { await self.renew(attempt, for: peer) }
+                spawn { await self.renew(attempt, for: peer) }
             case .recordSubmission(let peer, let attempt, let request):
-                Task { await self.writeSubmission(request, of: attempt, from: peer) }
+                spawn { await self.writeSubmission(request, of: attempt, from: peer) }
             case .start(let starts):
-                Task { await self.writeStarts(starts) }
+                spawn { await self.writeStarts(starts) }
             case .record(let peer, let attempt, let result):
-                Task { await self.write(result, of: attempt, from: peer) }
+                spawn { await self.write(result, of: attempt, from: peer) }
             case .requeue(let attempt, let reason, let cause):
-                Task { await self.writeRequeue(attempt, reason: reason, cause: cause) }
+                spawn { await self.writeRequeue(attempt, reason: reason, cause: cause) }
             case .lookUp(let peer, let attempts):
-                Task { await self.lookUp(attempts, for: peer) }
+                spawn { await self.lookUp(attempts, for: peer) }
             case .workerJoined(let id, let capacity, let heartbeat, let connected):
                 JobsMetrics.workersConnected.record(connected)
                 logger.info("worker ready", metadata: ["worker": "\(id)", "capacity": "\(capacity)", "heartbeat-ms": "\(heartbeat.wholeMilliseconds)"])

@@ -2,8 +2,10 @@ import Bus
 import Logging
 import ServiceLifecycle
 
-/// Runs the dispatcher: feeds it the workers' messages, ticks it every `tick` and reconciles
-/// its workers with the database every `reconcile`.
+/// Runs the dispatcher: feeds it the workers' messages, ticks it every `tick`, reconciles its
+/// workers with the database every `reconcile`, and owns its writes (`Dispatcher.runWrites`). On
+/// a graceful shutdown the channel closes, the loops end, and the writes in flight are finished
+/// before `run` returns.
 public struct DispatcherService: Service {
     let dispatcher: Dispatcher
     let channel: BusChannel
@@ -18,10 +20,11 @@ public struct DispatcherService: Service {
     }
 
     public func run() async throws {
-        await withGracefulShutdownHandler {
+        await withTaskGroup(of: Void.self) { owner in
+            owner.addTask { await dispatcher.runWrites() }
             await withTaskGroup(of: Void.self) { group in
                 group.addTask {
-                    for await message in channel.incoming { await dispatcher.receive(message) }
+                    for await message in channel.incoming.cancelOnGracefulShutdown() { await dispatcher.receive(message) }
                 }
                 group.addTask {
                     while !Task.isCancelled {
@@ -38,8 +41,8 @@ public struct DispatcherService: Service {
                 await group.next()
                 group.cancelAll()
             }
-        } onGracefulShutdown: {
-            Task { await channel.shutdown() }
+            await channel.shutdown()
+            dispatcher.finishWrites()
         }
     }
 }
