@@ -5,7 +5,7 @@ import Hummingbird
 import Messages
 
 /// Admin routes, behind the admin token: a user's plan and time zone, and their usage.
-struct AdminController<Context: RequestContext>: Sendable {
+struct AdminController<Context: GatewayRequestContext>: Sendable {
     let clients: ServiceClients
     let authenticator: Authenticator
 

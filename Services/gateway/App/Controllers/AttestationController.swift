@@ -15,7 +15,7 @@ import Messages
 ///
 /// These two routes pass the guest admission (a real device behind a crowded carrier address
 /// must be able to attest). Without `APP_ATTEST_APP_ID` both answer 404.
-struct AttestationController<Context: RemoteAddressRequestContext>: Sendable {
+struct AttestationController<Context: GatewayRequestContext>: Sendable {
     let clients: ServiceClients
     let networks: ClientNetworks
     let settings: AppAttestSettings?

@@ -6,7 +6,7 @@ import Messages
 
 /// The History screen's routes: pages of past edits (filtered, searched, in month sections), one
 /// item, delete, re-run, share links, and the changes feed of offline clients.
-struct HistoryController<Context: RequestContext>: Sendable {
+struct HistoryController<Context: GatewayRequestContext>: Sendable {
     let clients: ServiceClients
     let authenticator: Authenticator
     let creator: JobCreator
@@ -15,8 +15,9 @@ struct HistoryController<Context: RequestContext>: Sendable {
     let shareLifetime: Int
 
     func addRoutes(to router: Router<Context>) {
-        router.get("/api/v1/history") { request, _ in
-            let caller = try await authenticator.caller(of: request)
+        let router = router.group().add(middleware: AuthenticationMiddleware(authenticator: authenticator))
+        router.get("/api/v1/history") { request, context in
+            let caller = try context.caller()
             var list = try HistoryQuery.list(request.uri.queryParameters, userId: caller.id)
             if list.groupByMonth {
                 let status = try await clients.call(.quota, Quota.status, UserReference(userId: caller.id))
@@ -26,8 +27,8 @@ struct HistoryController<Context: RequestContext>: Sendable {
             let page = try await clients.call(.history, History.list, list)
             return try JSONResponse.make(.ok, PageView(page, links: links))
         }
-        router.get("/api/v1/history/changes") { request, _ in
-            let caller = try await authenticator.caller(of: request)
+        router.get("/api/v1/history/changes") { request, context in
+            let caller = try context.caller()
             let query = request.uri.queryParameters
             let limit = try HistoryQuery.integer(query["limit"], name: "limit", default: 200, range: 1...500)
             let since = query["since"].map(String.init).flatMap { $0.isEmpty ? nil : $0 }
@@ -39,7 +40,7 @@ struct HistoryController<Context: RequestContext>: Sendable {
             return try JSONResponse.make(.ok, ItemView(item, links: links))
         }
         router.delete("/api/v1/history/:jobId") { request, context in
-            let caller = try await authenticator.caller(of: request)
+            let caller = try context.caller()
             let deleted = try await clients.call(.history, History.delete, HistoryItemReference(userId: caller.id, jobId: try context.parameters.require("jobId")))
             return try JSONResponse.make(.ok, Deleted(deletedItemId: deleted.jobId))
         }
@@ -51,14 +52,14 @@ struct HistoryController<Context: RequestContext>: Sendable {
             )
         }
         router.post("/api/v1/history/:jobId/share") { request, context in
-            let caller = try await authenticator.caller(of: request)
+            let caller = try context.caller()
             let grant = try await clients.call(.history, History.share, ShareItem(
                 userId: caller.id, jobId: try context.parameters.require("jobId"), lifetimeSeconds: shareLifetime
             ))
             return try JSONResponse.make(.created, Shared(shareUrl: links.publicBaseURL + "/s/" + grant.token, expiresAt: grant.expiresAt))
         }
         router.delete("/api/v1/history/:jobId/share") { request, context in
-            let caller = try await authenticator.caller(of: request)
+            let caller = try context.caller()
             _ = try await clients.call(.history, History.unshare, HistoryItemReference(userId: caller.id, jobId: try context.parameters.require("jobId")))
             return Response(status: .noContent)
         }
@@ -66,7 +67,7 @@ struct HistoryController<Context: RequestContext>: Sendable {
 
     /// The caller and the item named in the path, if it is theirs (404 otherwise).
     func ownedItem(_ request: Request, _ context: Context) async throws -> (caller: Caller, item: HistoryItem) {
-        let caller = try await authenticator.caller(of: request)
+        let caller = try context.caller()
         let item = try await clients.call(.history, History.get, HistoryItemReference(userId: caller.id, jobId: try context.parameters.require("jobId")))
         return (caller, item)
     }

@@ -6,7 +6,7 @@ import Messages
 
 /// Creating, following, cancelling and re-running edit jobs. Quota is reserved for the new job id
 /// before the job is created, and released when creation definitely failed.
-struct JobsController<Context: RequestContext>: Sendable {
+struct JobsController<Context: GatewayRequestContext>: Sendable {
     let clients: ServiceClients
     let authenticator: Authenticator
     let creator: JobCreator
@@ -45,8 +45,9 @@ struct JobsController<Context: RequestContext>: Sendable {
                 aliases: list.aliases
             ))
         }
+        let router = router.group().add(middleware: AuthenticationMiddleware(authenticator: authenticator))
         router.post("/api/v1/jobs") { request, context in
-            let caller = try await authenticator.caller(of: request)
+            let caller = try context.caller()
             let body = try await JSONBody.decode(CreateRequest.self, from: request, context: context)
             guard let effect = body.effectId ?? body.model else {
                 throw Problem(.badRequest, detail: "Name the edit with effectId (or model).")
@@ -67,7 +68,7 @@ struct JobsController<Context: RequestContext>: Sendable {
             return try events(request, first: job, userId: caller.id)
         }
         router.post("/api/v1/jobs/:jobId/cancel") { request, context in
-            let caller = try await authenticator.caller(of: request)
+            let caller = try context.caller()
             let job = try await clients.call(.jobs, Jobs.cancel, JobReference(jobId: try context.parameters.require("jobId"), userId: caller.id))
             return try JSONResponse.make(.ok, status(job))
         }
@@ -82,7 +83,7 @@ struct JobsController<Context: RequestContext>: Sendable {
 
     /// The caller and the job named in the path, if it is theirs (404 otherwise).
     func ownedJob(_ request: Request, _ context: Context) async throws -> (caller: Caller, job: JobRecord) {
-        let caller = try await authenticator.caller(of: request)
+        let caller = try context.caller()
         let job = try await clients.call(.jobs, Jobs.get, JobReference(jobId: try context.parameters.require("jobId"), userId: caller.id))
         return (caller, job)
     }
@@ -146,7 +147,7 @@ struct JobsController<Context: RequestContext>: Sendable {
         let body = ResponseBody { writer in
             defer { subscription.close() }
             try await request.body.consumeWithInboundCloseHandler { _ in
-                let encoder = JSONResponse.encoder()
+                let encoder = JSONResponse.encoder
                 var last: (Int, Double)? = nil
                 let deadline = ContinuousClock.now.advanced(by: .seconds(900))
                 func send(_ job: JobRecord) async throws {

@@ -6,14 +6,15 @@ import Messages
 /// snake_case shape and status enum (pending, processing, completed, failed). The id in the query
 /// must be the caller's own; another answers 403. `GET /get-video-status?job_id=`: one of the
 /// caller's jobs in the same shape (the older build's status poll); anyone else's answers 404.
-struct LegacyJobsController<Context: RequestContext>: Sendable {
+struct LegacyJobsController<Context: GatewayRequestContext>: Sendable {
     let clients: ServiceClients
     let authenticator: Authenticator
     let links: DownloadLinks
 
     func addRoutes(to router: Router<Context>) {
-        router.get("/get-video-jobs") { request, _ in
-            let caller = try await authenticator.caller(of: request)
+        let router = router.group().add(middleware: AuthenticationMiddleware(authenticator: authenticator))
+        router.get("/get-video-jobs") { request, context in
+            let caller = try context.caller()
             let query = request.uri.queryParameters
             let named: String
             if let user = query["user_id"].map(String.init), !user.isEmpty {
@@ -30,8 +31,8 @@ struct LegacyJobsController<Context: RequestContext>: Sendable {
             let page = try await clients.call(.history, History.list, ListHistory(userId: caller.id, limit: 100))
             return try JSONResponse.make(.ok, JobList(jobs: page.items.map { VideoJob($0, links: links) }))
         }
-        router.get("/get-video-status") { request, _ in
-            let caller = try await authenticator.caller(of: request)
+        router.get("/get-video-status") { request, context in
+            let caller = try context.caller()
             guard let jobId = request.uri.queryParameters["job_id"].map(String.init), !jobId.isEmpty else {
                 throw Problem(.badRequest, detail: "Name the job with job_id.")
             }

@@ -7,7 +7,7 @@ import Messages
 /// result's bytes; with an object store, a redirect to a presigned URL of the result that lives
 /// `redirectLifetime` seconds. 404 once it is revoked, expired or its item deleted (a redirect
 /// already handed out works until its own short expiry).
-struct SharesController<Context: RequestContext>: Sendable {
+struct SharesController<Context: GatewayRequestContext>: Sendable {
     let clients: ServiceClients
     let blobs: any BlobStore
     /// Seconds a share's redirect URL lives (60).

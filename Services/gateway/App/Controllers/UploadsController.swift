@@ -11,7 +11,7 @@ import Metrics
 /// `PUT` never reaches the gateway; the checks run at job creation), or the gateway's signed
 /// `PUT /api/v1/uploads/...` with the folder store. With the folder store the gateway also serves
 /// the signed `GET /files/...` downloads and takes the workers' signed `PUT /files/...` outputs.
-struct UploadsController<Context: RequestContext>: Sendable {
+struct UploadsController<Context: GatewayRequestContext>: Sendable {
     let clients: ServiceClients
     let authenticator: Authenticator
     let blobs: any BlobStore
@@ -38,8 +38,8 @@ struct UploadsController<Context: RequestContext>: Sendable {
     }
 
     func addRoutes(to router: Router<Context>) {
-        router.post("/api/v1/uploads/presigned") { request, context in
-            let caller = try await authenticator.caller(of: request)
+        router.group().add(middleware: AuthenticationMiddleware(authenticator: authenticator)).post("/api/v1/uploads/presigned") { request, context in
+            let caller = try context.caller()
             let ask = try await JSONBody.decode(PresignRequest.self, from: request, context: context)
             guard (1...255).contains(ask.filename.utf8.count) else {
                 throw Problem(.badRequest, detail: "filename must be 1 to 255 bytes")

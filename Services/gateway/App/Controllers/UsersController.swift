@@ -6,19 +6,20 @@ import Messages
 
 /// `GET /api/v1/users/me`: who the caller is and their quota; `GET /api/v1/users/me/credits`:
 /// the quota alone (the Chat screen's badge); both with the rate-limit headers.
-struct UsersController<Context: RequestContext>: Sendable {
+struct UsersController<Context: GatewayRequestContext>: Sendable {
     let clients: ServiceClients
     let authenticator: Authenticator
 
     func addRoutes(to router: Router<Context>) {
-        router.get("/api/v1/users/me") { request, _ in
-            let caller = try await authenticator.caller(of: request)
+        let router = router.group().add(middleware: AuthenticationMiddleware(authenticator: authenticator))
+        router.get("/api/v1/users/me") { _, context in
+            let caller = try context.caller()
             let status = try await clients.call(.quota, Quota.status, UserReference(userId: caller.id))
             let now = Date()
             return try JSONResponse.make(.ok, Me(caller: caller, status: status), headers: RateLimitHeaders.headers(for: status, now: now))
         }
-        router.get("/api/v1/users/me/credits") { request, _ in
-            let caller = try await authenticator.caller(of: request)
+        router.get("/api/v1/users/me/credits") { _, context in
+            let caller = try context.caller()
             let status = try await clients.call(.quota, Quota.status, UserReference(userId: caller.id))
             return try JSONResponse.make(.ok, Credits(status: status), headers: RateLimitHeaders.headers(for: status, now: Date()))
         }

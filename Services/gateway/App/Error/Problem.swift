@@ -48,7 +48,7 @@ public struct Problem: Error, Sendable, HTTPResponseError {
         members["status"] = .int(Int(status.code))
         if let detail { members["detail"] = .string(detail) }
         if !requestId.isEmpty { members["requestId"] = .string(requestId) }
-        let data = (try? JSONResponse.encoder().encode(members)) ?? Data("{}".utf8)
+        let data = (try? JSONResponse.encoder.encode(members)) ?? Data("{}".utf8)
         var headers = self.headers
         headers[.contentType] = "application/problem+json"
         return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: data)))

@@ -5,17 +5,6 @@ import Messages
 import NIOCore
 import Synchronization
 
-/// The gateway's request context: Hummingbird's, with the connection's peer address.
-public struct GatewayContext: RequestContext, RemoteAddressRequestContext {
-    public var coreContext: CoreRequestContextStorage
-    public let remoteAddress: SocketAddress?
-
-    public init(source: ApplicationRequestContextSource) {
-        coreContext = .init(source: source)
-        remoteAddress = source.channel.remoteAddress
-    }
-}
-
 extension HTTPField.Name {
     /// The client network of a guest's request, set by `GuestAdmissionMiddleware` only (a
     /// client's own value is removed first).
@@ -31,7 +20,7 @@ extension HTTPField.Name {
 ///
 /// With `attestedOnly` (`APP_ATTEST_REQUIRED`), only guests whose device was attested are
 /// admitted (403 `attestation_required` otherwise). The attestation routes themselves pass.
-struct GuestAdmissionMiddleware<Context: RemoteAddressRequestContext>: RouterMiddleware {
+struct GuestAdmissionMiddleware<Context: GatewayRequestContext>: RouterMiddleware {
     let clients: ServiceClients
     let networks: ClientNetworks
     var attestedOnly = false
