@@ -4,7 +4,7 @@ import GRDB
 import Logging
 import Messages
 import QuotaCore
-import QuotaService
+@testable import QuotaService
 import Storage
 import Testing
 
@@ -26,7 +26,7 @@ struct QuotaHandlerTests {
         let (database, folder) = try temporaryDatabase()
         defer { try? FileManager.default.removeItem(at: folder) }
         var router = BusRouter()
-        QuotaHandler(database: database, plans: .standard).register(on: &router)
+        QuotaHandler(store: database, plans: .standard).register(on: &router)
         // When 200 reserves arrive at once
         let admitted = try await withThrowingTaskGroup(of: Bool.self) { group in
             for index in 0..<200 {

@@ -2,7 +2,7 @@ import Foundation
 import GRDB
 import Messages
 import QuotaCore
-import QuotaService
+@testable import QuotaService
 import Testing
 
 @Suite("Plans with an end and subscription events")

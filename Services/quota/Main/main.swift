@@ -8,15 +8,15 @@ import Storage
 await ProcessExit.run("quota") { try await BusServiceRunner.run(.quota, translateErrors: StorageFailure.translator) { router, service, logger in
     let configuration = try QuotaConfiguration(environment: Environment(), dataDirectory: service.dataDirectory)
     try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
-    let database = try QuotaDatabase.open(path: configuration.databasePath)
-    QuotaHandler(database: database, plans: configuration.plans, guests: configuration.guests).register(on: &router)
+    let store = try QuotaDatabase.open(path: configuration.databasePath, plans: configuration.plans, guests: configuration.guests)
+    QuotaHandler(store: store, plans: configuration.plans).register(on: &router)
     logger.info("quota database open", metadata: [
         "path": "\(configuration.databasePath)",
         "plans": "\(configuration.plans.plans.keys.sorted().joined(separator: ","))",
     ])
     return [
         StaleReservationResolver(
-            database: database, ledger: QuotaLedger(plans: configuration.plans, guests: configuration.guests),
+            store: store,
             jobs: BusClient(configuration: service.client(of: configuration.jobsEndpoint), logger: logger),
             staleAfter: configuration.staleAfter, interval: configuration.staleScanInterval, logger: logger
         ),

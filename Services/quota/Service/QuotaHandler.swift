@@ -3,23 +3,17 @@ import Foundation
 import Messages
 import Metrics
 import QuotaCore
-import Storage
 
-/// The quota service's bus methods: each write runs the ledger operation in a group-committed
-/// transaction and answers once that transaction is durable; reads run on a reader connection.
+/// The quota service's bus methods: each one call of the store (`QuotaStore`), whose writes are
+/// durable before they answer.
 public struct QuotaHandler: Sendable {
-    let ledger: QuotaLedger
-    let database: QuotaDatabase
-    let committer: GroupCommitter
+    let store: any QuotaStore
+    let plans: PlanCatalog
     let now: @Sendable () -> Date
 
-    let plans: PlanCatalog
-
-    public init(database: QuotaDatabase, plans: PlanCatalog, guests: GuestLimits = GuestLimits(), now: @escaping @Sendable () -> Date = Date.init) {
-        self.ledger = QuotaLedger(plans: plans, guests: guests)
+    public init(store: any QuotaStore, plans: PlanCatalog, now: @escaping @Sendable () -> Date = Date.init) {
+        self.store = store
         self.plans = plans
-        self.database = database
-        self.committer = GroupCommitter(writer: database.writer)
         self.now = now
     }
 
@@ -58,49 +52,26 @@ public struct QuotaHandler: Sendable {
     /// Registers every quota method on `router`.
     public func register(on router: inout BusRouter) {
         router.register(Quota.reserve) { request, _ in
-            let now = now()
-            let decision = try await committer.perform { [ledger] db in try ledger.reserve(db, request, now: now) }
+            let decision = try await store.reserve(request, now: now())
             Self.count(decision)
             return decision
         }
-        router.register(Quota.commit) { request, _ in
-            let now = now()
-            return try await committer.perform { [ledger] db in try ledger.commit(db, jobId: request.jobId, now: now) }
-        }
-        router.register(Quota.release) { request, _ in
-            let now = now()
-            return try await committer.perform { [ledger] db in try ledger.release(db, jobId: request.jobId, now: now) }
-        }
-        router.register(Quota.status) { request, _ in
-            let now = now()
-            return try await database.writer.read { [ledger] db in try ledger.status(db, user: request.userId, now: now) }
-        }
-        router.register(Quota.setPlan) { request, _ in
-            let now = now()
-            return try await committer.perform { [ledger] db in try ledger.setPlan(db, request, now: now) }
-        }
-        router.register(Quota.applySubscription) { request, _ in
-            let now = now()
-            return try await committer.perform { [ledger] db in try ledger.applySubscription(db, request, now: now) }
-        }
+        router.register(Quota.commit) { request, _ in try await store.commit(jobId: request.jobId, now: now()) }
+        router.register(Quota.release) { request, _ in try await store.release(jobId: request.jobId, now: now()) }
+        router.register(Quota.status) { request, _ in try await store.status(userId: request.userId, now: now()) }
+        router.register(Quota.setPlan) { request, _ in try await store.setPlan(request, now: now()) }
+        router.register(Quota.applySubscription) { request, _ in try await store.applySubscription(request, now: now()) }
         router.register(Quota.admitGuest) { request, _ in
-            let now = now()
-            let admission = try await committer.perform { [ledger] db in try ledger.admitGuest(db, request, now: now) }
+            let admission = try await store.admitGuest(request, now: now())
             if !admission.admitted { Counter(label: "quota_guests_refused_total").increment() }
             return admission
         }
-        router.register(Quota.attestGuest) { request, _ in
-            let now = now()
-            return try await committer.perform { [ledger] db in try ledger.attestGuest(db, request, now: now) }
-        }
+        router.register(Quota.attestGuest) { request, _ in try await store.attestGuest(request, now: now()) }
         router.register(Quota.plans) { _, _ in
             plans.plans.values.sorted { $0.name < $1.name }.map {
                 PlanDescription(name: $0.name, dailyLimit: $0.dailyLimit, monthlyLimit: $0.monthlyLimit, isPro: $0.isPro, retentionDays: $0.retentionDays)
             }
         }
-        router.register(Quota.usage) { request, _ in
-            let now = now()
-            return try await database.writer.read { [ledger] db in try ledger.usage(db, user: request.userId, now: now) }
-        }
+        router.register(Quota.usage) { request, _ in try await store.usage(userId: request.userId, now: now()) }
     }
 }

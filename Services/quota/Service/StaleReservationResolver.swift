@@ -1,6 +1,5 @@
 import Bus
 import Foundation
-import GRDB
 import Logging
 import Messages
 import ServiceKit
@@ -13,16 +12,14 @@ import ServiceLifecycle
 /// A completed job: committed; a failed or cancelled one: released. A job still queued or
 /// processing is left alone: its own settlement arrives through the jobs outbox.
 public struct StaleReservationResolver: Service {
-    let database: QuotaDatabase
-    let ledger: QuotaLedger
+    let store: any QuotaStore
     let jobs: BusClient
     let staleAfter: Duration
     let interval: Duration
     let logger: Logger
 
-    public init(database: QuotaDatabase, ledger: QuotaLedger, jobs: BusClient, staleAfter: Duration, interval: Duration, logger: Logger) {
-        self.database = database
-        self.ledger = ledger
+    public init(store: any QuotaStore, jobs: BusClient, staleAfter: Duration, interval: Duration, logger: Logger) {
+        self.store = store
         self.jobs = jobs
         self.staleAfter = staleAfter
         self.interval = interval
@@ -40,9 +37,7 @@ public struct StaleReservationResolver: Service {
     @discardableResult
     public func resolve(now: Date) async throws -> Int {
         let cutoff = now.addingTimeInterval(-Double(staleAfter.components.seconds) - Double(staleAfter.components.attoseconds) / 1e18)
-        let stale = try await database.writer.read { db in
-            try String.fetchAll(db, sql: "SELECT jobId FROM charge WHERE state = 'reserved' AND reservedAt < ? ORDER BY reservedAt LIMIT 100", arguments: [cutoff])
-        }
+        let stale = try await store.staleReservations(before: cutoff, limit: 100)
         var settled = 0
         for jobId in stale {
             let existence: JobExistence
@@ -60,9 +55,7 @@ public struct StaleReservationResolver: Service {
             case .queued?, .processing?: action = nil
             }
             guard let action else { continue }
-            _ = try await database.writer.write { [ledger] db in
-                action == "commit" ? try ledger.commit(db, jobId: jobId, now: now) : try ledger.release(db, jobId: jobId, now: now)
-            }
+            _ = action == "commit" ? try await store.commit(jobId: jobId, now: now) : try await store.release(jobId: jobId, now: now)
             settled += 1
             logger.info("stale reservation settled", metadata: ["job": "\(jobId)", "action": "\(action)", "job-exists": "\(existence.exists)"])
         }

@@ -1,22 +1,27 @@
 import Foundation
 import GRDB
+import Messages
+import QuotaCore
 import Storage
 
-/// The quota service's database: users' plans, usage counters per calendar window, and the ledger
-/// of charges. Opened in WAL mode with `synchronous=FULL`, so a committed admission is on disk.
-public struct QuotaDatabase: Sendable {
-    /// The connection every write goes through.
-    public let writer: any DatabaseWriter
+/// The quota service's store on SQLite: users' plans, usage counters per calendar window, and
+/// the ledger of charges. Opened in WAL mode with `synchronous=FULL`, so a committed admission is
+/// on disk. Every write is one `QuotaLedger` operation in a group-committed transaction
+/// (`GroupCommitter`); reads run on a reader connection. Nothing outside this type sees GRDB.
+public struct QuotaDatabase: QuotaStore {
+    /// The connection every write goes through (the tests' white-box checks read it too).
+    let writer: any DatabaseWriter
+    /// What each operation means in rows.
+    let ledger: QuotaLedger
+    /// Puts writes arriving together into one transaction.
+    let committer: GroupCommitter
     /// Checkpoints the file's WAL outside the writer's commits, for as long as the database is open.
     private let checkpointer: WALCheckpointer?
 
-    /// Wraps `writer` and brings its schema up to date.
-    public init(_ writer: any DatabaseWriter) throws {
-        try self.init(writer, checkpointer: nil)
-    }
-
-    private init(_ writer: any DatabaseWriter, checkpointer: WALCheckpointer?) throws {
+    private init(_ writer: any DatabaseWriter, ledger: QuotaLedger, checkpointer: WALCheckpointer?) throws {
         self.writer = writer
+        self.ledger = ledger
+        self.committer = GroupCommitter(writer: writer)
         self.checkpointer = checkpointer
         try Self.migrator.migrate(writer)
     }
@@ -28,18 +33,65 @@ public struct QuotaDatabase: Sendable {
     /// Each connection caches up to 32 MiB of pages (SQLite's default is 2 MiB, which a few
     /// thousand users outgrow: every lookup then reads the file). Its WAL is checkpointed in the
     /// background (`WALCheckpointer`).
-    public static func open(path: String) throws -> QuotaDatabase {
+    public static func open(path: String, plans: PlanCatalog = .standard, guests: GuestLimits = GuestLimits()) throws -> QuotaDatabase {
         let (pool, checkpointer) = try DurableDatabase.openWithBackgroundCheckpoints(path: path) { db in
             // Only takes effect on an empty file; an existing one keeps its page size.
             try db.execute(sql: "PRAGMA page_size = 1024")
             try db.execute(sql: "PRAGMA cache_size = -32768")
         }
-        return try QuotaDatabase(pool, checkpointer: checkpointer)
+        return try QuotaDatabase(pool, ledger: QuotaLedger(plans: plans, guests: guests), checkpointer: checkpointer)
     }
 
     /// An in-memory database, for tests.
-    public static func inMemory() throws -> QuotaDatabase {
-        try QuotaDatabase(DatabaseQueue())
+    public static func inMemory(plans: PlanCatalog = .standard, guests: GuestLimits = GuestLimits()) throws -> QuotaDatabase {
+        try QuotaDatabase(DatabaseQueue(), ledger: QuotaLedger(plans: plans, guests: guests), checkpointer: nil)
+    }
+
+    // MARK: QuotaStore
+
+    public func reserve(_ request: ReserveQuota, now: Date) async throws -> QuotaDecision {
+        try await committer.perform { [ledger] db in try ledger.reserve(db, request, now: now) }
+    }
+
+    public func commit(jobId: String, now: Date) async throws -> Charge {
+        try await committer.perform { [ledger] db in try ledger.commit(db, jobId: jobId, now: now) }
+    }
+
+    public func release(jobId: String, now: Date) async throws -> Charge {
+        try await committer.perform { [ledger] db in try ledger.release(db, jobId: jobId, now: now) }
+    }
+
+    public func status(userId: String, now: Date) async throws -> QuotaStatus {
+        try await writer.read { [ledger] db in try ledger.status(db, user: userId, now: now) }
+    }
+
+    public func setPlan(_ request: SetPlan, now: Date) async throws -> QuotaStatus {
+        try await committer.perform { [ledger] db in try ledger.setPlan(db, request, now: now) }
+    }
+
+    public func applySubscription(_ event: SubscriptionEvent, now: Date) async throws -> SubscriptionOutcome {
+        try await committer.perform { [ledger] db in try ledger.applySubscription(db, event, now: now) }
+    }
+
+    public func admitGuest(_ request: AdmitGuest, now: Date) async throws -> GuestAdmission {
+        try await committer.perform { [ledger] db in try ledger.admitGuest(db, request, now: now) }
+    }
+
+    public func attestGuest(_ request: AttestGuest, now: Date) async throws -> GuestAttestation {
+        try await committer.perform { [ledger] db in try ledger.attestGuest(db, request, now: now) }
+    }
+
+    public func usage(userId: String, now: Date) async throws -> UserUsage {
+        try await writer.read { [ledger] db in try ledger.usage(db, user: userId, now: now) }
+    }
+
+    public func staleReservations(before cutoff: Date, limit: Int) async throws -> [String] {
+        try await writer.read { db in
+            try String.fetchAll(
+                db, sql: "SELECT jobId FROM charge WHERE state = 'reserved' AND reservedAt < ? ORDER BY reservedAt LIMIT ?",
+                arguments: [cutoff, limit]
+            )
+        }
     }
 
     static var migrator: DatabaseMigrator {
