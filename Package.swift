@@ -393,7 +393,7 @@ let package = Package(
         .testTarget(
             name: "JobsTests",
             dependencies: [
-                "JobsCore", "JobsService", "Messages", "Bus", "Blobs",
+                "JobsCore", "JobsService", "Messages", "Bus", "Blobs", "ServiceKit",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],

@@ -37,7 +37,7 @@ struct HistoryChangesTests {
         let token = try await database.changes(ChangesSince(userId: "u1")).nextToken
         let deletedAt = Date()
         _ = try await database.deleteItem("a", userId: "u1", now: deletedAt)
-        try await database.purgeAcknowledged("a")
+        try await database.purges.acknowledge(["a"])
         #expect(try await database.pruneTombstones(before: deletedAt.addingTimeInterval(1), now: deletedAt) == 1)
         await #expect(throws: BusError(History.ErrorCode.tokenExpired, "deletions this old are no longer kept: list the history again")) {
             _ = try await database.changes(ChangesSince(userId: "u1", token: token))

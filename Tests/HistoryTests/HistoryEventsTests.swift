@@ -77,9 +77,9 @@ struct HistoryEventsTests {
         _ = try await database.applyJobEvents([Events.job("j1"), Events.job("j2")])
         _ = try await database.deleteItem("j1", userId: "u1", now: Date())
         #expect(try await database.deleteItem("j1", userId: "u1", now: Date()) == nil)
-        let due = try await database.duePurges(now: Date().addingTimeInterval(1), limit: 10)
+        let due = try await database.purges.due(now: Date().addingTimeInterval(1), limit: 10)
         #expect(due.map(\.jobId) == ["j1"])
-        try await database.purgeAcknowledged("j1")
+        try await database.purges.acknowledge(["j1"])
         #expect(try await database.pendingPurgeCount() == 0)
     }
 }

@@ -11,10 +11,8 @@ await ProcessExit.run("history") { try await BusServiceRunner.run(.history, tran
     let configuration = try HistoryConfiguration(environment: Environment(), dataDirectory: service.dataDirectory)
     try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
     let database = try HistoryDatabase.open(path: configuration.databasePath)
-    let purges = PurgeDeliverer(
-        database: database,
-        jobs: BusClient(configuration: service.client(of: configuration.jobsEndpoint), logger: logger),
-        logger: logger
+    let purges = HistoryRelays.purges(
+        database: database, jobs: BusClient(configuration: service.client(of: configuration.jobsEndpoint), logger: logger), logger: logger
     )
     HistoryHandler(database: database, purges: purges).register(on: &router)
     let pending = try await database.pendingPurgeCount()

@@ -3,14 +3,15 @@ import Crypto
 import Foundation
 import Messages
 import Metrics
+import ServiceKit
 
 /// The history service's bus methods.
 public struct HistoryHandler: Sendable {
     let database: HistoryDatabase
-    let purges: PurgeDeliverer
+    let purges: OutboxRelay<PurgeOutbox>
     let now: @Sendable () -> Date
 
-    public init(database: HistoryDatabase, purges: PurgeDeliverer, now: @escaping @Sendable () -> Date = Date.init) {
+    public init(database: HistoryDatabase, purges: OutboxRelay<PurgeOutbox>, now: @escaping @Sendable () -> Date = Date.init) {
         self.database = database
         self.purges = purges
         self.now = now

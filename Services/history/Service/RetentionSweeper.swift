@@ -14,7 +14,7 @@ public struct RetentionSweeper: Service {
     let quota: BusClient
     let interval: Duration
     let changesKeep: Duration
-    let purges: PurgeDeliverer
+    let purges: OutboxRelay<PurgeOutbox>
     let logger: Logger
     let now: @Sendable () -> Date
 
@@ -24,7 +24,7 @@ public struct RetentionSweeper: Service {
     let itemsPerSweep = 50_000
 
     public init(
-        database: HistoryDatabase, quota: BusClient, interval: Duration, changesKeep: Duration, purges: PurgeDeliverer,
+        database: HistoryDatabase, quota: BusClient, interval: Duration, changesKeep: Duration, purges: OutboxRelay<PurgeOutbox>,
         logger: Logger, now: @escaping @Sendable () -> Date = Date.init
     ) {
         self.database = database

@@ -41,17 +41,13 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
     logger.info("jobs ready", metadata: ["workers": "\(configuration.workerEndpoint)", "queued": "\(recovered.count)", "blobs": "\(blobs.kind)"])
     return [
         DispatcherService(dispatcher: dispatcher, channel: channel),
-        OutboxDeliverer(
-            database: database,
-            quota: BusClient(configuration: service.client(of: configuration.quotaEndpoint), logger: logger),
-            logger: logger
+        JobsRelays.settlements(
+            database: database, quota: BusClient(configuration: service.client(of: configuration.quotaEndpoint), logger: logger), logger: logger
         ),
-        HistoryEventDeliverer(
-            database: database,
-            history: BusClient(configuration: service.client(of: configuration.historyEndpoint), logger: logger),
-            logger: logger
+        JobsRelays.historyEvents(
+            database: database, history: BusClient(configuration: service.client(of: configuration.historyEndpoint), logger: logger), logger: logger
         ),
-        BlobJanitor(database: database, blobs: blobs, logger: logger),
+        JobsRelays.fileDeletions(database: database, blobs: blobs, logger: logger),
         UnusedUploadSweeper(
             blobs: blobs, store: store, age: TimeInterval(configuration.unusedUploadAge), interval: configuration.uploadSweepInterval, logger: logger
         ),

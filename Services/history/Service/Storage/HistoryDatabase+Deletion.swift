@@ -2,12 +2,12 @@ import Foundation
 import GRDB
 import HistoryCore
 import Messages
+import ServiceKit
 
 /// A job whose purge jobs has not acknowledged yet.
 public struct PendingPurge: Sendable, Equatable {
     public var jobId: String
     public var userId: String
-    public var attempts: Int
 }
 
 extension HistoryDatabase {
@@ -85,29 +85,43 @@ extension HistoryDatabase {
     }
 
     /// Purges due at `now`, oldest first.
-    public func duePurges(now: Date, limit: Int) async throws -> [PendingPurge] {
+    func duePurges(now: Date, limit: Int) async throws -> [OutboxItem<PendingPurge>] {
         try await read { db in
             try Row.fetchAll(
                 db, sql: "SELECT jobId, userId, attempts FROM purge WHERE nextAttemptAt <= ? ORDER BY nextAttemptAt LIMIT ?",
                 arguments: [now.milliseconds, limit]
-            ).map { PendingPurge(jobId: $0["jobId"], userId: $0["userId"], attempts: $0["attempts"]) }
+            ).map { OutboxItem(id: $0["jobId"], kind: PendingPurge(jobId: $0["jobId"], userId: $0["userId"]), jobId: $0["jobId"], attempts: $0["attempts"]) }
         }
     }
 
-    /// Jobs acknowledged the purge: it leaves the outbox.
-    public func purgeAcknowledged(_ jobId: String) async throws {
-        try await write { db in try db.execute(sql: "DELETE FROM purge WHERE jobId = ?", arguments: [jobId]) }
+    /// Jobs acknowledged the purges: they leave the outbox.
+    func purgesAcknowledged(_ jobIds: [String]) async throws {
+        try await write { db in
+            for jobId in jobIds { try db.execute(sql: "DELETE FROM purge WHERE jobId = ?", arguments: [jobId]) }
+        }
     }
 
     /// The purge failed: try again at `retryAt`.
-    public func purgeFailed(_ jobId: String, retryAt: Date) async throws {
+    func purgeFailed(_ jobId: String, attempts: Int, retryAt: Date) async throws {
         try await write { db in
-            try db.execute(sql: "UPDATE purge SET attempts = attempts + 1, nextAttemptAt = ? WHERE jobId = ?", arguments: [retryAt.milliseconds, jobId])
+            try db.execute(sql: "UPDATE purge SET attempts = ?, nextAttemptAt = ? WHERE jobId = ?", arguments: [attempts, retryAt.milliseconds, jobId])
         }
     }
+
+    /// The purge outbox, as its relay reads it.
+    public var purges: PurgeOutbox { PurgeOutbox(database: self) }
 
     /// Purges not yet acknowledged.
     public func pendingPurgeCount() async throws -> Int {
         try await read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM purge") ?? 0 }
     }
+}
+
+/// History's outbox of purges: a deleted item's job, to be purged by jobs (its files and row).
+public struct PurgeOutbox: Outbox {
+    let database: HistoryDatabase
+
+    public func due(now: Date, limit: Int) async throws -> [OutboxItem<PendingPurge>] { try await database.duePurges(now: now, limit: limit) }
+    public func acknowledge(_ ids: [String]) async throws { try await database.purgesAcknowledged(ids) }
+    public func retry(_ id: String, attempts: Int, at: Date) async throws { try await database.purgeFailed(id, attempts: attempts, retryAt: at) }
 }

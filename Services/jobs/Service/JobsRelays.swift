@@ -1,0 +1,85 @@
+import Blobs
+import Bus
+import Foundation
+import Logging
+import Messages
+import ServiceKit
+
+/// The jobs service's three outboxes, each delivered by an `OutboxRelay` with the one retry policy
+/// (`OutboxBackoff`): quota settlements, job events for history, and files to delete.
+public enum JobsRelays {
+    /// `commit` for completed jobs, `release` for failed and cancelled ones; quota applies them
+    /// idempotently by job id. A settlement quota has nothing to apply to (no reservation, or
+    /// settled the other way already) is final too.
+    public static func settlements(database: JobsDatabase, quota: BusClient, logger: Logger) -> OutboxRelay<JobsOutbox> {
+        OutboxRelay("quota settlements", outbox: JobsOutbox(database: database, topic: OutboxEntry.Topic.quota), logger: logger, deliver: { items in
+            await OutboxDeliveries.oneByOne(items) { item in
+                guard case .settlement(let settlement) = item.kind else { return unreadable(item, logger) }
+                do {
+                    _ = try await quota.call(settlement == .commit ? Quota.commit : Quota.release, ChargeReference(jobId: item.jobId), timeout: .seconds(2))
+                    return .delivered
+                } catch let error as BusError where error.code == .notFound || error.code == Quota.ErrorCode.chargeSettled {
+                    logger.warning("quota settlement not applicable", metadata: ["job": "\(item.jobId)", "kind": "\(settlement)", "error": "\(error)"])
+                    return .delivered
+                } catch {
+                    return .retry
+                }
+            }
+        }, onStop: { await quota.shutdown() })
+    }
+
+    /// Job events, in batches of up to 200 (and 512 KiB, well inside the bus's message limit),
+    /// oldest first; history applies each idempotently by (job id, version), so a batch sent
+    /// twice changes nothing.
+    public static func historyEvents(database: JobsDatabase, history: BusClient, logger: Logger) -> OutboxRelay<JobsOutbox> {
+        OutboxRelay(
+            "job events for history", outbox: JobsOutbox(database: database, topic: OutboxEntry.Topic.history), batchSize: 200,
+            interval: .milliseconds(100), logger: logger,
+            deliver: { items in
+                var events: [JobEvent] = []
+                var outcomes: [OutboxOutcome] = []
+                var bytes = 0
+                for item in items {
+                    guard case .historyEvent(let payload) = item.kind, let event = try? JobRows.event(payload) else {
+                        outcomes.append(unreadable(item, logger))
+                        continue
+                    }
+                    if bytes + payload.count > 512 * 1024, !events.isEmpty { break }
+                    bytes += payload.count
+                    events.append(event)
+                    outcomes.append(.delivered)
+                }
+                guard !events.isEmpty else { return outcomes }
+                do {
+                    _ = try await history.call(History.apply, JobEvents(events: events), timeout: .seconds(5))
+                    return outcomes
+                } catch {
+                    return outcomes.map { _ in .retry }
+                }
+            },
+            onStop: { await history.shutdown() }
+        )
+    }
+
+    /// Files that purged jobs and refused results left behind. Deleting a file already gone
+    /// succeeds, so an entry replayed after a crash does no harm.
+    public static func fileDeletions(database: JobsDatabase, blobs: any BlobStore, logger: Logger) -> OutboxRelay<JobsOutbox> {
+        OutboxRelay("file deletions", outbox: JobsOutbox(database: database, topic: OutboxEntry.Topic.blobs), logger: logger) { items in
+            await OutboxDeliveries.oneByOne(items) { item in
+                guard case .fileDeletion(let keys) = item.kind else { return unreadable(item, logger) }
+                do {
+                    for key in keys where BlobKey.isValid(key) { try await blobs.delete(key) }
+                    return .delivered
+                } catch {
+                    logger.debug("cannot delete a job's files yet", metadata: ["job": "\(item.jobId)", "error": "\(error)"])
+                    return .retry
+                }
+            }
+        }
+    }
+
+    static func unreadable(_ item: OutboxItem<JobsOutboxKind>, _ logger: Logger) -> OutboxOutcome {
+        logger.error("dropped an unreadable outbox entry", metadata: ["job": "\(item.jobId)", "entry": "\(item.kind)"])
+        return .delivered
+    }
+}
