@@ -33,6 +33,11 @@ public protocol Outbox<Kind>: Sendable {
     func retry(_ id: String, attempts: Int, at: Date) async throws
 }
 
+/// What a producer needs of its outbox's relay: to say there is something to deliver now.
+public protocol OutboxWaker: Sendable {
+    func wake()
+}
+
 /// What became of one entry a relay handed to its receiver.
 public enum OutboxOutcome: Sendable, Equatable {
     /// Applied (or not applicable, which is as final): acknowledge it.
@@ -69,7 +74,7 @@ public enum OutboxBackoff {
 /// entries past the outcomes it answers (it stopped early, say because the receiver is down) stay
 /// as they were for the next round. A receiver that stops taking entries is logged once, and
 /// once more when it takes them again. Entries not delivered stay in the outbox across restarts.
-public struct OutboxRelay<Box: Outbox>: Service {
+public struct OutboxRelay<Box: Outbox>: Service, OutboxWaker {
     let outbox: Box
     /// What it delivers, for logs ("quota settlements").
     let name: String

@@ -14,13 +14,13 @@ await ProcessExit.run("history") { try await BusServiceRunner.run(.history, tran
     let purges = HistoryRelays.purges(
         database: database, jobs: BusClient(configuration: service.client(of: configuration.jobsEndpoint), logger: logger), logger: logger
     )
-    HistoryHandler(database: database, purges: purges).register(on: &router)
+    HistoryHandler(store: database, purges: purges).register(on: &router)
     let pending = try await database.pendingPurgeCount()
     logger.info("history ready", metadata: ["pendingPurges": "\(pending)"])
     return [
         purges,
         RetentionSweeper(
-            database: database,
+            store: database,
             quota: BusClient(configuration: service.client(of: configuration.quotaEndpoint), logger: logger),
             interval: configuration.sweepInterval, changesKeep: configuration.changesKeep, purges: purges, logger: logger
         ),

@@ -7,12 +7,12 @@ import ServiceKit
 
 /// The history service's bus methods.
 public struct HistoryHandler: Sendable {
-    let database: HistoryDatabase
-    let purges: OutboxRelay<PurgeOutbox>
+    let database: any HistoryStore
+    let purges: any OutboxWaker
     let now: @Sendable () -> Date
 
-    public init(database: HistoryDatabase, purges: OutboxRelay<PurgeOutbox>, now: @escaping @Sendable () -> Date = Date.init) {
-        self.database = database
+    public init(store: any HistoryStore, purges: any OutboxWaker, now: @escaping @Sendable () -> Date = Date.init) {
+        self.database = store
         self.purges = purges
         self.now = now
     }

@@ -10,11 +10,11 @@ import ServiceLifecycle
 /// of quota at each sweep, so a plan change applies from the next one), in bounded batches and the
 /// same way as a user's delete. Also forgets tombstones older than the changes feed keeps.
 public struct RetentionSweeper: Service {
-    let database: HistoryDatabase
+    let database: any HistoryStore
     let quota: BusClient
     let interval: Duration
     let changesKeep: Duration
-    let purges: OutboxRelay<PurgeOutbox>
+    let purges: any OutboxWaker
     let logger: Logger
     let now: @Sendable () -> Date
 
@@ -24,10 +24,10 @@ public struct RetentionSweeper: Service {
     let itemsPerSweep = 50_000
 
     public init(
-        database: HistoryDatabase, quota: BusClient, interval: Duration, changesKeep: Duration, purges: OutboxRelay<PurgeOutbox>,
+        store: any HistoryStore, quota: BusClient, interval: Duration, changesKeep: Duration, purges: any OutboxWaker,
         logger: Logger, now: @escaping @Sendable () -> Date = Date.init
     ) {
-        self.database = database
+        self.database = store
         self.quota = quota
         self.interval = interval
         self.changesKeep = changesKeep
@@ -49,7 +49,7 @@ public struct RetentionSweeper: Service {
     public func sweep() async throws -> Int {
         let started = now()
         let seconds = Double(changesKeep.components.seconds)
-        _ = try await database.pruneTombstones(before: started.addingTimeInterval(-seconds), now: started)
+        _ = try await database.pruneTombstones(before: started.addingTimeInterval(-seconds), now: started, limit: 10_000)
         let plans = try await quota.call(Quota.plans, Empty(), timeout: .seconds(2))
         guard let shortest = plans.map(\.retentionDays).min() else { return 0 }
         var deleted = 0

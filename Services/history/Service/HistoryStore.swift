@@ -1,0 +1,35 @@
+import Foundation
+import Messages
+
+/// What the history service stores, as the operations its bus methods and its retention sweep
+/// need: each write one transaction, named for its intent. `HistoryHandler` and
+/// `RetentionSweeper` depend on this; `HistoryDatabase` (SQLite, with FTS5 and trigram search)
+/// is today's implementation.
+public protocol HistoryStore: Sendable {
+    /// Applies job events idempotently by (job id, version); returns how many changed an item.
+    func applyJobEvents(_ events: [JobEvent]) async throws -> Int
+    /// One page of a user's items (filtered, searched, optionally in month sections).
+    func page(_ request: ListHistory) async throws -> HistoryPage
+    /// One of the user's items; nil for anyone else's or none.
+    func item(_ jobId: String, userId: String) async throws -> HistoryItem?
+    /// Deletes one of the user's items, leaving a tombstone and queueing its purge for jobs.
+    func deleteItem(_ jobId: String, userId: String, now: Date) async throws -> DeletedHistoryItem?
+    /// What changed for a user since a token (the offline cache's feed).
+    func changes(_ request: ChangesSince) async throws -> HistoryChanges
+    /// A share link for one of the user's ended items; nil if not theirs.
+    func shareItem(_ jobId: String, userId: String, token: String, expiresAt: Date) async throws -> ShareGrant?
+    /// Revokes an item's share links; false if not theirs.
+    func revokeShares(_ jobId: String, userId: String) async throws -> Bool
+    /// What a live share token opens.
+    func sharedResult(token: String, now: Date) async throws -> SharedResult?
+    /// Users with items created before a date, a batch after `afterUser`.
+    func usersWithItems(before: Date, afterUser: String, limit: Int) async throws -> (users: [String], scannedThrough: String?)
+    /// Deletes up to `limit` of a user's ended items created before `cutoff`.
+    func deleteExpiredItems(userId: String, before cutoff: Date, limit: Int, now: Date) async throws -> Int
+    /// Forgets tombstones (and expired shares) older than the changes feed keeps.
+    func pruneTombstones(before: Date, now: Date, limit: Int) async throws -> Int
+    /// Purges not yet acknowledged by jobs.
+    func pendingPurgeCount() async throws -> Int
+}
+
+extension HistoryDatabase: HistoryStore {}
