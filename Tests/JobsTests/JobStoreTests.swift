@@ -8,11 +8,11 @@ import Testing
 
 @Suite("Job store")
 struct JobStoreTests {
-    let store: JobStore
+    let store: SQLiteJobsStore
     let now = Date()
 
     init() throws {
-        store = JobStore(
+        store = SQLiteJobsStore(
             database: try JobsDatabase.inMemory(), retry: RetryPolicy(maxAttempts: 3, baseDelay: .milliseconds(10)),
             effectTitles: ["copy": "Original"]
         )

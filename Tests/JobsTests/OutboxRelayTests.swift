@@ -11,7 +11,7 @@ import Testing
 /// leaves, what must wait is put back with the one backoff, what was not reached stays as it was.
 @Suite("Outbox relay")
 struct OutboxRelayTests {
-    let store = JobStore(database: try! JobsDatabase.inMemory(), retry: RetryPolicy(maxAttempts: 3, baseDelay: .milliseconds(10)), effectTitles: [:])
+    let store = SQLiteJobsStore(database: try! JobsDatabase.inMemory(), retry: RetryPolicy(maxAttempts: 3, baseDelay: .milliseconds(10)), effectTitles: [:])
     let now = Date()
 
     /// Three completed jobs: three `commit` settlements in the outbox.

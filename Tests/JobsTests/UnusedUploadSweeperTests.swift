@@ -17,7 +17,7 @@ struct UnusedUploadSweeperTests {
         for key in ["uploads/a/used.jpg", "uploads/a/unused.jpg", "uploads/b/unused.png", "results/j/1.jpg"] {
             try await blobs.put(key, from: .bytes(ByteBuffer(bytes: [1, 2, 3])), metadata: BlobMetadata(owner: "a", contentType: "image/jpeg"))
         }
-        let store = JobStore(database: try JobsDatabase.inMemory(), retry: RetryPolicy(maxAttempts: 3, baseDelay: .milliseconds(10)), effectTitles: [:])
+        let store = SQLiteJobsStore(database: try JobsDatabase.inMemory(), retry: RetryPolicy(maxAttempts: 3, baseDelay: .milliseconds(10)), effectTitles: [:])
         _ = try await store.create(CreateJob(jobId: "j", userId: "a", isPro: false, imageKey: "uploads/a/used.jpg", effectId: "copy"),
                                    effectId: "copy", parameters: [:], now: Date())
         let sweeper = UnusedUploadSweeper(blobs: blobs, store: store, age: 86_400, logger: Logger(label: "test"))

@@ -15,7 +15,7 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
     try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
     let database = try JobsDatabase.open(path: configuration.databasePath)
     let catalog = EffectCatalog(extra: configuration.extraEffects)
-    let store = JobStore(database: database, retry: configuration.retry, effectTitles: catalog.effects.mapValues(\.title))
+    let store = SQLiteJobsStore(database: database, retry: configuration.retry, effectTitles: catalog.effects.mapValues(\.title))
     let blobs = try await configuration.blobs.open()
     try BusSecurity.checkExposure(configuration.workerEndpoint, variable: "JOBS_WORKER_BIND", curve: service.curveSecretKey != nil, environment: Environment())
     let channel = try await BusChannel.bind(

@@ -19,7 +19,7 @@ public actor Dispatcher {
     public typealias Machine = DispatchStateMachine<BusChannel.Peer>
 
     private let channel: BusChannel
-    private let store: JobStore
+    private let store: any JobsStore
     private let transfers: TransferSigner
     private let catalog: EffectCatalog
     private let logger: Logger
@@ -35,7 +35,7 @@ public actor Dispatcher {
     private let writes: AsyncStream<@Sendable () async -> Void>
     private let writesInput: AsyncStream<@Sendable () async -> Void>.Continuation
 
-    public init(channel: BusChannel, store: JobStore, catalog: EffectCatalog, transfers: TransferSigner, proFirst: Bool = true,
+    public init(channel: BusChannel, store: any JobsStore, catalog: EffectCatalog, transfers: TransferSigner, proFirst: Bool = true,
                 heartbeatInterval: Duration = .seconds(1), providerLimits: [String: Int] = [:], logger: Logger) {
         self.channel = channel
         self.store = store
@@ -211,7 +211,7 @@ public actor Dispatcher {
     private func write(_ result: Machine.WorkerResult, of attempt: JobAttempt, from peer: BusChannel.Peer) async {
         let outcome: Machine.RecordOutcome
         do {
-            let stored: JobStore.Outcome
+            let stored: JobReportOutcome
             var retryAfter: Duration?
             switch result {
             case .done(let output):

@@ -5,12 +5,12 @@ import Messages
 
 /// The jobs service's bus methods.
 public struct JobsHandler: Sendable {
-    let store: JobStore
+    let store: any JobsStore
     let dispatcher: Dispatcher
     let catalog: EffectCatalog
     let maxQueued: Int
 
-    public init(store: JobStore, dispatcher: Dispatcher, catalog: EffectCatalog, maxQueued: Int = 100_000) {
+    public init(store: any JobsStore, dispatcher: Dispatcher, catalog: EffectCatalog, maxQueued: Int = 100_000) {
         self.store = store
         self.dispatcher = dispatcher
         self.catalog = catalog
@@ -44,7 +44,7 @@ public struct JobsHandler: Sendable {
             // Only a job that waits on a provider request (the one named, when the webhook names
             // one) is poked; anything else changes nothing. The result itself is never taken
             // from a webhook: the worker asks the provider.
-            guard let job = try await store.job(request.jobId), job.status == .processing, let submission = job.submission,
+            guard let job = try await store.job(request.jobId, userId: nil), job.status == .processing, let submission = job.submission,
                   request.requestId == nil || request.requestId == submission.requestId else { return Empty() }
             await dispatcher.poke(jobId: job.id)
             return Empty()

@@ -7,7 +7,7 @@ import ServiceLifecycle
 
 /// Removes uploads that no job ever used, once they are older than `age` (a day): an app that
 /// asked for an upload URL and never started an edit leaves nothing behind for good. Uploads a
-/// job uses go with the job's last deletion (`JobStore.purge`).
+/// job uses go with the job's last deletion (`JobsStore.purge`).
 ///
 /// Why a sweep rather than a bucket lifecycle rule: a rule selects objects by prefix, tag and age,
 /// not by whether a job points at them; tagging every upload at presign and untagging it at job
@@ -15,12 +15,12 @@ import ServiceLifecycle
 /// lifecycle rules by tag. The sweep lists `uploads/` and asks the jobs database, on every store.
 public struct UnusedUploadSweeper: Service {
     let blobs: any BlobStore
-    let store: JobStore
+    let store: any JobsStore
     let age: TimeInterval
     let interval: Duration
     let logger: Logger
 
-    public init(blobs: any BlobStore, store: JobStore, age: TimeInterval = 86_400, interval: Duration = .seconds(3600), logger: Logger) {
+    public init(blobs: any BlobStore, store: any JobsStore, age: TimeInterval = 86_400, interval: Duration = .seconds(3600), logger: Logger) {
         self.blobs = blobs
         self.store = store
         self.age = age

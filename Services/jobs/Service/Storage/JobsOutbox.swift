@@ -4,7 +4,7 @@ import JobsCore
 import ServiceKit
 import Storage
 
-/// The jobs service's outbox entries, by receiver: written by `JobStore` in the transaction of the
+/// The jobs service's outbox entries, by receiver: written by `SQLiteJobsStore` in the transaction of the
 /// change that caused them, delivered by an `OutboxRelay` each (`JobsRelays`).
 public enum JobsOutboxKind: Sendable, Equatable {
     /// A quota settlement of an ended job.

@@ -4,9 +4,10 @@ import JobsCore
 import Messages
 import Storage
 
-/// The job lifecycle in rows. Every state change bumps the job's version and writes, in the same
-/// transaction, an event for history and (when the job ends) the quota settlement to the outbox.
-public struct JobStore: Sendable {
+/// The job lifecycle in rows, on SQLite: the jobs service's `JobsStore`. Every state change bumps
+/// the job's version and writes, in the same transaction, an event for history and (when the job
+/// ends) the quota settlement to the outbox. Every write goes through the group committer.
+public struct SQLiteJobsStore: JobsStore {
     public let database: JobsDatabase
     public let retry: RetryPolicy
     /// Effect ids to the titles the app shows, carried in history events.
@@ -22,16 +23,9 @@ public struct JobStore: Sendable {
         self.writes = GroupCommitter(writer: database.writer)
     }
 
-    /// What a worker's report did to the job.
-    public enum Outcome: Sendable, Equatable {
-        /// Applied; the job is now in this state.
-        case applied(JobRecord)
-        /// Refused: a stale attempt, or the job is not processing.
-        case refused(String)
-        /// This very result was recorded before (a worker sends a result again until it hears
-        /// that it is recorded): nothing changes, the worker is told again.
-        case alreadyRecorded(JobRecord)
-    }
+    public typealias Outcome = JobReportOutcome
+    public typealias State = JobState
+    public typealias Purge = PurgedJob
 
     /// Creates a queued job; the same id for the same user returns the existing job. Answers once
     /// the job is durable, in a transaction shared with the creations that arrived meanwhile.
@@ -65,7 +59,7 @@ public struct JobStore: Sendable {
     /// recorded as abandoned in the same transaction, so a creation arriving later fails.
     public func lookup(_ id: String, abandonIfAbsent: Bool, now: Date) async throws -> JobStatus? {
         guard abandonIfAbsent else { return try await job(id)?.status }
-        return try await database.writer.write { db in
+        return try await writes.perform { db in
             if let job = try JobRows.job(db, id) { return job.status }
             try db.execute(sql: "INSERT OR IGNORE INTO abandoned (jobId, at) VALUES (?, ?)", arguments: [id, now])
             return nil
@@ -85,14 +79,6 @@ public struct JobStore: Sendable {
     public func jobs(_ ids: [String]) async throws -> [JobRecord] {
         guard !ids.isEmpty else { return [] }
         return try await database.writer.read { db in try JobRecord.fetchAll(db, keys: ids) }
-    }
-
-    /// What a watcher compares of a job: owner, version, status and stored progress.
-    public struct State: Sendable, Equatable {
-        public var userId: String
-        public var version: Int
-        public var status: JobStatus
-        public var progress: Double
     }
 
     /// The states of the jobs of these ids that exist, in one read of four columns.
@@ -206,16 +192,12 @@ public struct JobStore: Sendable {
         }
     }
 
-    /// What `purge` removed: the job as it was (nil when there was none).
-    public struct Purge: Sendable, Equatable {
-        public var job: JobRecord?
-    }
 
     /// Removes a job for good. A job that has not ended is cancelled first with its charge
     /// released; then its row, its undelivered history events, and (through the blob janitor) its
     /// result, thumbnail and, when no other job of the user uses it, its original upload.
     public func purge(_ id: String, userId: String, now: Date) async throws -> Purge {
-        try await database.writer.write { db in
+        try await writes.perform { db in
             guard let job = try JobRecord.fetchOne(db, key: id), job.userId == userId else { return Purge(job: nil) }
             // A job that has not ended gives its charge back, as a cancel would.
             if let settlement = JobRules.purgeSettlement(job) { try Self.settle(db, job: job, settlement, now: now) }
@@ -245,7 +227,7 @@ public struct JobStore: Sendable {
     /// A refused result's files, unless they are the job's own (a repeated report of the accepted
     /// attempt): nothing will ever point at them.
     public func discardOutput(_ output: JobOutput, of attempt: JobAttempt, now: Date) async throws {
-        try await database.writer.write { db in
+        try await writes.perform { db in
             let job = try JobRecord.fetchOne(db, key: attempt.jobId)
             let keys = [output.resultKey, output.thumbnailKey].filter { $0 != job?.resultKey && $0 != job?.thumbnailKey }
             try Self.discardBlobs(db, keys, jobId: attempt.jobId, now: now)
@@ -257,7 +239,7 @@ public struct JobStore: Sendable {
     /// them back, and the dispatcher's reconcile queues again any that no worker claims.
     /// Returns every queued job, oldest first, for the dispatcher.
     public func recover(now: Date) async throws -> [JobRecord] {
-        try await database.writer.write { db in
+        try await writes.perform { [self] db in
             let orphans = try JobRecord.filter(JobRecord.Columns.status == JobStatus.processing.rawValue && Column("cancelRequested") == true).fetchAll(db)
             for job in orphans {
                 if let transition = JobRules.recover(job, now: now) { try apply(db, transition) }

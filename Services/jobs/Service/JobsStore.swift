@@ -1,0 +1,81 @@
+import Foundation
+import JobsCore
+import Messages
+
+/// What the jobs service stores, as the operations its bus methods, its dispatcher and its
+/// sweeps need: each write one transaction (group committed), decided by `JobRules`, with its
+/// history event, quota settlement and file deletions put in the outbox in that transaction.
+/// `JobsHandler`, `Dispatcher` and `UnusedUploadSweeper` depend on this; `SQLiteJobsStore` is
+/// today's implementation.
+public protocol JobsStore: Sendable {
+    /// Creates a queued job; the same id for the same user returns the existing one.
+    func create(_ request: CreateJob, effectId: String, parameters: [String: Double], now: Date) async throws -> (job: JobRecord, created: Bool)
+    /// Whether a job exists and its status; with `abandonIfAbsent`, an absent id is recorded
+    /// as abandoned so that a creation arriving later fails.
+    func lookup(_ id: String, abandonIfAbsent: Bool, now: Date) async throws -> JobStatus?
+    /// The job, if `userId` owns it (nil for anyone else's).
+    func job(_ id: String, userId: String?) async throws -> JobRecord?
+    /// The jobs of these ids that exist.
+    func jobs(_ ids: [String]) async throws -> [JobRecord]
+    /// The states of the jobs of these ids that exist.
+    func states(_ ids: [String]) async throws -> [String: JobState]
+    /// How many jobs are in each state, and how many outbox entries wait for each topic.
+    func counts() async throws -> (states: [JobStatus: Int], outbox: [String: Int])
+    /// A queued job handed to a worker: processing, as a new attempt; nil if it is not queued.
+    func start(_ id: String, now: Date) async throws -> JobRecord?
+    /// The current attempt completed.
+    func complete(_ attempt: JobAttempt, output: JobOutput, now: Date) async throws -> JobReportOutcome
+    /// The current attempt failed: queued again after a backoff (returned), or failed for good.
+    func fail(_ attempt: JobAttempt, error: String, retryable: Bool, now: Date) async throws -> (JobReportOutcome, retryAfter: Duration?)
+    /// No worker holds the attempt any more: queued again, failed or cancelled.
+    func requeue(_ attempt: JobAttempt, reason: String, now: Date) async throws -> JobRecord?
+    /// A generation was submitted to a provider for the attempt.
+    func recordSubmission(_ attempt: JobAttempt, _ request: ProviderRequest) async throws -> JobReportOutcome
+    /// The worker stopped the attempt for a cancel.
+    func cancelled(_ attempt: JobAttempt, now: Date) async throws -> JobReportOutcome
+    /// Every processing attempt, for the dispatcher's reconcile.
+    func processingAttempts() async throws -> [JobAttempt]
+    /// Cancels one of the user's jobs.
+    func cancel(_ id: String, userId: String, now: Date) async throws -> JobRecord
+    /// Removes one of the user's jobs for good (its files through the outbox).
+    func purge(_ id: String, userId: String, now: Date) async throws -> PurgedJob
+    /// Those of `keys` that no job uses as its original.
+    func unused(_ keys: [String]) async throws -> [String]
+    /// A refused result's files, to delete.
+    func discardOutput(_ output: JobOutput, of attempt: JobAttempt, now: Date) async throws
+    /// At start-up: settles what was left mid-cancel; every queued job, oldest first.
+    func recover(now: Date) async throws -> [JobRecord]
+}
+
+/// What a worker's report did to the job.
+public enum JobReportOutcome: Sendable, Equatable {
+    /// Applied; the job is now in this state.
+    case applied(JobRecord)
+    /// Refused: a stale attempt, or the job is not processing.
+    case refused(String)
+    /// This very result was recorded before (a worker sends a result again until it hears that it
+    /// is recorded): nothing changes, the worker is told again.
+    case alreadyRecorded(JobRecord)
+}
+
+/// What a watcher compares of a job: owner, version, status and stored progress.
+public struct JobState: Sendable, Equatable {
+    public var userId: String
+    public var version: Int
+    public var status: JobStatus
+    public var progress: Double
+
+    public init(userId: String, version: Int, status: JobStatus, progress: Double) {
+        self.userId = userId
+        self.version = version
+        self.status = status
+        self.progress = progress
+    }
+}
+
+/// What `purge` removed: the job as it was (nil when there was none).
+public struct PurgedJob: Sendable, Equatable {
+    public var job: JobRecord?
+
+    public init(job: JobRecord?) { self.job = job }
+}
