@@ -1,7 +1,7 @@
 import Foundation
 import GRDB
 import JobsCore
-import JobsService
+@testable import JobsService
 import Messages
 import ServiceKit
 import Synchronization

@@ -5,7 +5,7 @@ import Messages
 
 /// The jobs service's database: jobs and the outbox of events for quota and history.
 public struct JobsDatabase: Sendable {
-    public let writer: any DatabaseWriter
+    let writer: any DatabaseWriter
 
     public init(_ writer: any DatabaseWriter) throws {
         self.writer = writer
