@@ -116,10 +116,34 @@ public struct Worker: Service {
             if held && wasCancelled(attempt) { task.cancel() }
         }
         func remove(_ attempt: JobAttempt) {
-            tasks.withLock { _ = $0.removeValue(forKey: attempt) }
+            let empty = tasks.withLock { tasks in
+                _ = tasks.removeValue(forKey: attempt)
+                return tasks.isEmpty
+            }
             cancelled.withLock { _ = $0.remove(attempt) }
             detached.withLock { _ = $0.remove(attempt) }
             handedOff.withLock { _ = $0.remove(attempt) }
+            if empty { wakeEmptyWaiters() }
+        }
+
+        /// Those waiting for the worker to hold no job (`untilEmpty`).
+        private let emptyWaiters = Mutex<[CheckedContinuation<Void, Never>]>([])
+
+        /// Returns once no job is held: woken by the last `remove`, not by polling. (A waiter is
+        /// listed before it looks, so a removal between the two cannot be missed; whoever takes
+        /// a waiter off the list resumes it, once.)
+        func untilEmpty() async {
+            await withCheckedContinuation { (waiter: CheckedContinuation<Void, Never>) in
+                emptyWaiters.withLock { $0.append(waiter) }
+                if tasks.withLock({ $0.isEmpty }) { wakeEmptyWaiters() }
+            }
+        }
+
+        private func wakeEmptyWaiters() {
+            for waiter in emptyWaiters.withLock({ waiters -> [CheckedContinuation<Void, Never>] in
+                defer { waiters.removeAll() }
+                return waiters
+            }) { waiter.resume() }
         }
         func contains(_ attempt: JobAttempt) -> Bool { tasks.withLock { $0.index(forKey: attempt) != nil } }
 
@@ -313,7 +337,7 @@ public struct Worker: Service {
             await channel.shutdown()
         }
         // Let the jobs in progress finish before the process exits.
-        while running.count > 0 { try? await Task.sleep(for: .milliseconds(50)) }
+        await running.untilEmpty()
     }
 
     private func handle(_ message: DispatcherMessage, channel: BusChannel, running: Running, unrecorded: Unrecorded, renewed: Renewed,
@@ -370,7 +394,7 @@ public struct Worker: Service {
         let returned = running.leave()
         channel.send(WorkerMessage.leaving(returned: returned))
         logger.info("stopping", metadata: ["running": "\(running.count)", "given-back": "\(returned.count)"])
-        while running.count > 0 { try? await Task.sleep(for: .milliseconds(20)) }
+        await running.untilEmpty()
         let deadline = ContinuousClock.now.advanced(by: configuration.heartbeat * 3)
         while !unrecorded.all.isEmpty, ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(20)) }
     }

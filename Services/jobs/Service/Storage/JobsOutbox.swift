@@ -31,7 +31,7 @@ public struct JobsOutbox: Outbox {
         try await database.writer.read { [topic] db in
             try Row.fetchAll(
                 db.cachedStatement(sql: """
-                    SELECT id, kind, jobId, attempts, payload FROM outbox WHERE topic = ? AND nextAttemptAt <= ? ORDER BY id LIMIT ?
+                    SELECT id, kind, jobId, attempts, payload FROM outbox WHERE topic = ? AND nextAttemptAt <= ? ORDER BY nextAttemptAt, id LIMIT ?
                     """),
                 arguments: [topic, StoredDate.text(now), limit]
             ).map { row in
