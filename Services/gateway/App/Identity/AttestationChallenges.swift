@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import Messages
 
 /// The one-time challenges of App Attest sign-up, made and checked without state (any gateway
 /// replica checks what another made): base64url of a version byte, the expiry (seconds since
@@ -25,12 +26,12 @@ struct AttestationChallenges: Sendable {
         let seconds = UInt64(expiresAt.timeIntervalSince1970)
         body += (0..<8).reversed().map { UInt8(truncatingIfNeeded: seconds >> (UInt64($0) * 8)) }
         body += (0..<16).map { _ in UInt8.random(in: 0...255) }
-        return (Self.base64URL(body + mac(body, userId)), expiresAt)
+        return (Base64URL.encode(body + mac(body, userId)), expiresAt)
     }
 
     /// Whether `challenge` was made here for `userId` and has not expired.
     func isValid(_ challenge: String, for userId: String, now: Date) -> Bool {
-        guard challenge.utf8.count <= 64, let bytes = Self.bytes(base64URL: challenge), bytes.count == 41, bytes[0] == 1 else { return false }
+        guard challenge.utf8.count <= 64, let bytes = Base64URL.decode(challenge).map(Array.init), bytes.count == 41, bytes[0] == 1 else { return false }
         let body = Array(bytes[0..<25])
         guard Authenticator.constantTimeEqual(Array(bytes[25...]), mac(body, userId)) else { return false }
         let seconds = body[1..<9].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
@@ -39,16 +40,5 @@ struct AttestationChallenges: Sendable {
 
     private func mac(_ body: [UInt8], _ userId: String) -> [UInt8] {
         Array(Array(HMAC<SHA256>.authenticationCode(for: body + Array(userId.utf8), using: key)).prefix(16))
-    }
-
-    static func base64URL(_ bytes: [UInt8]) -> String {
-        Data(bytes).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
-            .replacingOccurrences(of: "=", with: "")
-    }
-
-    static func bytes(base64URL text: String) -> [UInt8]? {
-        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        base64 += String(repeating: "=", count: (4 - base64.count % 4) % 4)
-        return Data(base64Encoded: base64).map(Array.init)
     }
 }
