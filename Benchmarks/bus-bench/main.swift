@@ -113,22 +113,22 @@ case "keys":
     let server = try ZMQCurveKeyPair.generate(), caller = try ZMQCurveKeyPair.generate()
     print("\(server.publicKey) \(server.secretKey) \(caller.publicKey) \(caller.secretKey)")
 case "client":
-    let client = BusClient(configuration: .init(endpoint: endpoint, defaultTimeout: .seconds(10), curve: try BusSecurity.clientKeys(Environment())))
-    // Callers as most code makes them: tasks on the cooperative pool, a thread hop each way.
-    let latencyMicros = try await latency(client: client, seconds: seconds)
-    let poolRate = try await throughput(client: client, inFlight: 64, seconds: seconds)
-    // Callers that prefer the client's I/O thread executor: no thread hop at all.
-    let executorLatency = try await withTaskExecutorPreference(client.taskExecutor) {
-        try await latency(client: client, seconds: seconds)
+    try await withBusClient(.init(endpoint: endpoint, defaultTimeout: .seconds(10), curve: try BusSecurity.clientKeys(Environment()))) { client in
+        // Callers as most code makes them: tasks on the cooperative pool, a thread hop each way.
+        let latencyMicros = try await latency(client: client, seconds: seconds)
+        let poolRate = try await throughput(client: client, inFlight: 64, seconds: seconds)
+        // Callers that prefer the client's I/O thread executor: no thread hop at all.
+        let executorLatency = try await withTaskExecutorPreference(client.taskExecutor) {
+            try await latency(client: client, seconds: seconds)
+        }
+        let executorRate = try await withTaskExecutorPreference(client.taskExecutor) {
+            try await throughput(client: client, inFlight: 64, seconds: seconds)
+        }
+        print(String(
+            format: "latency_us=%.2f throughput_rps=%.0f executor_latency_us=%.2f executor_throughput_rps=%.0f",
+            latencyMicros, poolRate, executorLatency, executorRate
+        ))
     }
-    let executorRate = try await withTaskExecutorPreference(client.taskExecutor) {
-        try await throughput(client: client, inFlight: 64, seconds: seconds)
-    }
-    print(String(
-        format: "latency_us=%.2f throughput_rps=%.0f executor_latency_us=%.2f executor_throughput_rps=%.0f",
-        latencyMicros, poolRate, executorLatency, executorRate
-    ))
-    await client.shutdown()
 case "handler":
     // The handler path alone, no sockets: decode, handle, encode.
     let binary = await handlerCost(echoRouter(), .binary)
@@ -147,10 +147,11 @@ case "inproc":
     let server = BusServer(configuration: .init(endpoint: endpoint, maxInFlight: 4096), router: router, logger: Logger(label: "bench"))
     try await withThrowingTaskGroup(of: Void.self) { group in
         group.addTask { try await server.run() }
-        let client = BusClient(endpoint: endpoint, timeout: .seconds(10))
-        let latencyMicros = try await latency(client: client, seconds: seconds)
-        let rate = try await throughput(client: client, inFlight: 64, seconds: seconds)
-        print(String(format: "inproc latency_us=%.2f throughput_rps=%.0f", latencyMicros, rate))
+        try await withBusClient(.init(endpoint: endpoint, defaultTimeout: .seconds(10))) { client in
+            let latencyMicros = try await latency(client: client, seconds: seconds)
+            let rate = try await throughput(client: client, inFlight: 64, seconds: seconds)
+            print(String(format: "inproc latency_us=%.2f throughput_rps=%.0f", latencyMicros, rate))
+        }
         group.cancelAll()
     }
 default:

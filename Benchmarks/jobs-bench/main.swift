@@ -14,53 +14,53 @@ func run(endpoint: String, blobDirectory: String, count: Int, effect: String, im
     let blobs = try await FolderBlobStore.open(root: URL(fileURLWithPath: blobDirectory), signer: URLSigner(secret: "unused"), publicBaseURL: "")
     let key = "uploads/bench/\(UUID().uuidString.lowercased()).jpg"
     try await blobs.put(key, from: .file(URL(fileURLWithPath: image)), metadata: BlobMetadata(owner: "bench", contentType: "image/jpeg"))
-    let client = BusClient(endpoint: endpoint, timeout: .seconds(30))
-    let user = "bench-\(UUID().uuidString.prefix(8))"
-    let ids = (0..<count).map { _ in UUID().uuidString.lowercased() }
+    try await withBusClient(.init(endpoint: endpoint, defaultTimeout: .seconds(30))) { client in
+        let user = "bench-\(UUID().uuidString.prefix(8))"
+        let ids = (0..<count).map { _ in UUID().uuidString.lowercased() }
 
-    let start = ContinuousClock.now
-    try await withThrowingTaskGroup(of: Void.self) { group in
-        var next = 0
-        func add() {
-            let id = ids[next]
-            next += 1
-            group.addTask {
-                _ = try await client.call(Jobs.create, CreateJob(jobId: id, userId: user, isPro: false, imageKey: key, effectId: effect))
+        let start = ContinuousClock.now
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            var next = 0
+            func add() {
+                let id = ids[next]
+                next += 1
+                group.addTask {
+                    _ = try await client.call(Jobs.create, CreateJob(jobId: id, userId: user, isPro: false, imageKey: key, effectId: effect))
+                }
+            }
+            for _ in 0..<min(64, count) { add() }
+            while try await group.next() != nil {
+                if next < count { add() }
             }
         }
-        for _ in 0..<min(64, count) { add() }
-        while try await group.next() != nil {
-            if next < count { add() }
-        }
-    }
-    // Follow the unfinished jobs with `jobs.watch`, as the gateway's event streams do, each with
-    // the version seen, answered with those that changed: the oldest 64 unfinished (one user's
-    // jobs are handed out in order, so they end about in order), every 10 ms while none ends.
-    var failed = 0
-    var seen = Dictionary(uniqueKeysWithValues: ids.map { ($0, 1) })
-    var unfinished = ids[...]
-    while !unfinished.isEmpty {
-        let batch = unfinished.prefix(64).map { WatchJobs.Seen(jobId: $0, userId: user, version: seen[$0] ?? 1, progress: 0) }
-        let watched = try await client.call(Jobs.watch, WatchJobs(jobs: batch))
-        var ended: Set<String> = Set(watched.gone)
-        for job in watched.changed {
-            seen[job.id] = job.version
-            if job.status.isTerminal {
-                if job.status != .completed { failed += 1 }
-                ended.insert(job.id)
+        // Follow the unfinished jobs with `jobs.watch`, as the gateway's event streams do, each with
+        // the version seen, answered with those that changed: the oldest 64 unfinished (one user's
+        // jobs are handed out in order, so they end about in order), every 10 ms while none ends.
+        var failed = 0
+        var seen = Dictionary(uniqueKeysWithValues: ids.map { ($0, 1) })
+        var unfinished = ids[...]
+        while !unfinished.isEmpty {
+            let batch = unfinished.prefix(64).map { WatchJobs.Seen(jobId: $0, userId: user, version: seen[$0] ?? 1, progress: 0) }
+            let watched = try await client.call(Jobs.watch, WatchJobs(jobs: batch))
+            var ended: Set<String> = Set(watched.gone)
+            for job in watched.changed {
+                seen[job.id] = job.version
+                if job.status.isTerminal {
+                    if job.status != .completed { failed += 1 }
+                    ended.insert(job.id)
+                }
+            }
+            failed += watched.gone.count
+            if ended.isEmpty {
+                try await Task.sleep(for: .milliseconds(10))
+            } else {
+                unfinished = unfinished.filter { !ended.contains($0) }[...]
             }
         }
-        failed += watched.gone.count
-        if ended.isEmpty {
-            try await Task.sleep(for: .milliseconds(10))
-        } else {
-            unfinished = unfinished.filter { !ended.contains($0) }[...]
-        }
+        let elapsed = start.duration(to: .now)
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        print(String(format: "jobs_per_s=%.1f completed=%d failed=%d seconds=%.2f", Double(count - failed) / seconds, count - failed, failed, seconds))
     }
-    let elapsed = start.duration(to: .now)
-    let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-    print(String(format: "jobs_per_s=%.1f completed=%d failed=%d seconds=%.2f", Double(count - failed) / seconds, count - failed, failed, seconds))
-    await client.shutdown()
 }
 
 let arguments = CommandLine.arguments

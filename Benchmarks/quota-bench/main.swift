@@ -29,30 +29,30 @@ func caller(client: BusClient, until deadline: ContinuousClock.Instant, users: I
 
 func run(endpoint: String, seconds: Double, callers: Int) async throws {
     ProcessLogging.bootstrap(level: .warning)
-    let client = BusClient(endpoint: endpoint, timeout: .seconds(30))
-    // Warm up the connection and the service.
-    for _ in 0..<200 { _ = try await client.call(Quota.reserve, ReserveQuota(userId: "warmup-\(UUID().uuidString)", jobId: UUID().uuidString)) }
-    let start = ContinuousClock.now
-    let deadline = start.advanced(by: .seconds(seconds))
-    let total = try await withThrowingTaskGroup(of: Tally.self) { group in
-        for _ in 0..<callers {
-            group.addTask { try await caller(client: client, until: deadline, users: 100_000) }
+    try await withBusClient(.init(endpoint: endpoint, defaultTimeout: .seconds(30))) { client in
+        // Warm up the connection and the service.
+        for _ in 0..<200 { _ = try await client.call(Quota.reserve, ReserveQuota(userId: "warmup-\(UUID().uuidString)", jobId: UUID().uuidString)) }
+        let start = ContinuousClock.now
+        let deadline = start.advanced(by: .seconds(seconds))
+        let total = try await withThrowingTaskGroup(of: Tally.self) { group in
+            for _ in 0..<callers {
+                group.addTask { try await caller(client: client, until: deadline, users: 100_000) }
+            }
+            return try await group.reduce(into: Tally()) { total, part in
+                total.latencies += part.latencies
+                total.admitted += part.admitted
+                total.denied += part.denied
+            }
         }
-        return try await group.reduce(into: Tally()) { total, part in
-            total.latencies += part.latencies
-            total.admitted += part.admitted
-            total.denied += part.denied
-        }
+        let elapsed = start.duration(to: .now)
+        let elapsedSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let sorted = total.latencies.sorted()
+        func percentile(_ p: Double) -> Double { sorted.isEmpty ? 0 : sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))] }
+        print(String(
+            format: "decisions_per_s=%.0f p50_ms=%.3f p99_ms=%.3f admitted=%d denied=%d",
+            Double(sorted.count) / elapsedSeconds, percentile(0.50), percentile(0.99), total.admitted, total.denied
+        ))
     }
-    let elapsed = start.duration(to: .now)
-    let elapsedSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-    let sorted = total.latencies.sorted()
-    func percentile(_ p: Double) -> Double { sorted.isEmpty ? 0 : sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))] }
-    print(String(
-        format: "decisions_per_s=%.0f p50_ms=%.3f p99_ms=%.3f admitted=%d denied=%d",
-        Double(sorted.count) / elapsedSeconds, percentile(0.50), percentile(0.99), total.admitted, total.denied
-    ))
-    await client.shutdown()
 }
 
 let arguments = CommandLine.arguments

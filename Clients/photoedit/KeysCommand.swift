@@ -54,7 +54,9 @@ struct KeysCommand: ParsableCommand {
         }
         let text = lines.joined(separator: "\n") + (lines.last?.isEmpty == true ? "" : "\n")
         if let output {
-            FileManager.default.createFile(atPath: output, contents: Data(text.utf8), attributes: [.posixPermissions: 0o600])
+            guard FileManager.default.createFile(atPath: output, contents: Data(text.utf8), attributes: [.posixPermissions: 0o600]) else {
+                throw ValidationError("cannot write \(output)")
+            }
         } else {
             print(text, terminator: "")
         }

@@ -6,8 +6,9 @@ import ZeroMQ
 
 /// A duplex message channel over ZeroMQ, for protocols in which either side may speak first (the
 /// worker protocol): the binding side is a ROUTER that talks to many peers, the connecting side a
-/// DEALER. Like `BusClient` and `BusServer`, its socket lives on a dedicated I/O thread; messages
-/// arrive on `incoming` and leave through `send`, both through bounded queues.
+/// DEALER. Like `BusClient` and `BusServer`, its socket lives on a dedicated I/O thread, for as
+/// long as `run()` runs (or the scope of `running(_:)`); messages arrive on `incoming` and leave
+/// through `send`, both through bounded queues.
 public final class BusChannel: Sendable {
     /// A connected peer of a binding channel (its ZeroMQ routing id).
     public struct Peer: Hashable, Sendable, CustomStringConvertible {
@@ -31,9 +32,11 @@ public final class BusChannel: Sendable {
     private struct State {
         var outbox: Deque<Outgoing> = []
         var wakeScheduled = false
+        var started = false
         var stopping = false
-        var stopped = false
-        var onStopped: [CheckedContinuation<Void, Never>] = []
+        /// Whether the socket opened, once known; and those waiting to know.
+        var opened: Result<Void, ZMQError>?
+        var openWaiters: [CheckedContinuation<Result<Void, ZMQError>, Never>] = []
     }
 
     /// Messages as they arrive. Ends when the channel is shut down.
@@ -65,27 +68,72 @@ public final class BusChannel: Sendable {
         (incoming, continuation) = AsyncStream.makeStream(of: Message.self, bufferingPolicy: .bufferingOldest(maxQueued))
     }
 
-    /// Binds a ROUTER channel on `endpoint` (CURVE with `curveSecretKey`; with `knownCallers`,
-    /// only `worker` keys of the allow-list connect); throws if the endpoint cannot be bound.
-    public static func bind(
+    /// A ROUTER channel to bind on `endpoint` (CURVE with `curveSecretKey`; with `knownCallers`,
+    /// only `worker` keys of the allow-list connect) when it runs.
+    public static func binding(
         _ endpoint: String, maxQueued: Int = 10_000, curveSecretKey: [UInt8]? = nil, knownCallers: Bool = false, encoding: BusEncoding = .binary,
         context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.channel")
-    ) async throws -> BusChannel {
-        let channel = BusChannel(role: .bind, endpoint: endpoint, maxQueued: maxQueued, context: context, logger: logger, curveSecretKey: curveSecretKey,
-                                 knownCallers: knownCallers, encoding: encoding)
-        try await channel.start()
-        return channel
+    ) -> BusChannel {
+        BusChannel(role: .bind, endpoint: endpoint, maxQueued: maxQueued, context: context, logger: logger, curveSecretKey: curveSecretKey,
+                   knownCallers: knownCallers, encoding: encoding)
     }
 
-    /// Connects a DEALER channel to `endpoint` (CURVE with `curve`; libzmq reconnects by itself).
-    public static func connect(
+    /// A DEALER channel to connect to `endpoint` (CURVE with `curve`; libzmq reconnects by
+    /// itself) when it runs.
+    public static func connecting(
         _ endpoint: String, maxQueued: Int = 10_000, curve: CurveClientKeys? = nil, encoding: BusEncoding = .binary,
         context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.channel")
-    ) async throws -> BusChannel {
-        let channel = BusChannel(role: .connect, endpoint: endpoint, maxQueued: maxQueued, context: context, logger: logger, curveClient: curve,
-                                 encoding: encoding)
-        try await channel.start()
-        return channel
+    ) -> BusChannel {
+        BusChannel(role: .connect, endpoint: endpoint, maxQueued: maxQueued, context: context, logger: logger, curveClient: curve,
+                   encoding: encoding)
+    }
+
+    /// Opens the socket on an I/O thread of its own and serves it until the task is cancelled;
+    /// then sends nothing more and ends `incoming`. Throws if the socket cannot be opened (an
+    /// endpoint that cannot be bound). A channel runs once: a second `run()` returns at once.
+    public func run() async throws {
+        let first = state.withLock { state -> Bool in
+            defer { state.started = true }
+            return !state.started
+        }
+        guard first else { return }
+        try await withTaskCancellationHandler {
+            try await IOThread.run(name: role == .bind ? "bus-channel-in" : "bus-channel") { [self] in ioLoop() }.get()
+        } onCancel: {
+            state.withLock { $0.stopping = true }
+            wakeup.signal()
+        }
+    }
+
+    /// Runs the channel for the duration of `body`: open before `body` is called (or the open's
+    /// error thrown), closed when it returns or throws.
+    public func running<T>(isolation: isolated (any Actor)? = #isolation, _ body: () async throws -> T) async throws -> T {
+        // `run`'s error, if it cannot open, is `opened()`'s.
+        try await whileRunning(isolation: isolation, { try? await self.run() }) {
+            try await opened()
+            return try await body()
+        }
+    }
+
+    /// Returns once the socket is open; throws the error that kept it from opening.
+    public func opened() async throws {
+        let result = await withCheckedContinuation { (waiter: CheckedContinuation<Result<Void, ZMQError>, Never>) in
+            let known = state.withLock { state -> Result<Void, ZMQError>? in
+                if state.opened == nil { state.openWaiters.append(waiter) }
+                return state.opened
+            }
+            if let known { waiter.resume(returning: known) }
+        }
+        try result.get()
+    }
+
+    private func settleOpen(_ result: Result<Void, ZMQError>) {
+        let waiters = state.withLock { state -> [CheckedContinuation<Result<Void, ZMQError>, Never>] in
+            state.opened = result
+            defer { state.openWaiters.removeAll() }
+            return state.openWaiters
+        }
+        for waiter in waiters { waiter.resume(returning: result) }
     }
 
     /// Queues `body` for `peer` (ignored on a connecting channel). Past `maxQueued` unsent
@@ -123,29 +171,7 @@ public final class BusChannel: Sendable {
         return try? BusCodec.decode(type, from: Array(message.body.dropFirst()), as: encoding)
     }
 
-    /// Stops the I/O thread, sends nothing more and ends `incoming`. Idempotent.
-    public func shutdown() async {
-        await withCheckedContinuation { (waiter: CheckedContinuation<Void, Never>) in
-            let stopped = state.withLock { state -> Bool in
-                if state.stopped { return true }
-                state.stopping = true
-                state.onStopped.append(waiter)
-                return false
-            }
-            if stopped { waiter.resume() } else { wakeup.signal() }
-        }
-    }
-
-    private func start() async throws {
-        let result: Result<Void, ZMQError> = await withCheckedContinuation { started in
-            IOThread.start(name: role == .bind ? "bus-channel-in" : "bus-channel") { [self] in
-                ioLoop(started: started)
-            }
-        }
-        try result.get()
-    }
-
-    private func ioLoop(started: CheckedContinuation<Result<Void, ZMQError>, Never>) {
+    private func ioLoop() -> Result<Void, ZMQError> {
         let socket: ZMQSocket
         do {
             socket = try ZMQSocket(role == .bind ? .router : .dealer, context: context)
@@ -171,10 +197,10 @@ public final class BusChannel: Sendable {
         } catch {
             logger.error("channel cannot open", metadata: ["endpoint": "\(endpoint)", "error": "\(error)"])
             finish()
-            started.resume(returning: .failure(error))
-            return
+            settleOpen(.failure(error))
+            return .failure(error)
         }
-        started.resume(returning: .success(()))
+        settleOpen(.success(()))
         var poller = ZMQPoller()
         poller.addReadable(socket)
         let wakeIndex = poller.addReadable(fileDescriptor: wakeup.fileDescriptor)
@@ -206,6 +232,7 @@ public final class BusChannel: Sendable {
         }
         socket.close()
         finish()
+        return .success(())
     }
 
     private func transmit(_ item: Outgoing, on socket: ZMQSocket) {
@@ -224,13 +251,7 @@ public final class BusChannel: Sendable {
     }
 
     private func finish() {
-        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
-            state.stopped = true
-            state.stopping = true
-            defer { state.onStopped.removeAll() }
-            return state.onStopped
-        }
+        state.withLock { $0.stopping = true }
         continuation.finish()
-        for waiter in waiters { waiter.resume() }
     }
 }

@@ -3,6 +3,7 @@ import Foundation
 import HeapModule
 import Logging
 import Messages
+import ServiceLifecycle
 import Synchronization
 import ZeroMQ
 
@@ -10,9 +11,14 @@ import ZeroMQ
 /// dedicated I/O thread, with many requests in flight matched by request id.
 ///
 /// Calls never block the cooperative pool: a call queues its frames, wakes the I/O thread through
-/// an eventfd and suspends until the reply, its deadline, or cancellation. The I/O thread starts
-/// with the client (as an HTTP client's event loop does); `shutdown()` stops it.
-public final class BusClient: Sendable {
+/// an eventfd and suspends until the reply, its deadline, or cancellation.
+///
+/// The I/O thread lives inside `run()`, as postgres-nio's `PostgresClient.run()` holds its
+/// connections: run it as a service of the process's `ServiceGroup` (listed before the services
+/// that call through it, so that it stops after them), or scope a client with
+/// `withBusClient(_:body:)`. Calls made before `run()` starts wait for it; calls after it ended
+/// fail `unavailable`.
+public final class BusClient: Sendable, Service {
     /// How a client connects and how much it may hold.
     public struct Configuration: Sendable {
         /// The service's endpoint, such as `tcp://127.0.0.1:7101`, `ipc:///tmp/quota` or `inproc://quota`.
@@ -72,9 +78,9 @@ public final class BusClient: Sendable {
         var pending: [UInt64: Pending] = [:]
         var outbox: Deque<Outgoing> = []
         var wakeScheduled = false
+        var started = false
         var stopping = false
         var stopped = false
-        var onStopped: [CheckedContinuation<Void, Never>] = []
     }
 
     private struct Timer: Comparable {
@@ -90,14 +96,33 @@ public final class BusClient: Sendable {
     private let context: ZMQContext
     private let logger: Logger
 
-    /// Connects to `configuration.endpoint` on a new I/O thread.
+    /// A client of `configuration.endpoint`; it connects when `run()` starts.
     public init(configuration: Configuration, context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.client")) {
         self.configuration = configuration
         self.context = context
         self.logger = logger
         self.wakeup = Wakeup()
         self.executor = IOThreadExecutor(wakeup: wakeup)
-        IOThread.start(name: "bus-client") { [self] in ioLoop() }
+    }
+
+    /// Connects and serves calls on an I/O thread of its own until the task is cancelled or the
+    /// service group shuts down gracefully; then calls still waiting fail with `unavailable`. A
+    /// second `run()` returns at once.
+    public func run() async {
+        let first = state.withLock { state -> Bool in
+            defer { state.started = true }
+            return !state.started
+        }
+        guard first else { return }
+        await withGracefulShutdownHandler {
+            await withTaskCancellationHandler {
+                await IOThread.run(name: "bus-client") { [self] in ioLoop() }
+            } onCancel: {
+                requestStop()
+            }
+        } onGracefulShutdown: {
+            self.requestStop()
+        }
     }
 
     /// Convenience: a client of `endpoint` with default limits.
@@ -185,17 +210,10 @@ public final class BusClient: Sendable {
         }
     }
 
-    /// Stops the I/O thread; calls still waiting fail with `unavailable`. Idempotent.
-    public func shutdown() async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let alreadyStopped = state.withLock { state -> Bool in
-                if state.stopped { return true }
-                state.stopping = true
-                state.onStopped.append(continuation)
-                return false
-            }
-            if alreadyStopped { continuation.resume() } else { wakeup.signal() }
-        }
+    /// Asks the I/O thread to stop; `run()` returns once it has.
+    private func requestStop() {
+        state.withLock { $0.stopping = true }
+        wakeup.signal()
     }
 
     /// Resumes the call `id` with `outcome` if it is still waiting.
@@ -367,24 +385,45 @@ public final class BusClient: Sendable {
     }
 
     private func stop(reason: BusError) {
-        let (pending, waiters) = state.withLock { state in
+        let pending = state.withLock { state in
             state.stopped = true
             state.stopping = true
             let pending = state.pending
             state.pending.removeAll()
             state.outbox.removeAll()
-            let waiters = state.onStopped
-            state.onStopped.removeAll()
-            return (pending, waiters)
+            return pending
         }
         for call in pending.values { call.continuation.resume(returning: .failure(reason)) }
-        for waiter in waiters { waiter.resume() }
     }
 
     private static func milliseconds(until deadline: ContinuousClock.Instant) -> Int {
         let remaining = ContinuousClock.now.duration(to: deadline)
         guard remaining > .zero else { return 0 }
         return Int(remaining.wholeMilliseconds) + 1
+    }
+}
+
+/// Runs a client of `configuration` for the duration of `body`: connected before `body` is called,
+/// stopped (calls still waiting fail `unavailable`) when it returns or throws.
+public func withBusClient<T>(
+    _ configuration: BusClient.Configuration, context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.client"),
+    isolation: isolated (any Actor)? = #isolation, _ body: (BusClient) async throws -> T
+) async throws -> T {
+    try await withBusClients([configuration], context: context, logger: logger, isolation: isolation) { try await body($0[0]) }
+}
+
+/// Runs a client of each configuration for the duration of `body`, in the order given.
+public func withBusClients<T>(
+    _ configurations: [BusClient.Configuration], context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.client"),
+    isolation: isolated (any Actor)? = #isolation, _ body: ([BusClient]) async throws -> T
+) async throws -> T {
+    let clients = configurations.map { BusClient(configuration: $0, context: context, logger: logger) }
+    return try await whileRunning(isolation: isolation, {
+        await withDiscardingTaskGroup { group in
+            for client in clients { group.addTask { await client.run() } }
+        }
+    }) {
+        try await body(clients)
     }
 }
 

@@ -84,12 +84,10 @@ public struct OutboxRelay<Box: Outbox>: Service, OutboxWaker {
     let logger: Logger
     private let signals: AsyncStream<Void>
     private let signal: AsyncStream<Void>.Continuation
-    /// Runs when the relay stops (closing its receiver's client).
-    let onStop: @Sendable () async -> Void
 
     public init(
         _ name: String, outbox: Box, batchSize: Int = 100, interval: Duration = .milliseconds(200), logger: Logger,
-        deliver: @escaping @Sendable ([OutboxItem<Box.Kind>]) async -> [OutboxOutcome], onStop: @escaping @Sendable () async -> Void = {}
+        deliver: @escaping @Sendable ([OutboxItem<Box.Kind>]) async -> [OutboxOutcome]
     ) {
         self.name = name
         self.outbox = outbox
@@ -97,7 +95,6 @@ public struct OutboxRelay<Box: Outbox>: Service, OutboxWaker {
         self.interval = interval
         self.deliver = deliver
         self.logger = logger
-        self.onStop = onStop
         (signals, signal) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
     }
 
@@ -139,7 +136,6 @@ public struct OutboxRelay<Box: Outbox>: Service, OutboxWaker {
             }
         }
         signal.finish()
-        await onStop()
     }
 
     /// One round: the due entries handed over once; how many were delivered and put back.

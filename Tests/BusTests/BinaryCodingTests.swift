@@ -200,8 +200,8 @@ struct BinaryCodingTests {
     @Test func aClientChoosingJSONGetsJSONBackFromTheSameServer() async throws {
         let endpoint = uniqueInproc()
         try await withServer(endpoint: endpoint) { _ in
-            let json = BusClient(configuration: .init(endpoint: endpoint, encoding: .json))
-            let binary = BusClient(configuration: .init(endpoint: endpoint, encoding: .binary))
+            try await withBusClients([.init(endpoint: endpoint, encoding: .json), .init(endpoint: endpoint, encoding: .binary)]) { clients in
+            let (json, binary) = (clients[0], clients[1])
             // Both encodings against one server, typed replies and typed errors alike.
             let fromJSON = try await json.call(TestMethods.echo, Tagged(tag: 1, text: "json"))
             let fromBinary = try await binary.call(TestMethods.echo, Tagged(tag: 2, text: "binary"))
@@ -219,8 +219,7 @@ struct BinaryCodingTests {
             }
             #expect(encoding == .json)
             #expect(String(decoding: body, as: UTF8.self).contains(#""text":"raw""#))
-            await json.shutdown()
-            await binary.shutdown()
+            }
         }
     }
 }

@@ -112,15 +112,16 @@ struct BusFailureTests {
         let endpoint = uniqueInproc()
         let gate = Gate()
         try await withServer(endpoint: endpoint, router: testRouter(gate: gate)) { _ in
-            let client = BusClient(configuration: .init(endpoint: endpoint, maxInFlight: 2))
-            let held = (0..<2).map { value in Task { try await client.call(TestMethods.wait, value) } }
-            while gate.arrived < 2 { try await Task.sleep(for: .milliseconds(5)) }
-            let error = await failure(client, TestMethods.wait, 3)
-            #expect(error?.code == .overloaded)
-            gate.open()
-            for task in held { _ = try await task.value }
-            await client.shutdown()
-            // A shut-down client refuses at once.
+            let client = try await withBusClient(.init(endpoint: endpoint, maxInFlight: 2)) { client in
+                let held = (0..<2).map { value in Task { try await client.call(TestMethods.wait, value) } }
+                while gate.arrived < 2 { try await Task.sleep(for: .milliseconds(5)) }
+                let error = await failure(client, TestMethods.wait, 3)
+                #expect(error?.code == .overloaded)
+                gate.open()
+                for task in held { _ = try await task.value }
+                return client
+            }
+            // A client whose scope has ended refuses at once.
             #expect(await failure(client, TestMethods.echo, Tagged(tag: 1, text: ""))?.code == .unavailable)
         }
     }
@@ -194,18 +195,17 @@ struct BusCurveTests {
             publicKey: try #require(ZMQCurveKeyPair.decode(z85: client.publicKey)),
             secretKey: try #require(ZMQCurveKeyPair.decode(z85: client.secretKey))
         )
-        let trusted = BusClient(configuration: .init(endpoint: endpoint, curve: keys))
+        try await withBusClients([.init(endpoint: endpoint, curve: keys), .init(endpoint: endpoint)]) { clients in
+        let (trusted, plain) = (clients[0], clients[1])
         let reply = try await trusted.call(TestMethods.echo, Tagged(tag: 1, text: "secret"), timeout: .seconds(5))
         #expect(reply.text == "secret")
         // Then a plain caller gets nowhere
-        let plain = BusClient(endpoint: endpoint)
         // (no reply before the deadline; or, caught between a refused handshake and libzmq's
         // reconnect, no connection to queue on: `overloaded` at once; or the refused handshake
         // drops the connection the request was sent on: `connection_lost`)
         let refused = await failure(plain, TestMethods.echo, Tagged(tag: 2, text: ""), timeout: .milliseconds(500))
         #expect([.timeout, .overloaded, .connectionLost].contains(refused?.code), "\(String(describing: refused))")
-        await trusted.shutdown()
-        await plain.shutdown()
+        }
         bus.requestStop()
         try await running.value
     }

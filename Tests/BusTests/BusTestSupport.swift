@@ -115,21 +115,13 @@ func withServer<T: Sendable>(
     }
 }
 
-/// A client for the duration of `body`, shut down afterwards.
+/// A client for the duration of `body`.
 func withClient<T: Sendable>(
     endpoint: String,
     timeout: Duration = .seconds(5),
     _ body: @Sendable (BusClient) async throws -> T
 ) async throws -> T {
-    let client = BusClient(endpoint: endpoint, timeout: timeout)
-    do {
-        let result = try await body(client)
-        await client.shutdown()
-        return result
-    } catch {
-        await client.shutdown()
-        throw error
-    }
+    try await withBusClient(.init(endpoint: endpoint, defaultTimeout: timeout), body)
 }
 
 /// The error a call fails with, or nil if it succeeded.

@@ -37,19 +37,19 @@ struct BusExposureTests {
 
         // The operator says the network is private: it serves
         let allowed = try start(.quota, bindVariable: "QUOTA_BIND", endpoint: "tcp://0.0.0.0:\(port)", extra: ["BUS_ALLOW_PLAINTEXT": "1"])
-        let client = BusClient(configuration: .init(endpoint: "tcp://127.0.0.1:\(port)"))
-        _ = try await waitUntilHealthy(client)
-        await client.shutdown()
+        try await withBusClient(.init(endpoint: "tcp://127.0.0.1:\(port)")) { client in
+            _ = try await waitUntilHealthy(client)
+        }
         await allowed.stop()
 
         // With CURVE it serves too, and callers need the key
         let keys = try ZMQCurveKeyPair.generate()
         let secure = try start(.quota, bindVariable: "QUOTA_BIND", endpoint: "tcp://0.0.0.0:\(port)", extra: ["BUS_CURVE_SECRET": keys.secretKey])
-        let curveClient = BusClient(configuration: .init(
+        try await withBusClient(.init(
             endpoint: "tcp://127.0.0.1:\(port)", curve: try BusSecurity.clientKeys(Environment(["BUS_CURVE_PUBLIC": keys.publicKey]))
-        ))
-        _ = try await waitUntilHealthy(curveClient)
-        await curveClient.shutdown()
+        )) { curveClient in
+            _ = try await waitUntilHealthy(curveClient)
+        }
         await secure.stop()
     }
 

@@ -11,97 +11,97 @@ struct BusProcessTests {
         // Given the fixture service in its own process
         let endpoint = "tcp://127.0.0.1:\(freePort())"
         let service = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
-        let client = BusClient(endpoint: endpoint)
-        let health = try await waitUntilHealthy(client)
-        // When this process calls it
-        let reply = try await client.call(FixtureMethods.echo, "across processes")
-        // Then the reply comes back, from the other process
-        #expect(reply == "across processes")
-        #expect(health.pid == service.pid)
-        #expect(health.service == "jobs")
-        await service.stop()
-        await client.shutdown()
+        try await withBusClient(.init(endpoint: endpoint)) { client in
+            let health = try await waitUntilHealthy(client)
+            // When this process calls it
+            let reply = try await client.call(FixtureMethods.echo, "across processes")
+            // Then the reply comes back, from the other process
+            #expect(reply == "across processes")
+            #expect(health.pid == service.pid)
+            #expect(health.service == "jobs")
+            await service.stop()
+        }
     }
 
     @Test func sigtermLetsTheRequestInProgressFinishAndExitsZero() async throws {
         // Given a service handling a request that takes 1.5 s
         let endpoint = "tcp://127.0.0.1:\(freePort())"
         let service = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
-        let client = BusClient(endpoint: endpoint)
-        _ = try await waitUntilHealthy(client)
-        let slow = Task { try await client.call(FixtureMethods.sleep, 1500, timeout: .seconds(10)) }
-        let started = try await waitForValue { service.output.contains("sleeping") ? true : nil }
-        #expect(started == true, "the request never reached the service")
-        // When it gets SIGTERM in the middle of it
-        service.signal(SIGTERM)
-        // Then the request still gets its reply, and the process exits 0
-        let reply = try await slow.value
-        #expect(reply == 1500)
-        let status = try await service.waitForExit()
-        #expect(status == 0)
-        #expect(service.output.contains("draining"))
-        await client.shutdown()
+        try await withBusClient(.init(endpoint: endpoint)) { client in
+            _ = try await waitUntilHealthy(client)
+            let slow = Task { try await client.call(FixtureMethods.sleep, 1500, timeout: .seconds(10)) }
+            let started = try await waitForValue { service.output.contains("sleeping") ? true : nil }
+            #expect(started == true, "the request never reached the service")
+            // When it gets SIGTERM in the middle of it
+            service.signal(SIGTERM)
+            // Then the request still gets its reply, and the process exits 0
+            let reply = try await slow.value
+            #expect(reply == 1500)
+            let status = try await service.waitForExit()
+            #expect(status == 0)
+            #expect(service.output.contains("draining"))
+        }
     }
 
     @Test func aCallInFlightToAServiceThatDiesFailsAtOnceAsConnectionLost() async throws {
         // Given a service handling a request that takes 5 s, with a 20 s deadline
         let endpoint = "tcp://127.0.0.1:\(freePort())"
         let service = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
-        let client = BusClient(endpoint: endpoint)
-        _ = try await waitUntilHealthy(client)
-        let slow = Task { () -> (BusError?, Duration) in
-            let started = ContinuousClock.now
-            do {
-                _ = try await client.call(FixtureMethods.sleep, 5000, timeout: .seconds(20))
-                return (nil, started.duration(to: .now))
-            } catch {
-                return (error as? BusError, started.duration(to: .now))
+        try await withBusClient(.init(endpoint: endpoint)) { client in
+            _ = try await waitUntilHealthy(client)
+            let slow = Task { () -> (BusError?, Duration) in
+                let started = ContinuousClock.now
+                do {
+                    _ = try await client.call(FixtureMethods.sleep, 5000, timeout: .seconds(20))
+                    return (nil, started.duration(to: .now))
+                } catch {
+                    return (error as? BusError, started.duration(to: .now))
+                }
             }
+            let reached = try await waitForValue { service.output.contains("sleeping") ? true : nil }
+            #expect(reached == true, "the request never reached the service")
+            // When the process is killed outright
+            service.signal(SIGKILL)
+            // Then the call fails as connection_lost (outcome unknown, retryable), long before both
+            // the handler's 5 s and the 20 s deadline
+            let (error, elapsed) = await slow.value
+            #expect(error?.code == .connectionLost)
+            #expect(error?.retryable == true)
+            #expect(elapsed < .seconds(4), "the call waited \(elapsed)")
+            // And a call made while the service is down still waits for it (not failed at once)
+            let waiting = Task { try await client.call(FixtureMethods.echo, "later", timeout: .seconds(15)) }
+            _ = try await service.waitForExit()
+            let again = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
+            #expect(try await waiting.value == "later")
+            await again.stop()
         }
-        let reached = try await waitForValue { service.output.contains("sleeping") ? true : nil }
-        #expect(reached == true, "the request never reached the service")
-        // When the process is killed outright
-        service.signal(SIGKILL)
-        // Then the call fails as connection_lost (outcome unknown, retryable), long before both
-        // the handler's 5 s and the 20 s deadline
-        let (error, elapsed) = await slow.value
-        #expect(error?.code == .connectionLost)
-        #expect(error?.retryable == true)
-        #expect(elapsed < .seconds(4), "the call waited \(elapsed)")
-        // And a call made while the service is down still waits for it (not failed at once)
-        let waiting = Task { try await client.call(FixtureMethods.echo, "later", timeout: .seconds(15)) }
-        _ = try await service.waitForExit()
-        let again = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
-        #expect(try await waiting.value == "later")
-        await again.stop()
-        await client.shutdown()
     }
 
     @Test func sameCallerSucceedsAfterTheServiceIsKilledAndRestarted() async throws {
         // Given a caller of a service process
         let endpoint = "tcp://127.0.0.1:\(freePort())"
         var service = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
-        let client = BusClient(endpoint: endpoint)
-        _ = try await waitUntilHealthy(client)
-        // When the process is killed outright
-        service.signal(SIGKILL)
-        _ = try await service.waitForExit()
-        let whileDown: BusError?
-        do {
-            _ = try await client.call(FixtureMethods.echo, "anyone?", timeout: .milliseconds(300))
-            whileDown = nil
-        } catch {
-            whileDown = error
+        try await withBusClient(.init(endpoint: endpoint)) { client in
+            _ = try await waitUntilHealthy(client)
+            // When the process is killed outright
+            service.signal(SIGKILL)
+            _ = try await service.waitForExit()
+            let whileDown: BusError?
+            do throws(BusError) {
+                _ = try await client.call(FixtureMethods.echo, "anyone?", timeout: .milliseconds(300))
+                whileDown = nil
+            } catch {
+                whileDown = error
+            }
+            // (`connection_lost` if the client hears of the broken connection only after sending)
+            #expect([.timeout, .connectionLost].contains(whileDown?.code))
+            // And started again on the same endpoint
+            service = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
+            // Then the same client's next request succeeds
+            let reply = try await client.call(FixtureMethods.echo, "back", timeout: .seconds(10))
+            #expect(reply == "back")
+            await service.stop()
         }
-        // (`connection_lost` if the client hears of the broken connection only after sending)
-        #expect([.timeout, .connectionLost].contains(whileDown?.code))
-        // And started again on the same endpoint
-        service = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
-        // Then the same client's next request succeeds
-        let reply = try await client.call(FixtureMethods.echo, "back", timeout: .seconds(10))
-        #expect(reply == "back")
-        await service.stop()
-        await client.shutdown()
     }
 
     @Test func serviceWithACurveKeyFromTheEnvironmentAnswersOnlyEncryptedCallers() async throws {
@@ -109,44 +109,43 @@ struct BusProcessTests {
         let endpoint = "tcp://127.0.0.1:\(freePort())"
         let service = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint, "BUS_CURVE_SECRET": pair.secretKey])
         let keys = try #require(try BusSecurity.clientKeys(Environment(["BUS_CURVE_PUBLIC": pair.publicKey])))
-        let trusted = BusClient(configuration: .init(endpoint: endpoint, curve: keys))
-        _ = try await waitUntilHealthy(trusted)
-        #expect(try await trusted.call(FixtureMethods.echo, "sealed") == "sealed")
-        let plain = BusClient(endpoint: endpoint)
-        do {
-            _ = try await plain.call(FixtureMethods.echo, "open", timeout: .milliseconds(500))
-            Issue.record("a plain caller was answered by a CURVE service")
-        } catch {
-            // The handshake fails and the connection drops: unanswered, at the deadline or before.
-            #expect(error.code == .timeout || error.code == .connectionLost)
+        try await withBusClients([.init(endpoint: endpoint, curve: keys), .init(endpoint: endpoint)]) { clients in
+            let (trusted, plain) = (clients[0], clients[1])
+            _ = try await waitUntilHealthy(trusted)
+            #expect(try await trusted.call(FixtureMethods.echo, "sealed") == "sealed")
+            do throws(BusError) {
+                _ = try await plain.call(FixtureMethods.echo, "open", timeout: .milliseconds(500))
+                Issue.record("a plain caller was answered by a CURVE service")
+            } catch {
+                // The handshake fails and the connection drops: unanswered, at the deadline or before.
+                #expect(error.code == .timeout || error.code == .connectionLost)
+            }
         }
-        await trusted.shutdown()
-        await plain.shutdown()
         await service.stop()
     }
 
     @Test func serviceWhoseEndpointIsTakenExitsWithAnError() async throws {
         let endpoint = "tcp://127.0.0.1:\(freePort())"
         let first = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
-        let client = BusClient(endpoint: endpoint)
-        _ = try await waitUntilHealthy(client)
-        let second = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
-        let status = try await second.waitForExit()
-        #expect(status != nil && status != 0)
-        #expect(second.output.contains("cannot bind"))
-        await first.stop()
-        await client.shutdown()
+        try await withBusClient(.init(endpoint: endpoint)) { client in
+            _ = try await waitUntilHealthy(client)
+            let second = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoint])
+            let status = try await second.waitForExit()
+            #expect(status != nil && status != 0)
+            #expect(second.output.contains("cannot bind"))
+            await first.stop()
+        }
     }
 
     @Test func everyServiceExecutableAnswersHealthAndStopsCleanly() async throws {
         let services = try RunningServices()
         for service in ServiceName.allCases {
-            let client = BusClient(endpoint: services.endpoints[service]!)
-            let report = try await waitUntilHealthy(client)
-            #expect(report.service == service.rawValue)
-            #expect(report.version == BuildInfo.version)
-            #expect(report.pid == services.processes[service]!.pid)
-            await client.shutdown()
+            try await withBusClient(.init(endpoint: services.endpoints[service]!)) { client in
+                let report = try await waitUntilHealthy(client)
+                #expect(report.service == service.rawValue)
+                #expect(report.version == BuildInfo.version)
+                #expect(report.pid == services.processes[service]!.pid)
+            }
         }
         for process in services.processes.values {
             process.signal(SIGINT)

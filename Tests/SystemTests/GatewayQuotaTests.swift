@@ -34,18 +34,18 @@ struct GatewayQuotaTests {
         let services = try RunningServices(only: [.quota])
         let configuration = GatewayConfiguration(endpoints: services.endpoints, jwtSecret: Self.secret, adminToken: Self.adminToken)
         let clients = ServiceClients(configuration: configuration)
-        _ = try await waitUntilHealthy(clients.quota)
-        let authenticator = try await Authenticator(jwtSecret: Self.secret, adminToken: Self.adminToken)
-        let streams = JobStreams(jobs: clients.jobs, perUser: configuration.streamsPerUser, total: configuration.streamsTotal, logger: Logger(label: "test"))
-        let app = Application(router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration, streams: streams), services: [streams])
         do {
-            try await app.test(.router) { client in try await body(client, clients.quota) }
+            try await clients.running {
+                _ = try await waitUntilHealthy(clients.quota)
+                let authenticator = try await Authenticator(jwtSecret: Self.secret, adminToken: Self.adminToken)
+                let streams = JobStreams(jobs: clients.jobs, perUser: configuration.streamsPerUser, total: configuration.streamsTotal, logger: Logger(label: "test"))
+                let app = Application(router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration, streams: streams), services: [streams])
+                try await app.test(.router) { client in try await body(client, clients.quota) }
+            }
         } catch {
-            await clients.shutdown()
             await services.stopAll()
             throw error
         }
-        await clients.shutdown()
         await services.stopAll()
     }
 

@@ -8,97 +8,97 @@ import Testing
 
 @Suite("Gateway health and readiness", .serialized)
 struct GatewayReadinessTests {
-    /// The gateway's router wired to the given endpoints, with its bus clients.
-    func gateway(endpoints: [ServiceName: String]) async throws -> (some ApplicationProtocol, ServiceClients) {
+    /// Runs `body` with the gateway's router wired to the given endpoints, and its bus clients.
+    func gateway(endpoints: [ServiceName: String], _ body: (any ApplicationProtocol, ServiceClients) async throws -> Void) async throws {
         let configuration = GatewayConfiguration(endpoints: endpoints, readinessTimeout: .milliseconds(500))
         let clients = ServiceClients(configuration: configuration)
         let authenticator = try await Authenticator(jwtSecret: nil, adminToken: nil)
         let streams = JobStreams(jobs: clients.jobs, perUser: configuration.streamsPerUser, total: configuration.streamsTotal, logger: Logger(label: "test"))
         let app = Application(router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration, streams: streams), services: [streams])
-        return (app, clients)
+        try await clients.running { try await body(app, clients) }
     }
 
     @Test func readyzIs200WithEveryServiceUpThen503NamingTheStoppedOne() async throws {
         // Given the three services running as processes
         let services = try RunningServices()
-        let (app, clients) = try await gateway(endpoints: services.endpoints)
-        for service in ServiceName.allCases { _ = try await waitUntilHealthy(clients.client(for: service)) }
+        try await gateway(endpoints: services.endpoints) { app, clients in
+            for service in ServiceName.allCases { _ = try await waitUntilHealthy(clients.client(for: service)) }
 
-        try await app.test(.router) { client in
-            // When every service answers
-            try await client.execute(uri: "/readyz", method: .get) { response in
-                // Then readiness is 200 and names each one as up
-                #expect(response.status == .ok)
-                let body = try JSONSerialization.jsonObject(with: Data(buffer: response.body)) as? [String: Any]
-                let named = body?["services"] as? [String: [String: Any]]
-                #expect(Set(named?.keys.map { $0 } ?? []) == ["quota", "history", "jobs"])
-                #expect(named?.values.allSatisfy { $0["status"] as? String == "up" } == true)
-            }
-            // When jobs stops
-            await services.processes[.jobs]!.stop()
-            try await client.execute(uri: "/readyz", method: .get) { response in
-                // Then readiness is 503 problem+json naming jobs, and only jobs
-                #expect(response.status == .serviceUnavailable)
-                #expect(response.headers[.contentType] == "application/problem+json")
-                let body = try JSONSerialization.jsonObject(with: Data(buffer: response.body)) as? [String: Any]
-                #expect(body?["unavailable"] as? [String] == ["jobs"])
-                #expect(body?["status"] as? Int == 503)
+            try await app.test(.router) { client in
+                // When every service answers
+                try await client.execute(uri: "/readyz", method: .get) { response in
+                    // Then readiness is 200 and names each one as up
+                    #expect(response.status == .ok)
+                    let body = try JSONSerialization.jsonObject(with: Data(buffer: response.body)) as? [String: Any]
+                    let named = body?["services"] as? [String: [String: Any]]
+                    #expect(Set(named?.keys.map { $0 } ?? []) == ["quota", "history", "jobs"])
+                    #expect(named?.values.allSatisfy { $0["status"] as? String == "up" } == true)
+                }
+                // When jobs stops
+                await services.processes[.jobs]!.stop()
+                try await client.execute(uri: "/readyz", method: .get) { response in
+                    // Then readiness is 503 problem+json naming jobs, and only jobs
+                    #expect(response.status == .serviceUnavailable)
+                    #expect(response.headers[.contentType] == "application/problem+json")
+                    let body = try JSONSerialization.jsonObject(with: Data(buffer: response.body)) as? [String: Any]
+                    #expect(body?["unavailable"] as? [String] == ["jobs"])
+                    #expect(body?["status"] as? Int == 503)
+                }
             }
         }
-        await clients.shutdown()
         await services.stopAll()
     }
 
     @Test func requestIdReachesTheLogsOfEveryProcessThatHandledIt() async throws {
         let services = try RunningServices()
-        let (app, clients) = try await gateway(endpoints: services.endpoints)
-        for service in ServiceName.allCases { _ = try await waitUntilHealthy(clients.client(for: service)) }
-        let requestId = "trace-\(UUID().uuidString)"
+        try await gateway(endpoints: services.endpoints) { app, clients in
+            for service in ServiceName.allCases { _ = try await waitUntilHealthy(clients.client(for: service)) }
+            let requestId = "trace-\(UUID().uuidString)"
 
-        try await app.test(.router) { client in
-            try await client.execute(uri: "/readyz", method: .get, headers: [.init("X-Request-Id")!: requestId]) { response in
-                #expect(response.status == .ok)
-                #expect(response.headers[.init("X-Request-Id")!] == requestId)
+            try await app.test(.router) { client in
+                try await client.execute(uri: "/readyz", method: .get, headers: [.init("X-Request-Id")!: requestId]) { response in
+                    #expect(response.status == .ok)
+                    #expect(response.headers[.init("X-Request-Id")!] == requestId)
+                }
+            }
+            // Each service logged the request under the gateway's id.
+            for service in ServiceName.allCases {
+                #expect(services.processes[service]!.output.contains("request-id=\(requestId)"), "\(service) log lacks the id")
             }
         }
-        // Each service logged the request under the gateway's id.
-        for service in ServiceName.allCases {
-            #expect(services.processes[service]!.output.contains("request-id=\(requestId)"), "\(service) log lacks the id")
-        }
-        await clients.shutdown()
         await services.stopAll()
     }
 
     @Test func healthzAnswersWithoutTheBus() async throws {
         // Given no service running at all
         let nowhere = Dictionary(uniqueKeysWithValues: ServiceName.allCases.map { ($0, "tcp://127.0.0.1:\(freePort())") })
-        let (app, clients) = try await gateway(endpoints: nowhere)
-        try await app.test(.router) { client in
-            try await client.execute(uri: "/healthz", method: .get) { response in
-                #expect(response.status == .ok)
-                #expect(response.headers[.init("X-Request-Id")!] != nil)
-            }
-            try await client.execute(uri: "/readyz", method: .get) { response in
-                #expect(response.status == .serviceUnavailable)
-                let body = try JSONSerialization.jsonObject(with: Data(buffer: response.body)) as? [String: Any]
-                #expect(body?["unavailable"] as? [String] == ["history", "jobs", "quota"])
+        try await gateway(endpoints: nowhere) { app, clients in
+            try await app.test(.router) { client in
+                try await client.execute(uri: "/healthz", method: .get) { response in
+                    #expect(response.status == .ok)
+                    #expect(response.headers[.init("X-Request-Id")!] != nil)
+                }
+                try await client.execute(uri: "/readyz", method: .get) { response in
+                    #expect(response.status == .serviceUnavailable)
+                    let body = try JSONSerialization.jsonObject(with: Data(buffer: response.body)) as? [String: Any]
+                    #expect(body?["unavailable"] as? [String] == ["history", "jobs", "quota"])
+                }
             }
         }
-        await clients.shutdown()
     }
 
     @Test func unknownRouteIsProblemJSONWithTheRequestId() async throws {
-        let (app, clients) = try await gateway(endpoints: [:])
-        try await app.test(.router) { client in
-            try await client.execute(uri: "/no/such/thing", method: .get, headers: [.init("X-Request-Id")!: "mine-1"]) { response in
-                #expect(response.status == .notFound)
-                #expect(response.headers[.contentType] == "application/problem+json")
-                let body = try JSONSerialization.jsonObject(with: Data(buffer: response.body)) as? [String: Any]
-                #expect(body?["status"] as? Int == 404)
-                #expect(body?["requestId"] as? String == "mine-1")
-                #expect(body?["title"] as? String == "Not Found")
+        try await gateway(endpoints: [:]) { app, clients in
+            try await app.test(.router) { client in
+                try await client.execute(uri: "/no/such/thing", method: .get, headers: [.init("X-Request-Id")!: "mine-1"]) { response in
+                    #expect(response.status == .notFound)
+                    #expect(response.headers[.contentType] == "application/problem+json")
+                    let body = try JSONSerialization.jsonObject(with: Data(buffer: response.body)) as? [String: Any]
+                    #expect(body?["status"] as? Int == 404)
+                    #expect(body?["requestId"] as? String == "mine-1")
+                    #expect(body?["title"] as? String == "Not Found")
+                }
             }
         }
-        await clients.shutdown()
     }
 }

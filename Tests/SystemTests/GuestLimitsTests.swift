@@ -85,66 +85,66 @@ struct GuestLimitsTests {
         let system = try await JobSystem(workers: 1, quota: ["QUOTA_GUESTS_PER_NETWORK_HOUR": "2", "QUOTA_GUEST_NETWORK_DAILY": "1"])
         system.configuration.clientNetworks = try ClientNetworks(trustedProxies: "127.0.0.1/32")
         system.configuration.appAttest = AppAttestSettings(appId: "6MURL8TA57.de.vincent-haupert.apple-appattest-poc", environment: .development)
-        let quota = BusClient(configuration: .init(endpoint: system.services.endpoints[.quota]!))
-        let attested = UUID(), stranger = UUID()
-        try await system.gateway { client in
-            // The network's two new guests of the hour, then the limit
-            for _ in 0..<2 {
-                #expect(try await client.execute(uri: "/api/v1/users/me", method: .get, headers: Self.guest(UUID(), from: "203.0.113.7")).status == .ok)
+        try await withBusClient(.init(endpoint: system.services.endpoints[.quota]!)) { quota in
+            let attested = UUID(), stranger = UUID()
+            try await system.gateway { client in
+                // The network's two new guests of the hour, then the limit
+                for _ in 0..<2 {
+                    #expect(try await client.execute(uri: "/api/v1/users/me", method: .get, headers: Self.guest(UUID(), from: "203.0.113.7")).status == .ok)
+                }
+                #expect(try await client.execute(uri: "/api/v1/users/me", method: .get, headers: Self.guest(attested, from: "203.0.113.8")).status == .tooManyRequests)
+
+                // The attestation routes pass the limit: a challenge for this device
+                let asked = try await client.execute(uri: "/api/v1/guests/attestation/challenge", method: .post, headers: Self.guest(attested, from: "203.0.113.8"))
+                #expect(asked.status == .ok)
+                let challenge = try #require(JobSystem.json(asked)["challenge"] as? String)
+                #expect(JobSystem.json(asked)["expiresAt"] is String)
+                let otherChallenge = try #require(JobSystem.json(try await client.execute(
+                    uri: "/api/v1/guests/attestation/challenge", method: .post, headers: Self.guest(stranger, from: "203.0.113.9")))["challenge"] as? String)
+
+                func attest(_ device: UUID, keyId: String, attestation: String, challenge: String) async throws -> TestResponse {
+                    let body = try JSONSerialization.data(withJSONObject: ["keyId": keyId, "attestation": attestation, "challenge": challenge])
+                    return try await client.execute(uri: "/api/v1/guests/attestation", method: .post, headers: Self.guest(device, from: "203.0.113.8"), body: ByteBuffer(bytes: body))
+                }
+                // A real attestation, but not made for this challenge (and its certificate long expired): refused
+                let refused = try await attest(attested, keyId: Self.sample.keyId, attestation: Self.sample.attestation, challenge: challenge)
+                #expect(refused.status == .unprocessableContent && JobSystem.json(refused)["code"] as? String == "attestation_refused", "\(JobSystem.json(refused))")
+                // Another device's challenge, a made-up challenge, a key id that is not 32 bytes, garbage
+                #expect(JobSystem.json(try await attest(attested, keyId: Self.sample.keyId, attestation: Self.sample.attestation, challenge: otherChallenge))["code"] as? String == "invalid_challenge")
+                #expect(try await attest(attested, keyId: Self.sample.keyId, attestation: Self.sample.attestation, challenge: "AAAA").status == .badRequest)
+                #expect(try await attest(attested, keyId: "c2hvcnQ=", attestation: Self.sample.attestation, challenge: challenge).status == .badRequest)
+                #expect(try await attest(attested, keyId: Self.sample.keyId, attestation: "b25seSBnYXJiYWdl", challenge: challenge).status == .unprocessableContent)
+                // Nothing was bound: the device is still refused on its network
+                #expect(try await client.execute(uri: "/api/v1/users/me", method: .get, headers: Self.guest(attested, from: "203.0.113.8")).status == .tooManyRequests)
+
+                // Bound in quota as the route binds a verified key: the guest passes its network's
+                // limit of new guests, and does not share its network's credits of the day
+                let userId = "device:\(attested.uuidString.lowercased())"
+                #expect(try await quota.call(Quota.attestGuest, AttestGuest(userId: userId, network: "v4:203.0.113.0/24", keyId: Self.sample.keyId)).attested)
+                #expect(try await quota.call(Quota.attestGuest, AttestGuest(userId: "device:\(stranger.uuidString.lowercased())", network: "v4:203.0.113.0/24", keyId: Self.sample.keyId)).attested == false,
+                        "a key belongs to one guest")
+                let headers = Self.guest(attested, from: "203.0.113.8")
+                #expect(try await client.execute(uri: "/api/v1/users/me", method: .get, headers: headers).status == .ok)
+                let key = try await JobSystem.upload(client, as: headers)
+                for _ in 0..<3 { #expect(try await JobSystem.createJob(client, as: headers, imageKey: key, effect: "grayscale").status == .accepted) }
             }
-            #expect(try await client.execute(uri: "/api/v1/users/me", method: .get, headers: Self.guest(attested, from: "203.0.113.8")).status == .tooManyRequests)
 
-            // The attestation routes pass the limit: a challenge for this device
-            let asked = try await client.execute(uri: "/api/v1/guests/attestation/challenge", method: .post, headers: Self.guest(attested, from: "203.0.113.8"))
-            #expect(asked.status == .ok)
-            let challenge = try #require(JobSystem.json(asked)["challenge"] as? String)
-            #expect(JobSystem.json(asked)["expiresAt"] is String)
-            let otherChallenge = try #require(JobSystem.json(try await client.execute(
-                uri: "/api/v1/guests/attestation/challenge", method: .post, headers: Self.guest(stranger, from: "203.0.113.9")))["challenge"] as? String)
-
-            func attest(_ device: UUID, keyId: String, attestation: String, challenge: String) async throws -> TestResponse {
-                let body = try JSONSerialization.data(withJSONObject: ["keyId": keyId, "attestation": attestation, "challenge": challenge])
-                return try await client.execute(uri: "/api/v1/guests/attestation", method: .post, headers: Self.guest(device, from: "203.0.113.8"), body: ByteBuffer(bytes: body))
+            // With attestation required, an unattested guest is refused (403 naming it) and the
+            // attested one served
+            system.configuration.appAttest?.required = true
+            try await system.gateway { client in
+                let refused = try await client.execute(uri: "/api/v1/users/me", method: .get, headers: Self.guest(UUID(), from: "192.0.2.44"))
+                #expect(refused.status == .forbidden && JobSystem.json(refused)["code"] as? String == "attestation_required", "\(JobSystem.json(refused))")
+                #expect(try await client.execute(uri: "/api/v1/users/me", method: .get, headers: Self.guest(attested, from: "192.0.2.44")).status == .ok)
+                #expect(try await client.execute(uri: "/api/v1/guests/attestation/challenge", method: .post, headers: Self.guest(UUID(), from: "192.0.2.44")).status == .ok)
             }
-            // A real attestation, but not made for this challenge (and its certificate long expired): refused
-            let refused = try await attest(attested, keyId: Self.sample.keyId, attestation: Self.sample.attestation, challenge: challenge)
-            #expect(refused.status == .unprocessableContent && JobSystem.json(refused)["code"] as? String == "attestation_refused", "\(JobSystem.json(refused))")
-            // Another device's challenge, a made-up challenge, a key id that is not 32 bytes, garbage
-            #expect(JobSystem.json(try await attest(attested, keyId: Self.sample.keyId, attestation: Self.sample.attestation, challenge: otherChallenge))["code"] as? String == "invalid_challenge")
-            #expect(try await attest(attested, keyId: Self.sample.keyId, attestation: Self.sample.attestation, challenge: "AAAA").status == .badRequest)
-            #expect(try await attest(attested, keyId: "c2hvcnQ=", attestation: Self.sample.attestation, challenge: challenge).status == .badRequest)
-            #expect(try await attest(attested, keyId: Self.sample.keyId, attestation: "b25seSBnYXJiYWdl", challenge: challenge).status == .unprocessableContent)
-            // Nothing was bound: the device is still refused on its network
-            #expect(try await client.execute(uri: "/api/v1/users/me", method: .get, headers: Self.guest(attested, from: "203.0.113.8")).status == .tooManyRequests)
-
-            // Bound in quota as the route binds a verified key: the guest passes its network's
-            // limit of new guests, and does not share its network's credits of the day
-            let userId = "device:\(attested.uuidString.lowercased())"
-            #expect(try await quota.call(Quota.attestGuest, AttestGuest(userId: userId, network: "v4:203.0.113.0/24", keyId: Self.sample.keyId)).attested)
-            #expect(try await quota.call(Quota.attestGuest, AttestGuest(userId: "device:\(stranger.uuidString.lowercased())", network: "v4:203.0.113.0/24", keyId: Self.sample.keyId)).attested == false,
-                    "a key belongs to one guest")
-            let headers = Self.guest(attested, from: "203.0.113.8")
-            #expect(try await client.execute(uri: "/api/v1/users/me", method: .get, headers: headers).status == .ok)
-            let key = try await JobSystem.upload(client, as: headers)
-            for _ in 0..<3 { #expect(try await JobSystem.createJob(client, as: headers, imageKey: key, effect: "grayscale").status == .accepted) }
+            // Without App Attest configured, the routes are not there
+            system.configuration.appAttest = nil
+            try await system.gateway { client in
+                let absent = try await client.execute(uri: "/api/v1/guests/attestation/challenge", method: .post, headers: Self.guest(UUID(), from: "192.0.2.45"))
+                #expect(absent.status == .notFound)
+            }
         }
-
-        // With attestation required, an unattested guest is refused (403 naming it) and the
-        // attested one served
-        system.configuration.appAttest?.required = true
-        try await system.gateway { client in
-            let refused = try await client.execute(uri: "/api/v1/users/me", method: .get, headers: Self.guest(UUID(), from: "192.0.2.44"))
-            #expect(refused.status == .forbidden && JobSystem.json(refused)["code"] as? String == "attestation_required", "\(JobSystem.json(refused))")
-            #expect(try await client.execute(uri: "/api/v1/users/me", method: .get, headers: Self.guest(attested, from: "192.0.2.44")).status == .ok)
-            #expect(try await client.execute(uri: "/api/v1/guests/attestation/challenge", method: .post, headers: Self.guest(UUID(), from: "192.0.2.44")).status == .ok)
-        }
-        // Without App Attest configured, the routes are not there
-        system.configuration.appAttest = nil
-        try await system.gateway { client in
-            let absent = try await client.execute(uri: "/api/v1/guests/attestation/challenge", method: .post, headers: Self.guest(UUID(), from: "192.0.2.45"))
-            #expect(absent.status == .notFound)
-        }
-        await quota.shutdown()
         await system.stop()
     }
 }

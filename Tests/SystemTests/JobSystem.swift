@@ -38,6 +38,8 @@ final class JobSystem: @unchecked Sendable {
     let providerPort = freePort()
     var workers: [ServiceProcess] = []
     let clients: ServiceClients
+    /// Runs `clients` until `stop()`.
+    let clientsRunning: Task<Void, Never>
     /// The in-process gateway's configuration; a test may change it before calling `gateway`.
     var configuration: GatewayConfiguration
     let provider: Task<Void, any Error>
@@ -116,6 +118,8 @@ final class JobSystem: @unchecked Sendable {
         configuration.curve = try BusSecurity.clientKeys(Environment((curve[.gateway] ?? [:])))
         self.configuration = configuration
         clients = ServiceClients(configuration: configuration)
+        let clients = clients
+        clientsRunning = Task { await clients.run() }
         _ = try await waitUntilHealthy(clients.quota)
         _ = try await waitUntilHealthy(clients.jobs)
         _ = try await waitUntilHealthy(clients.history)
@@ -163,7 +167,8 @@ final class JobSystem: @unchecked Sendable {
     func stop() async {
         for worker in workers { await worker.stop() }
         await replica?.stop()
-        await clients.shutdown()
+        clientsRunning.cancel()
+        await clientsRunning.value
         await services.stopAll()
         provider.cancel()
     }

@@ -9,11 +9,6 @@ import Testing
 struct TaskOwnershipTests {
     /// File (from the repository root), how many unstructured tasks it starts, and why each is owned.
     static let allowed: [String: (count: Int, reason: String)] = [
-        "Services/jobs/Worker/Worker.swift": (2, """
-            a job's task is held in `Running` (cancelled by a cancel or a hand-off, removed when it \
-            ends, waited for before the process exits); the graceful-shutdown handler's task says \
-            `leaving` and closes the channel, which ends the run loop that owns the jobs
-            """),
         "Services/jobs/Worker/Providers/ModelRunner.swift": (1, """
             a provider's cancel, detached from the cancelled job task so that it can run, and \
             awaited there

@@ -176,40 +176,41 @@ struct WorkerProtocolTests {
             _ = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: id, userId: user, isPro: false, imageKey: "uploads/none/x.jpg", effectId: "copy"))
         }
         // Given a hand-driven worker holding all 200 jobs
-        let worker = try await BusChannel.connect(system.workerEndpoint)
-        let inbox = Inbox(worker)
-        worker.send(WorkerMessage.ready(WorkerReady(workerId: "burst", capacity: 200, effects: ["*"])))
-        var attempts: [JobAttempt] = []
-        while attempts.count < ids.count {
-            guard let attempt = await next(inbox, { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }) else { break }
-            attempts.append(attempt)
+        let worker = BusChannel.connecting(system.workerEndpoint)
+        try await worker.running {
+            let inbox = Inbox(worker)
+            worker.send(WorkerMessage.ready(WorkerReady(workerId: "burst", capacity: 200, effects: ["*"])))
+            var attempts: [JobAttempt] = []
+            while attempts.count < ids.count {
+                guard let attempt = await next(inbox, { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }) else { break }
+                attempts.append(attempt)
+            }
+            #expect(attempts.count == ids.count)
+            let held = attempts
+            let beating = heartbeats(from: worker, naming: held)
+            defer { beating.cancel() }
+            // When it sends every result at once and jobs is killed (-9) as the first acknowledgements
+            // come back, between group-committed batches
+            for attempt in attempts {
+                worker.send(WorkerMessage.done(attempt, JobOutput(resultKey: "results/\(attempt.jobId)", thumbnailKey: "thumbnails/\(attempt.jobId)")))
+            }
+            let first = await next(inbox, within: .seconds(10)) { if case .recorded(let attempt) = $0 { return attempt } else { return nil } }
+            let jobs = try #require(system.services.processes[.jobs])
+            jobs.signal(SIGKILL)
+            _ = try await jobs.waitForExit()
+            var acknowledged = Set([first].compactMap { $0 })
+            while let attempt = await inbox.take({ if case .recorded(let attempt) = $0 { return attempt } else { return nil } }) {
+                acknowledged.insert(attempt)
+            }
+            // Then after a restart every result it acknowledged is there, completed
+            try system.services.restart(.jobs)
+            _ = try await waitUntilHealthy(system.clients.jobs)
+            #expect(!acknowledged.isEmpty)
+            for attempt in acknowledged {
+                let job = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: attempt.jobId, userId: user))
+                #expect(job.status == .completed && job.resultKey == "results/\(attempt.jobId)", "acknowledged \(attempt.jobId) is \(job.status)")
+            }
         }
-        #expect(attempts.count == ids.count)
-        let held = attempts
-        let beating = heartbeats(from: worker, naming: held)
-        defer { beating.cancel() }
-        // When it sends every result at once and jobs is killed (-9) as the first acknowledgements
-        // come back, between group-committed batches
-        for attempt in attempts {
-            worker.send(WorkerMessage.done(attempt, JobOutput(resultKey: "results/\(attempt.jobId)", thumbnailKey: "thumbnails/\(attempt.jobId)")))
-        }
-        let first = await next(inbox, within: .seconds(10)) { if case .recorded(let attempt) = $0 { return attempt } else { return nil } }
-        let jobs = try #require(system.services.processes[.jobs])
-        jobs.signal(SIGKILL)
-        _ = try await jobs.waitForExit()
-        var acknowledged = Set([first].compactMap { $0 })
-        while let attempt = await inbox.take({ if case .recorded(let attempt) = $0 { return attempt } else { return nil } }) {
-            acknowledged.insert(attempt)
-        }
-        // Then after a restart every result it acknowledged is there, completed
-        try system.services.restart(.jobs)
-        _ = try await waitUntilHealthy(system.clients.jobs)
-        #expect(!acknowledged.isEmpty)
-        for attempt in acknowledged {
-            let job = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: attempt.jobId, userId: user))
-            #expect(job.status == .completed && job.resultKey == "results/\(attempt.jobId)", "acknowledged \(attempt.jobId) is \(job.status)")
-        }
-        await worker.shutdown()
         await system.stop()
     }
 
@@ -218,27 +219,29 @@ struct WorkerProtocolTests {
         let user = "device:\(UUID().uuidString.lowercased())"
         let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: "uploads/none/x.jpg", effectId: "copy"))
         // Given a hand-driven worker announcing a 2 s heartbeat, that takes the job and goes silent
-        let silent = try await BusChannel.connect(system.workerEndpoint)
-        let silentInbox = Inbox(silent)
-        silent.send(WorkerMessage.ready(WorkerReady(workerId: "slow-silent", capacity: 1, effects: ["*"], heartbeatMilliseconds: 2000)))
-        let first = await next(silentInbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
-        #expect(first == JobAttempt(jobId: job.id, attempt: 1))
-        let assigned = ContinuousClock.now
-        // When another worker is ready
-        let other = try await BusChannel.connect(system.workerEndpoint)
-        let otherInbox = Inbox(other)
-        other.send(WorkerMessage.ready(WorkerReady(workerId: "other", capacity: 1, effects: ["*"])))
-        let beating = heartbeats(from: other, naming: [])
-        defer { beating.cancel() }
-        // Then the job goes to it once the silent one has missed three of its 2 s heartbeats
-        // (not three of the service's 1 s ones), and not much later
-        let second = await next(otherInbox, within: .seconds(15)) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
-        let waited = assigned.duration(to: .now)
-        #expect(second == JobAttempt(jobId: job.id, attempt: 2))
-        #expect(waited >= .seconds(6), "the job was taken back after \(waited)")
-        #expect(waited < .seconds(10), "the job was taken back after \(waited)")
-        await silent.shutdown()
-        await other.shutdown()
+        let silent = BusChannel.connecting(system.workerEndpoint)
+        try await silent.running {
+            let silentInbox = Inbox(silent)
+            silent.send(WorkerMessage.ready(WorkerReady(workerId: "slow-silent", capacity: 1, effects: ["*"], heartbeatMilliseconds: 2000)))
+            let first = await next(silentInbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
+            #expect(first == JobAttempt(jobId: job.id, attempt: 1))
+            let assigned = ContinuousClock.now
+            // When another worker is ready
+            let other = BusChannel.connecting(system.workerEndpoint)
+            try await other.running {
+            let otherInbox = Inbox(other)
+            other.send(WorkerMessage.ready(WorkerReady(workerId: "other", capacity: 1, effects: ["*"])))
+            let beating = heartbeats(from: other, naming: [])
+            defer { beating.cancel() }
+            // Then the job goes to it once the silent one has missed three of its 2 s heartbeats
+            // (not three of the service's 1 s ones), and not much later
+            let second = await next(otherInbox, within: .seconds(15)) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
+            let waited = assigned.duration(to: .now)
+            #expect(second == JobAttempt(jobId: job.id, attempt: 2))
+            #expect(waited >= .seconds(6), "the job was taken back after \(waited)")
+            #expect(waited < .seconds(10), "the job was taken back after \(waited)")
+            }
+        }
         await system.stop()
     }
 
@@ -248,37 +251,39 @@ struct WorkerProtocolTests {
         let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: "uploads/none/x.jpg", effectId: "copy"))
         // Given a hand-driven worker announcing 100 ms heartbeats that takes the job and then goes
         // silent (the state machine's tests cover the timing; this one, the processes)
-        let first = try await BusChannel.connect(system.workerEndpoint)
-        let firstInbox = Inbox(first)
-        first.send(WorkerMessage.ready(WorkerReady(workerId: "silent", capacity: 1, effects: ["*"], heartbeatMilliseconds: 100)))
-        let attempt1 = await next(firstInbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
-        #expect(attempt1 == JobAttempt(jobId: job.id, attempt: 1))
-        await first.shutdown()
+        let first = BusChannel.connecting(system.workerEndpoint)
+        try await first.running {
+            let firstInbox = Inbox(first)
+            first.send(WorkerMessage.ready(WorkerReady(workerId: "silent", capacity: 1, effects: ["*"], heartbeatMilliseconds: 100)))
+            let attempt1 = await next(firstInbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
+            #expect(attempt1 == JobAttempt(jobId: job.id, attempt: 1))
+        }
         // When it has been silent for more than three of its intervals, the job is queued again
         try await waitUntil {
             try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user)).status == .queued
         }
         // And another worker takes the job as attempt 2
-        let second = try await BusChannel.connect(system.workerEndpoint)
-        let secondInbox = Inbox(second)
-        second.send(WorkerMessage.ready(WorkerReady(workerId: "second", capacity: 1, effects: ["*"])))
-        let attempt2 = await next(secondInbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
-        #expect(attempt2 == JobAttempt(jobId: job.id, attempt: 2))
-        // Then attempt 1's late result is refused, and attempt 2's accepted
-        second.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 1), JobOutput(resultKey: "stale", thumbnailKey: "stale")))
-        let refused = await next(secondInbox) { if case .refused(let attempt, _) = $0 { return attempt } else { return nil } }
-        #expect(refused == JobAttempt(jobId: job.id, attempt: 1))
-        second.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 2), JobOutput(resultKey: "fresh", thumbnailKey: "fresh-thumb")))
-        try await waitUntil {
-            try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user)).status == .completed
+        let second = BusChannel.connecting(system.workerEndpoint)
+        try await second.running {
+            let secondInbox = Inbox(second)
+            second.send(WorkerMessage.ready(WorkerReady(workerId: "second", capacity: 1, effects: ["*"])))
+            let attempt2 = await next(secondInbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
+            #expect(attempt2 == JobAttempt(jobId: job.id, attempt: 2))
+            // Then attempt 1's late result is refused, and attempt 2's accepted
+            second.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 1), JobOutput(resultKey: "stale", thumbnailKey: "stale")))
+            let refused = await next(secondInbox) { if case .refused(let attempt, _) = $0 { return attempt } else { return nil } }
+            #expect(refused == JobAttempt(jobId: job.id, attempt: 1))
+            second.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 2), JobOutput(resultKey: "fresh", thumbnailKey: "fresh-thumb")))
+            try await waitUntil {
+                try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user)).status == .completed
+            }
+            let done = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user))
+            #expect(done.resultKey == "fresh" && done.attempts == 2)
+            // And garbage on the worker endpoint changes nothing
+            second.send(Array("not a message".utf8))
+            second.send(WorkerMessage.done(JobAttempt(jobId: "no-such-job", attempt: 1), JobOutput(resultKey: "x", thumbnailKey: "y")))
+            #expect(try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user)).resultKey == "fresh")
         }
-        let done = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user))
-        #expect(done.resultKey == "fresh" && done.attempts == 2)
-        // And garbage on the worker endpoint changes nothing
-        second.send(Array("not a message".utf8))
-        second.send(WorkerMessage.done(JobAttempt(jobId: "no-such-job", attempt: 1), JobOutput(resultKey: "x", thumbnailKey: "y")))
-        #expect(try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user)).resultKey == "fresh")
-        await second.shutdown()
         await system.stop()
     }
 
@@ -288,33 +293,34 @@ struct WorkerProtocolTests {
         let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: "uploads/none/x.jpg", effectId: "copy"))
         // Given a live worker whose heartbeats never name the attempt it was assigned (the
         // assignment was lost on the way)
-        let worker = try await BusChannel.connect(system.workerEndpoint)
-        let inbox = Inbox(worker)
-        worker.send(WorkerMessage.ready(WorkerReady(workerId: "forgetful", capacity: 1, effects: ["*"])))
-        let first = await next(inbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
-        #expect(first == JobAttempt(jobId: job.id, attempt: 1))
-        let beating = heartbeats(from: worker, naming: [])
-        // Then after three heartbeat intervals the job is queued again and handed out anew
-        let second = await next(inbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
-        beating.cancel()
-        #expect(second == JobAttempt(jobId: job.id, attempt: 2))
-        // And a result is acknowledged once durably recorded
-        let output = JobOutput(resultKey: "r", thumbnailKey: "t")
-        worker.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 2), output))
-        let recorded = await next(inbox) { if case .recorded(let attempt) = $0 { return attempt } else { return nil } }
-        #expect(recorded == JobAttempt(jobId: job.id, attempt: 2))
-        // And the same result sent again (its acknowledgement lost) changes nothing and is
-        // acknowledged again as recorded (not refused: it was not wrong, only late)
-        worker.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 2), output))
-        let answered = await next(inbox) { if case .recorded(let attempt) = $0 { return attempt } else { return nil } }
-        #expect(answered == JobAttempt(jobId: job.id, attempt: 2))
-        // While a different result for the same attempt is refused
-        worker.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 2), JobOutput(resultKey: "other", thumbnailKey: "other-t")))
-        let refused = await next(inbox) { if case .refused(let attempt, _) = $0 { return attempt } else { return nil } }
-        #expect(refused == JobAttempt(jobId: job.id, attempt: 2))
-        let done = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user))
-        #expect(done.status == .completed && done.resultKey == "r" && done.attempts == 2)
-        await worker.shutdown()
+        let worker = BusChannel.connecting(system.workerEndpoint)
+        try await worker.running {
+            let inbox = Inbox(worker)
+            worker.send(WorkerMessage.ready(WorkerReady(workerId: "forgetful", capacity: 1, effects: ["*"])))
+            let first = await next(inbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
+            #expect(first == JobAttempt(jobId: job.id, attempt: 1))
+            let beating = heartbeats(from: worker, naming: [])
+            // Then after three heartbeat intervals the job is queued again and handed out anew
+            let second = await next(inbox) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
+            beating.cancel()
+            #expect(second == JobAttempt(jobId: job.id, attempt: 2))
+            // And a result is acknowledged once durably recorded
+            let output = JobOutput(resultKey: "r", thumbnailKey: "t")
+            worker.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 2), output))
+            let recorded = await next(inbox) { if case .recorded(let attempt) = $0 { return attempt } else { return nil } }
+            #expect(recorded == JobAttempt(jobId: job.id, attempt: 2))
+            // And the same result sent again (its acknowledgement lost) changes nothing and is
+            // acknowledged again as recorded (not refused: it was not wrong, only late)
+            worker.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 2), output))
+            let answered = await next(inbox) { if case .recorded(let attempt) = $0 { return attempt } else { return nil } }
+            #expect(answered == JobAttempt(jobId: job.id, attempt: 2))
+            // While a different result for the same attempt is refused
+            worker.send(WorkerMessage.done(JobAttempt(jobId: job.id, attempt: 2), JobOutput(resultKey: "other", thumbnailKey: "other-t")))
+            let refused = await next(inbox) { if case .refused(let attempt, _) = $0 { return attempt } else { return nil } }
+            #expect(refused == JobAttempt(jobId: job.id, attempt: 2))
+            let done = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: job.id, userId: user))
+            #expect(done.status == .completed && done.resultKey == "r" && done.attempts == 2)
+        }
         await system.stop()
     }
 

@@ -84,7 +84,8 @@ public func buildApplication(
             idleTimeout: .nanoseconds(Int64(limits.idleTimeout / .nanoseconds(1)))
         )),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "gateway"),
-        services: [streams, clients],
+        // The clients first: a service group stops its services in reverse order.
+        services: [clients, streams],
         logger: logger
     )
 }

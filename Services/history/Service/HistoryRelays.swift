@@ -20,6 +20,6 @@ public enum HistoryRelays {
                     return .retry
                 }
             }
-        }, onStop: { await jobs.shutdown() })
+        })
     }
 }

@@ -41,7 +41,6 @@ public struct RetentionSweeper: Service {
             let deleted = try await sweep()
             if deleted > 0 { logger.info("retention sweep done", metadata: ["deleted": "\(deleted)"]) }
         }
-        await quota.shutdown()
     }
 
     /// One sweep; returns how many items it deleted.

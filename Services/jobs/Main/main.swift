@@ -18,7 +18,7 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
     let store = SQLiteJobsStore(database: database, retry: configuration.retry, effectTitles: catalog.effects.mapValues(\.title))
     let blobs = try await configuration.blobs.open()
     try BusSecurity.checkExposure(configuration.workerEndpoint, variable: "JOBS_WORKER_BIND", curve: service.curveSecretKey != nil, environment: Environment())
-    let channel = try await BusChannel.bind(
+    let channel = BusChannel.binding(
         configuration.workerEndpoint, curveSecretKey: service.curveSecretKey, knownCallers: service.knownCallers != nil,
         encoding: service.busEncoding, logger: logger
     )
@@ -39,14 +39,15 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
     ProcessMetrics.addReporter { await dispatcher.workerSections() }
     JobsHandler(store: store, dispatcher: dispatcher, catalog: catalog, maxQueued: configuration.maxQueued).register(on: &router)
     logger.info("jobs ready", metadata: ["workers": "\(configuration.workerEndpoint)", "queued": "\(recovered.count)", "blobs": "\(blobs.kind)"])
+    // Listed before the relays that call through them, so that they stop after them.
+    let quota = BusClient(configuration: service.client(of: configuration.quotaEndpoint), logger: logger)
+    let history = BusClient(configuration: service.client(of: configuration.historyEndpoint), logger: logger)
     return [
+        quota,
+        history,
         DispatcherService(dispatcher: dispatcher, channel: channel),
-        JobsRelays.settlements(
-            database: database, quota: BusClient(configuration: service.client(of: configuration.quotaEndpoint), logger: logger), logger: logger
-        ),
-        JobsRelays.historyEvents(
-            database: database, history: BusClient(configuration: service.client(of: configuration.historyEndpoint), logger: logger), logger: logger
-        ),
+        JobsRelays.settlements(database: database, quota: quota, logger: logger),
+        JobsRelays.historyEvents(database: database, history: history, logger: logger),
         JobsRelays.fileDeletions(database: database, blobs: blobs, logger: logger),
         UnusedUploadSweeper(
             blobs: blobs, store: store, age: TimeInterval(configuration.unusedUploadAge), interval: configuration.uploadSweepInterval, logger: logger

@@ -2,10 +2,11 @@ import Bus
 import Logging
 import ServiceLifecycle
 
-/// Runs the dispatcher: feeds it the workers' messages, ticks it every `tick`, reconciles its
-/// workers with the database every `reconcile`, and owns its writes (`Dispatcher.runWrites`). On
-/// a graceful shutdown the channel closes, the loops end, and the writes in flight are finished
-/// before `run` returns.
+/// Runs the dispatcher: runs its channel to the workers (`run` throws if it cannot be bound),
+/// feeds it the workers' messages, ticks it every `tick`, reconciles its workers with the
+/// database every `reconcile`, and owns its writes (`Dispatcher.runWrites`). On a graceful
+/// shutdown the loops end, the channel closes, and the writes in flight are finished before `run`
+/// returns.
 public struct DispatcherService: Service {
     let dispatcher: Dispatcher
     let channel: BusChannel
@@ -20,29 +21,38 @@ public struct DispatcherService: Service {
     }
 
     public func run() async throws {
-        await withTaskGroup(of: Void.self) { owner in
+        let served: Result<Void, any Error> = await withTaskGroup(of: Void.self) { owner in
             owner.addTask { await dispatcher.runWrites() }
-            await withTaskGroup(of: Void.self) { group in
-                group.addTask {
-                    for await message in channel.incoming.cancelOnGracefulShutdown() { await dispatcher.receive(message) }
-                }
-                group.addTask {
-                    while !Task.isCancelled {
-                        try? await Task.sleep(for: tick)
-                        await dispatcher.tick()
-                    }
-                }
-                group.addTask {
-                    while !Task.isCancelled {
-                        try? await Task.sleep(for: reconcile)
-                        await dispatcher.reconcile()
-                    }
-                }
-                await group.next()
-                group.cancelAll()
+            defer { dispatcher.finishWrites() }
+            do {
+                try await channel.running { await serve() }
+                return .success(())
+            } catch {
+                return .failure(error)
             }
-            await channel.shutdown()
-            dispatcher.finishWrites()
+        }
+        try served.get()
+    }
+
+    private func serve() async {
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                for await message in channel.incoming.cancelOnGracefulShutdown() { await dispatcher.receive(message) }
+            }
+            group.addTask {
+                while !Task.isCancelled {
+                    try? await Task.sleep(for: tick)
+                    await dispatcher.tick()
+                }
+            }
+            group.addTask {
+                while !Task.isCancelled {
+                    try? await Task.sleep(for: reconcile)
+                    await dispatcher.reconcile()
+                }
+            }
+            await group.next()
+            group.cancelAll()
         }
     }
 }

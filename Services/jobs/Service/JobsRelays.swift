@@ -25,7 +25,7 @@ public enum JobsRelays {
                     return .retry
                 }
             }
-        }, onStop: { await quota.shutdown() })
+        })
     }
 
     /// Job events, in batches of up to 200 (and 512 KiB, well inside the bus's message limit),
@@ -56,8 +56,7 @@ public enum JobsRelays {
                 } catch {
                     return outcomes.map { _ in .retry }
                 }
-            },
-            onStop: { await history.shutdown() }
+            }
         )
     }
 

@@ -27,13 +27,55 @@ public struct Worker: Service {
         self.logger = logger
     }
 
-    /// Jobs held now, by attempt: those running, with their tasks, and those prefetched, waiting
-    /// for one of the `capacity` places to run.
+    /// A job's cancel, asked from outside the task that runs it: `fire()` wakes `wait()`, which
+    /// the job's task group turns into the cancellation of the job's work.
+    final class CancelSignal: Sendable {
+        private let state = Mutex<(fired: Bool, waiter: CheckedContinuation<Void, Never>?)>((false, nil))
+
+        func fire() {
+            let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                state.fired = true
+                defer { state.waiter = nil }
+                return state.waiter
+            }
+            waiter?.resume()
+        }
+
+        /// Returns once fired, or once the waiting task is cancelled.
+        func wait() async {
+            await withTaskCancellationHandler {
+                await withCheckedContinuation { (waiter: CheckedContinuation<Void, Never>) in
+                    let fired = state.withLock { state -> Bool in
+                        if !state.fired { state.waiter = waiter }
+                        return state.fired
+                    }
+                    if fired { waiter.resume() }
+                }
+            } onCancel: {
+                fire()
+            }
+        }
+    }
+
+    /// A job to start, on the connection it came by.
+    struct Launch: Sendable {
+        let job: JobAssignment
+        let channel: BusChannel
+    }
+
+    /// Jobs held now, by attempt: those running and those prefetched, waiting for one of the
+    /// `capacity` places to run. Jobs to start go through `launches` to the task group of
+    /// `Worker.run`, which runs each in a task of its own.
     final class Running: Sendable {
         let capacity: Int
-        /// Attempts held, with the task running each once it is attached (nil while waiting).
-        private let tasks = Mutex<[JobAttempt: Task<Void, Never>?]>([:])
+        /// Attempts held, each with the signal that cancels it.
+        private let tasks = Mutex<[JobAttempt: CancelSignal]>([:])
+        /// Attempts the service cancelled (not those handed off as the worker stops).
         private let cancelled = Mutex<Set<JobAttempt>>([])
+        /// Jobs to start. Unbounded, but it never holds more than the jobs held (`capacity` plus
+        /// the prefetched and the generations waiting on providers).
+        let launches: AsyncStream<Launch>
+        private let launchInput: AsyncStream<Launch>.Continuation
         /// Prefetched assignments in the order they came, how many run now, and whether the
         /// worker is stopping (it takes no more).
         private let queue = Mutex<(waiting: Deque<JobAssignment>, active: Int, leaving: Bool)>(([], 0, false))
@@ -45,7 +87,15 @@ public struct Worker: Service {
         init(capacity: Int, maxDetached: Int = 2000) {
             self.capacity = capacity
             self.maxDetached = maxDetached
+            (launches, launchInput) = AsyncStream.makeStream(of: Launch.self)
         }
+
+        /// Starts `job` in a task of the worker's group.
+        func launch(_ job: JobAssignment, on channel: BusChannel) { launchInput.yield(Launch(job: job, channel: channel)) }
+        /// No more jobs start: the worker's group waits for those running, then `run` returns.
+        func endLaunches() { launchInput.finish() }
+        /// The signal that cancels `attempt`, while it is held.
+        func cancelSignal(_ attempt: JobAttempt) -> CancelSignal? { tasks.withLock { $0[attempt] } }
 
         /// The attempt waits on a provider now: its place goes to the next waiting job (returned,
         /// to launch), unless `maxDetached` wait so already. False if it keeps its place.
@@ -65,7 +115,7 @@ public struct Worker: Service {
         var count: Int { tasks.withLock { $0.count } }
         /// Holds `attempt` before its task starts: a task that ends at once (and removes it)
         /// must find it there, or the attempt would be held for ever.
-        func add(_ attempt: JobAttempt) { tasks.withLock { $0[attempt] = .some(nil) } }
+        func add(_ attempt: JobAttempt) { tasks.withLock { $0[attempt] = CancelSignal() } }
         var isLeaving: Bool { queue.withLock { $0.leaving } }
         /// The worker is stopping: the prefetched jobs that have not started are dropped and
         /// returned, to be given back; so are the generations waiting on a provider (their tasks
@@ -80,7 +130,7 @@ public struct Worker: Service {
             for attempt in returned { remove(attempt) }
             let handed = detached.withLock { Array($0) }
             handedOff.withLock { $0.formUnion(handed) }
-            for attempt in handed { tasks.withLock { $0[attempt] ?? nil }?.cancel() }
+            for attempt in handed { cancelSignal(attempt)?.fire() }
             return returned + handed
         }
 
@@ -105,15 +155,6 @@ public struct Worker: Service {
                 queue.active -= 1
                 return nil
             }
-        }
-        /// Attaches the task running `attempt`, if the attempt is still held.
-        func attach(_ attempt: JobAttempt, _ task: Task<Void, Never>) {
-            let held = tasks.withLock { tasks -> Bool in
-                guard tasks.index(forKey: attempt) != nil else { return false }
-                tasks[attempt] = .some(task)
-                return true
-            }
-            if held && wasCancelled(attempt) { task.cancel() }
         }
         func remove(_ attempt: JobAttempt) {
             let empty = tasks.withLock { tasks in
@@ -157,9 +198,9 @@ public struct Worker: Service {
                 return true
             }
             if dropped { return .waiting }
-            guard let entry = tasks.withLock({ $0[attempt] }) else { return .notHeld }
+            guard let signal = cancelSignal(attempt) else { return .notHeld }
             cancelled.withLock { _ = $0.insert(attempt) }
-            entry?.cancel()
+            signal.fire()
             return .running
         }
         func wasCancelled(_ attempt: JobAttempt) -> Bool { cancelled.withLock { $0.contains(attempt) } }
@@ -283,20 +324,37 @@ public struct Worker: Service {
         let unrecorded = Unrecorded()
         let renewed = Renewed()
         let generations = Generations(submissions: Submissions(), pokes: Pokes())
+        try await withThrowingDiscardingTaskGroup { jobs in
+            jobs.addTask {
+                defer { running.endLaunches() }
+                try await connect(running: running, unrecorded: unrecorded, renewed: renewed, generations: generations)
+            }
+            // Each job runs in a task of this group: cancelled with it, and waited for before the
+            // process exits.
+            for await launch in running.launches {
+                jobs.addTask {
+                    await runJob(launch.job, channel: launch.channel, running: running, unrecorded: unrecorded, renewed: renewed, generations: generations)
+                }
+            }
+        }
+    }
+
+    /// Connects, and connects again whenever the service falls silent, until the worker stops.
+    private func connect(running: Running, unrecorded: Unrecorded, renewed: Renewed, generations: Generations) async throws {
         while !Task.isCancelled && !Task.isShuttingDownGracefully {
-            let channel = try await BusChannel.connect(configuration.endpoint, curve: configuration.curve, encoding: configuration.busEncoding, logger: logger)
-            let ready = WorkerMessage.ready(WorkerReady(
-                workerId: configuration.workerId, capacity: configuration.capacity, effects: effects,
-                heartbeatMilliseconds: Int(configuration.heartbeat.wholeMilliseconds), prefetch: configuration.prefetch
-            ))
-            channel.send(ready)
-            for result in unrecorded.all.values { channel.send(result) }
-            generations.submissions.resetAll()
-            logger.info("connected", metadata: [
-                "endpoint": "\(configuration.endpoint)", "capacity": "\(configuration.capacity)", "prefetch": "\(configuration.prefetch)",
-            ])
-            let lastHeard = LastHeard()
-            await withGracefulShutdownHandler {
+            let channel = BusChannel.connecting(configuration.endpoint, curve: configuration.curve, encoding: configuration.busEncoding, logger: logger)
+            try await channel.running {
+                let ready = WorkerMessage.ready(WorkerReady(
+                    workerId: configuration.workerId, capacity: configuration.capacity, effects: effects,
+                    heartbeatMilliseconds: Int(configuration.heartbeat.wholeMilliseconds), prefetch: configuration.prefetch
+                ))
+                channel.send(ready)
+                for result in unrecorded.all.values { channel.send(result) }
+                generations.submissions.resetAll()
+                logger.info("connected", metadata: [
+                    "endpoint": "\(configuration.endpoint)", "capacity": "\(configuration.capacity)", "prefetch": "\(configuration.prefetch)",
+                ])
+                let lastHeard = LastHeard()
                 await withTaskGroup(of: Void.self) { group in
                     group.addTask {
                         for await message in channel.incoming {
@@ -325,19 +383,16 @@ public struct Worker: Service {
                             }
                         }
                     }
+                    group.addTask {
+                        // Stopping (SIGTERM): leave, then close this connection.
+                        guard (try? await gracefulShutdown()) != nil else { return }
+                        await leave(channel: channel, running: running, unrecorded: unrecorded)
+                    }
                     await group.next()
                     group.cancelAll()
                 }
-            } onGracefulShutdown: {
-                Task {
-                    await leave(channel: channel, running: running, unrecorded: unrecorded)
-                    await channel.shutdown()
-                }
             }
-            await channel.shutdown()
         }
-        // Let the jobs in progress finish before the process exits.
-        await running.untilEmpty()
     }
 
     private func handle(_ message: DispatcherMessage, channel: BusChannel, running: Running, unrecorded: Unrecorded, renewed: Renewed,
@@ -380,9 +435,7 @@ public struct Worker: Service {
             }
             guard !running.contains(job.attempt) else { return }
             running.add(job.attempt)
-            if let admitted = running.admit(job) {
-                launch(admitted, channel: channel, running: running, unrecorded: unrecorded, renewed: renewed, generations: generations)
-            }
+            if let admitted = running.admit(job) { running.launch(admitted, on: channel) }
         }
     }
 
@@ -405,38 +458,48 @@ public struct Worker: Service {
         let pokes: Pokes
     }
 
-    /// Runs a job in a task of its own; when it ends, the next prefetched job runs (or, for a
-    /// generation that gave its place back while it waited on a provider, already ran).
-    private func launch(_ job: JobAssignment, channel: BusChannel, running: Running, unrecorded: Unrecorded, renewed: Renewed, generations: Generations) {
+    /// Runs a job (in its own task of `run`'s group); when it ends, the next prefetched job starts
+    /// (or, for a generation that gave its place back while it waited on a provider, started
+    /// already). A cancel (`Running.cancel`, or the hand-off as the worker stops) fires the job's
+    /// signal, which cancels its work.
+    private func runJob(_ job: JobAssignment, channel: BusChannel, running: Running, unrecorded: Unrecorded, renewed: Renewed, generations: Generations) async {
         let attempt = job.attempt
         let hooks = EffectRunner.GenerationHooks(
             submitted: { request in
                 generations.submissions.submitted(attempt, request)
                 channel.send(WorkerMessage.submitted(attempt, request))
-                if let next = running.detach(attempt).next {
-                    launch(next, channel: channel, running: running, unrecorded: unrecorded, renewed: renewed, generations: generations)
-                }
+                if let next = running.detach(attempt).next { running.launch(next, on: channel) }
             },
             wait: { interval in try await generations.pokes.wait(attempt, interval) },
             handedOff: { running.isHandedOff(attempt) }
         )
-        let task = Task {
-            let result = await execute(job, channel: channel, running: running, renewed: renewed, hooks: hooks)
-            renewed.forget(attempt)
-            generations.submissions.forget(attempt)
-            generations.pokes.forget(attempt)
-            if running.isHandedOff(attempt) {
-                // Given back as the worker stops: the service queued it again already.
-                running.remove(attempt)
-                return
+        let signal = running.cancelSignal(attempt)
+        let result = await withTaskGroup(of: WorkerMessage?.self) { group in
+            group.addTask { await execute(job, channel: channel, running: running, renewed: renewed, hooks: hooks) }
+            group.addTask {
+                await signal?.wait()
+                return nil
             }
-            let detached = running.isDetached(attempt)
-            finish(attempt, with: result, channel: channel, running: running, unrecorded: unrecorded)
-            if !detached, let next = running.next() {
-                launch(next, channel: channel, running: running, unrecorded: unrecorded, renewed: renewed, generations: generations)
+            // Whichever ends first, the other is cancelled: the job's work by its signal, the
+            // signal's wait by the job's end.
+            var result = WorkerMessage.cancelled(attempt)
+            for await outcome in group {
+                if let outcome { result = outcome }
+                group.cancelAll()
             }
+            return result
         }
-        running.attach(attempt, task)
+        renewed.forget(attempt)
+        generations.submissions.forget(attempt)
+        generations.pokes.forget(attempt)
+        if running.isHandedOff(attempt) {
+            // Given back as the worker stops: the service queued it again already.
+            running.remove(attempt)
+            return
+        }
+        let detached = running.isDetached(attempt)
+        finish(attempt, with: result, channel: channel, running: running, unrecorded: unrecorded)
+        if !detached, let next = running.next() { running.launch(next, on: channel) }
     }
 
     /// Sends an attempt's result, kept until the service says it is recorded.

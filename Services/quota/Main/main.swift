@@ -14,11 +14,12 @@ await ProcessExit.run("quota") { try await BusServiceRunner.run(.quota, translat
         "path": "\(configuration.databasePath)",
         "plans": "\(configuration.plans.plans.keys.sorted().joined(separator: ","))",
     ])
+    // Listed before the resolver that calls through it, so that it stops after it.
+    let jobs = BusClient(configuration: service.client(of: configuration.jobsEndpoint), logger: logger)
     return [
+        jobs,
         StaleReservationResolver(
-            store: store,
-            jobs: BusClient(configuration: service.client(of: configuration.jobsEndpoint), logger: logger),
-            staleAfter: configuration.staleAfter, interval: configuration.staleScanInterval, logger: logger
+            store: store, jobs: jobs, staleAfter: configuration.staleAfter, interval: configuration.staleScanInterval, logger: logger
         ),
     ]
 }

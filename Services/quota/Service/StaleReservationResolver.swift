@@ -30,7 +30,6 @@ public struct StaleReservationResolver: Service {
         await Periodic.run(every: interval, logger: logger, failure: "stale reservation scan failed") {
             try await resolve(now: Date())
         }
-        await jobs.shutdown()
     }
 
     /// One scan: returns how many reservations were settled.

@@ -3,7 +3,8 @@ import Messages
 import ServiceKit
 import ServiceLifecycle
 
-/// The gateway's bus clients, one per service, shut down after the HTTP server stops.
+/// The gateway's bus clients, one per service. They run as one of the application's services (so
+/// that they stop after the HTTP server), or for a scope with `running(_:)`.
 public struct ServiceClients: Service {
     public let quota: BusClient
     public let history: BusClient
@@ -44,14 +45,18 @@ public struct ServiceClients: Service {
         }
     }
 
-    /// Waits for graceful shutdown, then closes every client.
-    public func run() async throws {
-        try? await gracefulShutdown()
-        await shutdown()
+    /// Runs every client until the task is cancelled or the service group shuts down gracefully.
+    public func run() async {
+        await withDiscardingTaskGroup { group in
+            for service in ServiceName.allCases {
+                let client = client(for: service)
+                group.addTask { await client.run() }
+            }
+        }
     }
 
-    /// Closes every client; calls still waiting fail with `unavailable`.
-    public func shutdown() async {
-        for service in ServiceName.allCases { await client(for: service).shutdown() }
+    /// Runs every client for the duration of `body`.
+    public func running<T>(isolation: isolated (any Actor)? = #isolation, _ body: () async throws -> T) async throws -> T {
+        try await whileRunning(isolation: isolation, { await run() }, body)
     }
 }
