@@ -1,22 +1,54 @@
 import Bus
 import Foundation
 import Logging
+import Synchronization
 
 /// Reads configuration from environment variables, each with a default that runs on one machine.
 public struct Environment: Sendable {
     /// Every variable, as given.
     public let values: [String: String]
+    /// The names asked for, when `keysRead(by:)` records them.
+    private let reads: Reads?
 
     /// The process's environment.
-    public init() { values = ProcessInfo.processInfo.environment }
+    public init() {
+        values = ProcessInfo.processInfo.environment
+        reads = nil
+    }
 
     /// A given set of variables, for tests.
-    public init(_ values: [String: String]) { self.values = values }
+    public init(_ values: [String: String]) {
+        self.values = values
+        reads = nil
+    }
+
+    private init(_ values: [String: String], reads: Reads) {
+        self.values = values
+        self.reads = reads
+    }
+
+    private final class Reads: Sendable {
+        let names = Mutex<Set<String>>([])
+    }
+
+    /// The variables `read` asks for of an environment holding `values` (whatever it throws):
+    /// so that a configuration's list of its variables can be checked against what it reads.
+    public static func keysRead(with values: [String: String] = [:], by read: (Environment) throws -> Void) -> Set<String> {
+        let reads = Reads()
+        _ = try? read(Environment(values, reads: reads))
+        return reads.names.withLock { $0 }
+    }
+
+    /// The raw value of `key`, unset and empty alike nil.
+    private func value(_ key: String) -> String? {
+        _ = reads?.names.withLock { $0.insert(key) }
+        guard let value = values[key], !value.isEmpty else { return nil }
+        return value
+    }
 
     /// The value of `key`, or `defaultValue` when it is unset or empty.
     public func string(_ key: String, default defaultValue: String) -> String {
-        guard let value = values[key], !value.isEmpty else { return defaultValue }
-        return value
+        value(key) ?? defaultValue
     }
 
     /// The least severe log level printed (`LOG_LEVEL`, default `info`); every process reads it
@@ -41,7 +73,7 @@ public struct Environment: Sendable {
 
     /// The integer value of `key`, or `defaultValue` when unset; an unparsable value is an error.
     public func int(_ key: String, default defaultValue: Int) throws -> Int {
-        guard let value = values[key], !value.isEmpty else { return defaultValue }
+        guard let value = value(key) else { return defaultValue }
         guard let number = Int(value) else { throw ConfigurationError(key: key, value: value, expected: "an integer") }
         return number
     }
@@ -49,7 +81,7 @@ public struct Environment: Sendable {
     /// The value of `key` as a boolean (`true`/`false`, `1`/`0`, `yes`/`no`), or `defaultValue`
     /// when unset or empty.
     public func bool(_ key: String, default defaultValue: Bool) throws -> Bool {
-        guard let value = values[key]?.lowercased(), !value.isEmpty else { return defaultValue }
+        guard let value = value(key)?.lowercased() else { return defaultValue }
         switch value {
         case "true", "1", "yes": return true
         case "false", "0", "no": return false
@@ -59,8 +91,7 @@ public struct Environment: Sendable {
 
     /// The value of `key` or nil when unset or empty.
     public func optional(_ key: String) -> String? {
-        guard let value = values[key], !value.isEmpty else { return nil }
-        return value
+        value(key)
     }
 }
 

@@ -1,9 +1,14 @@
+import Blobs
 import Bus
+import HistoryService
+import JobsService
+import QuotaService
 import GatewayApp
 import Messages
 import ServiceKit
 import Testing
 import WorkerKit
+import ZeroMQ
 
 /// The settings every process shares are read by one parser each (`Environment.logLevel`,
 /// `Environment.busEncoding`): every process takes the same values, and a malformed one stops
@@ -40,6 +45,58 @@ struct ConfigurationTests {
                     (error as? ConfigurationError).map { $0.key == key && $0.value == value } ?? false
                 }
             }
+        }
+    }
+}
+
+/// Each process's list of its variables (the README's tables and `compose.yaml` are checked
+/// against these lists) is exactly what its configuration reads: a variable read and not
+/// listed, or listed and never read, fails here.
+@Suite("Configuration variables")
+struct ConfigurationVariablesTests {
+    /// Values that make the optional parts read their variables too.
+    static let variants: [[String: String]] = [
+        [:], ["APP_ATTEST_APP_ID": "ABCDE12345.com.example.photoedit"],
+        ["BUS_CURVE_PUBLIC": try! ZMQCurveKeyPair.generate().publicKey],
+    ]
+
+    /// What a bus service's main reads: its shared settings, and whether its endpoint may be
+    /// plain where other machines reach it.
+    static func service(_ service: ServiceName, _ environment: Environment) throws {
+        _ = try ServiceConfiguration(service: service, environment: environment)
+        try BusSecurity.checkExposure("tcp://0.0.0.0:1", variable: service.bindVariable, curve: false, environment: environment)
+    }
+
+    static func check(_ name: String, listed: [String], storeKeys: [String] = [], read: (Environment) throws -> Void) {
+        var seen = Set<String>()
+        for values in variants { seen.formUnion(Environment.keysRead(with: values, by: read)) }
+        let listed = Set(listed)
+        #expect(seen.subtracting(listed).isEmpty, "\(name) reads \(seen.subtracting(listed).sorted()) without listing them")
+        // The blob store's settings are read by BlobStoreConfiguration from the raw values.
+        let unread = listed.subtracting(seen).subtracting(storeKeys)
+        #expect(unread.isEmpty, "\(name) lists \(unread.sorted()) but never reads them")
+    }
+
+    @Test func everyProcessListsExactlyTheVariablesItReads() {
+        Self.check("gateway", listed: GatewayConfiguration.environmentKeys, storeKeys: BlobStoreConfiguration.environmentKeys) {
+            _ = try GatewayConfiguration(environment: $0)
+        }
+        Self.check("worker", listed: WorkerConfiguration.environmentKeys) {
+            _ = try ProviderSettings(environment: $0)
+            _ = try WorkerConfiguration(environment: $0)
+        }
+        Self.check("quota", listed: QuotaConfiguration.environmentKeys + ServiceConfiguration.environmentKeys(for: .quota)) {
+            try? Self.service(.quota, $0)
+            _ = try QuotaConfiguration(environment: $0, dataDirectory: "/tmp")
+        }
+        Self.check("history", listed: HistoryConfiguration.environmentKeys + ServiceConfiguration.environmentKeys(for: .history)) {
+            try? Self.service(.history, $0)
+            _ = try HistoryConfiguration(environment: $0, dataDirectory: "/tmp")
+        }
+        Self.check("jobs", listed: JobsConfiguration.environmentKeys + ServiceConfiguration.environmentKeys(for: .jobs),
+                   storeKeys: BlobStoreConfiguration.environmentKeys) {
+            try? Self.service(.jobs, $0)
+            _ = try JobsConfiguration(environment: $0, dataDirectory: "/tmp")
         }
     }
 }

@@ -32,7 +32,9 @@ struct GatewayQuotaTests {
     /// The gateway wired to a real quota process.
     func withGateway(_ body: @Sendable (any TestClientProtocol, BusClient) async throws -> Void) async throws {
         let services = try RunningServices(only: [.quota])
-        let configuration = GatewayConfiguration(endpoints: services.endpoints, jwtSecret: Self.secret, adminToken: Self.adminToken)
+        let configuration = try GatewayConfiguration(environment: Environment(
+            ["JWT_SECRET": Self.secret, "ADMIN_TOKEN": Self.adminToken].merging(services.endpointVariables) { _, new in new }
+        ))
         let clients = ServiceClients(configuration: configuration)
         do {
             try await clients.running {

@@ -10,7 +10,9 @@ import Testing
 struct GatewayReadinessTests {
     /// Runs `body` with the gateway's router wired to the given endpoints, and its bus clients.
     func gateway(endpoints: [ServiceName: String], _ body: (any ApplicationProtocol, ServiceClients) async throws -> Void) async throws {
-        let configuration = GatewayConfiguration(endpoints: endpoints, readinessTimeout: .milliseconds(500))
+        let configuration = try GatewayConfiguration(environment: Environment(
+            Dictionary(uniqueKeysWithValues: endpoints.map { ($0.key.endpointVariable, $0.value) })
+        ))
         let clients = ServiceClients(configuration: configuration)
         let authenticator = try await Authenticator(jwtSecret: nil, adminToken: nil)
         let streams = JobStreams(jobs: clients.jobs, perUser: configuration.streamsPerUser, total: configuration.streamsTotal, logger: Logger(label: "test"))

@@ -82,13 +82,11 @@ final class JobSystem: @unchecked Sendable {
         }
         let port = providerPort
         self.store = store
-        var s3 = try store == .s3 ? TestS3.configuration() : nil
         var environment = try store == .s3 ? TestS3.environment() : [:]
         if hostAddress != "127.0.0.1", var endpoint = URLComponents(string: environment["S3_ENDPOINT"] ?? "") {
             // The store as the other host reaches it: every presigned URL names this address.
             endpoint.host = hostAddress
             environment["S3_ENDPOINT"] = endpoint.string
-            s3?.endpoint = endpoint.url!
         }
         storeEnvironment = environment
         let load = providerLoad
@@ -109,13 +107,11 @@ final class JobSystem: @unchecked Sendable {
             "URL_SIGNING_SECRET": Self.signingSecret, "PUBLIC_BASE_URL": "http://\(hostAddress):\(gatewayPort)",
         ].merging(storeEnvironment) { _, new in new }.merging((curve[.jobs] ?? [:])) { _, new in new }.merging(jobs) { _, new in new })
         try services.start(.history, extra: (curve[.history] ?? [:]).merging(history) { _, new in new })
-        var configuration = GatewayConfiguration(
-            endpoints: services.endpoints, jwtSecret: Self.secret, adminToken: Self.adminToken,
-            blobDirectory: services.dataDirectory.appendingPathComponent("blobs").path,
-            urlSigningSecret: Self.signingSecret, publicBaseURL: "http://\(hostAddress):\(gatewayPort)", uploadMaxBytes: uploadMaxBytes,
-            shareLifetime: shareLifetime, blobStore: s3.map { .s3($0) }
-        )
-        configuration.curve = try BusSecurity.clientKeys(Environment((curve[.gateway] ?? [:])))
+        let configuration = try GatewayConfiguration(environment: Environment([
+            "JWT_SECRET": Self.secret, "ADMIN_TOKEN": Self.adminToken, "BLOB_DIR": services.dataDirectory.appendingPathComponent("blobs").path,
+            "URL_SIGNING_SECRET": Self.signingSecret, "PUBLIC_BASE_URL": "http://\(hostAddress):\(gatewayPort)",
+            "UPLOAD_MAX_BYTES": "\(uploadMaxBytes)", "SHARE_TTL_S": "\(shareLifetime)",
+        ].merging(services.endpointVariables) { _, new in new }.merging(storeEnvironment) { _, new in new }.merging(curve[.gateway] ?? [:]) { _, new in new }))
         self.configuration = configuration
         clients = ServiceClients(configuration: configuration)
         let clients = clients

@@ -128,6 +128,10 @@ final class RunningServices: @unchecked Sendable {
     // @unchecked: mutated only by the test that owns it, one step at a time.
     var processes: [ServiceName: ServiceProcess] = [:]
     let endpoints: [ServiceName: String]
+    /// The endpoints as a caller's variables (`QUOTA_ENDPOINT`, …).
+    var endpointVariables: [String: String] {
+        Dictionary(uniqueKeysWithValues: endpoints.map { ($0.key.endpointVariable, $0.value) })
+    }
     let dataDirectory: URL
 
     /// Starts `only` those services (all by default), each on a free port, their data in

@@ -54,89 +54,42 @@ public struct GatewayConfiguration: Sendable {
     public var openAPIFile: String?
     /// What a client may hold of the gateway (`HTTP_IDLE_TIMEOUT_S`, 60; `HTTP_BODY_MIN_BYTES_PER_S`,
     /// 1024; `HTTP_BODY_GRACE_S`, 10; `HTTP_MAX_CONNECTIONS`, 10,000): see `ClientLimits`.
-    public var clientLimits = ClientLimits()
+    public var clientLimits: ClientLimits
     /// The proxies whose `X-Forwarded-For` is believed (`TRUSTED_PROXIES`, CIDRs): see `ClientNetworks`.
-    public var clientNetworks = try! ClientNetworks(trustedProxies: nil)
+    public var clientNetworks: ClientNetworks
     /// CURVE keys for the bus (`BUS_CURVE_PUBLIC`); nil for plain traffic.
     public var curve: CurveClientKeys?
     /// How its bus calls write bodies (`BUS_ENCODING`, default binary).
-    public var busEncoding: BusEncoding = .binary
+    public var busEncoding: BusEncoding
     /// Apple App Attest at guest sign-up (`APP_ATTEST_APP_ID`, `APP_ATTEST_ENVIRONMENT`,
     /// `APP_ATTEST_REQUIRED`); nil: off. See `AttestationController`.
     public var appAttest: AppAttestSettings?
 
-    public init(
-        host: String = "127.0.0.1",
-        port: Int = 8080,
-        endpoints: [ServiceName: String] = [:],
-        busTimeout: Duration = .seconds(5),
-        readinessTimeout: Duration = .milliseconds(500),
-        logLevel: Logger.Level = .info,
-        jwtSecret: String? = nil,
-        adminToken: String? = nil,
-        blobDirectory: String = ".data/blobs",
-        urlSigningSecret: String = "development-url-signing-secret",
-        publicBaseURL: String? = nil,
-        uploadMaxBytes: Int = 20 << 20,
-        signedURLLifetime: Int = 900,
-        shareLifetime: Int = 7 * 86_400,
-        imageMaxPixels: Int = 50_000_000,
-        streamsPerUser: Int = 8,
-        streamsTotal: Int = 4_000,
-        uploadsRequireQuota: Bool = true,
-        adaptyWebhookSecret: String? = nil,
-        openAPIFile: String? = nil,
-        blobStore: BlobStoreConfiguration.Store? = nil
-    ) {
-        self.host = host
-        self.port = port
-        self.endpoints = Dictionary(uniqueKeysWithValues: ServiceName.allCases.map { ($0, endpoints[$0] ?? $0.defaultEndpoint) })
-        self.busTimeout = busTimeout
-        self.readinessTimeout = readinessTimeout
-        self.logLevel = logLevel
-        self.jwtSecret = jwtSecret
-        self.adminToken = adminToken
-        self.blobStore = blobStore ?? .folder(URL(fileURLWithPath: blobDirectory))
-        self.urlSigningSecret = urlSigningSecret
-        self.publicBaseURL = publicBaseURL ?? "http://\(host):\(port)"
-        self.uploadMaxBytes = uploadMaxBytes
-        self.signedURLLifetime = signedURLLifetime
-        self.shareLifetime = shareLifetime
-        self.imageMaxPixels = imageMaxPixels
-        self.streamsPerUser = streamsPerUser
-        self.streamsTotal = streamsTotal
-        self.uploadsRequireQuota = uploadsRequireQuota
-        self.adaptyWebhookSecret = adaptyWebhookSecret
-        self.openAPIFile = openAPIFile
-    }
-
-    /// Reads the configuration from `environment`.
+    /// Reads the configuration from `environment`: every default is written here, once. A
+    /// malformed value throws a `ConfigurationError` naming its variable.
     public init(environment: Environment) throws {
-        self.init(
-            host: environment.string("GATEWAY_HOST", default: "127.0.0.1"),
-            port: try environment.int("GATEWAY_PORT", default: 8080),
-            endpoints: Dictionary(uniqueKeysWithValues: ServiceName.allCases.map {
-                ($0, environment.string($0.endpointVariable, default: $0.defaultEndpoint))
-            }),
-            busTimeout: .milliseconds(try environment.int("BUS_TIMEOUT_MS", default: 5000)),
-            readinessTimeout: .milliseconds(try environment.int("READY_TIMEOUT_MS", default: 500)),
-            logLevel: try environment.logLevel(),
-            jwtSecret: environment.optional("JWT_SECRET"),
-            adminToken: environment.optional("ADMIN_TOKEN"),
-            blobDirectory: environment.string("BLOB_DIR", default: environment.string("DATA_DIR", default: ".data") + "/blobs"),
-            urlSigningSecret: environment.string("URL_SIGNING_SECRET", default: "development-url-signing-secret"),
-            publicBaseURL: environment.optional("PUBLIC_BASE_URL"),
-            uploadMaxBytes: try environment.int("UPLOAD_MAX_BYTES", default: 20 << 20),
-            signedURLLifetime: try environment.int("SIGNED_URL_TTL_S", default: 900),
-            shareLifetime: try environment.int("SHARE_TTL_S", default: 7 * 86_400),
-            imageMaxPixels: try environment.int("IMAGE_MAX_PIXELS", default: 50_000_000),
-            streamsPerUser: try environment.int("SSE_MAX_PER_USER", default: 8),
-            streamsTotal: try environment.int("SSE_MAX_STREAMS", default: 4_000),
-            uploadsRequireQuota: try environment.bool("UPLOADS_REQUIRE_QUOTA", default: true),
-            adaptyWebhookSecret: environment.optional("ADAPTY_WEBHOOK_SECRET"),
-            openAPIFile: environment.optional("OPENAPI_FILE"),
-            blobStore: try BlobStoreConfiguration(environment: environment.values).store
-        )
+        host = environment.string("GATEWAY_HOST", default: "127.0.0.1")
+        port = try environment.int("GATEWAY_PORT", default: 8080)
+        endpoints = Dictionary(uniqueKeysWithValues: ServiceName.allCases.map {
+            ($0, environment.string($0.endpointVariable, default: $0.defaultEndpoint))
+        })
+        busTimeout = .milliseconds(try environment.int("BUS_TIMEOUT_MS", default: 5000))
+        readinessTimeout = .milliseconds(try environment.int("READY_TIMEOUT_MS", default: 500))
+        logLevel = try environment.logLevel()
+        jwtSecret = environment.optional("JWT_SECRET")
+        adminToken = environment.optional("ADMIN_TOKEN")
+        blobStore = try BlobStoreConfiguration(environment: environment.values).store
+        urlSigningSecret = environment.string("URL_SIGNING_SECRET", default: "development-url-signing-secret")
+        publicBaseURL = environment.optional("PUBLIC_BASE_URL") ?? "http://\(host):\(port)"
+        uploadMaxBytes = try environment.int("UPLOAD_MAX_BYTES", default: 20 << 20)
+        signedURLLifetime = try environment.int("SIGNED_URL_TTL_S", default: 900)
+        shareLifetime = try environment.int("SHARE_TTL_S", default: 7 * 86_400)
+        imageMaxPixels = try environment.int("IMAGE_MAX_PIXELS", default: 50_000_000)
+        streamsPerUser = try environment.int("SSE_MAX_PER_USER", default: 8)
+        streamsTotal = try environment.int("SSE_MAX_STREAMS", default: 4_000)
+        uploadsRequireQuota = try environment.bool("UPLOADS_REQUIRE_QUOTA", default: true)
+        adaptyWebhookSecret = environment.optional("ADAPTY_WEBHOOK_SECRET")
+        openAPIFile = environment.optional("OPENAPI_FILE")
         curve = try BusSecurity.clientKeys(environment)
         busEncoding = try environment.busEncoding()
         clientNetworks = try ClientNetworks(trustedProxies: environment.optional("TRUSTED_PROXIES"))
