@@ -21,8 +21,15 @@ import ZeroMQ
 public final class BusClient: Sendable, Service {
     /// How a client connects and how much it may hold.
     public struct Configuration: Sendable {
-        /// The service's endpoint, such as `tcp://127.0.0.1:7101`, `ipc:///tmp/quota` or `inproc://quota`.
+        /// The service's endpoint, such as `tcp://127.0.0.1:7101`, `ipc:///tmp/quota` or
+        /// `inproc://quota`; or its replicas' endpoints, separated by commas: calls are spread
+        /// over those connected (libzmq's DEALER sends to its peers in turn), and a retry-safe
+        /// call whose connection broke is sent again, to another.
         public var endpoint: String
+        /// Each endpoint of `endpoint`.
+        public var endpoints: [String] {
+            endpoint.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+        }
         /// The deadline of a call that names none.
         public var defaultTimeout: Duration
         /// The most calls waiting for replies at once; past it a call fails `overloaded` at once.
@@ -149,7 +156,17 @@ public final class BusClient: Sendable, Service {
         } catch {
             throw BusError(.badRequest, "cannot encode \(Request.self): \(error)")
         }
-        switch await send(method: method.name, body: body, timeout: timeout ?? configuration.defaultTimeout) {
+        let deadline = ContinuousClock.now.advanced(by: timeout ?? configuration.defaultTimeout)
+        var outcome = await send(method: method.name, body: body, timeout: ContinuousClock.now.duration(to: deadline))
+        // A replica died with the call in flight: a retry-safe call goes again (to another
+        // replica, if the endpoint names several), within the same deadline.
+        var retries = 0
+        while case .failure(let error) = outcome, error.code == .connectionLost, method.retrySafe, retries < Self.maxRetries,
+              ContinuousClock.now < deadline {
+            retries += 1
+            outcome = await send(method: method.name, body: body, timeout: ContinuousClock.now.duration(to: deadline))
+        }
+        switch outcome {
         case .failure(let error):
             throw error
         case .reply(let bytes, let encoding):
@@ -160,6 +177,9 @@ public final class BusClient: Sendable, Service {
             }
         }
     }
+
+    /// How many times a retry-safe call is sent again after `connection_lost`.
+    static let maxRetries = 2
 
     /// Sends already-encoded frames; the seam `call` and tests of raw bodies share.
     func send(method: String, body: [UInt8], encoding: BusEncoding? = nil, timeout: Duration) async -> Outcome {
@@ -237,7 +257,10 @@ public final class BusClient: Sendable, Service {
             if let curve = configuration.curve {
                 try socket.setCurveClient(serverKey: curve.serverPublicKey, publicKey: curve.publicKey, secretKey: curve.secretKey)
             }
-            try socket.connect(configuration.endpoint)
+            // Replicas: nothing is queued for one that is down (the others take the calls); a
+            // single service's calls wait for it to come back, as before.
+            if configuration.endpoints.count > 1 { try socket.setImmediate(true) }
+            for endpoint in configuration.endpoints { try socket.connect(endpoint) }
         } catch {
             logger.error("bus client cannot connect", metadata: ["endpoint": "\(configuration.endpoint)", "error": "\(error)"])
             stop(reason: BusError(.unavailable, "cannot connect to \(configuration.endpoint): \(error)", retryable: false))

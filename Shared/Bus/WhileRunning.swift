@@ -1,6 +1,7 @@
 /// Runs `background` (a client's or a channel's I/O, a service's loop) beside `body`, and cancels
 /// and awaits it when `body` returns or throws: the scoped lifetime of `withBusClient`,
 /// `BusChannel.running` and the gateway's clients.
+@discardableResult
 public func whileRunning<T>(
     isolation: isolated (any Actor)? = #isolation, _ background: @escaping @Sendable () async -> Void, _ body: () async throws -> T
 ) async throws -> T {

@@ -6,10 +6,16 @@ public struct BusMethod<Request: Codable & Sendable, Reply: Codable & Sendable>:
     /// The callers that may call it. Declared with the method (no default), so a new method
     /// cannot forget to; enforced when callers are known by key (`BUS_CURVE_CLIENTS`).
     public let roles: Set<BusRole>
+    /// Whether a call may be sent again when the connection it went out on broke before the
+    /// reply (`connection_lost`): true for reads and for writes that are idempotent by a key the
+    /// request carries (a job id, an event id). Against a service's replicas, the call is then
+    /// retried on another (`BusClient`).
+    public let retrySafe: Bool
 
-    public init(_ name: String, roles: Set<BusRole>) {
+    public init(_ name: String, roles: Set<BusRole>, retrySafe: Bool = false) {
         self.name = name
         self.roles = roles
+        self.retrySafe = retrySafe
     }
 }
 

@@ -5,4 +5,7 @@ public enum FixtureMethods {
     public static let echo = BusMethod<String, String>("fixture.echo", roles: Set(BusRole.known))
     /// Waits the given number of milliseconds, then answers with it.
     public static let sleep = BusMethod<Int, Int>("fixture.sleep", roles: Set(BusRole.known))
+    /// Waits the given number of milliseconds, then answers with the process id of the replica
+    /// that answered; safe to send again.
+    public static let replica = BusMethod<Int, Int32>("fixture.replica", roles: Set(BusRole.known), retrySafe: true)
 }

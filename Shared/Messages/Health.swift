@@ -1,7 +1,7 @@
 /// The `health` method every service answers.
 public enum Health {
     /// Asks a service who it is and how long it has been up.
-    public static let check = BusMethod<Empty, HealthReport>("health", roles: BusRole.services)
+    public static let check = BusMethod<Empty, HealthReport>("health", roles: BusRole.services, retrySafe: true)
 }
 
 /// A service's answer to `health`.

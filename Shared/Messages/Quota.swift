@@ -4,30 +4,30 @@ import Foundation
 public enum Quota {
     /// Reserves `cost` units for a job against the user's daily and monthly windows, atomically.
     /// Reserving the same job id again returns the first admission and charges nothing more.
-    public static let reserve = BusMethod<ReserveQuota, QuotaDecision>("quota.reserve", roles: [.gateway])
+    public static let reserve = BusMethod<ReserveQuota, QuotaDecision>("quota.reserve", roles: [.gateway], retrySafe: true)
     /// Confirms a reservation: the job completed. Idempotent.
-    public static let commit = BusMethod<ChargeReference, Charge>("quota.commit", roles: [.jobs, .operator])
+    public static let commit = BusMethod<ChargeReference, Charge>("quota.commit", roles: [.jobs, .operator], retrySafe: true)
     /// Gives a reservation's units back to the windows they were charged in. Idempotent.
-    public static let release = BusMethod<ChargeReference, Charge>("quota.release", roles: [.gateway, .jobs, .operator])
+    public static let release = BusMethod<ChargeReference, Charge>("quota.release", roles: [.gateway, .jobs, .operator], retrySafe: true)
     /// A user's plan, usage and limits, without charging.
-    public static let status = BusMethod<UserReference, QuotaStatus>("quota.status", roles: [.gateway, .history, .operator])
+    public static let status = BusMethod<UserReference, QuotaStatus>("quota.status", roles: [.gateway, .history, .operator], retrySafe: true)
     /// Admin: sets a user's plan and, optionally, time zone.
-    public static let setPlan = BusMethod<SetPlan, QuotaStatus>("quota.set-plan", roles: [.gateway, .operator])
+    public static let setPlan = BusMethod<SetPlan, QuotaStatus>("quota.set-plan", roles: [.gateway, .operator], retrySafe: true)
     /// Admin: a user's usage and recent charges.
-    public static let usage = BusMethod<UserReference, UserUsage>("quota.usage", roles: [.gateway, .operator])
+    public static let usage = BusMethod<UserReference, UserUsage>("quota.usage", roles: [.gateway, .operator], retrySafe: true)
     /// The plan catalogue: limits and history retention of each plan.
-    public static let plans = BusMethod<Empty, [PlanDescription]>("quota.plans", roles: [.gateway, .history, .operator])
+    public static let plans = BusMethod<Empty, [PlanDescription]>("quota.plans", roles: [.gateway, .history, .operator], retrySafe: true)
     /// Applies a subscription event from the app store side (a purchase, renewal, expiry or
     /// refund): once per event id, and only if it is not older than the last one applied for
     /// the user. Durable before it answers.
-    public static let applySubscription = BusMethod<SubscriptionEvent, SubscriptionOutcome>("quota.apply-subscription", roles: [.gateway, .operator])
+    public static let applySubscription = BusMethod<SubscriptionEvent, SubscriptionOutcome>("quota.apply-subscription", roles: [.gateway, .operator], retrySafe: true)
     /// Admits a guest id seen for the first time from a client network, or refuses it past the
     /// network's limit of new guests an hour. A guest id admitted before is admitted again.
-    public static let admitGuest = BusMethod<AdmitGuest, GuestAdmission>("quota.admit-guest", roles: [.gateway])
+    public static let admitGuest = BusMethod<AdmitGuest, GuestAdmission>("quota.admit-guest", roles: [.gateway], retrySafe: true)
     /// Binds an App Attest key (verified by the gateway) to a guest id: the guest is admitted
     /// whatever its network's count of new guests, and its jobs no longer draw on its network's
     /// shared credits. A key belongs to one guest; a guest's new key replaces its old one.
-    public static let attestGuest = BusMethod<AttestGuest, GuestAttestation>("quota.attest-guest", roles: [.gateway])
+    public static let attestGuest = BusMethod<AttestGuest, GuestAttestation>("quota.attest-guest", roles: [.gateway], retrySafe: true)
 
     /// Error codes the quota service answers with.
     public enum ErrorCode {

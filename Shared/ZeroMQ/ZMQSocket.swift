@@ -211,6 +211,10 @@ public final class ZMQSocket {
     /// Makes a ROUTER report unroutable messages as `hostUnreachable` (`ZMQ_ROUTER_MANDATORY`).
     public func setRouterMandatory(_ on: Bool) throws(ZMQError) { try setOption(ZMQ_ROUTER_MANDATORY, Int32(on ? 1 : 0)) }
 
+    /// Queues messages only on completed connections (`ZMQ_IMMEDIATE`): a DEALER connected to
+    /// several peers then sends nothing to one that is down and reconnecting.
+    public func setImmediate(_ on: Bool) throws(ZMQError) { try setOption(ZMQ_IMMEDIATE, Int32(on ? 1 : 0)) }
+
     /// Makes this socket a CURVE server with `secretKey` (32 bytes): `ZMQ_CURVE_SERVER`, `ZMQ_CURVE_SECRETKEY`.
     /// Sets the ZAP domain (`ZMQ_ZAP_DOMAIN`): the authentication handler sees it with each
     /// connection and may admit different callers on different sockets.

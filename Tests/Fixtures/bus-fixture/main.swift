@@ -1,9 +1,11 @@
 import Bus
+import Foundation
 import Messages
 import ServiceKit
 
 // A bus service process for the system tests: the real service runner (configuration, logging,
-// health, SIGTERM handling) with two test methods, `fixture.echo` and `fixture.sleep`.
+// health, SIGTERM handling) with its test methods, `fixture.echo`, `fixture.sleep` and
+// `fixture.replica`.
 // It runs as the `jobs` service, so `JOBS_BIND` says where it listens.
 
 await ProcessExit.run("bus-fixture") {
@@ -13,6 +15,11 @@ await ProcessExit.run("bus-fixture") {
         context.logger.info("sleeping", metadata: ["ms": "\(milliseconds)"])
         try await Task.sleep(for: .milliseconds(milliseconds))
         return milliseconds
+    }
+    router.register(FixtureMethods.replica) { milliseconds, context in
+        context.logger.info("replica call", metadata: ["ms": "\(milliseconds)"])
+        try await Task.sleep(for: .milliseconds(milliseconds))
+        return getpid()
     }
     return []
     }
