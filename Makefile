@@ -16,14 +16,14 @@ run: deps
 
 ## Builds everything (services, fixtures, tests), runs the bus tests (alone: they time requests
 ## in milliseconds), then the rest of the suite beside a RADOS Gateway of its own (scripts/with-s3.sh: Ceph's S3 server from Debian, in a temporary folder on a free
-## port, stopped after), then the contract conformance run (schemathesis against openapi.yaml on a
+## port, stopped after) and a PostgreSQL of its own (scripts/with-postgres.sh: Debian's PostgreSQL 15, likewise), then the contract conformance run (schemathesis against openapi.yaml on a
 ## live stack), then 30 s of loadtest under chaos on a stack of its own (fails on any broken
 ## invariant), and the chaos check again with BLOB_STORE=s3 (the RADOS Gateway killed too).
 test: deps
 	swift build --build-tests
 	swift build --product swift-openapi-generator
 	swift test --skip-build --filter BusTests
-	scripts/with-s3.sh swift test --skip-build --skip BusTests
+	scripts/with-s3.sh scripts/with-postgres.sh swift test --skip-build --skip BusTests
 	scripts/conformance.sh
 	scripts/chaos-check.sh
 	BLOB_STORE=s3 scripts/chaos-check.sh

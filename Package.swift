@@ -35,6 +35,7 @@ let package = Package(
         .package(url: "https://github.com/jpsim/Yams.git", from: "6.2.2"),
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
+        .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
         .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.8.0"),
         .package(url: "https://github.com/apple/swift-crypto.git", "4.0.0"..<"5.0.0"),
         .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
@@ -145,7 +146,11 @@ let package = Package(
         // Opening a service's SQLite file durably (WAL, synchronous=FULL), group commit, background checkpoints.
         .target(
             name: "Storage",
-            dependencies: ["Messages", "Bus", .product(name: "GRDB", package: "GRDB.swift")],
+            dependencies: [
+                "Messages", "Bus", .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
             path: "Shared/Storage",
             swiftSettings: swiftSettings
         ),
@@ -154,6 +159,7 @@ let package = Package(
             dependencies: [
                 "QuotaCore", "Messages", "Bus", "ServiceKit", "Storage",
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -162,7 +168,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "quota",
-            dependencies: ["QuotaService", "ServiceKit", "Storage"],
+            dependencies: ["QuotaService", "ServiceKit", "Storage", .product(name: "ServiceLifecycle", package: "swift-service-lifecycle")],
             path: "Services/quota/Main",
             swiftSettings: swiftSettings
         ),
@@ -341,6 +347,17 @@ let package = Package(
             path: "Tools/loadtest",
             swiftSettings: swiftSettings
         ),
+        // What the test suites share: the test PostgreSQL the scripts start.
+        .target(
+            name: "TestSupport",
+            dependencies: [
+                "Bus", "Storage",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Tests/TestSupport",
+            swiftSettings: swiftSettings
+        ),
         .testTarget(
             name: "LoadTestTests",
             dependencies: ["loadtest", "Blobs", .product(name: "Histogram", package: "hdrhistogram-swift")],
@@ -412,7 +429,7 @@ let package = Package(
         .testTarget(
             name: "QuotaTests",
             dependencies: [
-                "QuotaCore", "QuotaService", "Messages", "Bus", "Storage",
+                "QuotaCore", "QuotaService", "Messages", "Bus", "Storage", "TestSupport",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ],
             path: "Tests/QuotaTests",
@@ -421,6 +438,7 @@ let package = Package(
         .testTarget(
             name: "SystemTests",
             dependencies: [
+                "TestSupport", .product(name: "PostgresNIO", package: "postgres-nio"),
                 "Bus", "Messages", "ZeroMQ", "ServiceKit", "GatewayApp", "AppAttest", "QuotaService", "JobsService", "HistoryService", "WorkerKit", "JobsCore", "ImageOps", "Blobs",
                 "PhotoEditKit",
                 .product(name: "JWTKit", package: "jwt-kit"),

@@ -29,6 +29,28 @@ if [ "${BLOB_STORE:-folder}" = s3 ] && [ -z "${S3_ENDPOINT:-}" ]; then
   source "$S3_DIR/s3.env"
 fi
 
+# STORE=postgres: quota on PostgreSQL (QUOTA_DATABASE_URL; unless set, a local PostgreSQL 15 from
+# Debian's package in $DATA_DIR/postgres on POSTGRES_PORT, default 7432, initdb included), served
+# by QUOTA_REPLICAS quota processes (default 2: on 7101 and 7111), every caller given both.
+PG_DIR=""
+QUOTA_REPLICAS=${QUOTA_REPLICAS:-1}
+if [ "${STORE:-sqlite}" = postgres ]; then
+  if [ -z "${QUOTA_DATABASE_URL:-}" ]; then
+    PG_DIR="$DATA_DIR/postgres"
+    scripts/postgres-server.sh install || exit 1
+    scripts/postgres-server.sh start "$PG_DIR" "${POSTGRES_PORT:-7432}" >/dev/null || exit 1
+    source "$PG_DIR/postgres.env"
+    export QUOTA_DATABASE_URL=$POSTGRES_URL
+  fi
+  [ "$QUOTA_REPLICAS" -gt 1 ] || QUOTA_REPLICAS=2
+  quota_endpoints=""
+  for index in $(seq 1 "$QUOTA_REPLICAS"); do
+    quota_endpoints+="${quota_endpoints:+,}tcp://127.0.0.1:$((7091 + 10 * index))"
+  done
+  export QUOTA_ENDPOINT=$quota_endpoints
+  echo "[run] STORE=postgres: quota on PostgreSQL, $QUOTA_REPLICAS replicas ($QUOTA_ENDPOINT)"
+fi
+
 # The bus runs with CURVE and callers known by key (secure by default): keys made once into
 # $DATA_DIR/bus-keys.env by `photoedit keys`, each process started with its role's key, every
 # service admitting those keys only, each method only from its roles (docs/bus.md). BUS_KEYS=off
@@ -87,10 +109,19 @@ pids=()
 [ -n "${fixture_pid:-}" ] && pids+=("$fixture_pid")
 # Each process's own bus key (empty with BUS_KEYS=off: none).
 key_of() { local variable="$(echo "$1" | tr '[:lower:]' '[:upper:]')_BUS_CURVE_KEY"; echo "${!variable:-}"; }
-for name in quota history jobs gateway; do
+for name in history jobs gateway; do
   BUS_CURVE_KEY=$(key_of "$name") supervise "$name" &
   pids+=($!)
 done
+if [ "$QUOTA_REPLICAS" -gt 1 ]; then
+  for index in $(seq 1 "$QUOTA_REPLICAS"); do
+    QUOTA_BIND="tcp://127.0.0.1:$((7091 + 10 * index))" BUS_CURVE_KEY=$(key_of quota) supervise quota "quota-$index" &
+    pids+=($!)
+  done
+else
+  BUS_CURVE_KEY=$(key_of quota) supervise quota &
+  pids+=($!)
+fi
 for index in $(seq 1 "$WORKERS"); do
   BUS_CURVE_KEY=$(key_of worker) WORKER_ID="worker-$index" supervise worker "worker-$index" &
   pids+=($!)
@@ -118,6 +149,7 @@ shutdown() {
   kill -TERM "${pids[@]}" 2>/dev/null
   wait "${pids[@]}" 2>/dev/null
   [ -n "$S3_DIR" ] && scripts/s3-server.sh stop "$S3_DIR"
+  [ -n "$PG_DIR" ] && scripts/postgres-server.sh stop "$PG_DIR"
   echo "[run] stopped"
   exit 0
 }

@@ -1,6 +1,7 @@
 import Foundation
 import QuotaCore
 import ServiceKit
+import Storage
 
 /// What the quota service reads from the environment beyond every service's settings.
 public struct QuotaConfiguration: Sendable {
@@ -8,6 +9,9 @@ public struct QuotaConfiguration: Sendable {
     public var plans: PlanCatalog
     /// The database file (`QUOTA_DB`, default `$DATA_DIR/quota.sqlite`).
     public var databasePath: String
+    /// PostgreSQL instead of the file (`QUOTA_DATABASE_URL`, `postgres://user:password@host:port/db`):
+    /// any number of quota replicas then serve the same users.
+    public var databaseURL: PostgresLocation?
 
     /// When an unconfirmed reservation counts as stale (`QUOTA_STALE_AFTER_S`, default 120) and
     /// how often they are looked for (`QUOTA_STALE_SCAN_MS`, default 10000).
@@ -17,15 +21,7 @@ public struct QuotaConfiguration: Sendable {
     public var jobsEndpoint: String
     /// New guests a client network may make an hour (`QUOTA_GUESTS_PER_NETWORK_HOUR`, 30) and
     /// the credits its guests share a day (`QUOTA_GUEST_NETWORK_DAILY`, 100; 0: none shared).
-    public var guests = GuestLimits()
-
-    public init(plans: PlanCatalog = .standard, databasePath: String, staleAfter: Duration = .seconds(120), staleScanInterval: Duration = .seconds(10), jobsEndpoint: String = ServiceName.jobs.defaultEndpoint) {
-        self.plans = plans
-        self.databasePath = databasePath
-        self.staleAfter = staleAfter
-        self.staleScanInterval = staleScanInterval
-        self.jobsEndpoint = jobsEndpoint
-    }
+    public var guests: GuestLimits
 
     /// Reads the configuration; `dataDirectory` is the service's `DATA_DIR`.
     public init(environment: Environment, dataDirectory: String) throws {
@@ -37,13 +33,12 @@ public struct QuotaConfiguration: Sendable {
                 throw ConfigurationError(key: "QUOTA_PLANS", value: json, expected: "a JSON plan catalogue (\(error))")
             }
         }
-        self.init(
-            plans: plans,
-            databasePath: environment.string("QUOTA_DB", default: dataDirectory + "/quota.sqlite"),
-            staleAfter: .seconds(try environment.int("QUOTA_STALE_AFTER_S", default: 120)),
-            staleScanInterval: .milliseconds(max(10, try environment.int("QUOTA_STALE_SCAN_MS", default: 10_000))),
-            jobsEndpoint: environment.string(ServiceName.jobs.endpointVariable, default: ServiceName.jobs.defaultEndpoint)
-        )
+        self.plans = plans
+        databasePath = environment.string("QUOTA_DB", default: dataDirectory + "/quota.sqlite")
+        staleAfter = .seconds(try environment.int("QUOTA_STALE_AFTER_S", default: 120))
+        staleScanInterval = .milliseconds(max(10, try environment.int("QUOTA_STALE_SCAN_MS", default: 10_000)))
+        jobsEndpoint = environment.string(ServiceName.jobs.endpointVariable, default: ServiceName.jobs.defaultEndpoint)
+        databaseURL = try environment.optional("QUOTA_DATABASE_URL").map { try PostgresLocation(variable: "QUOTA_DATABASE_URL", url: $0) }
         guests = GuestLimits(
             perNetworkHour: max(0, try environment.int("QUOTA_GUESTS_PER_NETWORK_HOUR", default: 30)),
             networkDaily: max(0, try environment.int("QUOTA_GUEST_NETWORK_DAILY", default: 100))
@@ -52,5 +47,5 @@ public struct QuotaConfiguration: Sendable {
 
     /// The variables `init(environment:dataDirectory:)` reads.
     public static let environmentKeys = ["QUOTA_PLANS", "QUOTA_DB", "QUOTA_STALE_AFTER_S", "QUOTA_STALE_SCAN_MS", "JOBS_ENDPOINT",
-                                         "QUOTA_GUESTS_PER_NETWORK_HOUR", "QUOTA_GUEST_NETWORK_DAILY"]
+                                         "QUOTA_GUESTS_PER_NETWORK_HOUR", "QUOTA_GUEST_NETWORK_DAILY", "QUOTA_DATABASE_URL"]
 }

@@ -9,7 +9,7 @@ import Storage
 public struct QuotaLedger: Sendable {
     public let plans: PlanCatalog
     public let guests: GuestLimits
-    private let windows = WindowCache()
+    let windows = WindowCache()
 
     public init(plans: PlanCatalog = .standard, guests: GuestLimits = GuestLimits()) {
         self.plans = plans
@@ -284,13 +284,13 @@ public struct QuotaLedger: Sendable {
         return charge
     }
 
-    private func validate(user: String) throws {
+    func validate(user: String) throws {
         guard QuotaRules.validId(user) else {
             throw BusError(.badRequest, "user id must be 1 to \(QuotaRules.maxIdLength) bytes without control characters")
         }
     }
 
-    private func validate(job: String) throws {
+    func validate(job: String) throws {
         guard QuotaRules.validId(job) else {
             throw BusError(.badRequest, "job id must be 1 to \(QuotaRules.maxIdLength) bytes without control characters")
         }

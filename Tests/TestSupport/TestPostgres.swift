@@ -1,0 +1,48 @@
+import Bus
+import Foundation
+import Logging
+import PostgresNIO
+import Storage
+
+/// The PostgreSQL the test scripts started (`scripts/with-postgres.sh`, which `make test` uses):
+/// its URL comes in `PHOTOEDIT_TEST_POSTGRES_ENV`, the `postgres.env` file
+/// `scripts/postgres-server.sh` wrote.
+public enum TestPostgres {
+    public struct Missing: Error, CustomStringConvertible {
+        public var description: String { "no test PostgreSQL: run the tests through `make test` or `scripts/with-postgres.sh swift test ...`" }
+    }
+
+    /// The server's own database, where fresh ones are made.
+    public static func location() throws -> PostgresLocation {
+        guard let path = ProcessInfo.processInfo.environment["PHOTOEDIT_TEST_POSTGRES_ENV"],
+              let text = try? String(contentsOfFile: path, encoding: .utf8),
+              let line = text.split(separator: "\n").first(where: { $0.hasPrefix("POSTGRES_URL=") })
+        else { throw Missing() }
+        return try PostgresLocation(url: String(line.dropFirst("POSTGRES_URL=".count)))
+    }
+
+    /// A new, empty database on the test server, for one test: tests never share tables.
+    public static func freshDatabase() async throws -> PostgresLocation {
+        var location = try location()
+        let name = "t_" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "")
+        var logger = Logger(label: "test.postgres")
+        logger.logLevel = .warning
+        try await PostgresPool(location: location, maximumConnections: 1, logger: logger).running { admin in
+            try await admin.client.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)"), logger: logger)
+        }
+        location.database = name
+        return location
+    }
+
+    /// `location` as a URL with its password, as a process is given it (`QUOTA_DATABASE_URL`).
+    public static func url(_ location: PostgresLocation) -> String {
+        "postgres://\(location.username):\(location.password ?? "")@\(location.host):\(location.port)/\(location.database)"
+    }
+
+    /// Runs a pool of `location` for the duration of `body`.
+    public static func withDatabase<T>(_ location: PostgresLocation, _ body: (PostgresPool) async throws -> T) async throws -> T {
+        var logger = Logger(label: "test.postgres")
+        logger.logLevel = .warning
+        return try await PostgresPool(location: location, logger: logger).running(body)
+    }
+}

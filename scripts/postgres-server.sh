@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# A local PostgreSQL 15 (Debian's package) kept in a folder, answering on 127.0.0.1:PORT with
+# password authentication. What `STORE=postgres make run` and the tests run against.
+#
+#   postgres-server.sh install          the Debian packages (root)
+#   postgres-server.sh start DIR PORT   start (initdb first if DIR is new: a `photoedit` role with
+#                                       a random password that may create databases, as the
+#                                       tests do, and a `photoedit` database it owns);
+#                                       writes DIR/postgres.env (POSTGRES_URL=...), prints it
+#   postgres-server.sh stop DIR         stop what was started for DIR (fast shutdown)
+#
+# PostgreSQL will not run as root: as root, the server runs as the `postgres` user the package
+# made, and DIR is handed to it. fsync stays on: the tests check durability.
+set -euo pipefail
+
+die() { echo "postgres-server: $*" >&2; exit 1; }
+bin() {
+    local dir
+    for dir in /usr/lib/postgresql/*/bin; do [ -x "$dir/postgres" ] && { echo "$dir"; return; }; done
+    die "no PostgreSQL server installed: run $0 install"
+}
+as_owner() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+
+case "${1:-}" in
+install)
+    ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && exit 0
+    sudo=""; [ "$(id -u)" -ne 0 ] && sudo=sudo
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq
+    # The server without the cluster Debian would make and start for itself.
+    $sudo mkdir -p /etc/postgresql-common && echo "create_main_cluster = false" | $sudo tee /etc/postgresql-common/createcluster.conf >/dev/null
+    $sudo apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+    exit 0 ;;
+stop)
+    [ -n "${2:-}" ] && [ -d "$2/data" ] || die "usage: $0 stop DIR"
+    dir=$(cd "$2" && pwd)
+    as_owner "$(bin)/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true
+    exit 0 ;;
+start)
+    [ $# -eq 3 ] || die "usage: $0 start DIR PORT" ;;
+*)
+    die "usage: $0 install | start DIR PORT | stop DIR" ;;
+esac
+
+mkdir -p "$2"
+dir=$(cd "$2" && pwd)
+port=$3
+pg=$(bin)
+[ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
+if [ ! -f "$dir/data/PG_VERSION" ]; then
+    password=$(head -c 18 /dev/urandom | base64 | tr -d '/+=')
+    as_owner bash -c "umask 077; echo '$password' > '$dir/password'"
+    as_owner "$pg/initdb" -D "$dir/data" -U postgres --auth-local=trust --auth-host=scram-sha-256 \
+        --pwfile="$dir/password" -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; die "initdb failed"; }
+    fresh=1
+fi
+bind=${POSTGRES_BIND:-127.0.0.1}
+as_owner "$pg/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
+    -o "-p $port -k $dir -c listen_addresses=$bind -c max_connections=200 -c fsync=on" start >/dev/null \
+    || { tail -20 "$dir/postgres.log" >&2; die "the server did not start"; }
+password=$(cat "$dir/password" 2>/dev/null || as_owner cat "$dir/password")
+if [ -n "${fresh:-}" ]; then
+    as_owner "$pg/psql" -h "$dir" -p "$port" -U postgres -d postgres -qAt -v ON_ERROR_STOP=1 \
+        -c "CREATE ROLE photoedit LOGIN CREATEDB PASSWORD '$password'" -c "CREATE DATABASE photoedit OWNER photoedit" >/dev/null
+fi
+echo "POSTGRES_URL=postgres://photoedit:$password@127.0.0.1:$port/photoedit" > "$dir/postgres.env"
+cat "$dir/postgres.env"
