@@ -53,7 +53,8 @@ bench-gateway: deps
 bench-bus: deps
 	@scripts/bench-bus.sh
 
-## Durable quota decisions through the bus against an in-memory Redis limiter.
+## Durable quota decisions through the bus against an in-memory Redis limiter; STORE=postgres: on
+## PostgreSQL with one and two replicas, against Redis with appendfsync always.
 bench-quota: deps
 	@scripts/bench-quota.sh
 

@@ -274,12 +274,15 @@ public final class BusClient: Sendable, Service {
         let wakeIndex = poller.addReadable(fileDescriptor: wakeup.fileDescriptor)
         let monitorIndex = monitor.map { poller.addReadable($0) }
         var timers = Heap<Timer>()
+        var unsent = Deque<Outgoing>()
 
         var stopping = false
         var busy = false
 
         while true {
-            let timeout = busy ? 0 : timers.min.map { Self.milliseconds(until: $0.deadline) } ?? -1
+            var timeout = busy ? 0 : timers.min.map { Self.milliseconds(until: $0.deadline) } ?? -1
+            // Requests no replica could take yet are tried again every few milliseconds.
+            if !unsent.isEmpty { timeout = timeout < 0 ? Self.unsentRetryMilliseconds : min(timeout, Self.unsentRetryMilliseconds) }
             do {
                 _ = try poller.poll(timeoutMilliseconds: timeout)
             } catch {
@@ -297,8 +300,14 @@ public final class BusClient: Sendable, Service {
                 state.outbox.removeAll(keepingCapacity: true)
                 return (batch, state.stopping)
             }
-            for item in batch {
-                sendRequest(item, on: socket, timers: &timers)
+            if !unsent.isEmpty {
+                let waiting = unsent
+                unsent.removeAll(keepingCapacity: true)
+                let live = state.withLock { state in waiting.filter { state.pending[$0.id] != nil } }  // not cancelled meanwhile
+                for item in live where !sendRequest(item, on: socket, timers: &timers) { unsent.append(item) }
+            }
+            for item in batch where !sendRequest(item, on: socket, timers: &timers) {
+                unsent.append(item)
             }
             receiveReplies(on: socket)
             if let monitor, let monitorIndex, poller.isReadable(monitorIndex) {
@@ -366,19 +375,28 @@ public final class BusClient: Sendable, Service {
         }
     }
 
-    private func sendRequest(_ item: Outgoing, on socket: ZMQSocket, timers: inout Heap<Timer>) {
+    /// How often requests no replica could take yet are tried again.
+    static let unsentRetryMilliseconds = 5
+
+    /// Sends a request, or finishes its call with why it cannot be sent. False when it should be
+    /// tried again: replicas (`ZMQ_IMMEDIATE`) with none connected yet take nothing, and such a
+    /// request waits for one (until its deadline), as a single service's requests wait in libzmq's
+    /// queue for it to come up.
+    private func sendRequest(_ item: Outgoing, on socket: ZMQSocket, timers: inout Heap<Timer>) -> Bool {
         guard item.deadline > ContinuousClock.now else {
             finish(item.id, with: .failure(BusError(.timeout, "deadline passed before the request was sent")))
-            return
+            return true
         }
         do {
             try socket.send([item.header, item.body])
             timers.insert(Timer(deadline: item.deadline, id: item.id))
         } catch ZMQError.wouldBlock {
+            if configuration.endpoints.count > 1 { return false }
             finish(item.id, with: .failure(BusError(.overloaded, "send queue to \(configuration.endpoint) is full")))
         } catch {
             finish(item.id, with: .failure(BusError(.unavailable, "cannot send to \(configuration.endpoint): \(error)")))
         }
+        return true
     }
 
     private func receiveReplies(on socket: ZMQSocket) {

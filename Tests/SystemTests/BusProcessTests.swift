@@ -180,4 +180,16 @@ struct BusReplicaTests {
         }
         for replica in replicas { await replica.stop() }
     }
+
+    @Test func aCallMadeBeforeAnyReplicaIsUpWaitsForOne() async throws {
+        let endpoints = ["tcp://127.0.0.1:\(freePort())", "tcp://127.0.0.1:\(freePort())"]
+        try await withBusClient(.init(endpoint: endpoints.joined(separator: ","), defaultTimeout: .seconds(15))) { client in
+            // Given a call made while no replica runs
+            let call = Task { try await client.call(FixtureMethods.replica, 0) }
+            // When one starts, then the call is answered by it (not refused for want of a peer)
+            let replica = try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": endpoints[1]])
+            #expect(try await call.value == replica.pid)
+            await replica.stop()
+        }
+    }
 }
