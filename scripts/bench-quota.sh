@@ -28,7 +28,7 @@ field() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 redis_limiter() {
   local redis_port csv sha
   redis_port=$(port)
-  redis-server --port "$redis_port" --save "" --daemonize no --loglevel warning --dir "$work" "$@" &
+  redis-server --port "$redis_port" --save "" --daemonize no --loglevel warning --dir "$work" "$@" >>"$work/redis.log" 2>&1 &
   local redis_pid=$!
   for _ in $(seq 1 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
   sha=$(redis-cli -p "$redis_port" SCRIPT LOAD "$(cat Benchmarks/quota-limiter.lua)")
