@@ -132,11 +132,6 @@ public final class BusClient: Sendable, Service {
         }
     }
 
-    /// Convenience: a client of `endpoint` with default limits.
-    public convenience init(endpoint: String, timeout: Duration = .seconds(5), logger: Logger = Logger(label: "bus.client")) {
-        self.init(configuration: Configuration(endpoint: endpoint, defaultTimeout: timeout), logger: logger)
-    }
-
     /// The executor of this client's I/O thread. A task that prefers it (`Task(executorPreference:)`
     /// or `withTaskExecutorPreference`) makes its calls without a thread hop: the request is sent
     /// and the reply resumes it on the I/O thread. Such a task must not block.

@@ -70,12 +70,8 @@ public struct PostgresQuotaStore: QuotaStore {
     // MARK: QuotaStore
 
     public func reserve(_ request: ReserveQuota, now: Date) async throws -> QuotaDecision {
-        try ledger.validate(user: request.userId)
-        try ledger.validate(job: request.jobId)
-        guard (1...QuotaRules.maxCost).contains(request.cost) else {
-            throw BusError(.badRequest, "cost must be 1 to \(QuotaRules.maxCost), not \(request.cost)")
-        }
-        let network = ledger.guests.networkDaily > 0 ? request.network.flatMap { $0.isEmpty || $0.utf8.count > 64 ? nil : $0 } : nil
+        try ledger.check(request)
+        let network = ledger.sharedNetwork(of: request)
         let (ledger, logger) = (ledger, logger)
         do {
             return try await database.transaction { db in
@@ -195,13 +191,7 @@ public struct PostgresQuotaStore: QuotaStore {
     }
 
     public func setPlan(_ request: SetPlan, now: Date) async throws -> QuotaStatus {
-        try ledger.validate(user: request.userId)
-        guard ledger.plans.plan(named: request.plan) != nil else {
-            throw BusError(Quota.ErrorCode.unknownPlan, "no plan named '\(request.plan)'; plans: \(ledger.plans.plans.keys.sorted().joined(separator: ", "))")
-        }
-        if let requested = request.timeZone, !requested.isEmpty, CalendarWindow.timeZone(requested) == nil {
-            throw BusError(Quota.ErrorCode.unknownTimeZone, "'\(requested.prefix(64))' is not an IANA time zone")
-        }
+        try ledger.check(request)
         let (ledger, logger) = (ledger, logger)
         return try await database.transaction { db in
             try await Self.lock(db, "user:" + request.userId, logger: logger)
@@ -218,11 +208,7 @@ public struct PostgresQuotaStore: QuotaStore {
     }
 
     public func applySubscription(_ event: SubscriptionEvent, now: Date) async throws -> SubscriptionOutcome {
-        try ledger.validate(user: event.userId)
-        guard QuotaRules.validId(event.eventId) else { throw BusError(.badRequest, "event id must be 1 to \(QuotaRules.maxIdLength) bytes") }
-        guard event.effect == .revoke || ledger.plans.plan(named: event.plan) != nil else {
-            throw BusError(Quota.ErrorCode.unknownPlan, "no plan named '\(event.plan.prefix(64))'")
-        }
+        try ledger.check(event)
         let (ledger, logger) = (ledger, logger)
         return try await database.transaction { db in
             try await Self.lock(db, "user:" + event.userId, logger: logger)
@@ -255,8 +241,7 @@ public struct PostgresQuotaStore: QuotaStore {
     }
 
     public func admitGuest(_ request: AdmitGuest, now: Date) async throws -> GuestAdmission {
-        try ledger.validate(user: request.userId)
-        guard (1...64).contains(request.network.utf8.count) else { throw BusError(.badRequest, "network must be 1 to 64 bytes") }
+        try ledger.check(request)
         let limit = ledger.guests.perNetworkHour
         let logger = logger
         return try await database.transaction { db in
@@ -285,9 +270,7 @@ public struct PostgresQuotaStore: QuotaStore {
     }
 
     public func attestGuest(_ request: AttestGuest, now: Date) async throws -> GuestAttestation {
-        try ledger.validate(user: request.userId)
-        guard (1...64).contains(request.network.utf8.count) else { throw BusError(.badRequest, "network must be 1 to 64 bytes") }
-        guard (1...64).contains(request.keyId.utf8.count) else { throw BusError(.badRequest, "keyId must be 1 to 64 bytes") }
+        try ledger.check(request)
         let logger = logger
         return try await database.transaction { db in
             try await Self.lock(db, "attested-key:" + request.keyId, logger: logger)

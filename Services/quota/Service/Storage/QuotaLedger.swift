@@ -19,11 +19,7 @@ public struct QuotaLedger: Sendable {
     /// Charges `request.cost` against both windows, or denies naming the windows that refuse.
     /// A job id already charged returns its admission again and charges nothing more.
     public func reserve(_ db: Database, _ request: ReserveQuota, now: Date) throws -> QuotaDecision {
-        try validate(user: request.userId)
-        try validate(job: request.jobId)
-        guard (1...QuotaRules.maxCost).contains(request.cost) else {
-            throw BusError(.badRequest, "cost must be 1 to \(QuotaRules.maxCost), not \(request.cost)")
-        }
+        try check(request)
         let owner = try String.fetchOne(
             db.cachedStatement(sql: "SELECT userId FROM charge WHERE jobId = ?"), arguments: [request.jobId]
         )
@@ -44,7 +40,7 @@ public struct QuotaLedger: Sendable {
         }
         // A guest's network shares the day's free credits of all its guests (UTC days), except
         // with an attested guest: a real install of the app, however many share its address.
-        var network = guests.networkDaily > 0 ? request.network.flatMap { $0.isEmpty || $0.utf8.count > 64 ? nil : $0 } : nil
+        var network = sharedNetwork(of: request)
         if network != nil, try isAttested(db, request.userId) { network = nil }
         if let network {
             let used = try Int.fetchOne(
@@ -120,8 +116,7 @@ public struct QuotaLedger: Sendable {
     /// `guests.perNetworkHour` new guests in the last hour (then refused until the oldest of
     /// them is an hour old). With `attestedOnly`, an attested guest only.
     public func admitGuest(_ db: Database, _ request: AdmitGuest, now: Date) throws -> GuestAdmission {
-        try validate(user: request.userId)
-        guard (1...64).contains(request.network.utf8.count) else { throw BusError(.badRequest, "network must be 1 to 64 bytes") }
+        try check(request)
         let limit = guests.perNetworkHour
         let known = try Row.fetchOne(db, sql: "SELECT attestedKey FROM guest WHERE userId = ?", arguments: [request.userId])
         if request.attestedOnly == true, (known?["attestedKey"] as String?) == nil {
@@ -145,9 +140,7 @@ public struct QuotaLedger: Sendable {
     /// new guests): refused when the key is another guest's. The guest's previous key, if any, is
     /// replaced.
     public func attestGuest(_ db: Database, _ request: AttestGuest, now: Date) throws -> GuestAttestation {
-        try validate(user: request.userId)
-        guard (1...64).contains(request.network.utf8.count) else { throw BusError(.badRequest, "network must be 1 to 64 bytes") }
-        guard (1...64).contains(request.keyId.utf8.count) else { throw BusError(.badRequest, "keyId must be 1 to 64 bytes") }
+        try check(request)
         let owner = try String.fetchOne(db, sql: "SELECT userId FROM guest WHERE attestedKey = ?", arguments: [request.keyId])
         if let owner { return GuestAttestation(attested: owner == request.userId) }
         try db.execute(sql: """
@@ -172,18 +165,10 @@ public struct QuotaLedger: Sendable {
 
     /// Sets a user's plan and (when given) time zone; the new limits apply at once.
     public func setPlan(_ db: Database, _ request: SetPlan, now: Date) throws -> QuotaStatus {
-        try validate(user: request.userId)
-        guard plans.plan(named: request.plan) != nil else {
-            throw BusError(Quota.ErrorCode.unknownPlan, "no plan named '\(request.plan)'; plans: \(plans.plans.keys.sorted().joined(separator: ", "))")
-        }
+        try check(request)
         let existing = try UserRecord.fetchOne(db, key: request.userId)
         var timeZone = existing?.timeZone
-        if let requested = request.timeZone {
-            guard requested.isEmpty || CalendarWindow.timeZone(requested) != nil else {
-                throw BusError(Quota.ErrorCode.unknownTimeZone, "'\(requested.prefix(64))' is not an IANA time zone")
-            }
-            timeZone = requested.isEmpty ? nil : requested
-        }
+        if let requested = request.timeZone { timeZone = requested.isEmpty ? nil : requested }
         try UserRecord(
             id: request.userId, plan: request.plan, timeZone: timeZone, updatedAt: now,
             planEndsAt: request.endsAt, subscriptionEventAt: existing?.subscriptionEventAt
@@ -195,11 +180,7 @@ public struct QuotaLedger: Sendable {
     /// on the event's plan until its end; a revoke puts them on the default plan. An event older
     /// than the last one applied for the user is recorded and changes nothing.
     public func applySubscription(_ db: Database, _ event: SubscriptionEvent, now: Date) throws -> SubscriptionOutcome {
-        try validate(user: event.userId)
-        guard QuotaRules.validId(event.eventId) else { throw BusError(.badRequest, "event id must be 1 to \(QuotaRules.maxIdLength) bytes") }
-        guard event.effect == .revoke || plans.plan(named: event.plan) != nil else {
-            throw BusError(Quota.ErrorCode.unknownPlan, "no plan named '\(event.plan.prefix(64))'")
-        }
+        try check(event)
         if try Bool.fetchOne(db, sql: "SELECT 1 FROM subscription_event WHERE id = ?", arguments: [event.eventId]) != nil {
             return SubscriptionOutcome(result: "duplicate", status: try status(db, user: event.userId, now: now))
         }
@@ -282,6 +263,55 @@ public struct QuotaLedger: Sendable {
             throw BusError(.notFound, "no charge for job \(jobId)")
         }
         return charge
+    }
+
+    // MARK: Checks of requests, before any row is read (every store makes them)
+
+    func check(_ request: ReserveQuota) throws {
+        try validate(user: request.userId)
+        try validate(job: request.jobId)
+        guard (1...QuotaRules.maxCost).contains(request.cost) else {
+            throw BusError(.badRequest, "cost must be 1 to \(QuotaRules.maxCost), not \(request.cost)")
+        }
+    }
+
+    /// The guest network whose shared daily credits a reservation also draws on, if any.
+    func sharedNetwork(of request: ReserveQuota) -> String? {
+        guard guests.networkDaily > 0 else { return nil }
+        return request.network.flatMap { $0.isEmpty || $0.utf8.count > 64 ? nil : $0 }
+    }
+
+    func check(_ request: SetPlan) throws {
+        try validate(user: request.userId)
+        guard plans.plan(named: request.plan) != nil else {
+            throw BusError(Quota.ErrorCode.unknownPlan, "no plan named '\(request.plan)'; plans: \(plans.plans.keys.sorted().joined(separator: ", "))")
+        }
+        if let requested = request.timeZone, !requested.isEmpty, CalendarWindow.timeZone(requested) == nil {
+            throw BusError(Quota.ErrorCode.unknownTimeZone, "'\(requested.prefix(64))' is not an IANA time zone")
+        }
+    }
+
+    func check(_ event: SubscriptionEvent) throws {
+        try validate(user: event.userId)
+        guard QuotaRules.validId(event.eventId) else { throw BusError(.badRequest, "event id must be 1 to \(QuotaRules.maxIdLength) bytes") }
+        guard event.effect == .revoke || plans.plan(named: event.plan) != nil else {
+            throw BusError(Quota.ErrorCode.unknownPlan, "no plan named '\(event.plan.prefix(64))'")
+        }
+    }
+
+    func check(_ request: AdmitGuest) throws {
+        try validate(user: request.userId)
+        try validate(network: request.network)
+    }
+
+    func check(_ request: AttestGuest) throws {
+        try validate(user: request.userId)
+        try validate(network: request.network)
+        guard (1...64).contains(request.keyId.utf8.count) else { throw BusError(.badRequest, "keyId must be 1 to 64 bytes") }
+    }
+
+    private func validate(network: String) throws {
+        guard (1...64).contains(network.utf8.count) else { throw BusError(.badRequest, "network must be 1 to 64 bytes") }
     }
 
     func validate(user: String) throws {
