@@ -184,6 +184,7 @@ let package = Package(
             dependencies: [
                 "HistoryCore", "Messages", "Bus", "ServiceKit", "Storage",
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
@@ -420,7 +421,7 @@ let package = Package(
         .testTarget(
             name: "HistoryTests",
             dependencies: [
-                "HistoryCore", "HistoryService", "Messages", "Bus",
+                "HistoryCore", "HistoryService", "Messages", "Bus", "Storage", "TestSupport",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ],
             path: "Tests/HistoryTests",

@@ -5,23 +5,23 @@ import Foundation
 public enum History {
     /// Applies job events from the jobs outbox, idempotently by (job id, version). Replying means
     /// every event in the batch is durable (or was already applied): jobs may drop them.
-    public static let apply = BusMethod<JobEvents, EventsApplied>("history.apply", roles: [.jobs])
+    public static let apply = BusMethod<JobEvents, EventsApplied>("history.apply", roles: [.jobs], retrySafe: true)
     /// A page of a user's items, newest first, filtered and searched, optionally in month sections.
-    public static let list = BusMethod<ListHistory, HistoryPage>("history.list", roles: [.gateway, .operator])
+    public static let list = BusMethod<ListHistory, HistoryPage>("history.list", roles: [.gateway, .operator], retrySafe: true)
     /// One of the user's items (`not_found` for anyone else's).
-    public static let get = BusMethod<HistoryItemReference, HistoryItem>("history.get", roles: [.gateway, .operator])
+    public static let get = BusMethod<HistoryItemReference, HistoryItem>("history.get", roles: [.gateway, .operator], retrySafe: true)
     /// Deletes an item for good: gone from every read at once, the job and its files purged
     /// through jobs (retried until jobs acknowledges).
     public static let delete = BusMethod<HistoryItemReference, DeletedHistoryItem>("history.delete", roles: [.gateway, .operator])
     /// Everything that changed for a user since a token: upserts and deletions.
-    public static let changes = BusMethod<ChangesSince, HistoryChanges>("history.changes", roles: [.gateway])
+    public static let changes = BusMethod<ChangesSince, HistoryChanges>("history.changes", roles: [.gateway], retrySafe: true)
     /// Makes a public link to a completed item's result.
     public static let share = BusMethod<ShareItem, ShareGrant>("history.share", roles: [.gateway])
     /// Revokes every public link of an item.
-    public static let unshare = BusMethod<HistoryItemReference, Empty>("history.unshare", roles: [.gateway])
+    public static let unshare = BusMethod<HistoryItemReference, Empty>("history.unshare", roles: [.gateway], retrySafe: true)
     /// Resolves a public link (no user): the result it grants, or `not_found` once revoked,
     /// expired or deleted.
-    public static let openShare = BusMethod<ShareToken, SharedResult>("history.open-share", roles: [.gateway])
+    public static let openShare = BusMethod<ShareToken, SharedResult>("history.open-share", roles: [.gateway], retrySafe: true)
 
     /// Error codes the history service answers with.
     public enum ErrorCode {

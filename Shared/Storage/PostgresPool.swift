@@ -50,6 +50,8 @@ public struct PostgresConfigurationError: Error, CustomStringConvertible {
 
 public struct PostgresLocationError: Error, CustomStringConvertible {
     public var description: String
+
+    public init(description: String) { self.description = description }
 }
 
 /// One schema change of a service's tables: a name recorded once applied, and its statements,
@@ -119,18 +121,36 @@ public final class PostgresPool: Service, Sendable {
     public static func migrate(
         _ location: PostgresLocation, service: String, _ migrations: [PostgresMigration], within limit: Duration = .seconds(20), logger: Logger
     ) async throws {
+        try await migrate(location, service: service, migrations, within: limit, logger: logger) { _ in }
+    }
+
+    /// Applies the migrations, then runs `then` on the same connection (what a store reads once
+    /// at start), all within `limit`.
+    public static func migrate<T: Sendable>(
+        _ location: PostgresLocation, service: String, _ migrations: [PostgresMigration], within limit: Duration = .seconds(20), logger: Logger,
+        then: @escaping @Sendable (PostgresConnection) async throws -> T
+    ) async throws -> T {
         try await PostgresPool(location: location, maximumConnections: 1, logger: logger).running { database in
             // The pool keeps trying a server that does not answer: the start gives up after `limit`.
-            try await withThrowingTaskGroup(of: Void.self) { group in
-                group.addTask { try await database.migrate(service: service, migrations) }
+            try await withThrowingTaskGroup(of: T?.self) { group in
+                group.addTask {
+                    try await database.migrate(service: service, migrations)
+                    return try await database.client.withConnection(then)
+                }
                 group.addTask {
                     try await Task.sleep(for: limit)
                     throw PostgresLocationError(description: "\(location) did not answer within \(limit)")
                 }
                 defer { group.cancelAll() }
-                try await group.next()
+                guard let result = try await group.next(), let result else { throw CancellationError() }
+                return result
             }
         }
+    }
+
+    /// Runs `body` on one connection of the pool, outside a transaction: for a single statement.
+    public func connection<T: Sendable>(_ body: (PostgresConnection) async throws -> T) async throws -> T {
+        try await client.withConnection(body)
     }
 
     /// Applies the migrations of `service` not applied yet, in order, each in a transaction,
@@ -176,11 +196,24 @@ public final class PostgresPool: Service, Sendable {
         }
     }
 
+    /// How a transaction sees others.
+    public enum Isolation: Sendable {
+        /// Each statement sees what was committed before it (PostgreSQL's default): for writes,
+        /// which take their own locks.
+        case readCommitted
+        /// Every statement sees the one snapshot taken at the first, and nothing is written: for
+        /// reads made of several statements that must agree.
+        case snapshotRead
+    }
+
     /// Runs `body` in one transaction: committed (durably: `synchronous_commit` is on) when it
     /// returns, rolled back when it throws.
-    public func transaction<T: Sendable>(_ body: (PostgresConnection) async throws -> T) async throws -> T {
+    public func transaction<T: Sendable>(_ isolation: Isolation = .readCommitted, _ body: (PostgresConnection) async throws -> T) async throws -> T {
         try await client.withConnection { connection in
-            try await connection.query("BEGIN", logger: logger)
+            switch isolation {
+            case .readCommitted: try await connection.query("BEGIN", logger: logger)
+            case .snapshotRead: try await connection.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", logger: logger)
+            }
             let result: T
             do {
                 result = try await body(connection)

@@ -25,61 +25,66 @@ enum Events {
 
 @Suite("History events")
 struct HistoryEventsTests {
-    @Test func aReplayedEventChangesNothing() async throws {
+    @Test(arguments: HistoryBackend.allCases) func aReplayedEventChangesNothing(backend: HistoryBackend) async throws {
         // Given an item at version 2
-        let database = try HistoryDatabase.inMemory()
-        #expect(try await database.applyJobEvents([Events.job("j1", status: .queued, version: 1), Events.job("j1", status: .processing, version: 2)]) == 2)
-        // When both events arrive again
-        let applied = try await database.applyJobEvents([Events.job("j1", status: .queued, version: 1), Events.job("j1", status: .processing, version: 2)])
-        // Then nothing changed
-        #expect(applied == 0)
-        #expect(try await database.item("j1", userId: "u1")?.status == .processing)
-        #expect(try await database.page(ListHistory(userId: "u1")).totalCount == 1)
+        try await withHistoryStore(backend) { database in
+            #expect(try await database.applyJobEvents([Events.job("j1", status: .queued, version: 1), Events.job("j1", status: .processing, version: 2)]) == 2)
+            // When both events arrive again
+            let applied = try await database.applyJobEvents([Events.job("j1", status: .queued, version: 1), Events.job("j1", status: .processing, version: 2)])
+            // Then nothing changed
+            #expect(applied == 0)
+            #expect(try await database.item("j1", userId: "u1")?.status == .processing)
+            #expect(try await database.page(ListHistory(userId: "u1")).totalCount == 1)
+        }
     }
 
-    @Test func anOlderVersionNeverOverwritesANewerOne() async throws {
+    @Test(arguments: HistoryBackend.allCases) func anOlderVersionNeverOverwritesANewerOne(backend: HistoryBackend) async throws {
         // Given a completed item at version 3
-        let database = try HistoryDatabase.inMemory()
-        _ = try await database.applyJobEvents([Events.job("j1", status: .completed, version: 3)])
-        // When the queued (1) and processing (2) events arrive late, out of order
-        let applied = try await database.applyJobEvents([Events.job("j1", status: .processing, version: 2), Events.job("j1", status: .queued, version: 1)])
-        // Then the item stays completed
-        #expect(applied == 0)
-        let item = try #require(try await database.item("j1", userId: "u1"))
-        #expect(item.status == .completed && item.version == 3 && item.resultKey == "results/j1/1.jpg")
-        #expect(try await database.page(ListHistory(userId: "u1", statuses: [.completed])).totalCount == 1)
-        #expect(try await database.page(ListHistory(userId: "u1", statuses: [.processing])).totalCount == 0)
+        try await withHistoryStore(backend) { database in
+            _ = try await database.applyJobEvents([Events.job("j1", status: .completed, version: 3)])
+            // When the queued (1) and processing (2) events arrive late, out of order
+            let applied = try await database.applyJobEvents([Events.job("j1", status: .processing, version: 2), Events.job("j1", status: .queued, version: 1)])
+            // Then the item stays completed
+            #expect(applied == 0)
+            let item = try #require(try await database.item("j1", userId: "u1"))
+            #expect(item.status == .completed && item.version == 3 && item.resultKey == "results/j1/1.jpg")
+            #expect(try await database.page(ListHistory(userId: "u1", statuses: [.completed])).totalCount == 1)
+            #expect(try await database.page(ListHistory(userId: "u1", statuses: [.processing])).totalCount == 0)
+        }
     }
 
-    @Test func aDeletedJobStaysDeletedWhenALateEventArrives() async throws {
+    @Test(arguments: HistoryBackend.allCases) func aDeletedJobStaysDeletedWhenALateEventArrives(backend: HistoryBackend) async throws {
         // Given a deleted item
-        let database = try HistoryDatabase.inMemory()
-        _ = try await database.applyJobEvents([Events.job("j1", status: .processing, version: 2)])
-        #expect(try await database.deleteItem("j1", userId: "u1", now: Date()) != nil)
-        // When an event of the same job arrives afterwards
-        let applied = try await database.applyJobEvents([Events.job("j1", status: .completed, version: 3)])
-        // Then it does not come back
-        #expect(applied == 0)
-        #expect(try await database.item("j1", userId: "u1") == nil)
-        #expect(try await database.page(ListHistory(userId: "u1")).totalCount == 0)
+        try await withHistoryStore(backend) { database in
+            _ = try await database.applyJobEvents([Events.job("j1", status: .processing, version: 2)])
+            #expect(try await database.deleteItem("j1", userId: "u1", now: Date()) != nil)
+            // When an event of the same job arrives afterwards
+            let applied = try await database.applyJobEvents([Events.job("j1", status: .completed, version: 3)])
+            // Then it does not come back
+            #expect(applied == 0)
+            #expect(try await database.item("j1", userId: "u1") == nil)
+            #expect(try await database.page(ListHistory(userId: "u1")).totalCount == 0)
+        }
     }
 
-    @Test func someoneElsesItemIsNotFoundAndCannotBeDeleted() async throws {
-        let database = try HistoryDatabase.inMemory()
-        _ = try await database.applyJobEvents([Events.job("j1", user: "alice")])
-        #expect(try await database.item("j1", userId: "bob") == nil)
-        #expect(try await database.deleteItem("j1", userId: "bob", now: Date()) == nil)
-        #expect(try await database.item("j1", userId: "alice") != nil)
+    @Test(arguments: HistoryBackend.allCases) func someoneElsesItemIsNotFoundAndCannotBeDeleted(backend: HistoryBackend) async throws {
+        try await withHistoryStore(backend) { database in
+            _ = try await database.applyJobEvents([Events.job("j1", user: "alice")])
+            #expect(try await database.item("j1", userId: "bob") == nil)
+            #expect(try await database.deleteItem("j1", userId: "bob", now: Date()) == nil)
+            #expect(try await database.item("j1", userId: "alice") != nil)
+        }
     }
 
-    @Test func aDeleteQueuesOnePurgeForJobs() async throws {
-        let database = try HistoryDatabase.inMemory()
-        _ = try await database.applyJobEvents([Events.job("j1"), Events.job("j2")])
-        _ = try await database.deleteItem("j1", userId: "u1", now: Date())
-        #expect(try await database.deleteItem("j1", userId: "u1", now: Date()) == nil)
-        let due = try await database.purges.due(now: Date().addingTimeInterval(1), limit: 10)
-        #expect(due.map(\.jobId) == ["j1"])
-        try await database.purges.acknowledge(["j1"])
-        #expect(try await database.pendingPurgeCount() == 0)
+    @Test(arguments: HistoryBackend.allCases) func aDeleteQueuesOnePurgeForJobs(backend: HistoryBackend) async throws {
+        try await withHistoryStore(backend) { database in
+            _ = try await database.applyJobEvents([Events.job("j1"), Events.job("j2")])
+            _ = try await database.deleteItem("j1", userId: "u1", now: Date())
+            #expect(try await database.deleteItem("j1", userId: "u1", now: Date()) == nil)
+            let due = try await database.purges.due(now: Date().addingTimeInterval(1), limit: 10)
+            #expect(due.map(\.jobId) == ["j1"])
+            try await database.purges.acknowledge(["j1"])
+            #expect(try await database.pendingPurgeCount() == 0)
+        }
     }
 }

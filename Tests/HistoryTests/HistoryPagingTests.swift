@@ -7,83 +7,93 @@ import Testing
 @Suite("History pages and search")
 struct HistoryPagingTests {
     /// `count` completed items of `u1`, one a minute, the newest last.
-    func filled(_ count: Int) async throws -> HistoryDatabase {
-        let database = try HistoryDatabase.inMemory()
+    func fill(_ database: any HistoryStore, _ count: Int) async throws {
         let events = (0..<count).map { index in
             Events.job(String(format: "job-%03d", index), createdAt: Events.epoch.addingTimeInterval(Double(index) * 60))
         }
         _ = try await database.applyJobEvents(events)
-        return database
     }
 
-    @Test func offsetPagesAndCursorPagesListTheSameItemsNewestFirst() async throws {
-        let database = try await filled(120)
-        var byOffset: [String] = []
-        for offset in stride(from: 0, to: 120, by: 25) {
-            let page = try await database.page(ListHistory(userId: "u1", limit: 25, offset: offset))
-            #expect(page.totalCount == 120)
-            byOffset += page.items.map(\.jobId)
+    @Test(arguments: HistoryBackend.allCases) func offsetPagesAndCursorPagesListTheSameItemsNewestFirst(backend: HistoryBackend) async throws {
+        try await withHistoryStore(backend) { database in
+            try await fill(database, 120)
+            var byOffset: [String] = []
+            for offset in stride(from: 0, to: 120, by: 25) {
+                let page = try await database.page(ListHistory(userId: "u1", limit: 25, offset: offset))
+                #expect(page.totalCount == 120)
+                byOffset += page.items.map(\.jobId)
+            }
+            var byCursor: [String] = []
+            var cursor: String? = nil
+            repeat {
+                let page = try await database.page(ListHistory(userId: "u1", limit: 25, cursor: cursor))
+                byCursor += page.items.map(\.jobId)
+                cursor = page.nextCursor
+                #expect(page.hasMore == (cursor != nil))
+            } while cursor != nil
+            #expect(byOffset.count == 120)
+            #expect(byOffset == byCursor)
+            #expect(byOffset.first == "job-119" && byOffset.last == "job-000")
         }
-        var byCursor: [String] = []
-        var cursor: String? = nil
-        repeat {
-            let page = try await database.page(ListHistory(userId: "u1", limit: 25, cursor: cursor))
-            byCursor += page.items.map(\.jobId)
-            cursor = page.nextCursor
-            #expect(page.hasMore == (cursor != nil))
-        } while cursor != nil
-        #expect(byOffset.count == 120)
-        #expect(byOffset == byCursor)
-        #expect(byOffset.first == "job-119" && byOffset.last == "job-000")
     }
 
-    @Test func aCursorPageDoesNotShiftWhenNewItemsArriveAtTheTop() async throws {
-        let database = try await filled(30)
-        let first = try await database.page(ListHistory(userId: "u1", limit: 10))
-        _ = try await database.applyJobEvents([Events.job("newer", createdAt: Events.epoch.addingTimeInterval(86_400))])
-        let second = try await database.page(ListHistory(userId: "u1", limit: 10, cursor: first.nextCursor))
-        #expect(second.items.first?.jobId == "job-019")
-        #expect(second.totalCount == 31)
+    @Test(arguments: HistoryBackend.allCases) func aCursorPageDoesNotShiftWhenNewItemsArriveAtTheTop(backend: HistoryBackend) async throws {
+        try await withHistoryStore(backend) { database in
+            try await fill(database, 30)
+            let first = try await database.page(ListHistory(userId: "u1", limit: 10))
+            _ = try await database.applyJobEvents([Events.job("newer", createdAt: Events.epoch.addingTimeInterval(86_400))])
+            let second = try await database.page(ListHistory(userId: "u1", limit: 10, cursor: first.nextCursor))
+            #expect(second.items.first?.jobId == "job-019")
+            #expect(second.totalCount == 31)
+        }
     }
 
-    @Test func aTamperedOrForeignCursorIsRefused() async throws {
-        let database = try await filled(30)
-        let cursor = try #require(try await database.page(ListHistory(userId: "u1", limit: 10)).nextCursor)
-        var tampered = Array(cursor)
-        tampered[5] = tampered[5] == "A" ? "B" : "A"
-        for (token, user, statuses) in [(String(tampered), "u1", [HistoryStatus]()), (cursor, "u2", []), (cursor, "u1", [.failed]), ("garbage", "u1", [])] {
-            await #expect(throws: BusError.self) {
-                _ = try await database.page(ListHistory(userId: user, limit: 10, cursor: token, statuses: statuses))
+    @Test(arguments: HistoryBackend.allCases) func aTamperedOrForeignCursorIsRefused(backend: HistoryBackend) async throws {
+        try await withHistoryStore(backend) { database in
+            try await fill(database, 30)
+            let cursor = try #require(try await database.page(ListHistory(userId: "u1", limit: 10)).nextCursor)
+            var tampered = Array(cursor)
+            tampered[5] = tampered[5] == "A" ? "B" : "A"
+            for (token, user, statuses) in [(String(tampered), "u1", [HistoryStatus]()), (cursor, "u2", []), (cursor, "u1", [.failed]), ("garbage", "u1", [])] {
+                await #expect(throws: BusError.self) {
+                    _ = try await database.page(ListHistory(userId: user, limit: 10, cursor: token, statuses: statuses))
+                }
             }
         }
     }
 
-    @Test(arguments: [10_000, 0])
-    func searchFindsASubstringOfThePromptOrTitleIgnoringCase(scanUpTo: Int) async throws {
-        // Both ways of searching: reading the items (a short history) and the trigram index (a long one).
-        let database = try HistoryDatabase.inMemory(scanUpTo: scanUpTo)
-        _ = try await database.applyJobEvents([
-            Events.job("a", prompt: "Golden SUNSET on the beach"),
-            Events.job("b", prompt: "neon city lights", effectId: "grayscale"),
-            Events.job("c", prompt: nil, effectId: "sharpen"),
-            Events.job("d", user: "u2", prompt: "sunset too"),
-        ])
-        #expect(try await database.page(ListHistory(userId: "u1", query: "unset")).items.map(\.jobId) == ["a"])
-        #expect(try await database.page(ListHistory(userId: "u1", query: "CITY")).items.map(\.jobId) == ["b"])
-        #expect(try await database.page(ListHistory(userId: "u1", query: "harp")).items.map(\.jobId) == ["c"])
-        #expect(try await database.page(ListHistory(userId: "u1", query: "on")).totalCount == 2)
-        #expect(try await database.page(ListHistory(userId: "u1", query: "\"quoted\" %_")).totalCount == 0)
-        #expect(try await database.page(ListHistory(userId: "u1", query: "zebra")).totalCount == 0)
+    @Test(arguments: zip([HistoryBackend.sqlite, .sqlite, .postgres], [10_000, 0, 0]))
+    func searchFindsASubstringOfThePromptOrTitleIgnoringCase(backend: HistoryBackend, scanUpTo: Int) async throws {
+        // Both ways SQLite searches: reading the items (a short history) and the trigram index (a
+        // long one); PostgreSQL's pg_trgm index.
+        try await withHistoryStore(backend, scanUpTo: scanUpTo) { database in
+            _ = try await database.applyJobEvents([
+                Events.job("a", prompt: "Golden SUNSET on the beach"),
+                Events.job("b", prompt: "neon city lights", effectId: "grayscale"),
+                Events.job("c", prompt: nil, effectId: "sharpen"),
+                Events.job("d", user: "u2", prompt: "sunset too"),
+                Events.job("e", prompt: "100% off_sale"),
+            ])
+            #expect(try await database.page(ListHistory(userId: "u1", query: "unset")).items.map(\.jobId) == ["a"])
+            #expect(try await database.page(ListHistory(userId: "u1", query: "CITY")).items.map(\.jobId) == ["b"])
+            #expect(try await database.page(ListHistory(userId: "u1", query: "harp")).items.map(\.jobId) == ["c"])
+            #expect(try await database.page(ListHistory(userId: "u1", query: "on")).totalCount == 2)
+            #expect(try await database.page(ListHistory(userId: "u1", query: "\"quoted\" %_")).totalCount == 0)
+            #expect(try await database.page(ListHistory(userId: "u1", query: "% off_")).items.map(\.jobId) == ["e"])
+            #expect(try await database.page(ListHistory(userId: "u1", query: "0%o")).totalCount == 0)
+            #expect(try await database.page(ListHistory(userId: "u1", query: "zebra")).totalCount == 0)
+        }
     }
 
-    @Test func theStatusFilterListsQueuedJobsAsProcessing() async throws {
-        let database = try HistoryDatabase.inMemory()
-        _ = try await database.applyJobEvents([
-            Events.job("q", status: .queued), Events.job("p", status: .processing), Events.job("c", status: .completed),
-            Events.job("f", status: .failed), Events.job("x", status: .cancelled),
-        ])
-        #expect(Set(try await database.page(ListHistory(userId: "u1", statuses: [.processing])).items.map(\.jobId)) == ["q", "p"])
-        #expect(try await database.page(ListHistory(userId: "u1", statuses: [.failed, .cancelled])).totalCount == 2)
-        #expect(try await database.page(ListHistory(userId: "u1")).totalCount == 5)
+    @Test(arguments: HistoryBackend.allCases) func theStatusFilterListsQueuedJobsAsProcessing(backend: HistoryBackend) async throws {
+        try await withHistoryStore(backend) { database in
+            _ = try await database.applyJobEvents([
+                Events.job("q", status: .queued), Events.job("p", status: .processing), Events.job("c", status: .completed),
+                Events.job("f", status: .failed), Events.job("x", status: .cancelled),
+            ])
+            #expect(Set(try await database.page(ListHistory(userId: "u1", statuses: [.processing])).items.map(\.jobId)) == ["q", "p"])
+            #expect(try await database.page(ListHistory(userId: "u1", statuses: [.failed, .cancelled])).totalCount == 2)
+            #expect(try await database.page(ListHistory(userId: "u1")).totalCount == 5)
+        }
     }
 }

@@ -1,10 +1,14 @@
 import Foundation
 import ServiceKit
+import Storage
 
 /// What the history service reads beyond every service's settings.
 public struct HistoryConfiguration: Sendable {
     /// The database file (`HISTORY_DB`, default `$DATA_DIR/history.sqlite`).
     public var databasePath: String
+    /// PostgreSQL instead of the file (`HISTORY_DATABASE_URL`, `postgres://user:password@host:port/db`):
+    /// any number of history replicas then serve the same users.
+    public var databaseURL: PostgresLocation?
     /// The jobs service, asked to purge deleted items' jobs (`JOBS_ENDPOINT`).
     public var jobsEndpoint: String
     /// The quota service, asked for each user's plan retention (`QUOTA_ENDPOINT`).
@@ -15,28 +19,18 @@ public struct HistoryConfiguration: Sendable {
     /// an older token answers 410.
     public var changesKeep: Duration
 
-    public init(
-        databasePath: String, jobsEndpoint: String = ServiceName.jobs.defaultEndpoint, quotaEndpoint: String = ServiceName.quota.defaultEndpoint,
-        sweepInterval: Duration = .seconds(3600), changesKeep: Duration = .seconds(30 * 86_400)
-    ) {
-        self.databasePath = databasePath
-        self.jobsEndpoint = jobsEndpoint
-        self.quotaEndpoint = quotaEndpoint
-        self.sweepInterval = sweepInterval
-        self.changesKeep = changesKeep
-    }
-
     /// Reads the configuration; `dataDirectory` is the service's `DATA_DIR`.
     public init(environment: Environment, dataDirectory: String) throws {
-        self.init(
-            databasePath: environment.string("HISTORY_DB", default: dataDirectory + "/history.sqlite"),
-            jobsEndpoint: environment.string(ServiceName.jobs.endpointVariable, default: ServiceName.jobs.defaultEndpoint),
-            quotaEndpoint: environment.string(ServiceName.quota.endpointVariable, default: ServiceName.quota.defaultEndpoint),
-            sweepInterval: .milliseconds(max(10, try environment.int("HISTORY_SWEEP_MS", default: 3_600_000))),
-            changesKeep: .seconds(max(1, try environment.int("HISTORY_CHANGES_KEEP_S", default: 30 * 86_400)))
-        )
+        databasePath = environment.string("HISTORY_DB", default: dataDirectory + "/history.sqlite")
+        databaseURL = try environment.optional("HISTORY_DATABASE_URL").map { try PostgresLocation(variable: "HISTORY_DATABASE_URL", url: $0) }
+        jobsEndpoint = environment.string(ServiceName.jobs.endpointVariable, default: ServiceName.jobs.defaultEndpoint)
+        quotaEndpoint = environment.string(ServiceName.quota.endpointVariable, default: ServiceName.quota.defaultEndpoint)
+        sweepInterval = .milliseconds(max(10, try environment.int("HISTORY_SWEEP_MS", default: 3_600_000)))
+        changesKeep = .seconds(max(1, try environment.int("HISTORY_CHANGES_KEEP_S", default: 30 * 86_400)))
     }
 
     /// The variables `init(environment:dataDirectory:)` reads.
-    public static let environmentKeys = ["HISTORY_DB", "JOBS_ENDPOINT", "QUOTA_ENDPOINT", "HISTORY_SWEEP_MS", "HISTORY_CHANGES_KEEP_S"]
+    public static let environmentKeys = [
+        "HISTORY_DB", "HISTORY_DATABASE_URL", "JOBS_ENDPOINT", "QUOTA_ENDPOINT", "HISTORY_SWEEP_MS", "HISTORY_CHANGES_KEEP_S",
+    ]
 }

@@ -9,8 +9,8 @@ import ServiceKit
 /// it is back. Woken at once by a delete (`wake()`); otherwise it looks for due retries every
 /// `interval`.
 public enum HistoryRelays {
-    public static func purges(database: HistoryDatabase, jobs: BusClient, interval: Duration = .seconds(1), logger: Logger) -> OutboxRelay<PurgeOutbox> {
-        OutboxRelay("purges for jobs", outbox: database.purges, batchSize: 50, interval: interval, logger: logger, deliver: { items in
+    public static func purges(store: any HistoryStore, jobs: BusClient, interval: Duration = .seconds(1), logger: Logger) -> OutboxRelay<PurgeOutbox> {
+        OutboxRelay("purges for jobs", outbox: store.purges, batchSize: 50, interval: interval, logger: logger, deliver: { items in
             await OutboxDeliveries.oneByOne(items) { item in
                 do {
                     _ = try await jobs.call(Jobs.purge, JobReference(jobId: item.kind.jobId, userId: item.kind.userId), timeout: .seconds(2))

@@ -1,10 +1,12 @@
 import Foundation
 import Messages
+import ServiceKit
 
 /// What the history service stores, as the operations its bus methods and its retention sweep
 /// need: each write one transaction, named for its intent. `HistoryHandler` and
-/// `RetentionSweeper` depend on this; `HistoryDatabase` (SQLite, with FTS5 and trigram search)
-/// is today's implementation.
+/// `RetentionSweeper` depend on this. `HistoryDatabase` (SQLite, FTS5 trigram search) is the
+/// embedded one; `PostgresHistoryStore` (`HISTORY_DATABASE_URL`, pg_trgm search) serves any
+/// number of history replicas over one database.
 public protocol HistoryStore: Sendable {
     /// Applies job events idempotently by (job id, version); returns how many changed an item.
     func applyJobEvents(_ events: [JobEvent]) async throws -> Int
@@ -30,6 +32,34 @@ public protocol HistoryStore: Sendable {
     func pruneTombstones(before: Date, now: Date, limit: Int) async throws -> Int
     /// Purges not yet acknowledged by jobs.
     func pendingPurgeCount() async throws -> Int
+    /// Purges due at `now`, oldest first.
+    func duePurges(now: Date, limit: Int) async throws -> [OutboxItem<PendingPurge>]
+    /// Jobs acknowledged the purges: they leave the outbox.
+    func purgesAcknowledged(_ jobIds: [String]) async throws
+    /// The purge failed: try again at `retryAt`.
+    func purgeFailed(_ jobId: String, attempts: Int, retryAt: Date) async throws
+}
+
+extension HistoryStore {
+    /// The purge outbox, as its relay reads it.
+    public var purges: PurgeOutbox { PurgeOutbox(store: self) }
 }
 
 extension HistoryDatabase: HistoryStore {}
+
+/// A job whose purge jobs has not acknowledged yet.
+public struct PendingPurge: Sendable, Equatable {
+    public var jobId: String
+    public var userId: String
+}
+
+/// History's outbox of purges: a deleted item's job, to be purged by jobs (its files and row).
+/// With replicas every replica's relay reads it: a purge may be delivered twice, which jobs'
+/// purge (idempotent by job id) makes harmless.
+public struct PurgeOutbox: Outbox {
+    let store: any HistoryStore
+
+    public func due(now: Date, limit: Int) async throws -> [OutboxItem<PendingPurge>] { try await store.duePurges(now: now, limit: limit) }
+    public func acknowledge(_ ids: [String]) async throws { try await store.purgesAcknowledged(ids) }
+    public func retry(_ id: String, attempts: Int, at: Date) async throws { try await store.purgeFailed(id, attempts: attempts, retryAt: at) }
+}

@@ -4,12 +4,6 @@ import HistoryCore
 import Messages
 import ServiceKit
 
-/// A job whose purge jobs has not acknowledged yet.
-public struct PendingPurge: Sendable, Equatable {
-    public var jobId: String
-    public var userId: String
-}
-
 extension HistoryDatabase {
     /// Deletes one of the user's items for good: it leaves every read at once, and the purge of
     /// its job and files is queued for jobs in the same transaction. Nil for anyone else's item,
@@ -85,7 +79,7 @@ extension HistoryDatabase {
     }
 
     /// Purges due at `now`, oldest first.
-    func duePurges(now: Date, limit: Int) async throws -> [OutboxItem<PendingPurge>] {
+    public func duePurges(now: Date, limit: Int) async throws -> [OutboxItem<PendingPurge>] {
         try await read { db in
             try Row.fetchAll(
                 db, sql: "SELECT jobId, userId, attempts FROM purge WHERE nextAttemptAt <= ? ORDER BY nextAttemptAt LIMIT ?",
@@ -95,33 +89,21 @@ extension HistoryDatabase {
     }
 
     /// Jobs acknowledged the purges: they leave the outbox.
-    func purgesAcknowledged(_ jobIds: [String]) async throws {
+    public func purgesAcknowledged(_ jobIds: [String]) async throws {
         try await write { db in
             for jobId in jobIds { try db.execute(sql: "DELETE FROM purge WHERE jobId = ?", arguments: [jobId]) }
         }
     }
 
     /// The purge failed: try again at `retryAt`.
-    func purgeFailed(_ jobId: String, attempts: Int, retryAt: Date) async throws {
+    public func purgeFailed(_ jobId: String, attempts: Int, retryAt: Date) async throws {
         try await write { db in
             try db.execute(sql: "UPDATE purge SET attempts = ?, nextAttemptAt = ? WHERE jobId = ?", arguments: [attempts, retryAt.milliseconds, jobId])
         }
     }
 
-    /// The purge outbox, as its relay reads it.
-    public var purges: PurgeOutbox { PurgeOutbox(database: self) }
-
     /// Purges not yet acknowledged.
     public func pendingPurgeCount() async throws -> Int {
         try await read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM purge") ?? 0 }
     }
-}
-
-/// History's outbox of purges: a deleted item's job, to be purged by jobs (its files and row).
-public struct PurgeOutbox: Outbox {
-    let database: HistoryDatabase
-
-    public func due(now: Date, limit: Int) async throws -> [OutboxItem<PendingPurge>] { try await database.duePurges(now: now, limit: limit) }
-    public func acknowledge(_ ids: [String]) async throws { try await database.purgesAcknowledged(ids) }
-    public func retry(_ id: String, attempts: Int, at: Date) async throws { try await database.purgeFailed(id, attempts: attempts, retryAt: at) }
 }

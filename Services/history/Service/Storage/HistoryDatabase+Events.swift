@@ -24,8 +24,8 @@ extension HistoryDatabase {
         }
         let existing = try Row.fetchOne(db.cachedStatement(sql: "SELECT version, status, userId FROM item WHERE jobId = ?"), arguments: [job.id])
         if let existing, (existing["version"] as Int) >= job.version { return false }
-        let cost = job.status == .failed || job.status == .cancelled ? 0 : job.credits
-        let parameters = String(decoding: try JSONEncoder().encode(job.parameters), as: UTF8.self)
+        let cost = HistoryReads.cost(of: job)
+        let parameters = try HistoryReads.json(job.parameters)
         let sequence = try nextChangeSequence(db)
         let values: [(any DatabaseValueConvertible)?] = [
             job.userId, job.effectId, event.effectTitle, job.prompt, job.status.rawValue, job.progress, createdAt,

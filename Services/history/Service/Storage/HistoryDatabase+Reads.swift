@@ -9,13 +9,7 @@ extension HistoryDatabase {
     /// top do not shift it; otherwise it starts at `offset`. `totalCount` counts the whole
     /// filtered set. Throws `history.invalid_cursor` for a cursor not issued for this user and query.
     public func page(_ request: ListHistory) async throws -> HistoryPage {
-        let scope = Self.scope(of: request)
-        let after = try request.cursor.map { token in
-            guard let cursor = PageCursor.open(token, with: signer, userId: request.userId, scope: scope) else {
-                throw BusError(History.ErrorCode.invalidCursor, "the cursor is not one of this query's")
-            }
-            return cursor
-        }
+        let after = try HistoryReads.cursor(of: request, signer: signer)
         let (items, total) = try await read { db in
             var filter = Filter(request)
             if filter.query != nil {
@@ -26,15 +20,7 @@ extension HistoryDatabase {
             let items = try filter.items(db, limit: request.limit + 1, offset: after == nil ? request.offset : 0)
             return (items, total)
         }
-        let pageItems = Array(items.prefix(request.limit))
-        let hasMore = items.count > request.limit
-        let next = hasMore ? pageItems.last.map {
-            PageCursor(createdAt: $0.createdAt.milliseconds, jobId: $0.jobId).seal(with: signer, userId: request.userId, scope: scope)
-        } : nil
-        return HistoryPage(
-            items: pageItems, totalCount: total, hasMore: hasMore, nextCursor: next,
-            sections: request.groupByMonth ? MonthSections.group(pageItems, timeZone: request.timeZone, locale: request.locale) : nil
-        )
+        return HistoryReads.page(items, total: total, request: request, signer: signer)
     }
 
     /// One of the user's items, nil for anyone else's or an unknown id.
@@ -49,31 +35,24 @@ extension HistoryDatabase {
     /// state of each item changed since, and the ids of items deleted since. A token older than
     /// the tombstones kept answers `history.token_expired`.
     public func changes(_ request: ChangesSince) async throws -> HistoryChanges {
-        let since = try request.token.map { token in
-            guard let opened = ChangesToken.open(token, with: signer, userId: request.userId) else {
-                throw BusError(History.ErrorCode.invalidCursor, "the changes token is not one of this user's")
-            }
-            return opened.sequence
-        } ?? Int64(0)
+        let since = try HistoryReads.since(request, signer: signer)
         let limit = request.limit
         let checkExpiry = request.token != nil
-        let (changes, last, hasMore) = try await read { db in
+        let (upserts, deletions) = try await read { db in
             if checkExpiry, let pruned = try Int64.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'prunedThrough'"), since < pruned {
-                throw BusError(History.ErrorCode.tokenExpired, "deletions this old are no longer kept: list the history again")
+                throw HistoryReads.tokenExpired
             }
             let upserts = try Row.fetchAll(
                 db, sql: "SELECT \(Self.itemColumns) FROM item WHERE userId = ? AND changeSequence > ? ORDER BY changeSequence LIMIT ?",
                 arguments: [request.userId, since, limit + 1]
-            ).map { (sequence: $0[Self.changeSequenceColumn] as Int64, change: HistoryChange(op: .upsert, item: Self.item(from: $0))) }
+            ).map { (sequence: $0[Self.changeSequenceColumn] as Int64, item: Self.item(from: $0)) }
             let deletions = try Row.fetchAll(
                 db, sql: "SELECT jobId, changeSequence FROM deletion WHERE userId = ? AND changeSequence > ? ORDER BY changeSequence LIMIT ?",
                 arguments: [request.userId, since, limit + 1]
-            ).map { (sequence: $0["changeSequence"] as Int64, change: HistoryChange(op: .delete, id: $0["jobId"])) }
-            let merged = (upserts + deletions).sorted { $0.sequence < $1.sequence }
-            let page = merged.prefix(limit)
-            return (page.map(\.change), page.last?.sequence ?? since, merged.count > limit)
+            ).map { (sequence: $0["changeSequence"] as Int64, jobId: $0["jobId"] as String) }
+            return (upserts, deletions)
         }
-        return HistoryChanges(changes: changes, nextToken: ChangesToken(sequence: last).seal(with: signer, userId: request.userId), hasMore: hasMore)
+        return HistoryReads.changes(upserts: upserts, deletions: deletions, since: since, request: request, signer: signer)
     }
 
     /// What a share link grants at `now`, nil once it is revoked, expired or its item deleted.
@@ -103,18 +82,13 @@ extension HistoryDatabase {
     static let changeSequenceColumn = 17
 
     static func item(from row: Row) -> HistoryItem {
-        let parameters = (row[13] as String?).flatMap { try? JSONDecoder().decode([String: Double].self, from: Data($0.utf8)) } ?? [:]
+        let parameters = HistoryReads.parameters(row[13])
         return HistoryItem(
             jobId: row[0], userId: row[1], effectId: row[2], effectTitle: row[3], prompt: row[4],
             status: JobStatus(rawValue: row[5]) ?? .failed, progress: row[6], createdAt: Date(milliseconds: row[7]),
             updatedAt: Date(milliseconds: row[8]), finishedAt: (row[9] as Int64?).map(Date.init(milliseconds:)), resultKey: row[10],
             thumbnailKey: row[11], originalImageKey: row[12], parameters: parameters, cost: row[14], lastError: row[15], version: row[16]
         )
-    }
-
-    /// What a cursor is bound to besides the user: the filter and the search.
-    static func scope(of request: ListHistory) -> String {
-        Set(request.statuses.map(\.rawValue)).sorted().joined(separator: ",") + "|" + (request.query ?? "")
     }
 
     /// The WHERE clause of a page: the user, the statuses, the search, and the keyset position.
@@ -129,9 +103,8 @@ extension HistoryDatabase {
 
         init(_ request: ListHistory) {
             userId = request.userId
-            statuses = Array(Set(request.statuses.flatMap(\.jobStatuses).map(\.rawValue))).sorted()
-            if statuses.count == JobStatus.allCases.count { statuses = [] }
-            query = request.query.flatMap { $0.isEmpty ? nil : $0 }
+            statuses = HistoryReads.statuses(of: request)
+            query = HistoryReads.query(of: request)
         }
 
         mutating func after(_ cursor: PageCursor) { after = cursor }

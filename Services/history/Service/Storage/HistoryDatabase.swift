@@ -172,10 +172,3 @@ public struct HistoryDatabase: Sendable {
         )
     }
 }
-
-extension Date {
-    /// Milliseconds since 1970, as history stores instants.
-    var milliseconds: Int64 { Int64((timeIntervalSince1970 * 1000).rounded(.down)) }
-
-    init(milliseconds: Int64) { self.init(timeIntervalSince1970: Double(milliseconds) / 1000) }
-}

@@ -1,0 +1,497 @@
+import Foundation
+import HistoryCore
+import Logging
+import Messages
+import PostgresNIO
+import ServiceKit
+import Storage
+
+/// The history service's store on PostgreSQL (`HISTORY_DATABASE_URL`), for any number of history
+/// replicas over one database. The same operations and answers as `HistoryDatabase`; what differs:
+/// - **Search** is `ILIKE` over `pg_trgm` GIN indexes on the prompt and the effect title, so a
+///   substring of any length matches, case-insensitively ("unset" finds "Sunset").
+/// - **The changes feed** numbers each user's changes in that user's row (`history_user`): a
+///   write takes the user's next number with the row's lock, held to its commit, so one user's
+///   changes commit in the order of their numbers whichever replica writes them, and a reader (one
+///   snapshot) never sees a later number without the earlier ones. Tokens are per user, and so is
+///   the point below which deletions are no longer kept.
+/// - **Events** are applied idempotently by (job id, version) under that same lock: two replicas
+///   applying versions of one job at once apply them one after the other.
+/// - **Every write locks the user first**, and a batch over several users locks them in id order,
+///   so writers never wait on each other in a cycle.
+/// - The token key is in `history_meta`, made once by the first replica that starts: every
+///   replica opens every other's cursors and tokens.
+public struct PostgresHistoryStore: HistoryStore {
+    let database: PostgresPool
+    let logger: Logger
+    /// Mints and opens page cursors and changes tokens, with the key all replicas share.
+    public let signer: TokenSigner
+
+    /// The store on a migrated `database`, with the token key `tokenKey(_:logger:)` read.
+    public init(database: PostgresPool, tokenKey: [UInt8], logger: Logger) {
+        self.database = database
+        self.logger = logger
+        self.signer = TokenSigner(key: tokenKey)
+    }
+
+    /// The key of every replica's tokens, made by the first replica that asks: what a process
+    /// reads once at start, after migrating (`PostgresPool.migrate(..., then:)`).
+    @Sendable public static func tokenKey(_ db: PostgresConnection, logger: Logger) async throws -> [UInt8] {
+        let fresh = Data(SystemRandomNumberGenerator.bytes(32))
+        try await db.query("INSERT INTO history_meta (key, value) VALUES ('tokenKey', \(fresh)) ON CONFLICT (key) DO NOTHING", logger: logger)
+        guard let key = try await db.first("SELECT value FROM history_meta WHERE key = 'tokenKey'", as: Data.self, logger: logger), key.count == 32 else {
+            throw PostgresLocationError(description: "history_meta holds no usable token key")
+        }
+        return Array(key)
+    }
+
+    public static let migrations = [
+        PostgresMigration("v1: items, trigram search, changes, shares, purges", [
+            "CREATE EXTENSION IF NOT EXISTS pg_trgm",
+            "CREATE TABLE history_meta (key text PRIMARY KEY, value bytea NOT NULL)",
+            """
+            CREATE TABLE history_user (
+                user_id text COLLATE "C" PRIMARY KEY, change_sequence bigint NOT NULL DEFAULT 0, pruned_through bigint NOT NULL DEFAULT 0)
+            """,
+            """
+            CREATE TABLE history_item (
+                job_id text COLLATE "C" PRIMARY KEY, user_id text COLLATE "C" NOT NULL, effect_id text NOT NULL, effect_title text NOT NULL,
+                prompt text, status text NOT NULL, progress double precision NOT NULL, created_at bigint NOT NULL,
+                updated_at bigint NOT NULL, finished_at bigint, result_key text, thumbnail_key text, image_key text NOT NULL,
+                parameters text NOT NULL, cost bigint NOT NULL, last_error text, version bigint NOT NULL, change_sequence bigint NOT NULL)
+            """,
+            "CREATE INDEX history_item_page ON history_item (user_id, created_at, job_id)",
+            "CREATE INDEX history_item_status_page ON history_item (user_id, status, created_at, job_id)",
+            "CREATE INDEX history_item_changes ON history_item (user_id, change_sequence)",
+            "CREATE INDEX history_item_age ON history_item (created_at)",
+            "CREATE INDEX history_item_prompt_search ON history_item USING gin (prompt gin_trgm_ops)",
+            "CREATE INDEX history_item_title_search ON history_item USING gin (effect_title gin_trgm_ops)",
+            """
+            CREATE TABLE history_item_count (
+                user_id text COLLATE "C" NOT NULL, status text NOT NULL, count bigint NOT NULL, PRIMARY KEY (user_id, status))
+            """,
+            """
+            CREATE TABLE history_deletion (
+                job_id text COLLATE "C" PRIMARY KEY, user_id text COLLATE "C" NOT NULL, created_at bigint NOT NULL,
+                deleted_at bigint NOT NULL, change_sequence bigint NOT NULL)
+            """,
+            "CREATE INDEX history_deletion_changes ON history_deletion (user_id, change_sequence)",
+            "CREATE INDEX history_deletion_age ON history_deletion (deleted_at)",
+            """
+            CREATE TABLE history_purge (
+                job_id text COLLATE "C" PRIMARY KEY, user_id text NOT NULL, attempts bigint NOT NULL DEFAULT 0, next_attempt_at bigint NOT NULL)
+            """,
+            "CREATE INDEX history_purge_due ON history_purge (next_attempt_at)",
+            """
+            CREATE TABLE history_share (
+                token text PRIMARY KEY, job_id text COLLATE "C" NOT NULL, user_id text NOT NULL, expires_at bigint NOT NULL)
+            """,
+            "CREATE INDEX history_share_by_job ON history_share (job_id)",
+            "CREATE INDEX history_share_age ON history_share (expires_at)",
+        ]),
+    ]
+
+    // MARK: Events
+
+    public func applyJobEvents(_ events: [JobEvent]) async throws -> Int {
+        // Users locked in id order (the sort keeps each job's events in their order).
+        let ordered = events.enumerated().sorted { ($0.element.job.userId, $0.offset) < ($1.element.job.userId, $1.offset) }.map(\.element)
+        let logger = logger
+        return try await database.transaction { db in
+            var applied = 0
+            for event in ordered where try await Self.apply(db, event, logger: logger) { applied += 1 }
+            return applied
+        }
+    }
+
+    static func apply(_ db: PostgresConnection, _ event: JobEvent, logger: Logger) async throws -> Bool {
+        let job = event.job
+        let createdAt = job.createdAt.milliseconds
+        let sequence = try await nextSequence(db, userId: job.userId, logger: logger)
+        let (deletedCreatedAt, version, status) = try await db.firstRow(
+            """
+            SELECT d.created_at, i.version, i.status FROM (SELECT 1) AS one
+            LEFT JOIN history_deletion d ON d.job_id = \(job.id) LEFT JOIN history_item i ON i.job_id = \(job.id)
+            """,
+            as: (Int64?, Int?, String?).self, logger: logger
+        ) ?? (nil, nil, nil)
+        if let deletedCreatedAt {
+            // A deleted job stays deleted; one created again under its id starts a new item.
+            guard deletedCreatedAt != createdAt else { return false }
+            try await db.query("DELETE FROM history_deletion WHERE job_id = \(job.id)", logger: logger)
+        }
+        if let version, version >= job.version { return false }
+        try await db.query(
+            """
+            INSERT INTO history_item (job_id, user_id, effect_id, effect_title, prompt, status, progress, created_at, updated_at, finished_at,
+                result_key, thumbnail_key, image_key, parameters, cost, last_error, version, change_sequence)
+            VALUES (\(job.id), \(job.userId), \(job.effectId), \(event.effectTitle), \(job.prompt), \(job.status.rawValue), \(job.progress),
+                \(createdAt), \(job.updatedAt.milliseconds), \(job.finishedAt?.milliseconds), \(job.resultKey), \(job.thumbnailKey),
+                \(job.imageKey), \(try HistoryReads.json(job.parameters)), \(HistoryReads.cost(of: job)), \(job.lastError), \(job.version), \(sequence))
+            ON CONFLICT (job_id) DO UPDATE SET user_id = excluded.user_id, effect_id = excluded.effect_id, effect_title = excluded.effect_title,
+                prompt = excluded.prompt, status = excluded.status, progress = excluded.progress, created_at = excluded.created_at,
+                updated_at = excluded.updated_at, finished_at = excluded.finished_at, result_key = excluded.result_key,
+                thumbnail_key = excluded.thumbnail_key, image_key = excluded.image_key, parameters = excluded.parameters, cost = excluded.cost,
+                last_error = excluded.last_error, version = excluded.version, change_sequence = excluded.change_sequence
+            """,
+            logger: logger
+        )
+        if status != job.status.rawValue {
+            if let status { try await adjustCount(db, userId: job.userId, status: status, by: -1, logger: logger) }
+            try await adjustCount(db, userId: job.userId, status: job.status.rawValue, by: 1, logger: logger)
+        }
+        return true
+    }
+
+    // MARK: Reads
+
+    public func page(_ request: ListHistory) async throws -> HistoryPage {
+        let after = try HistoryReads.cursor(of: request, signer: signer)
+        let statuses = HistoryReads.statuses(of: request)
+        let pattern = HistoryReads.query(of: request).map(Self.containing)
+        let offset = after == nil ? request.offset : 0
+        let logger = logger
+        let (items, total) = try await database.transaction(.snapshotRead) { db in
+            let total: Int
+            if let pattern {
+                total = try await db.first(
+                    """
+                    SELECT count(*) FROM history_item WHERE user_id = \(request.userId)
+                    AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
+                    AND (prompt ILIKE \(pattern) OR effect_title ILIKE \(pattern))
+                    """,
+                    as: Int.self, logger: logger
+                ) ?? 0
+            } else {
+                total = try await Self.storedCount(db, userId: request.userId, statuses: statuses, logger: logger)
+            }
+            let rows = try await db.query(
+                """
+                SELECT \(unescaped: Self.itemColumns) FROM history_item WHERE user_id = \(request.userId)
+                AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
+                AND (\(pattern)::text IS NULL OR prompt ILIKE \(pattern) OR effect_title ILIKE \(pattern))
+                AND (\(after?.createdAt)::bigint IS NULL OR (created_at, job_id) < (\(after?.createdAt), \(after?.jobId)::text))
+                ORDER BY created_at DESC, job_id DESC LIMIT \(request.limit + 1) OFFSET \(offset)
+                """,
+                logger: logger
+            )
+            var items: [HistoryItem] = []
+            for try await row in rows { items.append(try Self.item(from: row)) }
+            return (items, total)
+        }
+        return HistoryReads.page(items, total: total, request: request, signer: signer)
+    }
+
+    public func item(_ jobId: String, userId: String) async throws -> HistoryItem? {
+        let logger = logger
+        return try await database.connection { db in
+            for try await row in try await db.query(
+                "SELECT \(unescaped: Self.itemColumns) FROM history_item WHERE job_id = \(jobId) AND user_id = \(userId)", logger: logger
+            ) {
+                return try Self.item(from: row)
+            }
+            return nil
+        }
+    }
+
+    public func changes(_ request: ChangesSince) async throws -> HistoryChanges {
+        let since = try HistoryReads.since(request, signer: signer)
+        let (checkExpiry, limit, logger) = (request.token != nil, request.limit, logger)
+        let (upserts, deletions) = try await database.transaction(.snapshotRead) { db in
+            if checkExpiry,
+               let pruned = try await db.first("SELECT pruned_through FROM history_user WHERE user_id = \(request.userId)", as: Int64.self, logger: logger),
+               since < pruned {
+                throw HistoryReads.tokenExpired
+            }
+            var upserts: [(sequence: Int64, item: HistoryItem)] = []
+            for try await row in try await db.query(
+                """
+                SELECT \(unescaped: Self.itemColumns) FROM history_item WHERE user_id = \(request.userId) AND change_sequence > \(since)
+                ORDER BY change_sequence LIMIT \(limit + 1)
+                """,
+                logger: logger
+            ) {
+                let item = try Self.item(from: row)
+                upserts.append((try row.makeRandomAccess()[Self.changeSequenceColumn].decode(Int64.self), item))
+            }
+            let deletions = try await db.allRows(
+                """
+                SELECT change_sequence, job_id FROM history_deletion WHERE user_id = \(request.userId) AND change_sequence > \(since)
+                ORDER BY change_sequence LIMIT \(limit + 1)
+                """,
+                as: (Int64, String).self, logger: logger
+            ).map { (sequence: $0.0, jobId: $0.1) }
+            return (upserts, deletions)
+        }
+        return HistoryReads.changes(upserts: upserts, deletions: deletions, since: since, request: request, signer: signer)
+    }
+
+    public func sharedResult(token: String, now: Date) async throws -> SharedResult? {
+        let logger = logger
+        return try await database.connection { db in
+            guard let (jobId, expiresAt, resultKey) = try await db.firstRow(
+                """
+                SELECT s.job_id, s.expires_at, i.result_key FROM history_share s JOIN history_item i ON i.job_id = s.job_id
+                WHERE s.token = \(token) AND s.expires_at > \(now.milliseconds) AND i.status = 'completed'
+                """,
+                as: (String, Int64, String?).self, logger: logger
+            ), let resultKey else { return nil }
+            return SharedResult(jobId: jobId, resultKey: resultKey, expiresAt: Date(milliseconds: expiresAt))
+        }
+    }
+
+    // MARK: Deletions
+
+    public func deleteItem(_ jobId: String, userId: String, now: Date) async throws -> DeletedHistoryItem? {
+        let logger = logger
+        return try await database.transaction { db in
+            try await Self.lockUser(db, userId, logger: logger)
+            return try await Self.removeItem(db, jobId: jobId, userId: userId, now: now, logger: logger) ? DeletedHistoryItem(jobId: jobId) : nil
+        }
+    }
+
+    public func usersWithItems(before: Date, afterUser: String, limit: Int) async throws -> (users: [String], scannedThrough: String?) {
+        let logger = logger
+        return try await database.transaction(.snapshotRead) { db in
+            let scanned = try await db.all(
+                "SELECT user_id FROM history_user WHERE user_id > \(afterUser) ORDER BY user_id LIMIT \(limit)", as: String.self, logger: logger
+            )
+            var users: [String] = []
+            for user in scanned where try await db.first(
+                "SELECT 1 FROM history_item WHERE user_id = \(user) AND created_at < \(before.milliseconds) LIMIT 1", as: Int.self, logger: logger
+            ) != nil {
+                users.append(user)
+            }
+            return (users, scanned.last)
+        }
+    }
+
+    public func deleteExpiredItems(userId: String, before cutoff: Date, limit: Int, now: Date) async throws -> Int {
+        // The statuses retention may take are the rule's (`RetentionRule.sweepable`).
+        let statuses = RetentionRule.sweepable.map(\.rawValue)
+        let logger = logger
+        return try await database.transaction { db in
+            try await Self.lockUser(db, userId, logger: logger)
+            let jobIds = try await db.all(
+                """
+                SELECT job_id FROM history_item WHERE user_id = \(userId) AND created_at < \(cutoff.milliseconds) AND status = ANY(\(statuses))
+                ORDER BY created_at LIMIT \(limit)
+                """,
+                as: String.self, logger: logger
+            )
+            var removed = 0
+            for jobId in jobIds where try await Self.removeItem(db, jobId: jobId, userId: userId, now: now, logger: logger) { removed += 1 }
+            return removed
+        }
+    }
+
+    public func pruneTombstones(before: Date, now: Date, limit: Int) async throws -> Int {
+        let logger = logger
+        return try await database.transaction { db in
+            let gone = try await db.allRows(
+                """
+                DELETE FROM history_deletion WHERE job_id IN (
+                    SELECT d.job_id FROM history_deletion d
+                    WHERE d.deleted_at < \(before.milliseconds) AND NOT EXISTS (SELECT 1 FROM history_purge p WHERE p.job_id = d.job_id)
+                    ORDER BY d.deleted_at LIMIT \(limit))
+                RETURNING user_id, change_sequence
+                """,
+                as: (String, Int64).self, logger: logger
+            )
+            let highest = Dictionary(gone.map { ($0.0, $0.1) }, uniquingKeysWith: max)
+            for (user, sequence) in highest.sorted(by: { $0.key < $1.key }) {
+                try await db.query(
+                    "UPDATE history_user SET pruned_through = greatest(pruned_through, \(sequence)) WHERE user_id = \(user)", logger: logger
+                )
+            }
+            try await db.query("DELETE FROM history_share WHERE expires_at <= \(now.milliseconds)", logger: logger)
+            return gone.count
+        }
+    }
+
+    // MARK: Shares
+
+    public func shareItem(_ jobId: String, userId: String, token: String, expiresAt: Date) async throws -> ShareGrant? {
+        let logger = logger
+        return try await database.transaction { db in
+            guard let status = try await db.first(
+                "SELECT status FROM history_item WHERE job_id = \(jobId) AND user_id = \(userId)", as: String.self, logger: logger
+            ) else { return nil }
+            guard status == JobStatus.completed.rawValue else {
+                throw BusError(History.ErrorCode.notShareable, "only a completed edit has a result to share; this one is \(status)")
+            }
+            try await db.query(
+                "INSERT INTO history_share (token, job_id, user_id, expires_at) VALUES (\(token), \(jobId), \(userId), \(expiresAt.milliseconds))",
+                logger: logger
+            )
+            // At most `HistoryDatabase.maxLinksPerItem` live links an item: a new one past that revokes the oldest.
+            try await db.query(
+                """
+                DELETE FROM history_share WHERE job_id = \(jobId) AND token NOT IN
+                    (SELECT token FROM history_share WHERE job_id = \(jobId) ORDER BY expires_at DESC LIMIT \(HistoryDatabase.maxLinksPerItem))
+                """,
+                logger: logger
+            )
+            return ShareGrant(token: token, expiresAt: expiresAt)
+        }
+    }
+
+    public func revokeShares(_ jobId: String, userId: String) async throws -> Bool {
+        let logger = logger
+        return try await database.transaction { db in
+            guard try await db.first("SELECT 1 FROM history_item WHERE job_id = \(jobId) AND user_id = \(userId)", as: Int.self, logger: logger) != nil else {
+                return false
+            }
+            try await db.query("DELETE FROM history_share WHERE job_id = \(jobId)", logger: logger)
+            return true
+        }
+    }
+
+    // MARK: Purges
+
+    public func pendingPurgeCount() async throws -> Int {
+        let logger = logger
+        return try await database.connection { db in
+            try await db.first("SELECT count(*) FROM history_purge", as: Int.self, logger: logger) ?? 0
+        }
+    }
+
+    public func duePurges(now: Date, limit: Int) async throws -> [OutboxItem<PendingPurge>] {
+        let logger = logger
+        return try await database.connection { db in
+            try await db.allRows(
+                "SELECT job_id, user_id, attempts FROM history_purge WHERE next_attempt_at <= \(now.milliseconds) ORDER BY next_attempt_at LIMIT \(limit)",
+                as: (String, String, Int).self, logger: logger
+            ).map { OutboxItem(id: $0.0, kind: PendingPurge(jobId: $0.0, userId: $0.1), jobId: $0.0, attempts: $0.2) }
+        }
+    }
+
+    public func purgesAcknowledged(_ jobIds: [String]) async throws {
+        let logger = logger
+        try await database.connection { db in
+            _ = try await db.query("DELETE FROM history_purge WHERE job_id = ANY(\(jobIds))", logger: logger)
+        }
+    }
+
+    public func purgeFailed(_ jobId: String, attempts: Int, retryAt: Date) async throws {
+        let logger = logger
+        try await database.connection { db in
+            _ = try await db.query(
+                "UPDATE history_purge SET attempts = \(attempts), next_attempt_at = \(retryAt.milliseconds) WHERE job_id = \(jobId)", logger: logger
+            )
+        }
+    }
+
+    // MARK: Shared by the writes
+
+    /// Holds every other write of the user until this transaction ends (a user with items has
+    /// a row; one without has nothing to change).
+    static func lockUser(_ db: PostgresConnection, _ userId: String, logger: Logger) async throws {
+        try await db.query("SELECT 1 FROM history_user WHERE user_id = \(userId) FOR UPDATE", logger: logger)
+    }
+
+    /// The user's next change number; the row lock it takes holds every other write of this
+    /// user until this transaction ends.
+    static func nextSequence(_ db: PostgresConnection, userId: String, logger: Logger) async throws -> Int64 {
+        try await db.first(
+            """
+            INSERT INTO history_user (user_id, change_sequence) VALUES (\(userId), 1)
+            ON CONFLICT (user_id) DO UPDATE SET change_sequence = history_user.change_sequence + 1
+            RETURNING change_sequence
+            """,
+            as: Int64.self, logger: logger
+        ) ?? 0
+    }
+
+    static func adjustCount(_ db: PostgresConnection, userId: String, status: String, by delta: Int, logger: Logger) async throws {
+        try await db.query(
+            """
+            INSERT INTO history_item_count (user_id, status, count) VALUES (\(userId), \(status), \(delta))
+            ON CONFLICT (user_id, status) DO UPDATE SET count = history_item_count.count + excluded.count
+            """,
+            logger: logger
+        )
+    }
+
+    /// The user's items in `statuses` (all when empty), from the counts kept per status.
+    static func storedCount(_ db: PostgresConnection, userId: String, statuses: [String], logger: Logger) async throws -> Int {
+        try await db.first(
+            """
+            SELECT coalesce(sum(count), 0)::bigint FROM history_item_count
+            WHERE user_id = \(userId) AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
+            """,
+            as: Int.self, logger: logger
+        ) ?? 0
+    }
+
+    /// Removes one of the user's items (the caller holds the user's lock) from every read, leaves
+    /// a tombstone for the changes feed and queues the purge of its job for jobs. False when it
+    /// was gone already.
+    static func removeItem(_ db: PostgresConnection, jobId: String, userId: String, now: Date, logger: Logger) async throws -> Bool {
+        guard let (status, createdAt) = try await db.firstRow(
+            "DELETE FROM history_item WHERE job_id = \(jobId) AND user_id = \(userId) RETURNING status, created_at",
+            as: (String, Int64).self, logger: logger
+        ) else { return false }
+        try await adjustCount(db, userId: userId, status: status, by: -1, logger: logger)
+        try await db.query("DELETE FROM history_share WHERE job_id = \(jobId)", logger: logger)
+        let sequence = try await nextSequence(db, userId: userId, logger: logger)
+        try await db.query(
+            """
+            INSERT INTO history_deletion (job_id, user_id, created_at, deleted_at, change_sequence)
+            VALUES (\(jobId), \(userId), \(createdAt), \(now.milliseconds), \(sequence))
+            ON CONFLICT (job_id) DO UPDATE SET user_id = excluded.user_id, created_at = excluded.created_at,
+                deleted_at = excluded.deleted_at, change_sequence = excluded.change_sequence
+            """,
+            logger: logger
+        )
+        try await db.query(
+            "INSERT INTO history_purge (job_id, user_id, next_attempt_at) VALUES (\(jobId), \(userId), \(now.milliseconds)) ON CONFLICT DO NOTHING",
+            logger: logger
+        )
+        return true
+    }
+
+    /// An `ILIKE` pattern matching any text that contains `query` (its `%`, `_` and `\` taken
+    /// literally).
+    static func containing(_ query: String) -> String {
+        var escaped = ""
+        for character in query {
+            if character == "%" || character == "_" || character == "\\" { escaped.append("\\") }
+            escaped.append(character)
+        }
+        return "%" + escaped + "%"
+    }
+
+    // MARK: Rows
+
+    /// The columns `item(from:)` reads, in its order.
+    static let itemColumns = """
+        job_id, user_id, effect_id, effect_title, prompt, status, progress, created_at, updated_at, finished_at, result_key,
+        thumbnail_key, image_key, parameters, cost, last_error, version, change_sequence
+        """
+
+    /// The position of `change_sequence` in `itemColumns`.
+    static let changeSequenceColumn = 17
+
+    static func item(from row: PostgresRow) throws -> HistoryItem {
+        let row = row.makeRandomAccess()
+        return HistoryItem(
+            jobId: try row[0].decode(String.self), userId: try row[1].decode(String.self), effectId: try row[2].decode(String.self),
+            effectTitle: try row[3].decode(String.self), prompt: try row[4].decode(String?.self),
+            status: JobStatus(rawValue: try row[5].decode(String.self)) ?? .failed, progress: try row[6].decode(Double.self),
+            createdAt: Date(milliseconds: try row[7].decode(Int64.self)), updatedAt: Date(milliseconds: try row[8].decode(Int64.self)),
+            finishedAt: try row[9].decode(Int64?.self).map(Date.init(milliseconds:)), resultKey: try row[10].decode(String?.self),
+            thumbnailKey: try row[11].decode(String?.self), originalImageKey: try row[12].decode(String.self),
+            parameters: HistoryReads.parameters(try row[13].decode(String?.self)), cost: try row[14].decode(Int.self),
+            lastError: try row[15].decode(String?.self), version: try row[16].decode(Int.self)
+        )
+    }
+}
+
+extension SystemRandomNumberGenerator {
+    /// `count` bytes from the system's secure generator.
+    static func bytes(_ count: Int) -> [UInt8] {
+        var generator = SystemRandomNumberGenerator()
+        return (0..<count).map { _ in UInt8.random(in: .min ... .max, using: &generator) }
+    }
+}
