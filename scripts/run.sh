@@ -29,26 +29,28 @@ if [ "${BLOB_STORE:-folder}" = s3 ] && [ -z "${S3_ENDPOINT:-}" ]; then
   source "$S3_DIR/s3.env"
 fi
 
-# STORE=postgres: quota on PostgreSQL (QUOTA_DATABASE_URL; unless set, a local PostgreSQL 15 from
-# Debian's package in $DATA_DIR/postgres on POSTGRES_PORT, default 7432, initdb included), served
-# by QUOTA_REPLICAS quota processes (default 2: on 7101 and 7111), every caller given both.
+# STORE=postgres: quota and history on PostgreSQL (QUOTA_DATABASE_URL, HISTORY_DATABASE_URL;
+# unless set, a local PostgreSQL 15 from Debian's package in $DATA_DIR/postgres on POSTGRES_PORT,
+# default 7432, initdb included, one database for both), each served by QUOTA_REPLICAS and
+# HISTORY_REPLICAS processes (default 2: quota on 7101 and 7111, history on 7102 and 7112), every
+# caller given all of a service's replicas.
 PG_DIR=""
 QUOTA_REPLICAS=${QUOTA_REPLICAS:-1}
+HISTORY_REPLICAS=${HISTORY_REPLICAS:-1}
 if [ "${STORE:-sqlite}" = postgres ]; then
-  if [ -z "${QUOTA_DATABASE_URL:-}" ]; then
+  if [ -z "${QUOTA_DATABASE_URL:-}" ] || [ -z "${HISTORY_DATABASE_URL:-}" ]; then
     PG_DIR="$DATA_DIR/postgres"
     scripts/postgres-server.sh install || exit 1
     scripts/postgres-server.sh start "$PG_DIR" "${POSTGRES_PORT:-7432}" >/dev/null || exit 1
     source "$PG_DIR/postgres.env"
-    export QUOTA_DATABASE_URL=$POSTGRES_URL
+    export QUOTA_DATABASE_URL=${QUOTA_DATABASE_URL:-$POSTGRES_URL} HISTORY_DATABASE_URL=${HISTORY_DATABASE_URL:-$POSTGRES_URL}
   fi
   [ "$QUOTA_REPLICAS" -gt 1 ] || QUOTA_REPLICAS=2
-  quota_endpoints=""
-  for index in $(seq 1 "$QUOTA_REPLICAS"); do
-    quota_endpoints+="${quota_endpoints:+,}tcp://127.0.0.1:$((7091 + 10 * index))"
-  done
-  export QUOTA_ENDPOINT=$quota_endpoints
-  echo "[run] STORE=postgres: quota on PostgreSQL, $QUOTA_REPLICAS replicas ($QUOTA_ENDPOINT)"
+  [ "$HISTORY_REPLICAS" -gt 1 ] || HISTORY_REPLICAS=2
+  # Replica i of the service on port base + 10 i.
+  endpoints() { local list="" index; for index in $(seq 1 "$2"); do list+="${list:+,}tcp://127.0.0.1:$(($1 + 10 * index))"; done; echo "$list"; }
+  export QUOTA_ENDPOINT=$(endpoints 7091 "$QUOTA_REPLICAS") HISTORY_ENDPOINT=$(endpoints 7092 "$HISTORY_REPLICAS")
+  echo "[run] STORE=postgres: quota ($QUOTA_ENDPOINT) and history ($HISTORY_ENDPOINT) on PostgreSQL"
 fi
 
 # The bus runs with CURVE and callers known by key (secure by default): keys made once into
@@ -109,19 +111,24 @@ pids=()
 [ -n "${fixture_pid:-}" ] && pids+=("$fixture_pid")
 # Each process's own bus key (empty with BUS_KEYS=off: none).
 key_of() { local variable="$(echo "$1" | tr '[:lower:]' '[:upper:]')_BUS_CURVE_KEY"; echo "${!variable:-}"; }
-for name in history jobs gateway; do
+for name in jobs gateway; do
   BUS_CURVE_KEY=$(key_of "$name") supervise "$name" &
   pids+=($!)
 done
-if [ "$QUOTA_REPLICAS" -gt 1 ]; then
-  for index in $(seq 1 "$QUOTA_REPLICAS"); do
-    QUOTA_BIND="tcp://127.0.0.1:$((7091 + 10 * index))" BUS_CURVE_KEY=$(key_of quota) supervise quota "quota-$index" &
+# Quota and history: one process each, or (STORE=postgres) replica i bound on port base + 10 i.
+for service in quota:7091:$QUOTA_REPLICAS history:7092:$HISTORY_REPLICAS; do
+  IFS=: read -r name base count <<< "$service"
+  if [ "$count" -gt 1 ]; then
+    bind="$(echo "$name" | tr '[:lower:]' '[:upper:]')_BIND"
+    for index in $(seq 1 "$count"); do
+      (export "$bind=tcp://127.0.0.1:$((base + 10 * index))"; BUS_CURVE_KEY=$(key_of "$name") supervise "$name" "$name-$index") &
+      pids+=($!)
+    done
+  else
+    BUS_CURVE_KEY=$(key_of "$name") supervise "$name" &
     pids+=($!)
-  done
-else
-  BUS_CURVE_KEY=$(key_of quota) supervise quota &
-  pids+=($!)
-fi
+  fi
+done
 for index in $(seq 1 "$WORKERS"); do
   BUS_CURVE_KEY=$(key_of worker) WORKER_ID="worker-$index" supervise worker "worker-$index" &
   pids+=($!)
