@@ -216,6 +216,7 @@ let package = Package(
             dependencies: [
                 "JobsCore", "Messages", "Bus", "ServiceKit", "Storage", "Blobs",
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -411,7 +412,7 @@ let package = Package(
         .testTarget(
             name: "JobsTests",
             dependencies: [
-                "JobsCore", "JobsService", "Messages", "Bus", "Blobs", "ServiceKit",
+                "JobsCore", "JobsService", "Messages", "Bus", "Blobs", "ServiceKit", "Storage", "TestSupport",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],

@@ -97,41 +97,12 @@ struct JobStoreTests {
         #expect(completed == 200)
     }
 
-    @Test func staleAttemptsResultIsRefused() async throws {
-        // Given attempt 1 was lost with its worker and attempt 2 now runs
-        _ = try await created()
-        let first = try #require(try await store.start("job-1", now: now))
-        _ = try await store.requeue(JobAttempt(jobId: "job-1", attempt: first.attempts), reason: "worker lost", now: now)
-        let second = try #require(try await store.start("job-1", now: now))
-        #expect(second.attempts == 2)
-        // When attempt 1 reports done late
-        let late = try await store.complete(JobAttempt(jobId: "job-1", attempt: 1), output: JobOutput(resultKey: "r1", thumbnailKey: "t1"), now: now)
-        // Then it is refused and changes nothing; attempt 2's result is accepted
-        guard case .refused = late else { Issue.record("a stale attempt's result was applied"); return }
-        #expect(try await store.job("job-1")?.status == .processing)
-        let current = try await store.complete(JobAttempt(jobId: "job-1", attempt: 2), output: JobOutput(resultKey: "r2", thumbnailKey: "t2"), now: now)
-        guard case .applied(let job) = current else { Issue.record("the current attempt was refused"); return }
-        #expect(job.status == .completed && job.resultKey == "r2")
-        // And quota hears one commit
-        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["commit"])
+    @Test(arguments: JobsBackend.allCases) func staleAttemptsResultIsRefused(backend: JobsBackend) async throws {
+        try await withJobsStore(backend) { try await $0.staleAttemptsResultIsRefused() }
     }
 
-    @Test func retryableFailuresRetryUntilAttemptsRunOutThenRelease() async throws {
-        _ = try await created()
-        for attempt in 1...3 {
-            _ = try #require(try await store.start("job-1", now: now))
-            let (outcome, retryAfter) = try await store.fail(JobAttempt(jobId: "job-1", attempt: attempt), error: "timeout \(attempt)", retryable: true, now: now)
-            guard case .applied(let job) = outcome else { Issue.record("refused"); return }
-            if attempt < 3 {
-                #expect(job.status == .queued)
-                #expect(retryAfter == .milliseconds(10 * (1 << (attempt - 1))))
-            } else {
-                #expect(job.status == .failed)
-                #expect(job.lastError == "timeout 3")
-                #expect(retryAfter == nil)
-            }
-        }
-        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["release"])
+    @Test(arguments: JobsBackend.allCases) func retryableFailuresRetryUntilAttemptsRunOutThenRelease(backend: JobsBackend) async throws {
+        try await withJobsStore(backend) { try await $0.retryableFailuresRetryUntilAttemptsRunOutThenRelease() }
     }
 
     @Test func rowsWrittenByHandReadBackAsRecordsAndTheOtherWayRound() async throws {
@@ -165,82 +136,24 @@ struct JobStoreTests {
         #expect(try stored.map { try JobRows.event(try #require($0.payload)).job } == [created])
     }
 
-    @Test func everyStateChangeIsAnEventWithARisingVersion() async throws {
-        _ = try await created()
-        _ = try await store.start("job-1", now: now)
-        _ = try await store.complete(JobAttempt(jobId: "job-1", attempt: 1), output: JobOutput(resultKey: "r", thumbnailKey: "t"), now: now)
-        let events = try await outbox().filter { $0.topic == "history" }
-        #expect(events.map(\.version) == [1, 2, 3])
-        let last = try JobRows.event(try #require(events.last?.payload))
-        #expect(last.job.status == .completed)
-        #expect(last.effectTitle == "Original")
+    @Test(arguments: JobsBackend.allCases) func everyStateChangeIsAnEventWithARisingVersion(backend: JobsBackend) async throws {
+        try await withJobsStore(backend) { try await $0.everyStateChangeIsAnEventWithARisingVersion() }
     }
 
-    /// The files the blob janitor is told to delete.
-    func discarded() async throws -> [String] {
-        try await outbox().filter { $0.topic == "blobs" }.flatMap { try JSONDecoder().decode([String].self, from: $0.payload ?? Data()) }
+    @Test(arguments: JobsBackend.allCases) func purgingARunningJobReleasesItsChargeAndRemovesItsRowAndPendingEvents(backend: JobsBackend) async throws {
+        try await withJobsStore(backend) { try await $0.purgingARunningJobReleasesItsChargeAndRemovesItsRowAndPendingEvents() }
     }
 
-    @Test func purgingARunningJobReleasesItsChargeAndRemovesItsRowAndPendingEvents() async throws {
-        // Given a processing job
-        _ = try await created()
-        _ = try await store.start("job-1", now: now)
-        // When it is purged
-        let purge = try await store.purge("job-1", userId: "alice", now: now)
-        // Then it was there, its charge is released, and nothing of it is left but the deletions
-        #expect(purge.job?.status == .processing)
-        #expect(try await store.job("job-1") == nil)
-        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["release"])
-        #expect(try await outbox().filter { $0.topic == "history" }.isEmpty)
-        #expect(try await discarded() == ["uploads/x/y.jpg"])
-        // And purging again, or someone else's job, finds nothing
-        #expect(try await store.purge("job-1", userId: "alice", now: now).job == nil)
+    @Test(arguments: JobsBackend.allCases) func purgingKeepsAnOriginalAnotherJobUses(backend: JobsBackend) async throws {
+        try await withJobsStore(backend) { try await $0.purgingKeepsAnOriginalAnotherJobUses() }
     }
 
-    @Test func purgingKeepsAnOriginalAnotherJobUses() async throws {
-        _ = try await created("first", imageKey: "uploads/x/shared.jpg")
-        _ = try await created("second", imageKey: "uploads/x/shared.jpg")
-        _ = try await store.start("first", now: now)
-        _ = try await store.complete(JobAttempt(jobId: "first", attempt: 1), output: JobOutput(resultKey: "results/first/1.jpg", thumbnailKey: "thumbnails/first/1.jpg"), now: now)
-        #expect(try await store.purge("second", userId: "bob", now: now).job == nil)
-        _ = try await store.purge("first", userId: "alice", now: now)
-        #expect(try await discarded() == ["results/first/1.jpg", "thumbnails/first/1.jpg"])
-        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["commit"])
-        _ = try await store.purge("second", userId: "alice", now: now)
-        #expect(try await discarded().last == "uploads/x/shared.jpg")
+    @Test(arguments: JobsBackend.allCases) func cancellingQueuedAndProcessingJobs(backend: JobsBackend) async throws {
+        try await withJobsStore(backend) { try await $0.cancellingQueuedAndProcessingJobs() }
     }
 
-    @Test func cancellingQueuedAndProcessingJobs() async throws {
-        _ = try await created("queued-job")
-        let cancelled = try await store.cancel("queued-job", userId: "alice", now: now)
-        #expect(cancelled.status == .cancelled)
-        _ = try await created("running-job")
-        _ = try await store.start("running-job", now: now)
-        let marked = try await store.cancel("running-job", userId: "alice", now: now)
-        #expect(marked.status == .processing && marked.cancelRequested)
-        _ = try await store.cancelled(JobAttempt(jobId: "running-job", attempt: 1), now: now)
-        #expect(try await store.job("running-job")?.status == .cancelled)
-        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["release", "release"])
-        // Someone else's id is not found; a finished job cannot be cancelled.
-        await #expect(throws: BusError.self) { _ = try await store.cancel("running-job", userId: "mallory", now: now) }
-        _ = try await created("done-job")
-        _ = try await store.start("done-job", now: now)
-        _ = try await store.complete(JobAttempt(jobId: "done-job", attempt: 1), output: JobOutput(resultKey: "r", thumbnailKey: "t"), now: now)
-        do {
-            _ = try await store.cancel("done-job", userId: "alice", now: now)
-            Issue.record("a completed job was cancelled")
-        } catch let error as BusError {
-            #expect(error.code == Jobs.ErrorCode.alreadyFinished)
-        }
-    }
-
-    @Test func sameJobIdCreatesOnceAndOtherUsersCannotTakeIt() async throws {
-        let first = try await created()
-        let again = try await store.create(CreateJob(jobId: "job-1", userId: "alice", isPro: false, imageKey: "k", effectId: "copy"), effectId: "copy", parameters: [:], now: now)
-        #expect(!again.created && again.job.id == first.id && again.job.version == first.version)
-        await #expect(throws: BusError.self) {
-            _ = try await store.create(CreateJob(jobId: "job-1", userId: "bob", isPro: false, imageKey: "k", effectId: "copy"), effectId: "copy", parameters: [:], now: now)
-        }
+    @Test(arguments: JobsBackend.allCases) func sameJobIdCreatesOnceAndOtherUsersCannotTakeIt(backend: JobsBackend) async throws {
+        try await withJobsStore(backend) { try await $0.sameJobIdCreatesOnceAndOtherUsersCannotTakeIt() }
     }
 
     @Test func effectParametersAreCheckedAgainstTheirSchema() throws {
@@ -264,3 +177,116 @@ func waitUntil(within limit: Duration = .seconds(10), _ condition: () async thro
 }
 
 struct WaitTimedOut: Error {}
+
+/// The bodies of the store tests that run on both backends.
+extension JobsStoreHarness {
+    func staleAttemptsResultIsRefused() async throws {
+        // Given attempt 1 was lost with its worker and attempt 2 now runs
+        _ = try await created()
+        let first = try #require(try await store.start("job-1", now: now))
+        _ = try await store.requeue(JobAttempt(jobId: "job-1", attempt: first.attempts), reason: "worker lost", now: now)
+        let second = try #require(try await store.start("job-1", now: now))
+        #expect(second.attempts == 2)
+        // When attempt 1 reports done late
+        let late = try await store.complete(JobAttempt(jobId: "job-1", attempt: 1), output: JobOutput(resultKey: "r1", thumbnailKey: "t1"), now: now)
+        // Then it is refused and changes nothing; attempt 2's result is accepted
+        guard case .refused = late else { Issue.record("a stale attempt's result was applied"); return }
+        #expect(try await store.job("job-1", userId: nil)?.status == .processing)
+        let current = try await store.complete(JobAttempt(jobId: "job-1", attempt: 2), output: JobOutput(resultKey: "r2", thumbnailKey: "t2"), now: now)
+        guard case .applied(let job) = current else { Issue.record("the current attempt was refused"); return }
+        #expect(job.status == .completed && job.resultKey == "r2")
+        // And quota hears one commit
+        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["commit"])
+    }
+
+    func retryableFailuresRetryUntilAttemptsRunOutThenRelease() async throws {
+        _ = try await created()
+        for attempt in 1...3 {
+            _ = try #require(try await store.start("job-1", now: now))
+            let (outcome, retryAfter) = try await store.fail(JobAttempt(jobId: "job-1", attempt: attempt), error: "timeout \(attempt)", retryable: true, now: now)
+            guard case .applied(let job) = outcome else { Issue.record("refused"); return }
+            if attempt < 3 {
+                #expect(job.status == .queued)
+                #expect(retryAfter == .milliseconds(10 * (1 << (attempt - 1))))
+            } else {
+                #expect(job.status == .failed)
+                #expect(job.lastError == "timeout 3")
+                #expect(retryAfter == nil)
+            }
+        }
+        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["release"])
+    }
+
+    func everyStateChangeIsAnEventWithARisingVersion() async throws {
+        _ = try await created()
+        _ = try await store.start("job-1", now: now)
+        _ = try await store.complete(JobAttempt(jobId: "job-1", attempt: 1), output: JobOutput(resultKey: "r", thumbnailKey: "t"), now: now)
+        let events = try await outbox().filter { $0.topic == "history" }
+        #expect(events.map(\.version) == [1, 2, 3])
+        let last = try JobRows.event(try #require(events.last?.payload))
+        #expect(last.job.status == .completed)
+        #expect(last.effectTitle == "Original")
+    }
+
+    func purgingARunningJobReleasesItsChargeAndRemovesItsRowAndPendingEvents() async throws {
+        // Given a processing job
+        _ = try await created()
+        _ = try await store.start("job-1", now: now)
+        // When it is purged
+        let purge = try await store.purge("job-1", userId: "alice", now: now)
+        // Then it was there, its charge is released, and nothing of it is left but the deletions
+        #expect(purge.job?.status == .processing)
+        #expect(try await store.job("job-1", userId: nil) == nil)
+        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["release"])
+        #expect(try await outbox().filter { $0.topic == "history" }.isEmpty)
+        #expect(try await discarded() == ["uploads/x/y.jpg"])
+        // And purging again, or someone else's job, finds nothing
+        #expect(try await store.purge("job-1", userId: "alice", now: now).job == nil)
+    }
+
+    func purgingKeepsAnOriginalAnotherJobUses() async throws {
+        _ = try await created("first", imageKey: "uploads/x/shared.jpg")
+        _ = try await created("second", imageKey: "uploads/x/shared.jpg")
+        _ = try await store.start("first", now: now)
+        _ = try await store.complete(JobAttempt(jobId: "first", attempt: 1), output: JobOutput(resultKey: "results/first/1.jpg", thumbnailKey: "thumbnails/first/1.jpg"), now: now)
+        #expect(try await store.purge("second", userId: "bob", now: now).job == nil)
+        _ = try await store.purge("first", userId: "alice", now: now)
+        #expect(try await discarded() == ["results/first/1.jpg", "thumbnails/first/1.jpg"])
+        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["commit"])
+        _ = try await store.purge("second", userId: "alice", now: now)
+        #expect(try await discarded().last == "uploads/x/shared.jpg")
+    }
+
+    func cancellingQueuedAndProcessingJobs() async throws {
+        _ = try await created("queued-job")
+        let cancelled = try await store.cancel("queued-job", userId: "alice", now: now)
+        #expect(cancelled.status == .cancelled)
+        _ = try await created("running-job")
+        _ = try await store.start("running-job", now: now)
+        let marked = try await store.cancel("running-job", userId: "alice", now: now)
+        #expect(marked.status == .processing && marked.cancelRequested)
+        _ = try await store.cancelled(JobAttempt(jobId: "running-job", attempt: 1), now: now)
+        #expect(try await store.job("running-job", userId: nil)?.status == .cancelled)
+        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["release", "release"])
+        // Someone else's id is not found; a finished job cannot be cancelled.
+        await #expect(throws: BusError.self) { _ = try await store.cancel("running-job", userId: "mallory", now: now) }
+        _ = try await created("done-job")
+        _ = try await store.start("done-job", now: now)
+        _ = try await store.complete(JobAttempt(jobId: "done-job", attempt: 1), output: JobOutput(resultKey: "r", thumbnailKey: "t"), now: now)
+        do {
+            _ = try await store.cancel("done-job", userId: "alice", now: now)
+            Issue.record("a completed job was cancelled")
+        } catch let error as BusError {
+            #expect(error.code == Jobs.ErrorCode.alreadyFinished)
+        }
+    }
+
+    func sameJobIdCreatesOnceAndOtherUsersCannotTakeIt() async throws {
+        let first = try await created()
+        let again = try await store.create(CreateJob(jobId: "job-1", userId: "alice", isPro: false, imageKey: "k", effectId: "copy"), effectId: "copy", parameters: [:], now: now)
+        #expect(!again.created && again.job.id == first.id && again.job.version == first.version)
+        await #expect(throws: BusError.self) {
+            _ = try await store.create(CreateJob(jobId: "job-1", userId: "bob", isPro: false, imageKey: "k", effectId: "copy"), effectId: "copy", parameters: [:], now: now)
+        }
+    }
+}

@@ -46,9 +46,9 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
         quota,
         history,
         DispatcherService(dispatcher: dispatcher, channel: channel),
-        JobsRelays.settlements(database: database, quota: quota, logger: logger),
-        JobsRelays.historyEvents(database: database, history: history, logger: logger),
-        JobsRelays.fileDeletions(database: database, blobs: blobs, logger: logger),
+        JobsRelays.settlements(outbox: JobsOutbox(database: database, topic: OutboxEntry.Topic.quota), quota: quota, logger: logger),
+        JobsRelays.historyEvents(outbox: JobsOutbox(database: database, topic: OutboxEntry.Topic.history), history: history, logger: logger),
+        JobsRelays.fileDeletions(outbox: JobsOutbox(database: database, topic: OutboxEntry.Topic.blobs), blobs: blobs, logger: logger),
         UnusedUploadSweeper(
             blobs: blobs, store: store, age: TimeInterval(configuration.unusedUploadAge), interval: configuration.uploadSweepInterval, logger: logger
         ),

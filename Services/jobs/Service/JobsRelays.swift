@@ -6,13 +6,14 @@ import Messages
 import ServiceKit
 
 /// The jobs service's three outboxes, each delivered by an `OutboxRelay` with the one retry policy
-/// (`OutboxBackoff`): quota settlements, job events for history, and files to delete.
+/// (`OutboxBackoff`): quota settlements, job events for history, and files to delete. Each takes
+/// its topic of the store's outbox (`JobsOutbox` on SQLite, `PostgresJobsOutbox`).
 public enum JobsRelays {
     /// `commit` for completed jobs, `release` for failed and cancelled ones; quota applies them
     /// idempotently by job id. A settlement quota has nothing to apply to (no reservation, or
     /// settled the other way already) is final too.
-    public static func settlements(database: JobsDatabase, quota: BusClient, logger: Logger) -> OutboxRelay<JobsOutbox> {
-        OutboxRelay("quota settlements", outbox: JobsOutbox(database: database, topic: OutboxEntry.Topic.quota), logger: logger, deliver: { items in
+    public static func settlements<Box: Outbox<JobsOutboxKind>>(outbox: Box, quota: BusClient, logger: Logger) -> OutboxRelay<Box> {
+        OutboxRelay("quota settlements", outbox: outbox, logger: logger, deliver: { items in
             await OutboxDeliveries.oneByOne(items) { item in
                 guard case .settlement(let settlement) = item.kind else { return unreadable(item, logger) }
                 do {
@@ -31,9 +32,9 @@ public enum JobsRelays {
     /// Job events, in batches of up to 200 (and 512 KiB, well inside the bus's message limit),
     /// oldest first; history applies each idempotently by (job id, version), so a batch sent
     /// twice changes nothing.
-    public static func historyEvents(database: JobsDatabase, history: BusClient, logger: Logger) -> OutboxRelay<JobsOutbox> {
+    public static func historyEvents<Box: Outbox<JobsOutboxKind>>(outbox: Box, history: BusClient, logger: Logger) -> OutboxRelay<Box> {
         OutboxRelay(
-            "job events for history", outbox: JobsOutbox(database: database, topic: OutboxEntry.Topic.history), batchSize: 200,
+            "job events for history", outbox: outbox, batchSize: 200,
             interval: .milliseconds(100), logger: logger,
             deliver: { items in
                 var events: [JobEvent] = []
@@ -62,8 +63,8 @@ public enum JobsRelays {
 
     /// Files that purged jobs and refused results left behind. Deleting a file already gone
     /// succeeds, so an entry replayed after a crash does no harm.
-    public static func fileDeletions(database: JobsDatabase, blobs: any BlobStore, logger: Logger) -> OutboxRelay<JobsOutbox> {
-        OutboxRelay("file deletions", outbox: JobsOutbox(database: database, topic: OutboxEntry.Topic.blobs), logger: logger) { items in
+    public static func fileDeletions<Box: Outbox<JobsOutboxKind>>(outbox: Box, blobs: any BlobStore, logger: Logger) -> OutboxRelay<Box> {
+        OutboxRelay("file deletions", outbox: outbox, logger: logger) { items in
             await OutboxDeliveries.oneByOne(items) { item in
                 guard case .fileDeletion(let keys) = item.kind else { return unreadable(item, logger) }
                 do {

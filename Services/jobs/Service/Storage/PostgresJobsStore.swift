@@ -1,0 +1,502 @@
+import Foundation
+import JobsCore
+import Logging
+import Messages
+import PostgresNIO
+import ServiceKit
+import Storage
+
+/// The job lifecycle on PostgreSQL (`JOBS_DATABASE_URL`), for any number of jobs replicas over one
+/// database. The same operations as `SQLiteJobsStore`, decided by the same `JobRules`, each state
+/// change with its history event, settlement and file deletions in the outbox of its transaction.
+/// What differs:
+/// - **Every replica creates, reads, cancels and purges.** A job's writes lock its row (`FOR
+///   UPDATE`); a creation and an abandoning lookup of one id take an advisory lock on the id, so a
+///   job is never both created and abandoned.
+/// - **One replica dispatches**: the one holding the `dispatcher` lease in `jobs_leader`
+///   (`DispatchLeadership`). Its store is `fenced(_:)` with the lease's term: each of the
+///   dispatcher's writes (starts, results, requeues, submissions, recovery) first reads the lease
+///   row `FOR SHARE` and refuses (`DispatchDeposed`) unless its term still holds it. A takeover
+///   updates that row, so it waits for the fenced writes in flight and every later one of the
+///   deposed leader changes nothing.
+/// - **The outbox is shared**: each replica's relays claim due entries (`FOR UPDATE SKIP LOCKED`,
+///   leased for `PostgresJobsOutbox.lease`), so an entry goes to one relay at a time and one whose
+///   relay died is taken up again after the lease.
+public struct PostgresJobsStore: JobsStore {
+    let database: PostgresPool
+    public let retry: RetryPolicy
+    /// Effect ids to the titles the app shows, carried in history events.
+    public let effectTitles: [String: String]
+    let logger: Logger
+    /// The lease the dispatcher's writes must still hold; nil for the handler's writes.
+    let fence: Lease?
+
+    public init(database: PostgresPool, retry: RetryPolicy = RetryPolicy(), effectTitles: [String: String] = [:], logger: Logger) {
+        self.database = database
+        self.retry = retry
+        self.effectTitles = effectTitles
+        self.logger = logger
+        self.fence = nil
+    }
+
+    /// A term of the dispatcher's lease: who holds it, and which election gave it to them.
+    public struct Lease: Sendable, Equatable {
+        public var holder: String
+        public var term: Int64
+
+        public init(holder: String, term: Int64) {
+            self.holder = holder
+            self.term = term
+        }
+    }
+
+    /// This store, its dispatcher's writes fenced by `lease`.
+    public func fenced(_ lease: Lease) -> PostgresJobsStore {
+        PostgresJobsStore(database: database, retry: retry, effectTitles: effectTitles, logger: logger, fence: lease)
+    }
+
+    private init(database: PostgresPool, retry: RetryPolicy, effectTitles: [String: String], logger: Logger, fence: Lease?) {
+        self.database = database
+        self.retry = retry
+        self.effectTitles = effectTitles
+        self.logger = logger
+        self.fence = fence
+    }
+
+    public static let migrations = [
+        PostgresMigration("v1: jobs, outbox, abandoned ids, the dispatcher's lease", [
+            """
+            CREATE TABLE jobs_job (
+                id text COLLATE "C" PRIMARY KEY, user_id text COLLATE "C" NOT NULL, is_pro boolean NOT NULL, image_key text NOT NULL,
+                effect_id text NOT NULL, parameters text NOT NULL, prompt text, status text NOT NULL, progress double precision NOT NULL,
+                attempts bigint NOT NULL, max_attempts bigint NOT NULL, last_error text, result_key text, thumbnail_key text,
+                created_at double precision NOT NULL, updated_at double precision NOT NULL, started_at double precision,
+                finished_at double precision, version bigint NOT NULL, cancel_requested boolean NOT NULL DEFAULT false,
+                credits bigint NOT NULL DEFAULT 1, submission text)
+            """,
+            "CREATE INDEX jobs_job_by_status ON jobs_job (status, created_at)",
+            "CREATE INDEX jobs_job_by_user_image ON jobs_job (user_id, image_key)",
+            "CREATE INDEX jobs_job_by_image ON jobs_job (image_key)",
+            """
+            CREATE TABLE jobs_outbox (
+                id bigserial PRIMARY KEY, topic text NOT NULL, kind text NOT NULL, job_id text NOT NULL, version bigint NOT NULL,
+                payload bytea, created_at double precision NOT NULL, attempts bigint NOT NULL DEFAULT 0, next_attempt_at double precision NOT NULL)
+            """,
+            "CREATE INDEX jobs_outbox_due ON jobs_outbox (topic, next_attempt_at)",
+            "CREATE INDEX jobs_outbox_by_job ON jobs_outbox (job_id)",
+            "CREATE TABLE jobs_abandoned (job_id text PRIMARY KEY, at double precision NOT NULL)",
+            "CREATE TABLE jobs_leader (name text PRIMARY KEY, holder text NOT NULL, term bigint NOT NULL, expires_at timestamptz NOT NULL)",
+        ]),
+    ]
+
+    // MARK: Any replica
+
+    public func create(_ request: CreateJob, effectId: String, parameters: [String: Double], now: Date) async throws -> (job: JobRecord, created: Bool) {
+        let store = self
+        return try await database.transaction { db in
+            try await store.lockId(db, request.jobId)
+            if let existing = try await store.row(db, request.jobId, lock: false) {
+                guard existing.userId == request.userId else { throw BusError(.conflict, "job id \(request.jobId) belongs to another user") }
+                return (existing, false)
+            }
+            if try await db.first("SELECT 1 FROM jobs_abandoned WHERE job_id = \(request.jobId)", as: Int.self, logger: store.logger) != nil {
+                throw BusError(Jobs.ErrorCode.abandoned, "job \(request.jobId) was abandoned: its reservation was given back before it was created; send a new request", retryable: false)
+            }
+            let job = JobRecord(
+                id: request.jobId, userId: request.userId, isPro: request.isPro, imageKey: request.imageKey,
+                effectId: effectId, parameters: parameters, prompt: request.prompt, status: .queued, progress: 0,
+                attempts: 0, maxAttempts: store.retry.maxAttempts, lastError: nil, resultKey: nil, thumbnailKey: nil,
+                createdAt: now, updatedAt: now, startedAt: nil, finishedAt: nil, version: 1, credits: request.credits
+            )
+            try await store.insert(db, job)
+            try await store.emit(db, job: job, now: now)
+            return (job, true)
+        }
+    }
+
+    public func lookup(_ id: String, abandonIfAbsent: Bool, now: Date) async throws -> JobStatus? {
+        guard abandonIfAbsent else { return try await job(id, userId: nil)?.status }
+        let store = self
+        return try await database.transaction { db in
+            try await store.lockId(db, id)
+            if let job = try await store.row(db, id, lock: false) { return job.status }
+            try await db.query(
+                "INSERT INTO jobs_abandoned (job_id, at) VALUES (\(id), \(now.timeIntervalSince1970)) ON CONFLICT DO NOTHING", logger: store.logger
+            )
+            return nil
+        }
+    }
+
+    public func job(_ id: String, userId: String?) async throws -> JobRecord? {
+        let store = self
+        let job = try await database.connection { db in try await store.row(db, id, lock: false) }
+        if let userId, job?.userId != userId { return nil }
+        return job
+    }
+
+    public func jobs(_ ids: [String]) async throws -> [JobRecord] {
+        guard !ids.isEmpty else { return [] }
+        let store = self
+        return try await database.connection { db in
+            try await store.rows(db, "SELECT \(unescaped: Self.columns) FROM jobs_job WHERE id = ANY(\(ids))")
+        }
+    }
+
+    public func states(_ ids: [String]) async throws -> [String: JobState] {
+        guard !ids.isEmpty else { return [:] }
+        let logger = logger
+        let rows = try await database.connection { db in
+            try await db.allRows(
+                "SELECT id, user_id, version, status, progress FROM jobs_job WHERE id = ANY(\(ids))",
+                as: (String, String, Int, String, Double).self, logger: logger
+            )
+        }
+        var states: [String: JobState] = [:]
+        for (id, userId, version, status, progress) in rows {
+            states[id] = JobState(userId: userId, version: version, status: JobStatus(rawValue: status) ?? .queued, progress: progress)
+        }
+        return states
+    }
+
+    public func counts() async throws -> (states: [JobStatus: Int], outbox: [String: Int]) {
+        let logger = logger
+        return try await database.transaction(.snapshotRead) { db in
+            var states: [JobStatus: Int] = [:]
+            for (status, count) in try await db.allRows("SELECT status, count(*) FROM jobs_job GROUP BY status", as: (String, Int).self, logger: logger) {
+                if let status = JobStatus(rawValue: status) { states[status] = count }
+            }
+            var outbox: [String: Int] = [:]
+            for (topic, count) in try await db.allRows("SELECT topic, count(*) FROM jobs_outbox GROUP BY topic", as: (String, Int).self, logger: logger) {
+                outbox[topic] = count
+            }
+            return (states, outbox)
+        }
+    }
+
+    public func cancel(_ id: String, userId: String, now: Date) async throws -> JobRecord {
+        try await write { store, db in
+            guard let job = try await store.row(db, id, lock: true), job.userId == userId else { throw BusError(.notFound, "no job \(id)") }
+            switch JobRules.cancel(job, now: now) {
+            case .alreadyFinished(let status):
+                throw BusError(Jobs.ErrorCode.alreadyFinished, "job \(id) has already \(status.rawValue)")
+            case .unchanged(let job):
+                return job
+            case .mark(let marked):
+                try await store.update(db, marked)
+                return marked
+            case .apply(let transition):
+                try await store.apply(db, transition)
+                return transition.job
+            }
+        }
+    }
+
+    public func purge(_ id: String, userId: String, now: Date) async throws -> PurgedJob {
+        try await write { store, db in
+            guard let job = try await store.row(db, id, lock: true), job.userId == userId else { return PurgedJob(job: nil) }
+            // A job that has not ended gives its charge back, as a cancel would.
+            if let settlement = JobRules.purgeSettlement(job) { try await store.settle(db, job: job, settlement, now: now) }
+            try await db.query("DELETE FROM jobs_job WHERE id = \(id)", logger: store.logger)
+            try await db.query("DELETE FROM jobs_outbox WHERE topic = \(OutboxEntry.Topic.history) AND job_id = \(id)", logger: store.logger)
+            var keys = [job.resultKey, job.thumbnailKey].compactMap { $0 }
+            let sharing = try await db.first(
+                "SELECT count(*) FROM jobs_job WHERE user_id = \(userId) AND image_key = \(job.imageKey)", as: Int.self, logger: store.logger
+            ) ?? 0
+            if sharing == 0 { keys.append(job.imageKey) }
+            try await store.discardBlobs(db, keys, jobId: id, now: now)
+            return PurgedJob(job: job)
+        }
+    }
+
+    public func unused(_ keys: [String]) async throws -> [String] {
+        guard !keys.isEmpty else { return [] }
+        let logger = logger
+        let used = try await database.connection { db in
+            Set(try await db.all("SELECT DISTINCT image_key FROM jobs_job WHERE image_key = ANY(\(keys))", as: String.self, logger: logger))
+        }
+        return keys.filter { !used.contains($0) }
+    }
+
+    // MARK: The dispatcher's (fenced)
+
+    public func start(_ id: String, now: Date) async throws -> JobRecord? {
+        try await write(fenced: true) { store, db in
+            guard let job = try await store.row(db, id, lock: true), let transition = JobRules.start(job, now: now) else { return nil }
+            try await store.apply(db, transition)
+            return transition.job
+        }
+    }
+
+    public func complete(_ attempt: JobAttempt, output: JobOutput, now: Date) async throws -> JobReportOutcome {
+        try await report(attempt) { job in JobRules.complete(job, attempt, output: output, now: now) }.outcome
+    }
+
+    public func fail(_ attempt: JobAttempt, error: String, retryable: Bool, now: Date) async throws -> (JobReportOutcome, retryAfter: Duration?) {
+        try await report(attempt) { [retry] job in JobRules.fail(job, attempt, error: error, retryable: retryable, retry: retry, now: now) }
+    }
+
+    public func requeue(_ attempt: JobAttempt, reason: String, now: Date) async throws -> JobRecord? {
+        let (outcome, _) = try await report(attempt) { [retry] job in JobRules.requeue(job, attempt, reason: reason, retry: retry, now: now) }
+        if case .applied(let job) = outcome { return job }
+        return nil
+    }
+
+    public func recordSubmission(_ attempt: JobAttempt, _ request: ProviderRequest) async throws -> JobReportOutcome {
+        try await write(fenced: true) { store, db in
+            guard let job = try await store.row(db, attempt.jobId, lock: true) else { return .refused("no such job") }
+            switch JobRules.submitted(job, attempt, request) {
+            case .refuse(let reason): return .refused(reason)
+            case .alreadyRecorded(let job): return .alreadyRecorded(job)
+            case .apply(let transition):
+                try await store.update(db, transition.job)
+                return .applied(transition.job)
+            }
+        }
+    }
+
+    public func cancelled(_ attempt: JobAttempt, now: Date) async throws -> JobReportOutcome {
+        try await report(attempt) { job in JobRules.cancelled(job, attempt, now: now) }.outcome
+    }
+
+    public func processingAttempts() async throws -> [JobAttempt] {
+        let logger = logger
+        return try await database.connection { db in
+            try await db.allRows("SELECT id, attempts FROM jobs_job WHERE status = 'processing'", as: (String, Int).self, logger: logger)
+                .map { JobAttempt(jobId: $0.0, attempt: $0.1) }
+        }
+    }
+
+    public func discardOutput(_ output: JobOutput, of attempt: JobAttempt, now: Date) async throws {
+        try await write { store, db in
+            let job = try await store.row(db, attempt.jobId, lock: false)
+            let keys = [output.resultKey, output.thumbnailKey].filter { $0 != job?.resultKey && $0 != job?.thumbnailKey }
+            try await store.discardBlobs(db, keys, jobId: attempt.jobId, now: now)
+        }
+    }
+
+    public func recover(now: Date) async throws -> [JobRecord] {
+        try await write(fenced: true) { store, db in
+            let orphans = try await store.rows(
+                db, "SELECT \(unescaped: Self.columns) FROM jobs_job WHERE status = 'processing' AND cancel_requested FOR UPDATE"
+            )
+            for job in orphans {
+                if let transition = JobRules.recover(job, now: now) { try await store.apply(db, transition) }
+            }
+            return try await store.rows(db, "SELECT \(unescaped: Self.columns) FROM jobs_job WHERE status = 'queued' ORDER BY created_at")
+        }
+    }
+
+    /// The queued jobs (ids and what the fair queue needs), for a leader's resync with the table.
+    public func queued() async throws -> [JobRecord] {
+        let store = self
+        return try await database.connection { db in
+            try await store.rows(db, "SELECT \(unescaped: Self.columns) FROM jobs_job WHERE status = 'queued' ORDER BY created_at")
+        }
+    }
+
+    /// Stores the live progress of running jobs (fenced; not a state change: no version, no
+    /// event), so that every replica answers the same progress.
+    public func saveProgress(_ progress: [String: Double]) async throws {
+        guard !progress.isEmpty else { return }
+        let (ids, fractions) = (Array(progress.keys), progress.keys.map { progress[$0] ?? 0 })
+        try await write(fenced: true) { store, db in
+            try await db.query(
+                """
+                UPDATE jobs_job j SET progress = p.fraction FROM unnest(\(ids)::text[], \(fractions)::float8[]) AS p(id, fraction)
+                WHERE j.id = p.id AND j.status = 'processing' AND j.progress < p.fraction
+                """,
+                logger: store.logger
+            )
+        }
+    }
+
+    // MARK: Transactions
+
+    /// A write, in one transaction; with `fenced`, refused (`DispatchDeposed`) unless this
+    /// store's lease still holds.
+    func write<T: Sendable>(fenced: Bool = false, _ body: @escaping @Sendable (PostgresJobsStore, PostgresConnection) async throws -> T) async throws -> T {
+        let store = self
+        return try await database.transaction { db in
+            if fenced, let lease = store.fence {
+                let term = try await db.first(
+                    "SELECT term FROM jobs_leader WHERE name = 'dispatcher' AND holder = \(lease.holder) FOR SHARE", as: Int64.self, logger: store.logger
+                )
+                guard term == lease.term else { throw DispatchDeposed(term: lease.term) }
+            }
+            return try await body(store, db)
+        }
+    }
+
+    func report(_ attempt: JobAttempt, _ decide: @escaping @Sendable (JobRecord) -> JobRules.Decision) async throws -> (outcome: JobReportOutcome, retryAfter: Duration?) {
+        try await write(fenced: true) { store, db in
+            guard let job = try await store.row(db, attempt.jobId, lock: true) else { return (.refused("no such job"), nil) }
+            switch decide(job) {
+            case .refuse(let reason): return (.refused(reason), nil)
+            case .alreadyRecorded(let recorded): return (.alreadyRecorded(recorded), nil)
+            case .apply(let transition):
+                try await store.apply(db, transition)
+                return (.applied(transition.job), transition.retryAfter)
+            }
+        }
+    }
+
+    /// Serialises a creation with an abandoning lookup of the same id, across replicas.
+    func lockId(_ db: PostgresConnection, _ id: String) async throws {
+        try await db.query("SELECT pg_advisory_xact_lock(hashtext(\("jobs:job:" + id)))", logger: logger)
+    }
+
+    /// Writes a transition: the row, its history event and its quota settlement.
+    func apply(_ db: PostgresConnection, _ transition: JobRules.Transition) async throws {
+        let now = transition.job.updatedAt
+        try await update(db, transition.job)
+        try await emit(db, job: transition.job, now: now)
+        if let settlement = transition.settlement { try await settle(db, job: transition.job, settlement, now: now) }
+    }
+
+    func emit(_ db: PostgresConnection, job: JobRecord, now: Date) async throws {
+        let event = JobEvent(job: job, effectTitle: effectTitles[job.effectId] ?? job.effectId)
+        try await insertOutbox(db, topic: OutboxEntry.Topic.history, kind: "job", jobId: job.id, version: job.version, payload: try JobRows.payload(event), now: now)
+    }
+
+    func discardBlobs(_ db: PostgresConnection, _ keys: [String], jobId: String, now: Date) async throws {
+        guard !keys.isEmpty else { return }
+        try await insertOutbox(db, topic: OutboxEntry.Topic.blobs, kind: "delete", jobId: jobId, version: 0, payload: try JSONEncoder().encode(keys), now: now)
+    }
+
+    func settle(_ db: PostgresConnection, job: JobRecord, _ settlement: JobRules.Settlement, now: Date) async throws {
+        try await insertOutbox(db, topic: OutboxEntry.Topic.quota, kind: settlement.rawValue, jobId: job.id, version: job.version, payload: nil, now: now)
+    }
+
+    func insertOutbox(_ db: PostgresConnection, topic: String, kind: String, jobId: String, version: Int, payload: Data?, now: Date) async throws {
+        let stamp = now.timeIntervalSince1970
+        try await db.query(
+            """
+            INSERT INTO jobs_outbox (topic, kind, job_id, version, payload, created_at, next_attempt_at)
+            VALUES (\(topic), \(kind), \(jobId), \(version), \(payload), \(stamp), \(stamp))
+            """,
+            logger: logger
+        )
+    }
+
+    // MARK: Rows
+
+    static let columns = """
+        id, user_id, is_pro, image_key, effect_id, parameters, prompt, status, progress, attempts, max_attempts, last_error, result_key,
+        thumbnail_key, created_at, updated_at, started_at, finished_at, version, cancel_requested, credits, submission
+        """
+
+    func row(_ db: PostgresConnection, _ id: String, lock: Bool) async throws -> JobRecord? {
+        try await rows(db, lock ? "SELECT \(unescaped: Self.columns) FROM jobs_job WHERE id = \(id) FOR UPDATE"
+                                : "SELECT \(unescaped: Self.columns) FROM jobs_job WHERE id = \(id)").first
+    }
+
+    func rows(_ db: PostgresConnection, _ query: PostgresQuery) async throws -> [JobRecord] {
+        var jobs: [JobRecord] = []
+        for try await row in try await db.query(query, logger: logger) { jobs.append(try Self.job(row)) }
+        return jobs
+    }
+
+    func insert(_ db: PostgresConnection, _ job: JobRecord) async throws {
+        try await db.query(
+            """
+            INSERT INTO jobs_job (\(unescaped: Self.columns)) VALUES (\(job.id), \(job.userId), \(job.isPro), \(job.imageKey), \(job.effectId),
+                \(try JobRows.text(job.parameters)), \(job.prompt), \(job.status.rawValue), \(job.progress), \(job.attempts), \(job.maxAttempts),
+                \(job.lastError), \(job.resultKey), \(job.thumbnailKey), \(job.createdAt.timeIntervalSince1970), \(job.updatedAt.timeIntervalSince1970),
+                \(job.startedAt?.timeIntervalSince1970), \(job.finishedAt?.timeIntervalSince1970), \(job.version), \(job.cancelRequested),
+                \(job.credits), \(try JobRows.text(job.submission)))
+            """,
+            logger: logger
+        )
+    }
+
+    /// Writes what a state change may change (everything but the request the job was made from).
+    func update(_ db: PostgresConnection, _ job: JobRecord) async throws {
+        try await db.query(
+            """
+            UPDATE jobs_job SET status = \(job.status.rawValue), progress = \(job.progress), attempts = \(job.attempts), last_error = \(job.lastError),
+                result_key = \(job.resultKey), thumbnail_key = \(job.thumbnailKey), updated_at = \(job.updatedAt.timeIntervalSince1970),
+                started_at = \(job.startedAt?.timeIntervalSince1970), finished_at = \(job.finishedAt?.timeIntervalSince1970), version = \(job.version),
+                cancel_requested = \(job.cancelRequested), submission = \(try JobRows.text(job.submission))
+            WHERE id = \(job.id)
+            """,
+            logger: logger
+        )
+    }
+
+    static func job(_ row: PostgresRow) throws -> JobRecord {
+        let row = row.makeRandomAccess()
+        let status = try row[7].decode(String.self)
+        guard let state = JobStatus(rawValue: status) else {
+            throw PostgresLocationError(description: "job \(try row[0].decode(String.self)) has the unknown status \(status)")
+        }
+        func date(_ index: Int) throws -> Date? { try row[index].decode(Double?.self).map(Date.init(timeIntervalSince1970:)) }
+        return JobRecord(
+            id: try row[0].decode(String.self), userId: try row[1].decode(String.self), isPro: try row[2].decode(Bool.self),
+            imageKey: try row[3].decode(String.self), effectId: try row[4].decode(String.self),
+            parameters: try JobRows.parameters(try row[5].decode(String.self)), prompt: try row[6].decode(String?.self), status: state,
+            progress: try row[8].decode(Double.self), attempts: try row[9].decode(Int.self), maxAttempts: try row[10].decode(Int.self),
+            lastError: try row[11].decode(String?.self), resultKey: try row[12].decode(String?.self), thumbnailKey: try row[13].decode(String?.self),
+            createdAt: try date(14) ?? Date(timeIntervalSince1970: 0), updatedAt: try date(15) ?? Date(timeIntervalSince1970: 0),
+            startedAt: try date(16), finishedAt: try date(17), version: try row[18].decode(Int.self), cancelRequested: try row[19].decode(Bool.self),
+            credits: try row[20].decode(Int.self), submission: try JobRows.submission(try row[21].decode(String?.self))
+        )
+    }
+}
+
+/// A write of a dispatcher whose lease another replica has taken: refused, nothing changed.
+public struct DispatchDeposed: Error, CustomStringConvertible {
+    public var term: Int64
+    public var description: String { "this replica's dispatcher lease (term \(term)) was taken over: its writes change nothing" }
+}
+
+/// One topic of the jobs outbox on PostgreSQL, shared by every replica's relay: `due` claims the
+/// entries it returns for `lease` (so another replica's relay skips them), `acknowledge` deletes
+/// them, `retry` sets their next attempt; entries of a relay that died are due again after the
+/// lease.
+public struct PostgresJobsOutbox: Outbox {
+    let database: PostgresPool
+    let topic: String
+    let lease: Duration
+    let logger: Logger
+
+    public init(store: PostgresJobsStore, topic: String, lease: Duration = .seconds(30)) {
+        self.database = store.database
+        self.topic = topic
+        self.lease = lease
+        self.logger = store.logger
+    }
+
+    public func due(now: Date, limit: Int) async throws -> [OutboxItem<JobsOutboxKind>] {
+        let (topic, logger) = (topic, logger)
+        let claimedUntil = now.timeIntervalSince1970 + Double(lease.components.seconds)
+        return try await database.transaction { db in
+            try await db.allRows(
+                """
+                UPDATE jobs_outbox SET next_attempt_at = \(claimedUntil) WHERE id IN (
+                    SELECT id FROM jobs_outbox WHERE topic = \(topic) AND next_attempt_at <= \(now.timeIntervalSince1970)
+                    ORDER BY next_attempt_at, id LIMIT \(limit) FOR UPDATE SKIP LOCKED)
+                RETURNING id, kind, job_id, attempts, payload
+                """,
+                as: (Int64, String, String, Int, Data?).self, logger: logger
+            )
+            .sorted { $0.0 < $1.0 }
+            .map { OutboxItem(id: String($0.0), kind: JobsOutbox.kind(topic: topic, kind: $0.1, payload: $0.4), jobId: $0.2, attempts: $0.3) }
+        }
+    }
+
+    public func acknowledge(_ ids: [String]) async throws {
+        let keys = ids.compactMap { Int64($0) }
+        let logger = logger
+        try await database.connection { db in _ = try await db.query("DELETE FROM jobs_outbox WHERE id = ANY(\(keys))", logger: logger) }
+    }
+
+    public func retry(_ id: String, attempts: Int, at: Date) async throws {
+        guard let key = Int64(id) else { return }
+        let logger = logger
+        try await database.connection { db in
+            _ = try await db.query(
+                "UPDATE jobs_outbox SET attempts = \(attempts), next_attempt_at = \(at.timeIntervalSince1970) WHERE id = \(key)", logger: logger
+            )
+        }
+    }
+}
