@@ -191,8 +191,13 @@ public final class BusChannel: Sendable {
                 try socket.setRouterMandatory(true)
                 try socket.bind(endpoint)
             } else {
-                try socket.setReconnect(interval: 100, maximum: 1000)
-                try socket.connect(endpoint)
+                // Several endpoints (replicas of which one binds at a time, as jobs' elected
+                // dispatcher does): messages go only to a connected one, and a newly bound
+                // endpoint is found within a quarter second.
+                let endpoints = endpoint.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+                if endpoints.count > 1 { try socket.setImmediate(true) }
+                try socket.setReconnect(interval: 100, maximum: endpoints.count > 1 ? 250 : 1000)
+                for endpoint in endpoints { try socket.connect(endpoint) }
             }
         } catch {
             logger.error("channel cannot open", metadata: ["endpoint": "\(endpoint)", "error": "\(error)"])

@@ -233,6 +233,14 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         return found
     }
 
+    /// The live progress of every running job that has reported some.
+    public var runningProgress: [String: Double] { progress }
+
+    /// Whether the job is queued here, waiting out a backoff, or held by a worker.
+    public func knows(jobId: String, userId: String) -> Bool {
+        queue.contains(jobId: jobId, userId: userId) || delayedIds.contains(jobId) || holder(of: jobId) != nil
+    }
+
     /// Which worker holds a job, and under which attempt (0 while its start is written).
     public func holder(of jobId: String) -> (peer: Peer, attempt: Int)? {
         for (peer, worker) in workers { if let held = worker.holds(jobId) { return (peer, held.attempt) } }

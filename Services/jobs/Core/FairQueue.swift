@@ -77,6 +77,11 @@ public struct FairQueue: Sendable {
 
     /// Removes a queued job (it was cancelled); false if it is not queued.
     @discardableResult
+    /// Whether the job waits in the queue.
+    public func contains(jobId: String, userId: String) -> Bool {
+        perUser[userId]?.contains { $0.jobId == jobId } ?? false
+    }
+
     public mutating func remove(jobId: String, userId: String) -> Bool {
         guard let index = perUser[userId]?.firstIndex(where: { $0.jobId == jobId }) else { return false }
         perUser[userId]!.remove(at: index)

@@ -84,10 +84,26 @@ public actor Dispatcher {
         perform(machine.enqueue([Machine.queued(job)], now: .now))
     }
 
+    /// Queues those of these queued jobs that this dispatcher does not know yet (created through
+    /// another replica, or missed): a leader's catch-up with the table.
+    public func enqueueUnknown(_ jobs: [JobRecord]) {
+        let unknown = jobs.filter { $0.status == .queued && !machine.knows(jobId: $0.id, userId: $0.userId) }
+        guard !unknown.isEmpty else { return }
+        perform(machine.enqueue(unknown.map(Machine.queued), now: .now))
+    }
+
+    /// The live progress of every running job that has reported some.
+    public var runningProgress: [String: Double] { machine.runningProgress }
+
     /// A cancel (or a purge) was recorded: drop the job from the queue, or tell the worker that
     /// runs it.
     public func cancel(_ job: JobRecord) {
-        perform(machine.cancel(jobId: job.id, userId: job.userId))
+        cancel(jobId: job.id, userId: job.userId)
+    }
+
+    /// A cancel (or a purge) of the job was recorded, by its id and owner.
+    public func cancel(jobId: String, userId: String) {
+        perform(machine.cancel(jobId: jobId, userId: userId))
     }
 
     /// Handles one message from a worker.

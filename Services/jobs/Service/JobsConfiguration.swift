@@ -3,6 +3,7 @@ import Foundation
 import JobsCore
 import Messages
 import ServiceKit
+import Storage
 
 /// What the jobs service reads beyond every service's settings.
 public struct JobsConfiguration: Sendable {
@@ -10,6 +11,9 @@ public struct JobsConfiguration: Sendable {
     public var workerEndpoint: String
     /// The database file (`JOBS_DB`, default `$DATA_DIR/jobs.sqlite`).
     public var databasePath: String
+    /// PostgreSQL instead of the file (`JOBS_DATABASE_URL`, `postgres://user:password@host:port/db`):
+    /// any number of jobs replicas then serve the same jobs, one of them (elected) dispatching.
+    public var databaseURL: PostgresLocation?
     /// Effects beyond the built-in ones (`JOBS_EFFECTS`, JSON list).
     public var extraEffects: [EffectDescription]
     /// Attempts before a retryable failure is final (`JOBS_MAX_ATTEMPTS`, 3) and the first
@@ -39,6 +43,7 @@ public struct JobsConfiguration: Sendable {
     public init(environment: Environment, dataDirectory: String) throws {
         workerEndpoint = environment.string("JOBS_WORKER_BIND", default: "tcp://127.0.0.1:7104")
         databasePath = environment.string("JOBS_DB", default: dataDirectory + "/jobs.sqlite")
+        databaseURL = try environment.optional("JOBS_DATABASE_URL").map { try PostgresLocation(variable: "JOBS_DATABASE_URL", url: $0) }
         if let json = environment.optional("JOBS_EFFECTS") {
             do {
                 extraEffects = try EffectCatalog.parse(json: json)
@@ -74,7 +79,7 @@ public struct JobsConfiguration: Sendable {
 
     /// The variables `init(environment:dataDirectory:)` reads.
     public static let environmentKeys = [
-        "JOBS_WORKER_BIND", "JOBS_DB", "JOBS_EFFECTS", "JOBS_MAX_ATTEMPTS", "JOBS_RETRY_BASE_MS",
+        "JOBS_WORKER_BIND", "JOBS_DB", "JOBS_DATABASE_URL", "JOBS_EFFECTS", "JOBS_MAX_ATTEMPTS", "JOBS_RETRY_BASE_MS",
         "JOBS_PRO_FIRST", "JOBS_MAX_QUEUED", "QUOTA_ENDPOINT", "HISTORY_ENDPOINT", "JOBS_TRANSFER_TTL_S",
         "JOBS_UNUSED_UPLOAD_TTL_S", "JOBS_UPLOAD_SWEEP_MS", "JOBS_PROVIDER_CONCURRENCY",
     ] + BlobStoreConfiguration.environmentKeys

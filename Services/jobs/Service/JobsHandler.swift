@@ -6,11 +6,11 @@ import Messages
 /// The jobs service's bus methods.
 public struct JobsHandler: Sendable {
     let store: any JobsStore
-    let dispatcher: Dispatcher
+    let dispatcher: any JobDispatch
     let catalog: EffectCatalog
     let maxQueued: Int
 
-    public init(store: any JobsStore, dispatcher: Dispatcher, catalog: EffectCatalog, maxQueued: Int = 100_000) {
+    public init(store: any JobsStore, dispatcher: any JobDispatch, catalog: EffectCatalog, maxQueued: Int = 100_000) {
         self.store = store
         self.dispatcher = dispatcher
         self.catalog = catalog
