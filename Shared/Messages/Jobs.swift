@@ -3,29 +3,29 @@ import Foundation
 /// The jobs service's methods: creating, reading and cancelling edit jobs.
 public enum Jobs {
     /// Creates a job (idempotent by job id: the same id returns the existing job).
-    public static let create = BusMethod<CreateJob, JobRecord>("jobs.create", roles: [.gateway])
+    public static let create = BusMethod<CreateJob, JobRecord>("jobs.create", roles: [.gateway], retrySafe: true)
     /// A job, if it belongs to the user (else `not_found`).
-    public static let get = BusMethod<JobReference, JobRecord>("jobs.get", roles: [.gateway, .operator])
+    public static let get = BusMethod<JobReference, JobRecord>("jobs.get", roles: [.gateway, .operator], retrySafe: true)
     /// Cancels a job: at once if queued, through the worker if processing.
-    public static let cancel = BusMethod<JobReference, JobRecord>("jobs.cancel", roles: [.gateway, .operator])
+    public static let cancel = BusMethod<JobReference, JobRecord>("jobs.cancel", roles: [.gateway, .operator], retrySafe: true)
     /// Whether a job exists and in which state, for quota's stale reservations (no user check).
-    public static let lookup = BusMethod<JobLookup, JobExistence>("jobs.lookup", roles: [.quota, .operator])
+    public static let lookup = BusMethod<JobLookup, JobExistence>("jobs.lookup", roles: [.quota, .operator], retrySafe: true)
     /// The effects the workers can run, with their prices, kinds and parameter schemas, and the
     /// other names the app may use for them.
-    public static let effects = BusMethod<Empty, EffectList>("jobs.effects", roles: [.gateway, .operator])
+    public static let effects = BusMethod<Empty, EffectList>("jobs.effects", roles: [.gateway, .operator], retrySafe: true)
     /// Removes a job for good (history's delete and retention): cancelled first if it has not
     /// ended (its charge released), then its row, its result and thumbnail files, and its original
     /// upload once no other job of the user refers to it. Idempotent: an unknown job is purged.
-    public static let purge = BusMethod<JobReference, JobPurged>("jobs.purge", roles: [.history, .operator])
+    public static let purge = BusMethod<JobReference, JobPurged>("jobs.purge", roles: [.history, .operator], retrySafe: true)
     /// Of the jobs named (at most `WatchJobs.maxJobs`), those whose version or live progress
     /// differs from what the caller has, and those that are gone: how the gateway feeds every
     /// open event stream with one call a round instead of one call per stream.
-    public static let watch = BusMethod<WatchJobs, WatchedJobs>("jobs.watch", roles: [.gateway])
+    public static let watch = BusMethod<WatchJobs, WatchedJobs>("jobs.watch", roles: [.gateway], retrySafe: true)
 
     /// A provider's webhook reached the gateway for this job (its signature checked there): the
     /// worker waiting on the job's generation asks the provider now instead of at its next poll.
     /// The webhook's body is never trusted; only the provider's own answer to that poll is.
-    public static let providerCallback = BusMethod<ProviderCallback, Empty>("jobs.provider-callback", roles: [.gateway])
+    public static let providerCallback = BusMethod<ProviderCallback, Empty>("jobs.provider-callback", roles: [.gateway], retrySafe: true)
 
     /// The credits a job is charged when its effect names no price.
     public static let defaultCredits = 1
