@@ -2,15 +2,22 @@
 # The standing check `make test` ends with: a stack of its own (`scripts/run.sh` on a temporary
 # data folder, a free port, ipc:// bus endpoints, so nothing clashes with a `make run` beside it),
 # then `loadtest --chaos` for 30 s with the default mix, a process killed every 5 s. With
-# BLOB_STORE=s3 the stack runs on a RADOS Gateway of its own, killed first. Fails when an
-# invariant breaks. Its figures and report stay in .build/chaos-check/.
+# BLOB_STORE=s3 the stack runs on a RADOS Gateway of its own, killed first. With STORE=postgres it
+# runs on a PostgreSQL of its own with two replicas of quota, history and jobs (scripts/run.sh);
+# CHAOS_ONLY names the processes killed (loadtest --chaos-only, e.g. the replicas, or postgres),
+# CHAOS_FIRST those killed first, in order (loadtest --chaos-first),
+# and CHAOS_THRESHOLDS (separated by ';') are loadtest --threshold criteria it must meet too.
+# Fails when an invariant breaks or a threshold is crossed. Its figures and report stay in
+# .build/chaos-check/ (a subfolder named after the store).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${CONFIG:-debug}
 DURATION=${CHAOS_CHECK_DURATION:-30}
 
 DIR=$(mktemp -d /tmp/pe-chaos.XXXXXX)
-OUT=.build/chaos-check
+# PostgreSQL runs as its own user, which must reach its folder inside.
+chmod 755 "$DIR"
+OUT=.build/chaos-check/${STORE:-sqlite}-${BLOB_STORE:-folder}${CHAOS_ONLY:+-${CHAOS_ONLY//,/-}}
 mkdir -p "$OUT"
 export DATA_DIR=$DIR
 export GATEWAY_PORT
@@ -24,6 +31,10 @@ export JOBS_WORKER_BIND="ipc://$DIR/workers.ipc" JOBS_WORKER_ENDPOINT="ipc://$DI
 # after 5 s rather than the default 2 minutes, so the check settles quickly.
 export QUOTA_STALE_AFTER_S=5 QUOTA_STALE_SCAN_MS=1000 LOG_LEVEL=${LOG_LEVEL:-warning}
 DEV_ENV_QUIET=1 source scripts/dev-env.sh
+if [ "${STORE:-sqlite}" = postgres ]; then
+  export POSTGRES_PORT
+  POSTGRES_PORT=$(scripts/free-port-pair.py)
+fi
 if [ "${BLOB_STORE:-folder}" = s3 ]; then
   # run.sh starts a RADOS Gateway in $DIR/s3 on this port (and the next, its monitor's).
   export S3_PORT
@@ -51,10 +62,15 @@ if [ "$ready" -ne 1 ]; then
   echo "chaos-check: the stack did not become ready"; tail -50 "$DIR/stack.log"; exit 1
 fi
 
-echo "chaos-check: ${DURATION} s of the default mix with a process killed every 5 s (blobs: ${BLOB_STORE:-folder})"
-CHAOS_FIRST=()
-[ "${BLOB_STORE:-folder}" = s3 ] && CHAOS_FIRST=(--chaos-first radosgw)
-"$BIN/loadtest" --duration "$DURATION" --chaos --chaos-interval 5 --settle 120 "${CHAOS_FIRST[@]}" \
+echo "chaos-check: ${DURATION} s of the default mix with a process killed every 5 s (store: ${STORE:-sqlite}, blobs: ${BLOB_STORE:-folder}${CHAOS_ONLY:+, killing only $CHAOS_ONLY})"
+ARGS=()
+FIRST=${CHAOS_FIRST:-}
+[ "${BLOB_STORE:-folder}" = s3 ] && FIRST=radosgw${FIRST:+,$FIRST}
+[ -n "$FIRST" ] && ARGS+=(--chaos-first "$FIRST")
+[ -n "${CHAOS_ONLY:-}" ] && ARGS+=(--chaos-only "$CHAOS_ONLY")
+IFS=';' read -ra thresholds <<< "${CHAOS_THRESHOLDS:-}"
+for threshold in "${thresholds[@]}"; do [ -n "$threshold" ] && ARGS+=(--threshold "$threshold"); done
+"$BIN/loadtest" --duration "$DURATION" --chaos --chaos-interval 5 --settle 120 "${ARGS[@]}" \
   --json "$OUT/loadtest.json" --report "$OUT/loadtest.html"
 status=$?
 if [ "$status" -ne 0 ]; then

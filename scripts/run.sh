@@ -29,28 +29,51 @@ if [ "${BLOB_STORE:-folder}" = s3 ] && [ -z "${S3_ENDPOINT:-}" ]; then
   source "$S3_DIR/s3.env"
 fi
 
-# STORE=postgres: quota and history on PostgreSQL (QUOTA_DATABASE_URL, HISTORY_DATABASE_URL;
-# unless set, a local PostgreSQL 15 from Debian's package in $DATA_DIR/postgres on POSTGRES_PORT,
-# default 7432, initdb included, one database for both), each served by QUOTA_REPLICAS and
-# HISTORY_REPLICAS processes (default 2: quota on 7101 and 7111, history on 7102 and 7112), every
-# caller given all of a service's replicas.
+# STORE=postgres: quota, history and jobs on PostgreSQL (QUOTA_DATABASE_URL, HISTORY_DATABASE_URL,
+# JOBS_DATABASE_URL; those not set: a local PostgreSQL 15 from Debian's package in
+# $DATA_DIR/postgres on POSTGRES_PORT, default 7432, initdb included, one database for all, and
+# restarted if it dies, its pid in $PID_DIR/postgres.pid), each served by QUOTA_REPLICAS,
+# HISTORY_REPLICAS and JOBS_REPLICAS processes (default 2). Replica i of a service listens on its
+# default port + 10 (i - 1) (quota 7101 and 7111, history 7102 and 7112, jobs 7103 and 7113, jobs'
+# workers 7104 and 7114), or, when the service's *_BIND is ipc://NAME.ipc, on ipc://NAME-i.ipc;
+# every caller is given all of a service's replicas, every worker all of jobs' worker endpoints.
 PG_DIR=""
 QUOTA_REPLICAS=${QUOTA_REPLICAS:-1}
 HISTORY_REPLICAS=${HISTORY_REPLICAS:-1}
+JOBS_REPLICAS=${JOBS_REPLICAS:-1}
+# Replica $2 of the endpoint $1 (tcp://HOST:PORT or ipc://PATH.ipc).
+replica_endpoint() {
+  case "$1" in
+    ipc://*) echo "${1%.ipc}-$2.ipc" ;;
+    tcp://*) echo "${1%:*}:$(( ${1##*:} + 10 * ($2 - 1) ))" ;;
+    *) echo "$1" ;;
+  esac
+}
+# Every replica of the endpoint $1, $2 of them, separated by commas.
+replica_endpoints() { local list="" index; for index in $(seq 1 "$2"); do list+="${list:+,}$(replica_endpoint "$1" "$index")"; done; echo "$list"; }
 if [ "${STORE:-sqlite}" = postgres ]; then
-  if [ -z "${QUOTA_DATABASE_URL:-}" ] || [ -z "${HISTORY_DATABASE_URL:-}" ]; then
+  if [ -z "${QUOTA_DATABASE_URL:-}" ] || [ -z "${HISTORY_DATABASE_URL:-}" ] || [ -z "${JOBS_DATABASE_URL:-}" ]; then
     PG_DIR="$DATA_DIR/postgres"
+    PG_PORT=${POSTGRES_PORT:-7432}
     scripts/postgres-server.sh install || exit 1
-    scripts/postgres-server.sh start "$PG_DIR" "${POSTGRES_PORT:-7432}" >/dev/null || exit 1
+    scripts/postgres-server.sh start "$PG_DIR" "$PG_PORT" >/dev/null || exit 1
     source "$PG_DIR/postgres.env"
-    export QUOTA_DATABASE_URL=${QUOTA_DATABASE_URL:-$POSTGRES_URL} HISTORY_DATABASE_URL=${HISTORY_DATABASE_URL:-$POSTGRES_URL}
+    export QUOTA_DATABASE_URL=${QUOTA_DATABASE_URL:-$POSTGRES_URL} HISTORY_DATABASE_URL=${HISTORY_DATABASE_URL:-$POSTGRES_URL} \
+      JOBS_DATABASE_URL=${JOBS_DATABASE_URL:-$POSTGRES_URL}
   fi
   [ "$QUOTA_REPLICAS" -gt 1 ] || QUOTA_REPLICAS=2
   [ "$HISTORY_REPLICAS" -gt 1 ] || HISTORY_REPLICAS=2
-  # Replica i of the service on port base + 10 i.
-  endpoints() { local list="" index; for index in $(seq 1 "$2"); do list+="${list:+,}tcp://127.0.0.1:$(($1 + 10 * index))"; done; echo "$list"; }
-  export QUOTA_ENDPOINT=$(endpoints 7091 "$QUOTA_REPLICAS") HISTORY_ENDPOINT=$(endpoints 7092 "$HISTORY_REPLICAS")
-  echo "[run] STORE=postgres: quota ($QUOTA_ENDPOINT) and history ($HISTORY_ENDPOINT) on PostgreSQL"
+  [ "$JOBS_REPLICAS" -gt 1 ] || JOBS_REPLICAS=2
+fi
+QUOTA_BIND=${QUOTA_BIND:-tcp://127.0.0.1:7101} HISTORY_BIND=${HISTORY_BIND:-tcp://127.0.0.1:7102} JOBS_BIND=${JOBS_BIND:-tcp://127.0.0.1:7103}
+JOBS_WORKER_BIND=${JOBS_WORKER_BIND:-tcp://127.0.0.1:7104}
+if [ "$QUOTA_REPLICAS" -gt 1 ]; then export QUOTA_ENDPOINT=$(replica_endpoints "$QUOTA_BIND" "$QUOTA_REPLICAS"); fi
+if [ "$HISTORY_REPLICAS" -gt 1 ]; then export HISTORY_ENDPOINT=$(replica_endpoints "$HISTORY_BIND" "$HISTORY_REPLICAS"); fi
+if [ "$JOBS_REPLICAS" -gt 1 ]; then
+  export JOBS_ENDPOINT=$(replica_endpoints "$JOBS_BIND" "$JOBS_REPLICAS") JOBS_WORKER_ENDPOINT=$(replica_endpoints "$JOBS_WORKER_BIND" "$JOBS_REPLICAS")
+fi
+if [ "${STORE:-sqlite}" = postgres ]; then
+  echo "[run] STORE=postgres: on PostgreSQL, quota ($QUOTA_ENDPOINT), history ($HISTORY_ENDPOINT), jobs ($JOBS_ENDPOINT; workers: $JOBS_WORKER_ENDPOINT)"
 fi
 
 # The bus runs with CURVE and callers known by key (secure by default): keys made once into
@@ -111,17 +134,19 @@ pids=()
 [ -n "${fixture_pid:-}" ] && pids+=("$fixture_pid")
 # Each process's own bus key (empty with BUS_KEYS=off: none).
 key_of() { local variable="$(echo "$1" | tr '[:lower:]' '[:upper:]')_BUS_CURVE_KEY"; echo "${!variable:-}"; }
-for name in jobs gateway; do
-  BUS_CURVE_KEY=$(key_of "$name") supervise "$name" &
-  pids+=($!)
-done
-# Quota and history: one process each, or (STORE=postgres) replica i bound on port base + 10 i.
-for service in quota:7091:$QUOTA_REPLICAS history:7092:$HISTORY_REPLICAS; do
-  IFS=: read -r name base count <<< "$service"
+BUS_CURVE_KEY=$(key_of gateway) supervise gateway &
+pids+=($!)
+# Quota, history and jobs: one process each, or replica i on replica_endpoint(*_BIND, i).
+for service in quota:$QUOTA_REPLICAS history:$HISTORY_REPLICAS jobs:$JOBS_REPLICAS; do
+  IFS=: read -r name count <<< "$service"
   if [ "$count" -gt 1 ]; then
     bind="$(echo "$name" | tr '[:lower:]' '[:upper:]')_BIND"
     for index in $(seq 1 "$count"); do
-      (export "$bind=tcp://127.0.0.1:$((base + 10 * index))"; BUS_CURVE_KEY=$(key_of "$name") supervise "$name" "$name-$index") &
+      (
+        export "$bind=$(replica_endpoint "${!bind}" "$index")"
+        [ "$name" = jobs ] && export JOBS_WORKER_BIND=$(replica_endpoint "$JOBS_WORKER_BIND" "$index")
+        BUS_CURVE_KEY=$(key_of "$name") supervise "$name" "$name-$index"
+      ) &
       pids+=($!)
     done
   else
@@ -133,6 +158,23 @@ for index in $(seq 1 "$WORKERS"); do
   BUS_CURVE_KEY=$(key_of worker) WORKER_ID="worker-$index" supervise worker "worker-$index" &
   pids+=($!)
 done
+if [ -n "$PG_DIR" ]; then
+  # PostgreSQL restarted if it dies, as radosgw below (`loadtest --chaos` kills it too).
+  (
+    trap 'exit 0' TERM INT
+    while true; do
+      pid=$(head -1 "$PG_DIR/data/postmaster.pid" 2>/dev/null)
+      if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = postgres ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null; then
+        echo "$pid" > "$PID_DIR/postgres.pid"
+      else
+        echo "[run] postgres exited; restarting"
+        scripts/postgres-server.sh start "$PG_DIR" "$PG_PORT" >/dev/null 2>&1 || sleep 0.5
+      fi
+      sleep 0.2
+    done
+  ) &
+  pids+=($!)
+fi
 if [ -n "$S3_DIR" ]; then
   (
     trap 'exit 0' TERM INT

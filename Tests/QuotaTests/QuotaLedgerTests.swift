@@ -115,6 +115,26 @@ struct QuotaLedgerTests {
         }
     }
 
+    @Test(arguments: QuotaBackend.allCases) func aReleasedJobIdReservedAgainIsChargedAfreshAndCanBeCommitted(_ backend: QuotaBackend) async throws {
+        try await withQuotaStore(backend) { q in
+            // Given a reservation released because its job was definitely not created
+            _ = try await q.reserve("gina", "retried", cost: 3, at: noon)
+            _ = try await q.store.release(jobId: "retried", now: noon)
+            #expect(try await q.status("gina", at: noon).daily.used == 0)
+            // When the client sends the same request again (the same Idempotency-Key, so the same job id)
+            let again = try await q.reserve("gina", "retried", cost: 3, at: noon)
+            // Then it is admitted and charged once more, and its job's completion commits it
+            #expect(again.admitted)
+            #expect(try await q.status("gina", at: noon).daily.used == 3)
+            #expect(try await q.store.commit(jobId: "retried", now: noon).state == .committed)
+            // And a third send charges nothing more
+            #expect(try await q.reserve("gina", "retried", cost: 3, at: noon).admitted)
+            #expect(try await q.status("gina", at: noon).daily.used == 3)
+            // And another user still cannot take the id
+            #expect(await busError { _ = try await q.reserve("mallory", "retried", at: noon) }?.code == Quota.ErrorCode.jobIdTaken)
+        }
+    }
+
     @Test(arguments: QuotaBackend.allCases) func releasingYesterdaysChargeAfterMidnightDoesNotAddToToday(_ backend: QuotaBackend) async throws {
         try await withQuotaStore(backend) { q in
             let lateEvening = try Date("2026-11-21T23:50:00Z", strategy: .iso8601)

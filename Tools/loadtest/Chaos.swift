@@ -2,8 +2,9 @@ import Foundation
 import Synchronization
 
 /// Kills one process of the local stack every `interval` with SIGKILL, picked at random among the
-/// workers, jobs, quota, history, the gateway (and radosgw, the local S3 server of
-/// `BLOB_STORE=s3 make run`), from the pid files `make run` keeps in
+/// workers, jobs, quota, history (and their replicas), the gateway (and radosgw, the local S3
+/// server of `BLOB_STORE=s3 make run`, and postgres, the local PostgreSQL of `STORE=postgres make
+/// run`), from the pid files `make run` keeps in
 /// `$DATA_DIR/pids` (one `NAME.pid` per supervised process). After each kill it waits for the
 /// supervisor to start the process again (a new pid, alive) before the next, so one process at a
 /// time is down. Each kill and restart is an event of the run; the time from a kill to a few
@@ -30,10 +31,10 @@ final class Chaos: Sendable {
     private let recorder: Recorder
     private let state = Mutex<[Event]>([])
     private let names: Set<String>
-    /// The process killed first, if named; the rest are picked at random.
-    private let first: String?
+    /// The processes killed first, in this order, if named; the rest are picked at random.
+    private let first: [String]
 
-    init(directory: URL, interval: Duration, recorder: Recorder, only names: Set<String> = [], first: String? = nil) {
+    init(directory: URL, interval: Duration, recorder: Recorder, only names: Set<String> = [], first: [String] = []) {
         self.directory = directory
         self.interval = interval
         self.recorder = recorder
@@ -54,11 +55,17 @@ final class Chaos: Sendable {
         }
     }
 
+    /// The stack's processes: the services and their replicas (`quota-2`), workers, and the
+    /// local servers (`radosgw`, `postgres`).
     static func isTarget(_ name: String) -> Bool {
-        ["gateway", "quota", "history", "jobs", "radosgw"].contains(name) || name.hasPrefix("worker")
+        ["gateway", "quota", "history", "jobs", "radosgw", "postgres", "worker"].contains(kind(of: name))
     }
 
-    static func kind(of name: String) -> String { name.hasPrefix("worker") ? "worker" : name }
+    /// A process's kind: its name without a replica's or worker's number (`quota-2` is a quota).
+    static func kind(of name: String) -> String {
+        guard let dash = name.lastIndex(of: "-"), name[name.index(after: dash)...].allSatisfy(\.isNumber), dash != name.startIndex else { return name }
+        return String(name[..<dash])
+    }
 
     static func pid(in file: URL) -> Int32? {
         (try? String(contentsOf: file, encoding: .utf8)).flatMap { Int32($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
@@ -73,7 +80,8 @@ final class Chaos: Sendable {
             try? await Task.sleep(until: due, clock: .continuous)
             if Task.isCancelled { return }
             let candidates = processes()
-            let named = events.isEmpty ? candidates.first { $0.name == first } : nil
+            let kills = events.filter { $0.kind == "kill" }.count
+            let named = kills < first.count ? candidates.first { $0.name == first[kills] } : nil
             guard let victim = named ?? candidates.randomElement(using: &rng) else { continue }
             guard kill(victim.pid, SIGKILL) == 0 else { continue }
             let killedAt = recorder.elapsed()

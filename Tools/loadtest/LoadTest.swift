@@ -55,9 +55,9 @@ struct LoadTest: AsyncParsableCommand {
     var chaos = false
     @Option(help: "Seconds between two kills.")
     var chaosInterval: Double = 8
-    @Option(help: "Only these processes are killed (comma-separated: gateway, quota, history, jobs, worker, worker-1...); default all.")
+    @Option(help: "Only these processes are killed (comma-separated: gateway, quota, history, jobs, worker, postgres, radosgw; a kind takes its replicas and workers, or name one: quota-2, worker-1); default all.")
     var chaosOnly: String?
-    @Option(help: "The first process killed (e.g. radosgw, so that a short run surely kills it); then at random.")
+    @Option(help: "The first processes killed, in order (comma-separated, e.g. radosgw, or jobs-1,jobs-2 so that a short run surely kills the leading jobs replica); then at random.")
     var chaosFirst: String?
     @Option(help: "The folder of the stack's pid files (default $DATA_DIR/pids, else .data/pids).")
     var pids: String?
@@ -103,7 +103,7 @@ struct LoadTest: AsyncParsableCommand {
             directory: URL(fileURLWithPath: pids ?? "\(environment["DATA_DIR"] ?? ".data")/pids"),
             interval: .milliseconds(Int(chaosInterval * 1000)), recorder: recorder,
             only: Set((chaosOnly ?? "").split(separator: ",").map { String($0).trimmingCharacters(in: .whitespaces) }),
-            first: chaosFirst
+            first: (chaosFirst ?? "").split(separator: ",").map { String($0).trimmingCharacters(in: .whitespaces) }
         ) : nil
         if let chaosRunner, chaosRunner.processes().isEmpty {
             await client.shutdown()

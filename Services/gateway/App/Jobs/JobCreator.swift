@@ -40,10 +40,10 @@ struct JobCreator: Sendable {
                 effectId: effect, parameters: parameters, prompt: prompt, credits: priced.credits
             ))
         } catch {
-            // A definite answer means no job exists: give the units back. A timeout or a lost
-            // connection may hide a created job; quota resolves such reservations by asking
-            // jobs later.
-            if error.code != .timeout && error.code != .connectionLost {
+            // A definite answer means no job exists: give the units back. A timeout, a lost
+            // connection or a storage failure (a database connection lost at the commit) may
+            // hide a created job; quota resolves such reservations by asking jobs later.
+            if ![.timeout, .connectionLost, .storageUnavailable].contains(error.code) {
                 _ = try? await clients.client(for: .quota).call(Quota.release, ChargeReference(jobId: jobId))
             }
             throw Problem(error, service: "jobs")

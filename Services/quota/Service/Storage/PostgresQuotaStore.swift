@@ -76,12 +76,19 @@ public struct PostgresQuotaStore: QuotaStore {
         do {
             return try await database.transaction { db in
                 try await Self.lock(db, "user:" + request.userId, logger: logger)
-                if let owner = try await db.first("SELECT user_id FROM quota_charge WHERE job_id = \(request.jobId)", as: String.self, logger: logger) {
+                if let (owner, state) = try await db.firstRow(
+                    "SELECT user_id, state FROM quota_charge WHERE job_id = \(request.jobId)", as: (String, String).self, logger: logger
+                ) {
                     guard owner == request.userId else {
                         throw BusError(Quota.ErrorCode.jobIdTaken, "job id \(request.jobId) belongs to another user")
                     }
-                    let context = try await Self.userContext(db, ledger, request.userId, now: now, logger: logger)
-                    return QuotaDecision(admitted: true, jobId: request.jobId, status: context.status(), violated: [], retryAt: nil)
+                    // Reserved or committed: the same admission again. Released (its job was never
+                    // made, or ended without a result): a retry of it is charged afresh, below.
+                    if state != "released" {
+                        let context = try await Self.userContext(db, ledger, request.userId, now: now, logger: logger)
+                        return QuotaDecision(admitted: true, jobId: request.jobId, status: context.status(), violated: [], retryAt: nil)
+                    }
+                    try await db.query("DELETE FROM quota_charge WHERE job_id = \(request.jobId)", logger: logger)
                 }
                 let context = try await Self.userContext(db, ledger, request.userId, now: now, logger: logger)
                 let verdict = QuotaRules.decide(
@@ -185,7 +192,7 @@ public struct PostgresQuotaStore: QuotaStore {
     public func status(userId: String, now: Date) async throws -> QuotaStatus {
         try ledger.validate(user: userId)
         let (ledger, logger) = (ledger, logger)
-        return try await database.client.withConnection { db in
+        return try await database.connection { db in
             try await Self.userContext(db, ledger, userId, now: now, logger: logger).status()
         }
     }
@@ -288,7 +295,7 @@ public struct PostgresQuotaStore: QuotaStore {
     public func usage(userId: String, now: Date) async throws -> UserUsage {
         try ledger.validate(user: userId)
         let (ledger, logger) = (ledger, logger)
-        return try await database.client.withConnection { db in
+        return try await database.connection { db in
             let status = try await Self.userContext(db, ledger, userId, now: now, logger: logger).status()
             let rows = try await db.allRows(
                 "SELECT \(unescaped: Self.chargeColumns), network FROM quota_charge WHERE user_id = \(userId) ORDER BY reserved_at DESC LIMIT 100",
@@ -300,7 +307,7 @@ public struct PostgresQuotaStore: QuotaStore {
 
     public func staleReservations(before cutoff: Date, limit: Int) async throws -> [String] {
         let logger = logger
-        return try await database.client.withConnection { db in
+        return try await database.connection { db in
             try await db.all(
                 "SELECT job_id FROM quota_charge WHERE state = 'reserved' AND reserved_at < \(cutoff) ORDER BY reserved_at LIMIT \(limit)",
                 as: String.self, logger: logger

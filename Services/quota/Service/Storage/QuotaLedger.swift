@@ -20,14 +20,19 @@ public struct QuotaLedger: Sendable {
     /// A job id already charged returns its admission again and charges nothing more.
     public func reserve(_ db: Database, _ request: ReserveQuota, now: Date) throws -> QuotaDecision {
         try check(request)
-        let owner = try String.fetchOne(
-            db.cachedStatement(sql: "SELECT userId FROM charge WHERE jobId = ?"), arguments: [request.jobId]
+        let existing = try Row.fetchOne(
+            db.cachedStatement(sql: "SELECT userId, state FROM charge WHERE jobId = ?"), arguments: [request.jobId]
         )
-        if let owner {
-            guard owner == request.userId else {
+        if let existing {
+            guard existing["userId"] as String == request.userId else {
                 throw BusError(Quota.ErrorCode.jobIdTaken, "job id \(request.jobId) belongs to another user")
             }
-            return QuotaDecision(admitted: true, jobId: request.jobId, status: try status(db, user: request.userId, now: now), violated: [], retryAt: nil)
+            // Reserved or committed: the same admission again. Released (its job was never made,
+            // or ended without a result): a retry of it is charged afresh, below.
+            if existing["state"] as String != "released" {
+                return QuotaDecision(admitted: true, jobId: request.jobId, status: try status(db, user: request.userId, now: now), violated: [], retryAt: nil)
+            }
+            try db.execute(sql: "DELETE FROM charge WHERE jobId = ?", arguments: [request.jobId])
         }
         let context = try userContext(db, request.userId, now: now)
         let verdict = QuotaRules.decide(
