@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CONFIG ?= debug
 
-.PHONY: deps build run test conformance generate loadtest bench-gateway bench-bus bench-quota bench-jobs bench-history bench-blobs bench-models stream-cost clean
+.PHONY: deps build run test chaos-postgres conformance generate loadtest bench-gateway bench-bus bench-quota bench-jobs bench-history bench-blobs bench-models stream-cost clean
 
 deps:
 	@scripts/install-deps.sh
@@ -18,7 +18,9 @@ run: deps
 ## in milliseconds), then the rest of the suite beside a RADOS Gateway of its own (scripts/with-s3.sh: Ceph's S3 server from Debian, in a temporary folder on a free
 ## port, stopped after) and a PostgreSQL of its own (scripts/with-postgres.sh: Debian's PostgreSQL 15, likewise), then the contract conformance run (schemathesis against openapi.yaml on a
 ## live stack), then 30 s of loadtest under chaos on a stack of its own (fails on any broken
-## invariant), and the chaos check again with BLOB_STORE=s3 (the RADOS Gateway killed too).
+## invariant), the chaos check again with BLOB_STORE=s3 (the RADOS Gateway killed too), and with
+## STORE=postgres: two replicas of each service, the replicas killed (both jobs replicas first, so
+## the leader surely is).
 test: deps
 	swift build --build-tests
 	swift build --product swift-openapi-generator
@@ -27,6 +29,17 @@ test: deps
 	scripts/conformance.sh
 	scripts/chaos-check.sh
 	BLOB_STORE=s3 scripts/chaos-check.sh
+	STORE=postgres CHAOS_ONLY=quota,history,jobs CHAOS_FIRST=jobs-1,jobs-2 scripts/chaos-check.sh
+
+## The chaos checks on PostgreSQL in a release build: with two replicas of each service and one
+## killed every 5 s, p99 of POST /api/v1/jobs stays under 100 ms; then PostgreSQL itself killed
+## every 5 s and restarted under load (every admitted job and charge is kept). Not part of `make
+## test`: requests made while PostgreSQL is down may answer 504 after their 5 s deadline rather
+## than a quick 503 (docs/architecture.md, the known gap).
+chaos-postgres: deps
+	CONFIG=release STORE=postgres CHAOS_ONLY=quota,history,jobs CHAOS_FIRST=jobs-1,jobs-2 \
+	  CHAOS_THRESHOLDS='POST /api/v1/jobs p99<100ms' scripts/chaos-check.sh
+	CONFIG=release STORE=postgres CHAOS_ONLY=postgres scripts/chaos-check.sh
 
 ## Regenerates the client code from openapi.yaml (committed; a test fails when it is stale).
 generate: deps

@@ -405,7 +405,10 @@ let package = Package(
         ),
         .executableTarget(
             name: "history-bench",
-            dependencies: ["HistoryService", "Messages", .product(name: "JWTKit", package: "jwt-kit")],
+            dependencies: [
+                "HistoryService", "Messages", "Storage", .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "PostgresNIO", package: "postgres-nio"), .product(name: "Logging", package: "swift-log"),
+            ],
             path: "Benchmarks/history-bench",
             swiftSettings: swiftSettings
         ),

@@ -3,7 +3,8 @@
 # (10,000), one of whom has $BIG_ITEMS (100,000); quota, history, jobs and the gateway built for
 # release; wrk at 32 connections against the gateway's /healthz (the baseline) and, through the
 # gateway, a typical user's first page, a cursor page deep in the large history, an offset page
-# at 5,000, and a substring search, all in the same run.
+# at 5,000, and a substring search, all in the same run. STORE=postgres: the same history in a
+# PostgreSQL of its own (scripts/postgres-server.sh, in the scratch folder), history on it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${BENCH_SECONDS:-10}
@@ -15,8 +16,20 @@ source scripts/bench-lib.sh
 need wrk wrk
 build_release quota history jobs gateway history-bench
 
-echo "filling a history of $ITEMS items ($USERS users, one with $BIG_ITEMS)..."
-"$BIN/history-bench" fill "$work/history.sqlite" "$USERS" "$ITEMS" "$BIG_ITEMS" | tail -1
+echo "filling a history of $ITEMS items ($USERS users, one with $BIG_ITEMS; store: ${STORE:-sqlite})..."
+if [ "${STORE:-sqlite}" = postgres ]; then
+  # PostgreSQL runs as its own user, which must reach its folder.
+  chmod 755 "$work"
+  scripts/postgres-server.sh install
+  scripts/postgres-server.sh start "$work/postgres" "$(port)" >/dev/null
+  source "$work/postgres/postgres.env"
+  cleanup_postgres() { scripts/postgres-server.sh stop "$work/postgres" >/dev/null 2>&1 || true; }
+  trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; cleanup_postgres; cleanup' EXIT
+  export HISTORY_DATABASE_URL=$POSTGRES_URL
+  "$BIN/history-bench" fill-postgres "$POSTGRES_URL" "$USERS" "$ITEMS" "$BIG_ITEMS" | tail -1
+else
+  "$BIN/history-bench" fill "$work/history.sqlite" "$USERS" "$ITEMS" "$BIG_ITEMS" | tail -1
+fi
 
 export DATA_DIR=$work LOG_LEVEL=warning
 export QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" HISTORY_ENDPOINT="tcp://127.0.0.1:$(port)" JOBS_ENDPOINT="tcp://127.0.0.1:$(port)"
@@ -39,7 +52,7 @@ search=$(measure -H "Authorization: Bearer $small" "$url/api/v1/history?q=unset"
 bigsearch=$(measure -H "Authorization: Bearer $big" "$url/api/v1/history?q=storm%20%231")
 
 row() { read -r rps p50 p99 <<<"$2"; printf "%-44s %8s req/s  p50 %6s ms  p99 %6s ms\n" "$1" "$rps" "$p50" "$p99"; }
-echo "history of $ITEMS items, wrk 32 connections, ${DURATION}s each, logs at warning:"
+echo "history of $ITEMS items on ${STORE:-sqlite}, wrk 32 connections, ${DURATION}s each, logs at warning:"
 row "gateway /healthz (baseline)" "$healthz"
 row "first page (a user with ~90 items)" "$first"
 row "cursor page at 90,000 (user with $BIG_ITEMS)" "$deep"

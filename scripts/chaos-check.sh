@@ -74,7 +74,8 @@ for threshold in "${thresholds[@]}"; do [ -n "$threshold" ] && ARGS+=(--threshol
   --json "$OUT/loadtest.json" --report "$OUT/loadtest.html"
 status=$?
 if [ "$status" -ne 0 ]; then
-  echo "chaos-check: FAILED; the stack's last log lines:"
+  cp "$DIR/stack.log" "$OUT/stack.log"
+  echo "chaos-check: FAILED; the stack's last log lines (all of it in $OUT/stack.log):"
   tail -80 "$DIR/stack.log"
 fi
 exit "$status"

@@ -1,13 +1,21 @@
 import Foundation
 import HistoryService
 import JWTKit
+import Logging
 import Messages
+import PostgresNIO
+import Storage
 
 // History benchmark helper.
 //   history-bench fill PATH USERS ITEMS BIG_ITEMS
 //     fills a history database with ITEMS completed items of USERS users, BIG_ITEMS of them for
 //     `user-big`, the rest spread over `user-00000`...; prompts from a small vocabulary, one item a
 //     minute back from now. Writes go through HistoryDatabase's own method for job events.
+//   history-bench fill-postgres URL USERS ITEMS BIG_ITEMS
+//     the same history (same users, prompts from the same vocabulary, same times) in PostgreSQL,
+//     migrated as the history service migrates it; written by set-based SQL (a million items
+//     through the store's per-event method would take most of an hour), counts and change
+//     numbers included, as the store keeps them.
 //   history-bench token SECRET SUB
 //     prints an HS256 token for SUB, valid one hour.
 
@@ -49,6 +57,47 @@ func fill(path: String, users: Int, items: Int, bigItems: Int) async throws {
     print("filled \(items) items for \(users) users in \(started.duration(to: .now))")
 }
 
+func fillPostgres(url: String, users: Int, items: Int, bigItems: Int) async throws {
+    let logger = { var logger = Logger(label: "history-bench"); logger.logLevel = .warning; return logger }()
+    let location = try PostgresLocation(variable: "URL", url: url)
+    let started = ContinuousClock.now
+    _ = try await PostgresPool.migrate(location, service: "history", PostgresHistoryStore.migrations, logger: logger) { [logger] db in
+        try await PostgresHistoryStore.tokenKey(db, logger: logger)
+    }
+    let now = Date().timeIntervalSince1970
+    let vocabulary = words
+    let titles = effects.map(\.1), ids = effects.map(\.0)
+    try await PostgresPool(location: location, maximumConnections: 1, logger: logger).running { pool in
+        try await pool.connection { db in
+            try await db.query(
+                """
+                INSERT INTO history_item (job_id, user_id, effect_id, effect_title, prompt, status, progress, created_at, updated_at,
+                    finished_at, result_key, thumbnail_key, image_key, parameters, cost, last_error, version, change_sequence)
+                SELECT 'job-' || lpad(i::text, 8, '0'),
+                    CASE WHEN i < \(bigItems) THEN 'user-big' ELSE 'user-' || lpad((i % \(max(1, users - 1)))::text, 5, '0') END,
+                    (\(ids)::text[])[1 + i % 4], (\(titles)::text[])[1 + i % 4],
+                    (\(vocabulary)::text[])[1 + floor(random() * 20)::int] || ' ' || (\(vocabulary)::text[])[1 + floor(random() * 20)::int] || ' '
+                        || (\(vocabulary)::text[])[1 + floor(random() * 20)::int] || ' #' || i,
+                    'completed', 1, t, t, t, 'results/job-' || lpad(i::text, 8, '0') || '/1.jpg', 'thumbnails/job-' || lpad(i::text, 8, '0') || '/1.jpg',
+                    'uploads/bench/job-' || lpad(i::text, 8, '0') || '.jpg', '{}', 1, NULL, 4, i + 1
+                FROM generate_series(0, \(items - 1)) AS i, LATERAL (SELECT ((\(now) - (\(items) - i) * 2) * 1000)::bigint AS t) AS times
+                """,
+                logger: logger
+            )
+            try await db.query(
+                "INSERT INTO history_item_count (user_id, status, count) SELECT user_id, status, count(*) FROM history_item GROUP BY user_id, status",
+                logger: logger
+            )
+            try await db.query(
+                "INSERT INTO history_user (user_id, change_sequence) SELECT user_id, max(change_sequence) FROM history_item GROUP BY user_id",
+                logger: logger
+            )
+            try await db.query("ANALYZE", logger: logger)
+        }
+    }
+    print("filled \(items) items for \(users) users in PostgreSQL in \(started.duration(to: .now))")
+}
+
 struct Claims: JWTPayload {
     var sub: SubjectClaim
     var exp: ExpirationClaim
@@ -65,9 +114,11 @@ let arguments = CommandLine.arguments
 switch arguments.count > 1 ? arguments[1] : "" {
 case "fill" where arguments.count == 6:
     try await fill(path: arguments[2], users: Int(arguments[3]) ?? 10_000, items: Int(arguments[4]) ?? 1_000_000, bigItems: Int(arguments[5]) ?? 100_000)
+case "fill-postgres" where arguments.count == 6:
+    try await fillPostgres(url: arguments[2], users: Int(arguments[3]) ?? 10_000, items: Int(arguments[4]) ?? 1_000_000, bigItems: Int(arguments[5]) ?? 100_000)
 case "token" where arguments.count == 4:
     try await token(secret: arguments[2], sub: arguments[3])
 default:
-    print("usage: history-bench fill PATH USERS ITEMS BIG_ITEMS | history-bench token SECRET SUB")
+    print("usage: history-bench fill PATH USERS ITEMS BIG_ITEMS | history-bench fill-postgres URL USERS ITEMS BIG_ITEMS | history-bench token SECRET SUB")
     exit(2)
 }

@@ -43,50 +43,6 @@ public struct PostgresLocation: Sendable, CustomStringConvertible {
     }
 }
 
-/// An operation that did not finish within its limit: abandoned, its connection closed; whether
-/// a write in it committed is unknown.
-public struct PostgresOperationTimedOut: Error, CustomStringConvertible {
-    public var limit: Duration
-    public var description: String { "the database did not answer within \(limit)" }
-}
-
-/// Whether a caller's connection came in time: the body starts only if the wait was not given
-/// up first, so "no connection" always means nothing was done.
-final class LeaseState: Sendable {
-    private enum State { case waiting, acquired(PostgresConnection), abandoned }
-    private let state = Mutex(State.waiting)
-
-    /// The connection came: true if the caller still waits for it.
-    func acquire(_ connection: PostgresConnection) -> Bool {
-        state.withLock { state in
-            guard case .waiting = state else { return false }
-            state = .acquired(connection)
-            return true
-        }
-    }
-
-    /// The wait is over: the connection if it came, else nil (and it never will be used).
-    func abandonUnlessAcquired() -> PostgresConnection? {
-        state.withLock { state in
-            if case .acquired(let connection) = state { return connection }
-            state = .abandoned
-            return nil
-        }
-    }
-}
-
-/// The database could not be reached in time (or was found unreachable a moment ago): no
-/// connection was had, so nothing was done. Never names the password.
-public struct PostgresUnavailable: Error, CustomStringConvertible {
-    public var location: PostgresLocation
-    public var description: String { "\(location) cannot be reached now" }
-
-    /// Whether `error` says the connection or the server is gone (rather than a statement failed).
-    public static func isConnectionLevel(_ error: PSQLError) -> Bool {
-        [.connectionError, .serverClosedConnection, .uncleanShutdown, .clientClosedConnection, .poolClosed].contains(error.code)
-    }
-}
-
 /// A malformed database URL, named by its variable.
 public struct PostgresConfigurationError: Error, CustomStringConvertible {
     public var description: String
@@ -125,7 +81,11 @@ public final class PostgresPool: Service, Sendable {
         )
         configuration.options.maximumConnections = maximumConnections
         configuration.options.minimumConnections = 0
-        self.client = PostgresClient(configuration: configuration, backgroundLogger: logger)
+        // The pool's own lines (each failed attempt to connect, while the server is down) only
+        // from warnings up: the stores say what failed, once, at the level that matters.
+        var background = logger
+        background.logLevel = max(logger.logLevel, .warning)
+        self.client = PostgresClient(configuration: configuration, backgroundLogger: background)
         self.location = location
         self.logger = logger
     }
@@ -193,80 +153,9 @@ public final class PostgresPool: Service, Sendable {
     }
 
     /// Runs `body` on one connection of the pool, outside a transaction: for a single statement,
-    /// or (with `limit` nil) a session that lasts, such as a `LISTEN`. Fails fast while the server
-    /// cannot be reached (see `leased`).
-    public func connection<T: Sendable>(
-        limit: Duration? = PostgresPool.operationLimit, _ body: @escaping @Sendable (PostgresConnection) async throws -> T
-    ) async throws -> T {
-        try await leased(limit: limit, body)
-    }
-
-    /// The longest a store's operation may take, connection included, before it is abandoned
-    /// (the connection closed) and the caller told the storage failed: below the bus's 5 s
-    /// deadline, so that a caller hears why rather than a timeout.
-    public static let operationLimit = Duration.seconds(3)
-
-    /// How long a caller waits for a connection before it is told the database is unavailable.
-    public static let acquireLimit = Duration.seconds(1)
-
-    /// When the server was last found unreachable, while it is: callers then fail at once
-    /// (`PostgresUnavailable`), one every `probeEvery` trying it again.
-    private let outage = Mutex<ContinuousClock.Instant?>(nil)
-    static let probeEvery = Duration.milliseconds(250)
-
-    /// Runs `body` on a connection of the pool, for at most `limit` (nil: as long as it takes).
-    /// The pool keeps trying a server it cannot reach
-    /// and a caller would wait for it: instead, one waits at most `acquireLimit` for a connection,
-    /// and while the server is found unreachable (a connection could not be had, or one broke),
-    /// callers fail at once but for a probe every `probeEvery`, so that a request fails fast
-    /// (the bus answers `storage_unavailable`, the gateway 503) and the first after the server's
-    /// return succeeds.
-    func leased<T: Sendable>(limit: Duration?, _ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
-        let now = ContinuousClock.now
-        let probing = outage.withLock { since -> Bool in
-            guard let down = since else { return true }
-            guard now - down >= Self.probeEvery else { return false }
-            since = now
-            return true
-        }
-        guard probing else { throw PostgresUnavailable(location: location) }
-        let lease = LeaseState()
-        do {
-            let value = try await withThrowingTaskGroup(of: T?.self) { group in
-                group.addTask { [client] in
-                    try await client.withConnection { connection in
-                        // Too late (the caller was told nothing was done): do nothing.
-                        guard lease.acquire(connection) else { throw CancellationError() }
-                        return try await body(connection)
-                    }
-                }
-                group.addTask { [location] in
-                    try await Task.sleep(for: Self.acquireLimit)
-                    guard let connection = lease.abandonUnlessAcquired() else { throw PostgresUnavailable(location: location) }
-                    guard let limit else { return nil }
-                    try await Task.sleep(for: limit - Self.acquireLimit)
-                    // Queries do not stop for a cancelled task: closing the connection fails the
-                    // one in flight, so that the operation ends now.
-                    try? await connection.close()
-                    throw PostgresOperationTimedOut(limit: limit)
-                }
-                while let next = try await group.next() {
-                    if let value = next {
-                        group.cancelAll()
-                        return value
-                    }
-                }
-                throw CancellationError()
-            }
-            outage.withLock { $0 = nil }
-            return value
-        } catch let error as PostgresUnavailable {
-            outage.withLock { $0 = $0 ?? .now }
-            throw error
-        } catch let error as PSQLError where PostgresUnavailable.isConnectionLevel(error) {
-            outage.withLock { $0 = $0 ?? .now }
-            throw error
-        }
+    /// or a session that lasts, such as a `LISTEN`.
+    public func connection<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
+        try await client.withConnection(body)
     }
 
     /// Applies the migrations of `service` not applied yet, in order, each in a transaction,
@@ -328,7 +217,7 @@ public final class PostgresPool: Service, Sendable {
         _ isolation: Isolation = .readCommitted, _ body: @escaping @Sendable (PostgresConnection) async throws -> T
     ) async throws -> T {
         let logger = logger
-        return try await leased(limit: Self.operationLimit) { connection in
+        return try await client.withConnection { connection in
             switch isolation {
             case .readCommitted: try await connection.query("BEGIN", logger: logger)
             case .snapshotRead: try await connection.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", logger: logger)

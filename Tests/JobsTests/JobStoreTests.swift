@@ -152,6 +152,10 @@ struct JobStoreTests {
         try await withJobsStore(backend) { try await $0.cancellingQueuedAndProcessingJobs() }
     }
 
+    @Test(arguments: JobsBackend.allCases) func aPurgedJobWhoseSettlementIsStillQueuedAnswersHowItEnded(backend: JobsBackend) async throws {
+        try await withJobsStore(backend) { try await $0.aPurgedJobWhoseSettlementIsStillQueuedAnswersHowItEnded() }
+    }
+
     @Test(arguments: JobsBackend.allCases) func sameJobIdCreatesOnceAndOtherUsersCannotTakeIt(backend: JobsBackend) async throws {
         try await withJobsStore(backend) { try await $0.sameJobIdCreatesOnceAndOtherUsersCannotTakeIt() }
     }
@@ -288,5 +292,24 @@ extension JobsStoreHarness {
         await #expect(throws: BusError.self) {
             _ = try await store.create(CreateJob(jobId: "job-1", userId: "bob", isPro: false, imageKey: "k", effectId: "copy"), effectId: "copy", parameters: [:], now: now)
         }
+    }
+
+    func aPurgedJobWhoseSettlementIsStillQueuedAnswersHowItEnded() async throws {
+        // Given a completed job, deleted by its user (purged) before its commit reached quota
+        _ = try await created("done")
+        _ = try await store.start("done", now: now)
+        _ = try await store.complete(JobAttempt(jobId: "done", attempt: 1), output: JobOutput(resultKey: "r", thumbnailKey: "t"), now: now)
+        _ = try await store.purge("done", userId: "alice", now: now)
+        // and a running one, purged too (its charge given back)
+        _ = try await created("running")
+        _ = try await store.start("running", now: now)
+        _ = try await store.purge("running", userId: "alice", now: now)
+        // When quota asks about them (its reservations look stale), they answer how they ended,
+        // so quota commits the one and releases the other, as the queued settlements will
+        #expect(try await store.lookup("done", abandonIfAbsent: true, now: now) == .completed)
+        #expect(try await store.lookup("running", abandonIfAbsent: true, now: now) == .failed)
+        // And an id that never was a job is abandoned: its creation, arriving late, fails
+        #expect(try await store.lookup("never", abandonIfAbsent: true, now: now) == nil)
+        await #expect(throws: BusError.self) { _ = try await self.created("never") }
     }
 }

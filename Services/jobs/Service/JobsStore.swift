@@ -10,8 +10,9 @@ import Messages
 public protocol JobsStore: Sendable {
     /// Creates a queued job; the same id for the same user returns the existing one.
     func create(_ request: CreateJob, effectId: String, parameters: [String: Double], now: Date) async throws -> (job: JobRecord, created: Bool)
-    /// Whether a job exists and its status; with `abandonIfAbsent`, an absent id is recorded
-    /// as abandoned so that a creation arriving later fails.
+    /// Whether a job exists and its status (a purged job whose settlement quota has not heard
+    /// yet: the status that settlement stands for); with `abandonIfAbsent`, an absent id is
+    /// recorded as abandoned so that a creation arriving later fails.
     func lookup(_ id: String, abandonIfAbsent: Bool, now: Date) async throws -> JobStatus?
     /// The job, if `userId` owns it (nil for anyone else's).
     func job(_ id: String, userId: String?) async throws -> JobRecord?
@@ -45,6 +46,41 @@ public protocol JobsStore: Sendable {
     func discardOutput(_ output: JobOutput, of attempt: JobAttempt, now: Date) async throws
     /// At start-up: settles what was left mid-cancel; every queued job, oldest first.
     func recover(now: Date) async throws -> [JobRecord]
+}
+
+/// A store whose workers' reports (complete, fail, requeue, cancelled) each read the job, ask
+/// `JobRules`, and write what they decide, in one transaction: `report`. The four follow from it.
+public protocol ReportingJobsStore: JobsStore {
+    var retry: RetryPolicy { get }
+    /// Reads the job an attempt belongs to, asks `decide`, and writes what it decides.
+    func report(_ attempt: JobAttempt, _ decide: @escaping @Sendable (JobRecord) -> JobRules.Decision) async throws -> (outcome: JobReportOutcome, retryAfter: Duration?)
+}
+
+extension ReportingJobsStore {
+    /// The current attempt finished: completed, quota committed.
+    public func complete(_ attempt: JobAttempt, output: JobOutput, now: Date) async throws -> JobReportOutcome {
+        try await report(attempt) { job in JobRules.complete(job, attempt, output: output, now: now) }.outcome
+    }
+
+    /// The current attempt failed: queued again after a backoff if retryable and attempts remain
+    /// (returned with the delay), else failed with the error and the charge released.
+    public func fail(_ attempt: JobAttempt, error: String, retryable: Bool, now: Date) async throws -> (JobReportOutcome, retryAfter: Duration?) {
+        try await report(attempt) { [retry] job in JobRules.fail(job, attempt, error: error, retryable: retryable, retry: retry, now: now) }
+    }
+
+    /// No worker holds the current attempt any more (lost, or never told): queued again, or
+    /// failed when attempts are used up, or cancelled when a cancel was asked for meanwhile.
+    /// Nil when `attempt` is no longer the job's current processing attempt (fencing).
+    public func requeue(_ attempt: JobAttempt, reason: String, now: Date) async throws -> JobRecord? {
+        let (outcome, _) = try await report(attempt) { [retry] job in JobRules.requeue(job, attempt, reason: reason, retry: retry, now: now) }
+        if case .applied(let job) = outcome { return job }
+        return nil
+    }
+
+    /// The worker stopped the current attempt after a cancel: cancelled, charge released.
+    public func cancelled(_ attempt: JobAttempt, now: Date) async throws -> JobReportOutcome {
+        try await report(attempt) { job in JobRules.cancelled(job, attempt, now: now) }.outcome
+    }
 }
 
 /// What a worker's report did to the job.

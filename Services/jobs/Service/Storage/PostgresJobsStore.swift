@@ -22,7 +22,7 @@ import Storage
 /// - **The outbox is shared**: each replica's relays claim due entries (`FOR UPDATE SKIP LOCKED`,
 ///   leased for `PostgresJobsOutbox.lease`), so an entry goes to one relay at a time and one whose
 ///   relay died is taken up again after the lease.
-public struct PostgresJobsStore: JobsStore {
+public struct PostgresJobsStore: ReportingJobsStore {
     let database: PostgresPool
     public let retry: RetryPolicy
     /// Effect ids to the titles the app shows, carried in history events.
@@ -120,6 +120,12 @@ public struct PostgresJobsStore: JobsStore {
         return try await database.transaction { db in
             try await store.lockId(db, id)
             if let job = try await store.row(db, id, lock: false) { return job.status }
+            // Purged, its settlement not yet delivered: the job ended as that settlement says.
+            if let settlement = try await db.first(
+                "SELECT kind FROM jobs_outbox WHERE topic = 'quota' AND job_id = \(id) ORDER BY id DESC LIMIT 1", as: String.self, logger: store.logger
+            ) {
+                return JobRules.Settlement(rawValue: settlement) == .commit ? .completed : .failed
+            }
             try await db.query(
                 "INSERT INTO jobs_abandoned (job_id, at) VALUES (\(id), \(now.timeIntervalSince1970)) ON CONFLICT DO NOTHING", logger: store.logger
             )
@@ -227,20 +233,6 @@ public struct PostgresJobsStore: JobsStore {
         }
     }
 
-    public func complete(_ attempt: JobAttempt, output: JobOutput, now: Date) async throws -> JobReportOutcome {
-        try await report(attempt) { job in JobRules.complete(job, attempt, output: output, now: now) }.outcome
-    }
-
-    public func fail(_ attempt: JobAttempt, error: String, retryable: Bool, now: Date) async throws -> (JobReportOutcome, retryAfter: Duration?) {
-        try await report(attempt) { [retry] job in JobRules.fail(job, attempt, error: error, retryable: retryable, retry: retry, now: now) }
-    }
-
-    public func requeue(_ attempt: JobAttempt, reason: String, now: Date) async throws -> JobRecord? {
-        let (outcome, _) = try await report(attempt) { [retry] job in JobRules.requeue(job, attempt, reason: reason, retry: retry, now: now) }
-        if case .applied(let job) = outcome { return job }
-        return nil
-    }
-
     public func recordSubmission(_ attempt: JobAttempt, _ request: ProviderRequest) async throws -> JobReportOutcome {
         try await write(fenced: true) { store, db in
             guard let job = try await store.row(db, attempt.jobId, lock: true) else { return .refused("no such job") }
@@ -252,10 +244,6 @@ public struct PostgresJobsStore: JobsStore {
                 return .applied(transition.job)
             }
         }
-    }
-
-    public func cancelled(_ attempt: JobAttempt, now: Date) async throws -> JobReportOutcome {
-        try await report(attempt) { job in JobRules.cancelled(job, attempt, now: now) }.outcome
     }
 
     public func processingAttempts() async throws -> [JobAttempt] {
@@ -300,7 +288,7 @@ public struct PostgresJobsStore: JobsStore {
         guard !progress.isEmpty else { return }
         let (ids, fractions) = (Array(progress.keys), progress.keys.map { progress[$0] ?? 0 })
         try await write(fenced: true) { store, db in
-            try await db.query(
+            _ = try await db.query(
                 """
                 UPDATE jobs_job j SET progress = p.fraction FROM unnest(\(ids)::text[], \(fractions)::float8[]) AS p(id, fraction)
                 WHERE j.id = p.id AND j.status = 'processing' AND j.progress < p.fraction
@@ -327,7 +315,7 @@ public struct PostgresJobsStore: JobsStore {
         }
     }
 
-    func report(_ attempt: JobAttempt, _ decide: @escaping @Sendable (JobRecord) -> JobRules.Decision) async throws -> (outcome: JobReportOutcome, retryAfter: Duration?) {
+    public func report(_ attempt: JobAttempt, _ decide: @escaping @Sendable (JobRecord) -> JobRules.Decision) async throws -> (outcome: JobReportOutcome, retryAfter: Duration?) {
         try await write(fenced: true) { store, db in
             guard let job = try await store.row(db, attempt.jobId, lock: true) else { return (.refused("no such job"), nil) }
             switch decide(job) {

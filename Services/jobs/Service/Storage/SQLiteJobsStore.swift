@@ -7,7 +7,7 @@ import Storage
 /// The job lifecycle in rows, on SQLite: the jobs service's `JobsStore`. Every state change bumps
 /// the job's version and writes, in the same transaction, an event for history and (when the job
 /// ends) the quota settlement to the outbox. Every write goes through the group committer.
-public struct SQLiteJobsStore: JobsStore {
+public struct SQLiteJobsStore: ReportingJobsStore {
     public let database: JobsDatabase
     public let retry: RetryPolicy
     /// Effect ids to the titles the app shows, carried in history events.
@@ -56,11 +56,17 @@ public struct SQLiteJobsStore: JobsStore {
     }
 
     /// Whether the job exists, and its status; with `abandonIfAbsent`, an id with no job is
-    /// recorded as abandoned in the same transaction, so a creation arriving later fails.
+    /// recorded as abandoned in the same transaction, so a creation arriving later fails. A job
+    /// purged before quota heard how it ended still answers that end (from its settlement, waiting
+    /// in the outbox), so that quota settles it the same way.
     public func lookup(_ id: String, abandonIfAbsent: Bool, now: Date) async throws -> JobStatus? {
         guard abandonIfAbsent else { return try await job(id)?.status }
         return try await writes.perform { db in
             if let job = try JobRows.job(db, id) { return job.status }
+            // Purged, its settlement not yet delivered: the job ended as that settlement says.
+            if let settlement = try String.fetchOne(db, sql: "SELECT kind FROM outbox WHERE topic = 'quota' AND jobId = ? ORDER BY id DESC LIMIT 1", arguments: [id]) {
+                return JobRules.Settlement(rawValue: settlement) == .commit ? .completed : .failed
+            }
             try db.execute(sql: "INSERT OR IGNORE INTO abandoned (jobId, at) VALUES (?, ?)", arguments: [id, now])
             return nil
         }
@@ -122,26 +128,6 @@ public struct SQLiteJobsStore: JobsStore {
         }
     }
 
-    /// The current attempt finished: completed, quota committed.
-    public func complete(_ attempt: JobAttempt, output: JobOutput, now: Date) async throws -> Outcome {
-        try await report(attempt) { job in JobRules.complete(job, attempt, output: output, now: now) }.outcome
-    }
-
-    /// The current attempt failed: queued again after a backoff if retryable and attempts remain
-    /// (returned with the delay), else failed with the error and the charge released.
-    public func fail(_ attempt: JobAttempt, error: String, retryable: Bool, now: Date) async throws -> (Outcome, retryAfter: Duration?) {
-        try await report(attempt) { [retry] job in JobRules.fail(job, attempt, error: error, retryable: retryable, retry: retry, now: now) }
-    }
-
-    /// No worker holds the current attempt any more (lost, or never told): queued again, or
-    /// failed when attempts are used up, or cancelled when a cancel was asked for meanwhile.
-    /// Nil when `attempt` is no longer the job's current processing attempt (fencing).
-    public func requeue(_ attempt: JobAttempt, reason: String, now: Date) async throws -> JobRecord? {
-        let (outcome, _) = try await report(attempt) { [retry] job in JobRules.requeue(job, attempt, reason: reason, retry: retry, now: now) }
-        if case .applied(let job) = outcome { return job }
-        return nil
-    }
-
     /// The current attempt submitted its generation to a provider's queue: the request is kept
     /// on the job (not a state change: the job stays processing, its version unchanged).
     public func recordSubmission(_ attempt: JobAttempt, _ request: ProviderRequest) async throws -> Outcome {
@@ -155,11 +141,6 @@ public struct SQLiteJobsStore: JobsStore {
                 return .applied(transition.job)
             }
         }
-    }
-
-    /// The worker stopped the current attempt after a cancel: cancelled, charge released.
-    public func cancelled(_ attempt: JobAttempt, now: Date) async throws -> Outcome {
-        try await report(attempt) { job in JobRules.cancelled(job, attempt, now: now) }.outcome
     }
 
     /// The current attempt of every processing job, for the dispatcher's reconcile.
@@ -255,7 +236,7 @@ public struct SQLiteJobsStore: JobsStore {
 
     /// Reads the job an attempt belongs to, asks the rules, and writes what they decide, in one
     /// group-committed transaction.
-    func report(_ attempt: JobAttempt, _ decide: @escaping @Sendable (JobRecord) -> JobRules.Decision) async throws -> (outcome: Outcome, retryAfter: Duration?) {
+    public func report(_ attempt: JobAttempt, _ decide: @escaping @Sendable (JobRecord) -> JobRules.Decision) async throws -> (outcome: Outcome, retryAfter: Duration?) {
         try await writes.perform { [self] db in
             guard let job = try JobRows.job(db, attempt.jobId) else { return (.refused("no such job"), nil) }
             switch decide(job) {
