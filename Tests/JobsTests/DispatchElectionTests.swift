@@ -22,14 +22,15 @@ struct DispatchElectionTests {
     }
 
     @Test func oneReplicaHoldsTheLeaseUntilItLapsesThenTheOtherTakesItWithAHigherTerm() async throws {
-        try await withElections(ttl: .milliseconds(400)) { _, a, b in
+        // A lease long enough that a slow machine renews or reads it before it lapses by itself.
+        try await withElections(ttl: .seconds(3)) { _, a, b in
             // Given A took the lease
             let first = try #require(try await a.claim())
             // Then B cannot take it while A renews, and A keeps its term
             #expect(try await b.claim() == nil)
             #expect(try await a.claim() == first)
             // When A stops renewing, B takes it once it lapses, under a higher term
-            let deadline = ContinuousClock.now + .seconds(5)
+            let deadline = ContinuousClock.now + .seconds(15)
             var taken: Int64?
             while taken == nil, ContinuousClock.now < deadline {
                 taken = try await b.claim()

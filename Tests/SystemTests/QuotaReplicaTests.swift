@@ -30,7 +30,8 @@ struct QuotaReplicaTests {
         // Given two quota replicas started together on one new database
         let location = try await TestPostgres.freshDatabase()
         let replicas = try Self.replicas(2, location: location)
-        try await withBusClients(replicas.map { .init(endpoint: $0.endpoint, defaultTimeout: .seconds(10)) }) { clients in
+        // 200 decisions of one user run one at a time (its lock): a loaded machine needs a while.
+        try await withBusClients(replicas.map { .init(endpoint: $0.endpoint, defaultTimeout: .seconds(60)) }) { clients in
             for client in clients { _ = try await waitUntilHealthy(client) }
             // They migrated once between them
             let applied = try await TestPostgres.withDatabase(location) { database in
