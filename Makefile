@@ -20,7 +20,9 @@ run: deps
 ## live stack), then 30 s of loadtest under chaos on a stack of its own (fails on any broken
 ## invariant), the chaos check again with BLOB_STORE=s3 (the RADOS Gateway killed too), and with
 ## STORE=postgres: two replicas of each service, the replicas killed (both jobs replicas first, so
-## the leader surely is).
+## the leader surely is); then PostgreSQL itself killed and restarted under load: every request
+## answered within 4.5 s (503 while it is down, none waiting for its 5 s deadline) and every
+## invariant kept.
 test: deps
 	swift build --build-tests
 	swift build --product swift-openapi-generator
@@ -30,16 +32,16 @@ test: deps
 	scripts/chaos-check.sh
 	BLOB_STORE=s3 scripts/chaos-check.sh
 	STORE=postgres CHAOS_ONLY=quota,history,jobs CHAOS_FIRST=jobs-1,jobs-2 scripts/chaos-check.sh
+	STORE=postgres CHAOS_ONLY=postgres CHAOS_THRESHOLDS='max<4500ms' scripts/chaos-check.sh
 
-## The chaos checks on PostgreSQL in a release build: with two replicas of each service and one
-## killed every 5 s, p99 of POST /api/v1/jobs stays under 100 ms; then PostgreSQL itself killed
-## every 5 s and restarted under load (every admitted job and charge is kept). Not part of `make
-## test`: requests made while PostgreSQL is down may answer 504 after their 5 s deadline rather
-## than a quick 503 (docs/architecture.md, the known gap).
+## The chaos checks on PostgreSQL in a release build, with the issue's latency target: with two
+## replicas of each service and one killed every 5 s, p99 of POST /api/v1/jobs stays under
+## 100 ms; then PostgreSQL itself killed every 5 s and restarted under load (503 while it is down,
+## every request answered within 4.5 s, every admitted job and charge kept).
 chaos-postgres: deps
 	CONFIG=release STORE=postgres CHAOS_ONLY=quota,history,jobs CHAOS_FIRST=jobs-1,jobs-2 \
 	  CHAOS_THRESHOLDS='POST /api/v1/jobs p99<100ms' scripts/chaos-check.sh
-	CONFIG=release STORE=postgres CHAOS_ONLY=postgres scripts/chaos-check.sh
+	CONFIG=release STORE=postgres CHAOS_ONLY=postgres CHAOS_THRESHOLDS='max<4500ms' scripts/chaos-check.sh
 
 ## Regenerates the client code from openapi.yaml (committed; a test fails when it is stale).
 generate: deps

@@ -68,7 +68,7 @@ func fillPostgres(url: String, users: Int, items: Int, bigItems: Int) async thro
     let vocabulary = words
     let titles = effects.map(\.1), ids = effects.map(\.0)
     try await PostgresPool(location: location, maximumConnections: 1, logger: logger).running { pool in
-        try await pool.connection { db in
+        try await pool.session { db in
             try await db.query(
                 """
                 INSERT INTO history_item (job_id, user_id, effect_id, effect_title, prompt, status, progress, created_at, updated_at,

@@ -387,7 +387,7 @@ public final class BusClient: Sendable, Service {
             timers.insert(Timer(deadline: item.deadline, id: item.id))
         } catch ZMQError.wouldBlock {
             if configuration.endpoints.count > 1 { return false }
-            finish(item.id, with: .failure(BusError(.overloaded, "send queue to \(configuration.endpoint) is full")))
+            finish(item.id, with: .failure(BusError(.overloaded, "cannot queue for \(configuration.endpoint): its send queue is full, or the connection was refused (a failed handshake is not retried)")))
         } catch {
             finish(item.id, with: .failure(BusError(.unavailable, "cannot send to \(configuration.endpoint): \(error)")))
         }

@@ -43,6 +43,25 @@ public struct PostgresLocation: Sendable, CustomStringConvertible {
     }
 }
 
+/// The database could not be reached in time (or was found unreachable a moment ago): no
+/// connection was had, so nothing was done. Never names the password.
+public struct PostgresUnavailable: Error, CustomStringConvertible {
+    public var location: PostgresLocation
+    public var description: String { "\(location) cannot be reached now" }
+
+    /// Whether `error` says the connection or the server is gone (rather than a statement failed).
+    public static func isConnectionLevel(_ error: PSQLError) -> Bool {
+        [.connectionError, .serverClosedConnection, .uncleanShutdown, .clientClosedConnection, .poolClosed].contains(error.code)
+    }
+}
+
+/// An operation that did not finish within its limit: abandoned, its connection closed; whether
+/// a write in it committed is unknown.
+public struct PostgresOperationTimedOut: Error, CustomStringConvertible {
+    public var limit: Duration
+    public var description: String { "the database did not answer within \(limit)" }
+}
+
 /// A malformed database URL, named by its variable.
 public struct PostgresConfigurationError: Error, CustomStringConvertible {
     public var description: String
@@ -69,10 +88,49 @@ public struct PostgresMigration: Sendable {
 /// A service's PostgreSQL: a pool of connections (postgres-nio's `PostgresClient`) that lives in
 /// `run()` (a `Service`, listed before those that use it), migrations run once however many
 /// replicas start together, and transactions.
+///
+/// **Outages fail fast.** postgres-nio's pool keeps trying a server it cannot reach, and a caller
+/// waiting for a connection would wait until its own deadline (the gateway's 504 after 5 s). So a
+/// store's operation waits at most `acquireLimit` for a connection and is then told
+/// `PostgresUnavailable` (nothing was done: the bus answers `unavailable`, the gateway 503); while
+/// the server is known gone, callers are told so at once but for one probe every `probeEvery`, so
+/// that the first call after its return succeeds. An operation that got its connection but has not
+/// finished within `operationLimit` is abandoned by closing that connection
+/// (`PostgresOperationTimedOut`: it may have committed, so `storage_unavailable`).
+///
+/// The waits are never cancelled. Each operation runs in a task of `run()`'s own, and its caller
+/// awaits only its answer: a wait given up on stays in the pool's queue until a connection comes
+/// (the operation then does nothing and gives it back) or the pool stops (which fails every wait).
+/// Cancelling a waiting lease raced with its registration in the pool and could leave the canceller
+/// waiting for ever.
 public final class PostgresPool: Service, Sendable {
     public let client: PostgresClient
     public let location: PostgresLocation
     public let logger: Logger
+
+    /// How long a caller waits for a connection before it is told the database is unavailable.
+    public static let acquireLimit = Duration.seconds(1)
+
+    /// The longest a store's operation may take, connection included, before it is abandoned
+    /// (the connection closed) and the caller told the storage failed: below the bus's 5 s
+    /// deadline, so that a caller hears why rather than a timeout.
+    public static let operationLimit = Duration.seconds(3)
+
+    /// While the server is known unreachable, one caller in this long tries it again.
+    public static let probeEvery = Duration.milliseconds(250)
+
+    /// The most operations at once, waiting or running, abandoned waits included; past it a caller
+    /// is told the database is unavailable.
+    public static let maximumOperations = 4_096
+
+    /// When the server was last found unreachable, while it is.
+    private let outage = Mutex<ContinuousClock.Instant?>(nil)
+
+    /// The operations handed to `run()` and not started yet, whether it still takes them, and
+    /// how many are waiting or running; `doorbell` tells `run()` there are some.
+    private let intake = Mutex<(pending: [Operation], open: Bool, count: Int)>(([], true, 0))
+    private let doorbell: AsyncStream<Void>
+    private let ring: AsyncStream<Void>.Continuation
 
     public init(location: PostgresLocation, maximumConnections: Int = 20, logger: Logger) {
         var configuration = PostgresClient.Configuration(
@@ -80,7 +138,11 @@ public final class PostgresPool: Service, Sendable {
             database: location.database, tls: .disable
         )
         configuration.options.maximumConnections = maximumConnections
-        configuration.options.minimumConnections = 0
+        // At least one: postgres-nio's pool makes a new connection, when one closes, only to stay at
+        // its minimum, not for the calls queued for one; with none, calls queued while the last
+        // connection was closed (PostgreSQL restarted, or an operation abandoned) would wait for
+        // the next call to make one.
+        configuration.options.minimumConnections = 1
         // The pool's own lines (each failed attempt to connect, while the server is down) only
         // from warnings up: the stores say what failed, once, at the level that matters.
         var background = logger
@@ -88,12 +150,14 @@ public final class PostgresPool: Service, Sendable {
         self.client = PostgresClient(configuration: configuration, backgroundLogger: background)
         self.location = location
         self.logger = logger
+        (doorbell, ring) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
     }
 
     /// Whether `run()` has started, and those waiting for it to.
     private let started = Mutex<(yes: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
 
-    /// Runs the pool until the task is cancelled.
+    /// Runs the pool, and the operations of its callers, until the task is cancelled or a
+    /// graceful shutdown reaches it.
     public func run() async {
         let waiters = started.withLock { state in
             state.yes = true
@@ -101,7 +165,31 @@ public final class PostgresPool: Service, Sendable {
             return state.waiters
         }
         for waiter in waiters { waiter.resume() }
-        await client.run()
+        await cancelWhenGracefulShutdown {
+            await withDiscardingTaskGroup { group in
+                group.addTask { await self.client.run() }
+                // Ends when the task is cancelled; the pool's run ends with it and fails the waits.
+                for await _ in self.doorbell {
+                    let operations = self.intake.withLock { intake in
+                        defer { intake.pending.removeAll() }
+                        return intake.pending
+                    }
+                    for operation in operations {
+                        group.addTask {
+                            await operation.run()
+                            self.intake.withLock { $0.count -= 1 }
+                        }
+                    }
+                }
+            }
+        }
+        // Those not started are told the pool has stopped, as are those handed in from now on.
+        let left = intake.withLock { intake in
+            intake.open = false
+            defer { intake.pending.removeAll() }
+            return intake.pending
+        }
+        for operation in left { operation.stopped() }
     }
 
     /// Runs the pool for the duration of `body`, which starts once the pool runs.
@@ -153,9 +241,100 @@ public final class PostgresPool: Service, Sendable {
     }
 
     /// Runs `body` on one connection of the pool, outside a transaction: for a single statement,
-    /// or a session that lasts, such as a `LISTEN`.
-    public func connection<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
+    /// failing fast while the server is down and abandoned after `limit` (see the type's notes).
+    public func connection<T: Sendable>(
+        limit: Duration = PostgresPool.operationLimit, _ body: @escaping @Sendable (PostgresConnection) async throws -> T
+    ) async throws -> T {
+        try await leased(limit: limit, body)
+    }
+
+    /// Runs `body` on one connection for as long as it takes: a session that lasts, such as a
+    /// `LISTEN`, or a bulk load. It waits for the server however long it is down, and cancelling
+    /// the task is how it ends; not for a request's path.
+    public func session<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         try await client.withConnection(body)
+    }
+
+    /// Runs `body` on a connection of the pool within `limit`, failing fast while the server is
+    /// known unreachable (see the type's notes).
+    func leased<T: Sendable>(limit: Duration, _ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
+        let now = ContinuousClock.now
+        let probing = outage.withLock { since -> Bool in
+            guard let down = since else { return true }
+            guard now - down >= Self.probeEvery else { return false }
+            since = now
+            return true
+        }
+        guard probing else { throw PostgresUnavailable(location: location) }
+        let outcome = await withCheckedContinuation { (caller: CheckedContinuation<Result<T, any Error>, Never>) in
+            let answer = Answer(caller)
+            let operation = Operation(
+                run: { [client, location] in
+                    await Self.attempt(client: client, location: location, limit: limit, body: body, answer: answer)
+                },
+                stopped: { [location] in answer.give(.failure(PostgresUnavailable(location: location))) }
+            )
+            let taken = intake.withLock { intake -> Bool in
+                guard intake.open, intake.count < Self.maximumOperations else { return false }
+                intake.count += 1
+                intake.pending.append(operation)
+                return true
+            }
+            if taken { ring.yield() } else { operation.stopped() }
+        }
+        switch outcome {
+        case .success:
+            outage.withLock { $0 = nil }
+        case .failure(let error as PSQLError) where PostgresUnavailable.isConnectionLevel(error):
+            outage.withLock { $0 = $0 ?? .now }
+        case .failure(is PostgresUnavailable):
+            outage.withLock { $0 = $0 ?? .now }
+        case .failure:
+            break
+        }
+        return try outcome.get()
+    }
+
+    /// One caller's operation, run by `run()`: the wait for a connection and `body` in one task,
+    /// a timer in another that answers the caller when the wait or the operation takes too long.
+    /// The wait is never cancelled; the timer is, once the operation has ended.
+    private static func attempt<T: Sendable>(
+        client: PostgresClient, location: PostgresLocation, limit: Duration,
+        body: @escaping @Sendable (PostgresConnection) async throws -> T, answer: Answer<T>
+    ) async {
+        let lease = LeaseState()
+        await withTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                do {
+                    let value = try await client.withConnection { connection in
+                        // Too late (the caller was told nothing was done): do nothing.
+                        guard lease.acquire(connection) else { throw CancellationError() }
+                        return try await body(connection)
+                    }
+                    answer.give(.success(value))
+                } catch {
+                    answer.give(.failure(error))
+                }
+                return true
+            }
+            group.addTask {
+                guard (try? await Task.sleep(for: min(acquireLimit, limit))) != nil else { return false }
+                guard let connection = lease.abandonUnlessAcquired() else {
+                    answer.give(.failure(PostgresUnavailable(location: location)))
+                    return false
+                }
+                guard (try? await Task.sleep(for: limit - min(acquireLimit, limit))) != nil else { return false }
+                answer.give(.failure(PostgresOperationTimedOut(limit: limit)))
+                // Queries do not stop for a cancelled task: closing the connection fails the one in
+                // flight, so that the operation ends now (its caller is answered already).
+                try? await connection.close()
+                return false
+            }
+            // The operation's end stops the timer; the timer's end leaves the operation to finish.
+            while let operationEnded = await group.next() {
+                if operationEnded { group.cancelAll() }
+            }
+        }
     }
 
     /// Applies the migrations of `service` not applied yet, in order, each in a transaction,
@@ -217,7 +396,7 @@ public final class PostgresPool: Service, Sendable {
         _ isolation: Isolation = .readCommitted, _ body: @escaping @Sendable (PostgresConnection) async throws -> T
     ) async throws -> T {
         let logger = logger
-        return try await client.withConnection { connection in
+        return try await leased(limit: Self.operationLimit) { connection in
             switch isolation {
             case .readCommitted: try await connection.query("BEGIN", logger: logger)
             case .snapshotRead: try await connection.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", logger: logger)
@@ -231,6 +410,51 @@ public final class PostgresPool: Service, Sendable {
             }
             try await connection.query("COMMIT", logger: logger)
             return result
+        }
+    }
+}
+
+/// An operation handed to `run()`: what it does, and how it is told the pool has stopped.
+struct Operation: Sendable {
+    var run: @Sendable () async -> Void
+    var stopped: @Sendable () -> Void
+}
+
+/// A caller's answer, given once: by the operation, or by its timer first.
+final class Answer<T: Sendable>: Sendable {
+    private let caller: Mutex<CheckedContinuation<Result<T, any Error>, Never>?>
+
+    init(_ caller: CheckedContinuation<Result<T, any Error>, Never>) { self.caller = Mutex(caller) }
+
+    func give(_ outcome: Result<T, any Error>) {
+        caller.withLock { caller in
+            defer { caller = nil }
+            return caller
+        }?.resume(returning: outcome)
+    }
+}
+
+/// Whether a caller's connection came in time: the body starts only if the wait was not given
+/// up first, so "no connection" always means nothing was done.
+final class LeaseState: Sendable {
+    private enum State { case waiting, acquired(PostgresConnection), abandoned }
+    private let state = Mutex(State.waiting)
+
+    /// The connection came: true if the caller still waits for it.
+    func acquire(_ connection: PostgresConnection) -> Bool {
+        state.withLock { state in
+            guard case .waiting = state else { return false }
+            state = .acquired(connection)
+            return true
+        }
+    }
+
+    /// The wait is over: the connection if it came, else nil (and it never will be used).
+    func abandonUnlessAcquired() -> PostgresConnection? {
+        state.withLock { state in
+            if case .acquired(let connection) = state { return connection }
+            state = .abandoned
+            return nil
         }
     }
 }

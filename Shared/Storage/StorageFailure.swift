@@ -5,8 +5,9 @@ import Messages
 
 /// What a failed SQLite or PostgreSQL write means to a caller: a full disk (`storage_full`),
 /// another storage fault that may pass (`storage_unavailable`: I/O error, busy or locked file, a
-/// file that cannot be opened; PostgreSQL's connection lost, the server shutting down or out of
-/// resources, a deadlock or serialization failure), or nothing storage-related (nil). Nothing is
+/// file that cannot be opened; PostgreSQL's connection lost or too slow, the server shutting down
+/// or out of resources, a deadlock or serialization failure), PostgreSQL not reachable at all
+/// (`unavailable`: no connection, nothing done), or nothing storage-related (nil). Nothing is
 /// half-written; but when a PostgreSQL connection fails mid-way a commit may have happened, so a
 /// caller must take `storage_unavailable` as an unknown outcome. The gateway answers 503.
 public enum StorageFailure {
@@ -14,6 +15,10 @@ public enum StorageFailure {
     public static let translator = BusErrorTranslator(busError(for:))
 
     public static func busError(for error: any Error) -> BusError? {
+        // No connection was had: nothing was done, a definite failure.
+        if error is PostgresUnavailable { return BusError(.unavailable, "the service's database cannot be reached now") }
+        // Abandoned mid-way: a write may or may not have committed.
+        if error is PostgresOperationTimedOut { return BusError(.storageUnavailable, "the service's database did not answer in time") }
         if let error = error as? PSQLError { return busError(for: error) }
         guard let error = error as? DatabaseError else { return nil }
         switch error.resultCode {
@@ -27,7 +32,7 @@ public enum StorageFailure {
     }
 
     static func busError(for error: PSQLError) -> BusError? {
-        if [.connectionError, .serverClosedConnection, .uncleanShutdown, .clientClosedConnection, .poolClosed, .queryCancelled].contains(error.code) {
+        if PostgresUnavailable.isConnectionLevel(error) || error.code == .queryCancelled {
             return BusError(.storageUnavailable, "the service's database connection failed")
         }
         guard error.code == .server, let state = error.serverInfo?[.sqlState] else { return nil }

@@ -118,7 +118,9 @@ struct BusProcessTests {
                 Issue.record("a plain caller was answered by a CURVE service")
             } catch {
                 // The handshake fails and the connection drops: unanswered, at the deadline or before.
-                #expect(error.code == .timeout || error.code == .connectionLost)
+                // A call made after libzmq gave up on the refused connection (a handshake's protocol
+                // error ends the session, so no pipe is left to queue on) is refused as `overloaded`.
+                #expect([.timeout, .connectionLost, .overloaded].contains(error.code), "\(error)")
             }
         }
         await service.stop()

@@ -166,7 +166,7 @@ public struct DispatchLeadership: Service {
     /// Listens to the other replicas' creations, cancels and webhooks; `ready` runs once the
     /// listening has started.
     func listen(for dispatcher: Dispatcher, ready: @escaping @Sendable () async throws -> Void) async throws {
-        try await store.database.connection { db in
+        try await store.database.session { db in
             try await db.listen(on: ReplicatedDispatch.channel) { notifications in
                 try await ready()
                 for try await notification in notifications {
