@@ -252,8 +252,12 @@ public final class BusServer: Service, Sendable {
         let body = frames[2]
         Task(executorPreference: executor) { [router, metrics, debug = logger.logLevel <= .debug] in
             let started = ContinuousClock.now
+            // (An envelope's deadline is whatever the caller wrote: at most an hour is taken.)
+            let deadline = started.advanced(by: .milliseconds(min(header.deadlineMilliseconds - BusCodec.nowMilliseconds(), 3_600_000)))
             let result = await BusTrace.$id.withValue(header.traceId) {
-                await router.handle(method: header.method, body: body, encoding: header.encoding, context: requestContext)
+                await BusDeadline.$current.withValue(deadline) {
+                    await router.handle(method: header.method, body: body, encoding: header.encoding, context: requestContext)
+                }
             }
             let elapsed = started.duration(to: .now)
             let method = router.knows(header.method) ? header.method : "unknown"

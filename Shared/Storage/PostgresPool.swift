@@ -55,11 +55,10 @@ public struct PostgresUnavailable: Error, CustomStringConvertible {
     }
 }
 
-/// An operation that did not finish within its limit: abandoned, its connection closed; whether
-/// a write in it committed is unknown.
+/// An operation that did not finish in time for its caller: abandoned, its connection closed;
+/// whether a write in it committed is unknown.
 public struct PostgresOperationTimedOut: Error, CustomStringConvertible {
-    public var limit: Duration
-    public var description: String { "the database did not answer within \(limit)" }
+    public var description: String { "the database did not answer in time" }
 }
 
 /// A malformed database URL, named by its variable.
@@ -90,13 +89,16 @@ public struct PostgresMigration: Sendable {
 /// replicas start together, and transactions.
 ///
 /// **Outages fail fast.** postgres-nio's pool keeps trying a server it cannot reach, and a caller
-/// waiting for a connection would wait until its own deadline (the gateway's 504 after 5 s). So a
-/// store's operation waits at most `acquireLimit` for a connection and is then told
-/// `PostgresUnavailable` (nothing was done: the bus answers `unavailable`, the gateway 503); while
-/// the server is known gone, callers are told so at once but for one probe every `probeEvery`, so
-/// that the first call after its return succeeds. An operation that got its connection but has not
-/// finished within `operationLimit` is abandoned by closing that connection
-/// (`PostgresOperationTimedOut`: it may have committed, so `storage_unavailable`).
+/// waiting for a connection would wait until its own deadline (the gateway's 504 after 5 s). So an
+/// operation that has waited `acquireLimit` for a connection has the server probed
+/// (`PostgresOutage`: does it accept connections?); if it is down, the operation is given up and its
+/// caller told `PostgresUnavailable` (nothing was done: the bus answers `unavailable`, the gateway
+/// 503), and while it stays down every caller is told so at once. A server that is up but slow
+/// is waited for. An operation made for a bus request gives up in time to answer it
+/// (`BusDeadline`, less `answerMargin`): without a connection by then, unavailable; with one,
+/// `PostgresOperationTimedOut` (it may have committed, so `storage_unavailable`), while its
+/// transaction is stopped by PostgreSQL at the same deadline (`statement_timeout`). Outside a
+/// request (relays, sweeps, the dispatcher's lease) only an outage ends the wait.
 ///
 /// The waits are never cancelled. Each operation runs in a task of `run()`'s own, and its caller
 /// awaits only its answer: a wait given up on stays in the pool's queue until a connection comes
@@ -108,23 +110,21 @@ public final class PostgresPool: Service, Sendable {
     public let location: PostgresLocation
     public let logger: Logger
 
-    /// How long a caller waits for a connection before it is told the database is unavailable.
+    /// How long an operation waits for a connection before the server is probed.
     public static let acquireLimit = Duration.seconds(1)
 
-    /// The longest a store's operation may take, connection included, before it is abandoned
-    /// (the connection closed) and the caller told the storage failed: below the bus's 5 s
-    /// deadline, so that a caller hears why rather than a timeout.
-    public static let operationLimit = Duration.seconds(3)
+    /// How long before its request's deadline an operation gives up, for the answer to travel.
+    public static let answerMargin = Duration.milliseconds(300)
 
-    /// While the server is known unreachable, one caller in this long tries it again.
-    public static let probeEvery = Duration.milliseconds(250)
+    /// How often a waiting operation looks at the probe's finding.
+    static let checkEvery = Duration.milliseconds(100)
 
     /// The most operations at once, waiting or running, abandoned waits included; past it a caller
     /// is told the database is unavailable.
     public static let maximumOperations = 4_096
 
-    /// When the server was last found unreachable, while it is.
-    private let outage = Mutex<ContinuousClock.Instant?>(nil)
+    /// Whether the server is down, and its probe.
+    private let outage: PostgresOutage
 
     /// The operations handed to `run()` and not started yet, whether it still takes them, and
     /// how many are waiting or running; `doorbell` tells `run()` there are some.
@@ -150,6 +150,7 @@ public final class PostgresPool: Service, Sendable {
         self.client = PostgresClient(configuration: configuration, backgroundLogger: background)
         self.location = location
         self.logger = logger
+        self.outage = PostgresOutage(host: location.host, port: location.port, username: location.username, database: location.database)
         (doorbell, ring) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
     }
 
@@ -168,6 +169,7 @@ public final class PostgresPool: Service, Sendable {
         await cancelWhenGracefulShutdown {
             await withDiscardingTaskGroup { group in
                 group.addTask { await self.client.run() }
+                group.addTask { await self.outage.run() }
                 // Ends when the task is cancelled; the pool's run ends with it and fails the waits.
                 for await _ in self.doorbell {
                     let operations = self.intake.withLock { intake in
@@ -240,10 +242,11 @@ public final class PostgresPool: Service, Sendable {
         }
     }
 
-    /// Runs `body` on one connection of the pool, outside a transaction: for a single statement,
-    /// failing fast while the server is down and abandoned after `limit` (see the type's notes).
+    /// Runs `body` on one connection of the pool, outside a transaction: for a single statement.
+    /// It fails fast while the server is down, and gives up after `limit` (nil: in time for the
+    /// current bus request's deadline, if there is one); see the type's notes.
     public func connection<T: Sendable>(
-        limit: Duration = PostgresPool.operationLimit, _ body: @escaping @Sendable (PostgresConnection) async throws -> T
+        limit: Duration? = nil, _ body: @escaping @Sendable (PostgresConnection) async throws -> T
     ) async throws -> T {
         try await leased(limit: limit, body)
     }
@@ -255,22 +258,16 @@ public final class PostgresPool: Service, Sendable {
         try await client.withConnection(body)
     }
 
-    /// Runs `body` on a connection of the pool within `limit`, failing fast while the server is
-    /// known unreachable (see the type's notes).
-    func leased<T: Sendable>(limit: Duration, _ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
-        let now = ContinuousClock.now
-        let probing = outage.withLock { since -> Bool in
-            guard let down = since else { return true }
-            guard now - down >= Self.probeEvery else { return false }
-            since = now
-            return true
-        }
-        guard probing else { throw PostgresUnavailable(location: location) }
+    /// Runs `body` on a connection of the pool, failing fast while the server is down and giving
+    /// up after `limit` or the current request's deadline (see the type's notes).
+    func leased<T: Sendable>(limit: Duration?, _ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
+        guard !outage.isDown else { throw PostgresUnavailable(location: location) }
+        let end = (limit ?? BusDeadline.remaining(less: Self.answerMargin)).map { ContinuousClock.now.advanced(by: max($0, .zero)) }
         let outcome = await withCheckedContinuation { (caller: CheckedContinuation<Result<T, any Error>, Never>) in
             let answer = Answer(caller)
             let operation = Operation(
-                run: { [client, location] in
-                    await Self.attempt(client: client, location: location, limit: limit, body: body, answer: answer)
+                run: { [client, location, outage] in
+                    await Self.attempt(client: client, location: location, outage: outage, end: end, body: body, answer: answer)
                 },
                 stopped: { [location] in answer.give(.failure(PostgresUnavailable(location: location))) }
             )
@@ -282,24 +279,16 @@ public final class PostgresPool: Service, Sendable {
             }
             if taken { ring.yield() } else { operation.stopped() }
         }
-        switch outcome {
-        case .success:
-            outage.withLock { $0 = nil }
-        case .failure(let error as PSQLError) where PostgresUnavailable.isConnectionLevel(error):
-            outage.withLock { $0 = $0 ?? .now }
-        case .failure(is PostgresUnavailable):
-            outage.withLock { $0 = $0 ?? .now }
-        case .failure:
-            break
-        }
+        // A connection lost: the server may be gone.
+        if case .failure(let error as PSQLError) = outcome, PostgresUnavailable.isConnectionLevel(error) { outage.suspect() }
         return try outcome.get()
     }
 
     /// One caller's operation, run by `run()`: the wait for a connection and `body` in one task,
-    /// a timer in another that answers the caller when the wait or the operation takes too long.
+    /// a timer in another that answers the caller when the server is found down or `end` passes.
     /// The wait is never cancelled; the timer is, once the operation has ended.
     private static func attempt<T: Sendable>(
-        client: PostgresClient, location: PostgresLocation, limit: Duration,
+        client: PostgresClient, location: PostgresLocation, outage: PostgresOutage, end: ContinuousClock.Instant?,
         body: @escaping @Sendable (PostgresConnection) async throws -> T, answer: Answer<T>
     ) async {
         let lease = LeaseState()
@@ -318,16 +307,7 @@ public final class PostgresPool: Service, Sendable {
                 return true
             }
             group.addTask {
-                guard (try? await Task.sleep(for: min(acquireLimit, limit))) != nil else { return false }
-                guard let connection = lease.abandonUnlessAcquired() else {
-                    answer.give(.failure(PostgresUnavailable(location: location)))
-                    return false
-                }
-                guard (try? await Task.sleep(for: limit - min(acquireLimit, limit))) != nil else { return false }
-                answer.give(.failure(PostgresOperationTimedOut(limit: limit)))
-                // Queries do not stop for a cancelled task: closing the connection fails the one in
-                // flight, so that the operation ends now (its caller is answered already).
-                try? await connection.close()
+                await timer(lease: lease, location: location, outage: outage, end: end, answer: answer)
                 return false
             }
             // The operation's end stops the timer; the timer's end leaves the operation to finish.
@@ -335,6 +315,39 @@ public final class PostgresPool: Service, Sendable {
                 if operationEnded { group.cancelAll() }
             }
         }
+    }
+
+    /// An operation's timer: after `acquireLimit` without a connection, has the server probed and
+    /// gives the operation up if it is down or `end` passes first; with a connection, closes it at
+    /// `end`. Ends early when cancelled (the operation ended).
+    private static func timer<T: Sendable>(
+        lease: LeaseState, location: PostgresLocation, outage: PostgresOutage, end: ContinuousClock.Instant?, answer: Answer<T>
+    ) async {
+        func sleep(_ duration: Duration) async -> Bool {
+            let until = ContinuousClock.now.advanced(by: duration)
+            return (try? await Task.sleep(until: end.map { min($0, until) } ?? until)) != nil
+        }
+        guard await sleep(acquireLimit) else { return }
+        var connection = lease.acquired
+        while connection == nil {
+            if outage.isDown || end.map({ ContinuousClock.now >= $0 }) == true {
+                guard let acquired = lease.abandonUnlessAcquired() else {
+                    answer.give(.failure(PostgresUnavailable(location: location)))
+                    return
+                }
+                connection = acquired
+                break
+            }
+            outage.suspect()
+            guard await sleep(checkEvery) else { return }
+            connection = lease.acquired
+        }
+        // The caller is answered at `end`; the operation finishes in its own time (a transaction's
+        // statements are stopped by PostgreSQL at the same deadline: see `transaction`). Closing
+        // its connection instead raced with postgres-nio's pool, which could hand the closed
+        // connection to the next caller, whose query then never ended.
+        guard connection != nil, let end, (try? await Task.sleep(until: end)) != nil else { return }
+        answer.give(.failure(PostgresOperationTimedOut()))
     }
 
     /// Applies the migrations of `service` not applied yet, in order, each in a transaction,
@@ -396,10 +409,20 @@ public final class PostgresPool: Service, Sendable {
         _ isolation: Isolation = .readCommitted, _ body: @escaping @Sendable (PostgresConnection) async throws -> T
     ) async throws -> T {
         let logger = logger
-        return try await leased(limit: Self.operationLimit) { connection in
+        // A bus request's transaction is stopped by PostgreSQL itself once its deadline passes.
+        let timeout = BusDeadline.remaining(less: Self.answerMargin).map { max(1, $0.wholeMilliseconds) }
+        return try await leased(limit: nil) { connection in
             switch isolation {
             case .readCommitted: try await connection.query("BEGIN", logger: logger)
             case .snapshotRead: try await connection.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", logger: logger)
+            }
+            if let timeout {
+                do {
+                    try await connection.query(PostgresQuery(unsafeSQL: "SET LOCAL statement_timeout = \(timeout)"), logger: logger)
+                } catch {
+                    _ = try? await connection.query("ROLLBACK", logger: logger)
+                    throw error
+                }
             }
             let result: T
             do {
@@ -446,6 +469,14 @@ final class LeaseState: Sendable {
             guard case .waiting = state else { return false }
             state = .acquired(connection)
             return true
+        }
+    }
+
+    /// The connection, if it came.
+    var acquired: PostgresConnection? {
+        state.withLock { state in
+            if case .acquired(let connection) = state { return connection }
+            return nil
         }
     }
 

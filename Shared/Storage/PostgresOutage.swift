@@ -1,0 +1,129 @@
+import NIOCore
+import NIOPosix
+import PostgresNIO
+import Synchronization
+
+/// Whether a pool's PostgreSQL is down, found by a probe of its own: a TCP connection to the
+/// server's port and a protocol startup message, whose answer tells an accepting server
+/// (authentication asked for) from one that is not (refused, closed, or an error such as "the
+/// database system is starting up"). The probe gives up after `probeTimeout` and then takes the
+/// server for up: a server that accepts and says nothing (or a busy machine) never makes callers
+/// fail, it only keeps them waiting within their deadlines. Nothing is authenticated: the probe
+/// closes the connection at the first answer.
+///
+/// Probes are asked for by operations that waited long for a connection or lost one; while the
+/// server is down, the watch probes it every `probeEvery` by itself, so that it is found back
+/// without any call having to try it.
+final class PostgresOutage: Sendable {
+    let host: String
+    let port: Int
+    let username: String
+    let database: String
+
+    /// How often, at most, the server is probed; and how often while it is down.
+    static let probeEvery = Duration.milliseconds(250)
+    /// How long a probe waits for the server's answer (the TCP connection included).
+    static let probeTimeout = TimeAmount.milliseconds(500)
+
+    /// Since when the server is found down; nil while it is up (or not probed yet).
+    private let downSince = Mutex<ContinuousClock.Instant?>(nil)
+    private let requests: AsyncStream<Void>
+    private let request: AsyncStream<Void>.Continuation
+
+    init(host: String, port: Int, username: String, database: String) {
+        self.host = host
+        self.port = port
+        self.username = username
+        self.database = database
+        (requests, request) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
+    }
+
+    /// Whether the last probe found the server down.
+    var isDown: Bool { downSince.withLock { $0 != nil } }
+
+    /// Asks for a probe (at most one runs every `probeEvery`; a request meanwhile waits for it).
+    func suspect() { request.yield() }
+
+    /// Probes when asked, and every `probeEvery` while the server is down, until cancelled.
+    func run() async {
+        for await _ in requests {
+            while !Task.isCancelled {
+                let reachable = await probe()
+                downSince.withLock { $0 = reachable ? nil : ($0 ?? .now) }
+                guard (try? await Task.sleep(for: Self.probeEvery)) != nil, !reachable else { break }
+            }
+        }
+    }
+
+    /// Whether the server accepts connections now (or does not answer in time: taken for up).
+    private func probe() async -> Bool {
+        let startup = Self.startupMessage(username: username, database: database)
+        let group = MultiThreadedEventLoopGroup.singleton
+        let answer = group.any().makePromise(of: Bool.self)
+        do {
+            let channel = try await ClientBootstrap(group: group)
+                .connectTimeout(Self.probeTimeout)
+                .channelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.addHandler(StartupProbe(startup: startup, answer: answer))
+                    }
+                }
+                .connect(host: host, port: port)
+                .get()
+            channel.eventLoop.scheduleTask(in: Self.probeTimeout) { answer.succeed(true) }
+            let accepting = (try? await answer.futureResult.get()) ?? false
+            try? await channel.close()
+            return accepting
+        } catch {
+            answer.succeed(false)
+            return false
+        }
+    }
+
+    /// A protocol 3.0 StartupMessage: its length, the version, then name and value pairs.
+    static func startupMessage(username: String, database: String) -> [UInt8] {
+        var body: [UInt8] = [0, 3, 0, 0]
+        for (name, value) in [("user", username), ("database", database)] {
+            body += Array(name.utf8) + [0] + Array(value.utf8) + [0]
+        }
+        body.append(0)
+        let length = UInt32(body.count + 4)
+        return [UInt8(length >> 24), UInt8(length >> 16 & 0xFF), UInt8(length >> 8 & 0xFF), UInt8(length & 0xFF)] + body
+    }
+}
+
+/// Sends the startup message and answers whether the server's first byte asks for
+/// authentication (`R`: it accepts connections) rather than reporting an error (`E`) or closing.
+private final class StartupProbe: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+
+    let startup: [UInt8]
+    let answer: EventLoopPromise<Bool>
+
+    init(startup: [UInt8], answer: EventLoopPromise<Bool>) {
+        self.startup = startup
+        self.answer = answer
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        context.writeAndFlush(NIOAny(context.channel.allocator.buffer(bytes: startup)), promise: nil)
+        context.fireChannelActive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let buffer = unwrapInboundIn(data)
+        if let first = buffer.getInteger(at: buffer.readerIndex, as: UInt8.self) {
+            answer.succeed(first == UInt8(ascii: "R"))
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        answer.succeed(false)
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        answer.succeed(false)
+        context.close(promise: nil)
+    }
+}
