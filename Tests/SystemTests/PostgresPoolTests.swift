@@ -72,8 +72,9 @@ struct PostgresPoolTests {
             let error = try #require(thrown)
             #expect(error is PostgresOperationTimedOut || error is PSQLError, "\(error)")
             #expect(StorageFailure.busError(for: error)?.code == .storageUnavailable)
-            // And the statement was stopped, so the only connection of the pool serves the next call
-            let answer = try await pool.transaction { db in try await db.first("SELECT 42", as: Int.self, logger: logger) }
+            // And the statement was stopped, so the only connection of the pool serves the next
+            // call (well before the 30 s the statement would have taken)
+            let answer = try await pool.connection(limit: .seconds(15)) { db in try await db.first("SELECT 42", as: Int.self, logger: logger) }
             #expect(answer == 42)
         }
     }
