@@ -49,7 +49,9 @@ first=$(measure -H "Authorization: Bearer $small" "$url/api/v1/history")
 deep=$(measure -H "Authorization: Bearer $big" "$url/api/v1/history?limit=50&cursor=$cursor")
 offset=$(measure -H "Authorization: Bearer $big" "$url/api/v1/history?limit=50&offset=5000")
 search=$(measure -H "Authorization: Bearer $small" "$url/api/v1/history?q=unset")
-bigsearch=$(measure -H "Authorization: Bearer $big" "$url/api/v1/history?q=storm%20%231")
+# (Counting every match in 100,000 items per request: on PostgreSQL, 32 at once run past the 5 s
+# deadline, so its errors are reported rather than fatal.)
+bigsearch=$(MEASURE_ALLOW_ERRORS=1 measure -H "Authorization: Bearer $big" "$url/api/v1/history?q=storm%20%231")
 
 row() { read -r rps p50 p99 <<<"$2"; printf "%-44s %8s req/s  p50 %6s ms  p99 %6s ms\n" "$1" "$rps" "$p50" "$p99"; }
 echo "history of $ITEMS items on ${STORE:-sqlite}, wrk 32 connections, ${DURATION}s each, logs at warning:"

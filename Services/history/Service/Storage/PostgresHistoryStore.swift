@@ -89,6 +89,14 @@ public struct PostgresHistoryStore: HistoryStore {
             "CREATE INDEX history_share_by_job ON history_share (job_id)",
             "CREATE INDEX history_share_age ON history_share (expires_at)",
         ]),
+        // A B-tree on created_at let the planner page a user's items by walking every user's in
+        // time order and filtering (216 ms for an offset page at 5,000 of a user whose items are
+        // the oldest, against 1.8 ms on history_item_page). A BRIN index still serves a scan by
+        // age, and cannot give an order, so pages use the per-user index.
+        PostgresMigration("v2: the age index as BRIN", [
+            "DROP INDEX history_item_age",
+            "CREATE INDEX history_item_age ON history_item USING brin (created_at)",
+        ]),
     ]
 
     // MARK: Events
