@@ -43,7 +43,7 @@ public struct PostgresLocation: Sendable, CustomStringConvertible {
     }
 }
 
-/// The database could not be reached in time (or was found unreachable a moment ago): no
+/// The database is down (its probe says so), or no connection came in time for the caller: no
 /// connection was had, so nothing was done. Never names the password.
 public struct PostgresUnavailable: Error, CustomStringConvertible {
     public var location: PostgresLocation
@@ -55,8 +55,9 @@ public struct PostgresUnavailable: Error, CustomStringConvertible {
     }
 }
 
-/// An operation that did not finish in time for its caller: abandoned, its connection closed;
-/// whether a write in it committed is unknown.
+/// An operation that had its connection but did not finish in time for its caller: the caller is
+/// answered and the operation left to end (a transaction is stopped by PostgreSQL at the same
+/// deadline); whether a write in it committed is unknown.
 public struct PostgresOperationTimedOut: Error, CustomStringConvertible {
     public var description: String { "the database did not answer in time" }
 }
@@ -104,7 +105,7 @@ public struct PostgresMigration: Sendable {
 /// awaits only its answer: a wait given up on stays in the pool's queue until a connection comes
 /// (the operation then does nothing and gives it back) or the pool stops (which fails every wait).
 /// Cancelling a waiting lease raced with its registration in the pool and could leave the canceller
-/// waiting for ever.
+/// waiting for ever. Nor is a connection in use ever closed (see `timer`).
 public final class PostgresPool: Service, Sendable {
     public let client: PostgresClient
     public let location: PostgresLocation
@@ -318,8 +319,8 @@ public final class PostgresPool: Service, Sendable {
     }
 
     /// An operation's timer: after `acquireLimit` without a connection, has the server probed and
-    /// gives the operation up if it is down or `end` passes first; with a connection, closes it at
-    /// `end`. Ends early when cancelled (the operation ended).
+    /// gives the operation up if it is down or `end` passes first; with a connection, answers the
+    /// caller at `end`. Ends early when cancelled (the operation ended).
     private static func timer<T: Sendable>(
         lease: LeaseState, location: PostgresLocation, outage: PostgresOutage, end: ContinuousClock.Instant?, answer: Answer<T>
     ) async {
