@@ -19,7 +19,7 @@ public enum BusServiceRunner {
     ) async throws {
         let configuration = try ServiceConfiguration(service: service, environment: environment)
         try BusSecurity.checkExposure(configuration.bindEndpoint, variable: service.bindVariable, curve: configuration.curveSecretKey != nil, environment: environment)
-        ProcessLogging.bootstrap(level: configuration.logLevel, process: service.rawValue)
+        ProcessLogging.bootstrap(level: configuration.logLevel, process: service.rawValue, format: configuration.logFormat)
         let logger = Logger(label: service.rawValue)
         ProcessMetrics.bootstrap()
 

@@ -61,6 +61,16 @@ public struct Environment: Sendable {
         return level
     }
 
+    /// How log lines are written (`LOG_FORMAT`: `text`, the default, or `json`, one object a
+    /// line); every process reads it here.
+    public func logFormat() throws -> LogFormat {
+        let text = string("LOG_FORMAT", default: "text")
+        guard let format = LogFormat(rawValue: text.lowercased()) else {
+            throw ConfigurationError(key: "LOG_FORMAT", value: text, expected: "text or json")
+        }
+        return format
+    }
+
     /// How this process writes bus bodies (`BUS_ENCODING`: `binary`, the default, or `json`);
     /// every process reads it here and hands it to its bus clients and channels.
     public func busEncoding() throws -> BusEncoding {

@@ -15,6 +15,8 @@ public struct ServiceConfiguration: Sendable {
     public var dataDirectory: String
     /// The least severe log level printed (`LOG_LEVEL`, default `info`).
     public var logLevel: Logger.Level
+    /// How log lines are written (`LOG_FORMAT`, default `text`).
+    public var logFormat: LogFormat = .text
     /// The CURVE secret key to bind with (`BUS_CURVE_SECRET`); nil for plain traffic.
     public var curveSecretKey: [UInt8]?
     /// The CURVE keys for this service's own calls to others (`BUS_CURVE_PUBLIC`, `BUS_CURVE_KEY`).
@@ -48,6 +50,7 @@ public struct ServiceConfiguration: Sendable {
             logLevel: try environment.logLevel()
         )
         busEncoding = try environment.busEncoding()
+        logFormat = try environment.logFormat()
         curveSecretKey = try BusSecurity.serverSecretKey(environment)
         curveClientKeys = try BusSecurity.clientKeys(environment)
         knownCallers = try BusSecurity.knownCallers(environment)
@@ -58,7 +61,7 @@ public struct ServiceConfiguration: Sendable {
 
     /// The environment variables `init(service:environment:)` reads.
     public static func environmentKeys(for service: ServiceName) -> [String] {
-        [service.bindVariable, service.maxInFlightVariable, "DATA_DIR", "LOG_LEVEL", "BUS_ENCODING"] + BusSecurity.environmentKeys
+        [service.bindVariable, service.maxInFlightVariable, "DATA_DIR", "LOG_LEVEL", "LOG_FORMAT", "BUS_ENCODING"] + BusSecurity.environmentKeys
     }
 
     /// A client of `endpoint` with this process's keys and encoding.

@@ -16,6 +16,20 @@ struct LoadTestPartsTests {
         return histogram
     }
 
+    @Test func durationsTakeUnitsAsK6AndVegetaDo() throws {
+        for (text, seconds) in [("30s", 30.0), ("2m", 120), ("1h30m", 5400), ("500ms", 0.5), ("1.5m", 90), ("30", 30), ("1m30s", 90), ("2H", 7200)] {
+            #expect(DurationArgument(argument: text)?.seconds == seconds, "\(text)")
+        }
+        for bad in ["", "s", "30x", "-5", "5 m", "m5", "1..5s", "inf", "30sec"] {
+            #expect(DurationArgument(argument: bad) == nil, "\(bad)")
+        }
+        // The command line takes them on every option of time, and still refuses a zero-length run.
+        let command = try LoadTest.parse(["--duration", "30s", "--drain", "1m", "--settle", "2m", "--chaos-interval", "5s"])
+        #expect(command.duration == 30 && command.drain == 60 && command.settle == 120 && command.chaosInterval == 5)
+        #expect(throws: (any Error).self) { try LoadTest.parse(["--duration", "0s"]) }
+        #expect(throws: (any Error).self) { try LoadTest.parse(["--duration", "30 seconds"]) }
+    }
+
     @Test func thresholdsParseAsK6WritesThemAndRefuseNonsense() throws {
         let route = try Threshold("POST /api/v1/jobs p99<50ms")
         #expect(route.route == "POST /api/v1/jobs" && route.metric == "p99" && route.op == "<" && route.value == 50 && route.unit == "ms")

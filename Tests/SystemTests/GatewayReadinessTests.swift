@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import GatewayApp
+import HTTPTypes
 import Hummingbird
 import HummingbirdTesting
 import ServiceKit
@@ -99,6 +100,33 @@ struct GatewayReadinessTests {
                     #expect(body?["status"] as? Int == 404)
                     #expect(body?["requestId"] as? String == "mine-1")
                     #expect(body?["title"] as? String == "Not Found")
+                }
+            }
+        }
+    }
+
+    @Test func aKnownPathAskedWithAnotherMethodIs405WithAllow() async throws {
+        try await gateway(endpoints: [:]) { app, clients in
+            try await app.test(.router) { client in
+                // Given paths the gateway serves, asked with a method they do not take
+                for (path, method, allowed) in [
+                    ("/healthz", HTTPRequest.Method(rawValue: "TRACE")!, "GET"),
+                    ("/api/v1/users/me", HTTPRequest.Method.post, "GET"),
+                    ("/api/v1/users/me/", HTTPRequest.Method.delete, "GET"),
+                ] {
+                    try await client.execute(uri: path, method: method, headers: [.init("X-Device-Id")!: UUID().uuidString]) { response in
+                        // Then the answer is 405, saying in `Allow` what the path takes, as problem+json
+                        #expect(response.status == .methodNotAllowed, "\(method) \(path)")
+                        #expect(response.headers[.allow] == allowed, "\(method) \(path)")
+                        #expect(response.headers[.contentType] == "application/problem+json")
+                        let body = try JSONSerialization.jsonObject(with: Data(buffer: response.body)) as? [String: Any]
+                        #expect(body?["status"] as? Int == 405)
+                    }
+                }
+                // And a path no route has stays 404, whatever the method
+                try await client.execute(uri: "/api/v1/users/nobody", method: .init(rawValue: "TRACE")!) { response in
+                    #expect(response.status == .notFound)
+                    #expect(response.headers[.allow] == nil)
                 }
             }
         }

@@ -157,3 +157,65 @@ struct InfoLogTests {
         await system.stop()
     }
 }
+
+/// `LOG_FORMAT=json`: what a log shipper (Loki, Vector, a cloud log service) reads.
+@Suite("JSON logs", .serialized)
+struct JSONLogTests {
+    @Test func everyLineOfEveryProcessIsOneJSONObjectAndRequestsCarryTheirId() async throws {
+        // Given the stack with JSON logs, at debug (every bus request logged)
+        let json = ["LOG_FORMAT": "json", "LOG_LEVEL": "debug"]
+        let system = try await JobSystem(workers: 0, quota: json, history: json, jobs: json)
+        let worker = try system.startWorker(extra: json)
+        let (gateway, port) = try await ClientLibraryTests.gateway(system, extra: json)
+        // When a request with an id of the test's reaches the gateway and quota, and an edit runs
+        // through jobs, the worker and history
+        let requestId = "json-\(UUID().uuidString)"
+        let answer = MetricsTests.get("/api/v1/users/me", port: port, headers: "X-Device-Id: \(UUID().uuidString)\r\nX-Request-Id: \(requestId)\r\n")
+        #expect(answer.hasPrefix("HTTP/1.1 200"))
+        let app = ClientLibraryTests.client(port)
+        let key = try await app.upload(try Data(contentsOf: JobSystem.fixture))
+        let ticket = try await app.createJob(imageKey: key, effect: "grayscale")
+        try await waitUntil(within: .seconds(30)) { (try? await app.status(of: ticket.jobId))?.status == "completed" }
+
+        // Then every line of every process is a JSON object with the fields a shipper indexes
+        let processes: [(String, ServiceProcess)] = [
+            ("gateway", gateway), ("quota", system.services.processes[.quota]!), ("jobs", system.services.processes[.jobs]!),
+            ("history", system.services.processes[.history]!), ("w1", worker),
+        ]
+        try await waitUntil { system.services.processes[.quota]!.output.contains(requestId) }
+        var ids: [String: Set<String>] = [:]
+        for (name, process) in processes {
+            let lines = process.output.split(separator: "\n")
+            #expect(!lines.isEmpty, "\(name) wrote nothing")
+            for line in lines {
+                let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
+                guard let object else {
+                    Issue.record("\(name): not a JSON object: \(line)")
+                    continue
+                }
+                #expect(object["process"] as? String == name, "\(line)")
+                #expect(["trace", "debug", "info", "notice", "warning", "error", "critical"].contains(object["level"] as? String ?? ""), "\(line)")
+                #expect((object["message"] as? String)?.isEmpty == false, "\(line)")
+                let time = object["time"] as? String ?? ""
+                #expect(ISO8601DateFormatter.withFractions.date(from: time) != nil, "\(line)")
+                if let id = object["request_id"] as? String { ids[name, default: []].insert(id) }
+            }
+        }
+        // And the request's id is on the lines of both processes that handled it, as `request_id`
+        #expect(ids["gateway"]?.contains(requestId) == true)
+        #expect(ids["quota"]?.contains(requestId) == true)
+        // And the edit's requests were followed into jobs under the ids the gateway gave them
+        #expect(!(ids["jobs"] ?? []).isDisjoint(with: ids["gateway"] ?? []))
+        await gateway.stop()
+        await system.stop()
+    }
+}
+
+extension ISO8601DateFormatter {
+    /// `2026-11-22T14:01:21.123Z`.
+    static var withFractions: ISO8601DateFormatter {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return formatter
+    }
+}

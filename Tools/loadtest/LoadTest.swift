@@ -25,8 +25,8 @@ struct LoadTest: AsyncParsableCommand {
     var jwtSecret: String?
     @Option(help: "Bearer token of the admin routes (default $ADMIN_TOKEN).")
     var adminToken: String?
-    @Option(help: "Seconds of load.")
-    var duration: Double = 60
+    @Option(name: .customLong("duration"), help: "How long the load lasts: 30s, 2m, 1h30m, 500ms (a bare number is seconds).")
+    var durationGiven = DurationArgument(seconds: 60)
     @Option(help: "open: sessions arrive at --rate a second whatever the server does; closed: --users users each run sessions back to back.")
     var model: Model = .open
     @Option(help: "Open model: new sessions a second at the start.")
@@ -39,10 +39,10 @@ struct LoadTest: AsyncParsableCommand {
     var maxSessions: Int = 2000
     @Option(help: "Requests at most: past it no session sends another.")
     var maxRequests: Int = 1_000_000
-    @Option(help: "Seconds the sessions in progress may go on after --duration before they are stopped.")
-    var drain: Double = 20
-    @Option(help: "Seconds the invariants may wait for the system to settle (jobs to end, charges to settle, history to catch up).")
-    var settle: Double = 180
+    @Option(name: .customLong("drain"), help: "How long the sessions in progress may go on after --duration before they are stopped (20s, 1m).")
+    var drainGiven = DurationArgument(seconds: 20)
+    @Option(name: .customLong("settle"), help: "How long the invariants may wait for the system to settle: jobs to end, charges to settle, history to catch up (3m).")
+    var settleGiven = DurationArgument(seconds: 180)
     @Option(help: "A JSON file with the mix: profiles, effects, flows, thinkTime, pollInterval, followTimeout, images (docs/loadtest.md).")
     var config: String?
     @Option(name: .customLong("threshold"), help: "A pass/fail criterion such as 'POST /api/v1/jobs p99<50ms' or 'errors<0.1%' (repeatable).")
@@ -53,8 +53,8 @@ struct LoadTest: AsyncParsableCommand {
     var report: String?
     @Flag(help: "Kills one process of the local stack (SIGKILL) every --chaos-interval seconds.")
     var chaos = false
-    @Option(help: "Seconds between two kills.")
-    var chaosInterval: Double = 8
+    @Option(name: .customLong("chaos-interval"), help: "Time between two kills (8s).")
+    var chaosIntervalGiven = DurationArgument(seconds: 8)
     @Option(help: "Only these processes are killed (comma-separated: gateway, quota, history, jobs, worker, postgres, radosgw; a kind takes its replicas and workers, or name one: quota-2, worker-1); default all.")
     var chaosOnly: String?
     @Option(help: "The first processes killed, in order (comma-separated, e.g. radosgw, or jobs-1,jobs-2 so that a short run surely kills the leading jobs replica); then at random.")
@@ -65,6 +65,12 @@ struct LoadTest: AsyncParsableCommand {
     var seed: UInt64?
     @Option(help: "HTTP connections to the gateway for the checks after the run (each session has its own few).")
     var connections: Int = 32
+
+    /// The lengths of time given, in seconds.
+    var duration: Double { durationGiven.seconds }
+    var drain: Double { drainGiven.seconds }
+    var settle: Double { settleGiven.seconds }
+    var chaosInterval: Double { chaosIntervalGiven.seconds }
 
     func validate() throws {
         guard duration > 0, duration <= 24 * 3600 else { throw ValidationError("--duration: 1 s to 24 h") }

@@ -38,7 +38,17 @@ public func buildRouter(
     ).addRoutes(to: router)
     // Routers built for tests that need no files leave the blob routes out; the gateway's own
     // `buildApplication` always opens its store (and stops if it cannot).
-    guard let blobs else { return router }
+    if let blobs { addFileRoutes(to: router, blobs: blobs, clients: clients, authenticator: authenticator, configuration: configuration, streams: streams, logger: logger) }
+    // Last: with every route known, a known path asked with another method answers 405.
+    router.middlewares.add(MethodNotAllowedMiddleware<GatewayContext>(routes: router.routes))
+    return router
+}
+
+/// The routes that read or write files: uploads, jobs, history, shares, the older build's routes.
+private func addFileRoutes(
+    to router: Router<GatewayContext>, blobs: any BlobStore, clients: ServiceClients, authenticator: Authenticator,
+    configuration: GatewayConfiguration, streams: JobStreams, logger: Logger
+) {
     let links = DownloadLinks(blobs: blobs, publicBaseURL: configuration.publicBaseURL, lifetime: configuration.signedURLLifetime)
     LegacyJobsController(clients: clients, authenticator: authenticator, links: links).addRoutes(to: router)
     let creator = JobCreator(
@@ -58,7 +68,6 @@ public func buildRouter(
         clients: clients, authenticator: authenticator, creator: creator, links: links, shareLifetime: configuration.shareLifetime
     ).addRoutes(to: router)
     SharesController(clients: clients, blobs: blobs, redirectLifetime: 60).addRoutes(to: router)
-    return router
 }
 
 /// Builds the gateway: its bus clients, its authenticator and its HTTP server, from its

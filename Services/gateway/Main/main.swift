@@ -5,7 +5,7 @@ import ServiceKit
 // The gateway: REST for the app, turned into bus requests.
 await ProcessExit.run("gateway") {
     let configuration = try GatewayConfiguration(environment: Environment())
-    ProcessLogging.bootstrap(level: configuration.logLevel, process: "gateway")
+    ProcessLogging.bootstrap(level: configuration.logLevel, process: "gateway", format: configuration.logFormat)
     let logger = Logger(label: "gateway")
     let openFiles = ProcessLimits.raiseOpenFiles()
     ProcessMetrics.bootstrap()

@@ -23,6 +23,8 @@ public struct WorkerConfiguration: Sendable {
     public var heartbeat: Duration
     /// The least severe log level printed (`LOG_LEVEL`).
     public var logLevel: Logger.Level
+    /// How log lines are written (`LOG_FORMAT`: `text`, the default, or `json`).
+    public var logFormat: LogFormat
     /// How the worker protocol's messages are written (`BUS_ENCODING`, default binary).
     public var busEncoding: BusEncoding
     /// Effect ids this worker takes (`WORKER_EFFECTS`, comma-separated; default `*`, every
@@ -45,6 +47,7 @@ public struct WorkerConfiguration: Sendable {
         scratchDirectory = environment.string("WORKER_SCRATCH_DIR", default: FileManager.default.temporaryDirectory.appendingPathComponent("photoedit-worker-\(ProcessInfo.processInfo.processIdentifier)").path)
         heartbeat = .milliseconds(max(50, try environment.int("WORKER_HEARTBEAT_MS", default: 1000)))
         logLevel = try environment.logLevel()
+        logFormat = try environment.logFormat()
         busEncoding = try environment.busEncoding()
         curve = try BusSecurity.clientKeys(environment)
         maxPixels = try environment.int("IMAGE_MAX_PIXELS", default: 50_000_000)
@@ -54,7 +57,7 @@ public struct WorkerConfiguration: Sendable {
 
     public static let environmentKeys = [
         "JOBS_WORKER_ENDPOINT", "WORKER_CAPACITY", "WORKER_PREFETCH", "WORKER_ID", "WORKER_SCRATCH_DIR", "WORKER_HEARTBEAT_MS",
-        "LOG_LEVEL", "WORKER_EFFECTS", "BUS_CURVE_PUBLIC", "BUS_CURVE_KEY",
+        "LOG_LEVEL", "LOG_FORMAT", "WORKER_EFFECTS", "BUS_CURVE_PUBLIC", "BUS_CURVE_KEY",
         "IMAGE_MAX_PIXELS", "WORKER_STORAGE_WAIT_S", "BUS_ENCODING",
     ] + ProviderSettings.environmentKeys
 }

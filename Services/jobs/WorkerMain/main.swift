@@ -9,7 +9,7 @@ import ZeroMQ
 // A worker: runs edits for the jobs service. Start as many as the machine affords.
 await ProcessExit.run("worker") {
     let configuration = try WorkerConfiguration(environment: Environment())
-    ProcessLogging.bootstrap(level: configuration.logLevel, process: configuration.workerId)
+    ProcessLogging.bootstrap(level: configuration.logLevel, process: configuration.workerId, format: configuration.logFormat)
     let logger = Logger(label: configuration.workerId)
     ProcessMetrics.bootstrap()
     EffectRunner.startImageLibrary()

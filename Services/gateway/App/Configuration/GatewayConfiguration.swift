@@ -19,6 +19,8 @@ public struct GatewayConfiguration: Sendable {
     public var readinessTimeout: Duration
     /// The least severe log level printed (`LOG_LEVEL`, default `info`).
     public var logLevel: Logger.Level
+    /// How log lines are written (`LOG_FORMAT`: `text`, the default, or `json`).
+    public var logFormat: LogFormat
     /// The HS256 secret of user tokens (`JWT_SECRET`); none refuses every bearer token.
     public var jwtSecret: String?
     /// The admin routes' bearer token (`ADMIN_TOKEN`); none refuses every admin call.
@@ -76,6 +78,7 @@ public struct GatewayConfiguration: Sendable {
         busTimeout = .milliseconds(try environment.int("BUS_TIMEOUT_MS", default: 5000))
         readinessTimeout = .milliseconds(try environment.int("READY_TIMEOUT_MS", default: 500))
         logLevel = try environment.logLevel()
+        logFormat = try environment.logFormat()
         jwtSecret = environment.optional("JWT_SECRET")
         adminToken = environment.optional("ADMIN_TOKEN")
         blobStore = try BlobStoreConfiguration(environment: environment.values).store
@@ -104,7 +107,7 @@ public struct GatewayConfiguration: Sendable {
 
     /// The environment variables `init(environment:)` reads.
     public static var environmentKeys: [String] {
-        ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "JWT_SECRET", "ADMIN_TOKEN",
+        ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "LOG_FORMAT", "JWT_SECRET", "ADMIN_TOKEN",
          "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S",
          "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "OPENAPI_FILE", "BUS_CURVE_PUBLIC", "BUS_CURVE_KEY", "BUS_ENCODING",
          "HTTP_IDLE_TIMEOUT_S", "HTTP_BODY_MIN_BYTES_PER_S", "HTTP_BODY_GRACE_S", "HTTP_MAX_CONNECTIONS", "TRUSTED_PROXIES",
