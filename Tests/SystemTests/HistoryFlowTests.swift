@@ -282,6 +282,9 @@ struct HistoryFlowTests {
             #expect(try await JobSystem.get(client, "/get-video-jobs?user_id=user-42", as: guest).0.status == .forbidden)
             #expect(try await JobSystem.get(client, "/get-video-jobs?device_id=\(UUID().uuidString)", as: guest).0.status == .forbidden)
             #expect(try await JobSystem.get(client, "/get-video-jobs?user_id=user-42", as: [:]).0.status == .unauthorized)
+            // With no id named, the caller's own
+            let own = try await JobSystem.get(client, "/get-video-jobs?user_id=&device_id=", as: member)
+            #expect(own.0.status == .ok && (own.1["jobs"] as? [[String: Any]])?.count == 5)
             // The older build's status poll: one job in the same shape; anyone else's is 404
             let (status, one) = try await JobSystem.get(client, "/get-video-status?job_id=done", as: member)
             #expect(status.status == .ok && one["job_id"] as? String == "done" && one["status"] as? String == "completed")

@@ -5309,6 +5309,8 @@ internal struct Client: APIProtocol {
     }
     /// The older app build's list (snake_case).
     ///
+    /// The caller's jobs. `user_id` (a signed-in caller's id) or `device_id` (a guest's device) names the caller, as the older build sends it; another user's id is 403. With neither, the caller's own.
+    ///
     /// - Remark: HTTP `GET /get-video-jobs`.
     /// - Remark: Generated from `#/paths//get-video-jobs/get(legacyJobs)`.
     internal func legacyJobs(_ input: Operations.LegacyJobs.Input) async throws -> Operations.LegacyJobs.Output {

@@ -7603,6 +7603,8 @@ internal enum Operations {
     }
     /// The older app build's list (snake_case).
     ///
+    /// The caller's jobs. `user_id` (a signed-in caller's id) or `device_id` (a guest's device) names the caller, as the older build sends it; another user's id is 403. With neither, the caller's own.
+    ///
     /// - Remark: HTTP `GET /get-video-jobs`.
     /// - Remark: Generated from `#/paths//get-video-jobs/get(legacyJobs)`.
     internal enum LegacyJobs {
@@ -8199,18 +8201,24 @@ internal enum Operations {
             internal enum Body: Sendable, Hashable {
                 /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/plan/PUT/requestBody/json`.
                 internal struct JsonPayload: Codable, Hashable, Sendable {
+                    /// A plan of the quota service's catalogue (`QUOTA_PLANS`; by default `free` and `pro`). A name the catalogue lacks is 422.
+                    ///
                     /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/plan/PUT/requestBody/json/plan`.
                     internal var plan: Swift.String
+                    /// An IANA time zone (`Europe/Berlin`), where the user's day and month windows turn over; "" resets it to UTC. A name the tz database lacks is 422.
+                    ///
                     /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/plan/PUT/requestBody/json/timeZone`.
                     internal var timeZone: Swift.String?
+                    /// When the plan ends (a subscription's paid period), ISO 8601; null, "" or absent, no end.
+                    ///
                     /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/plan/PUT/requestBody/json/endsAt`.
                     internal var endsAt: Foundation.Date?
                     /// Creates a new `JsonPayload`.
                     ///
                     /// - Parameters:
-                    ///   - plan:
-                    ///   - timeZone:
-                    ///   - endsAt:
+                    ///   - plan: A plan of the quota service's catalogue (`QUOTA_PLANS`; by default `free` and `pro`). A name the catalogue lacks is 422.
+                    ///   - timeZone: An IANA time zone (`Europe/Berlin`), where the user's day and month windows turn over; "" resets it to UTC. A name the tz database lacks is 422.
+                    ///   - endsAt: When the plan ends (a subscription's paid period), ISO 8601; null, "" or absent, no end.
                     internal init(
                         plan: Swift.String,
                         timeZone: Swift.String? = nil,

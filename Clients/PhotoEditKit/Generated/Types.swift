@@ -145,6 +145,8 @@ internal protocol APIProtocol: Sendable {
     func openShare(_ input: Operations.OpenShare.Input) async throws -> Operations.OpenShare.Output
     /// The older app build's list (snake_case).
     ///
+    /// The caller's jobs. `user_id` (a signed-in caller's id) or `device_id` (a guest's device) names the caller, as the older build sends it; another user's id is 403. With neither, the caller's own.
+    ///
     /// - Remark: HTTP `GET /get-video-jobs`.
     /// - Remark: Generated from `#/paths//get-video-jobs/get(legacyJobs)`.
     func legacyJobs(_ input: Operations.LegacyJobs.Input) async throws -> Operations.LegacyJobs.Output
@@ -495,6 +497,8 @@ extension APIProtocol {
         ))
     }
     /// The older app build's list (snake_case).
+    ///
+    /// The caller's jobs. `user_id` (a signed-in caller's id) or `device_id` (a guest's device) names the caller, as the older build sends it; another user's id is 403. With neither, the caller's own.
     ///
     /// - Remark: HTTP `GET /get-video-jobs`.
     /// - Remark: Generated from `#/paths//get-video-jobs/get(legacyJobs)`.

@@ -12,8 +12,17 @@ struct AdminController<Context: GatewayRequestContext>: Sendable {
     struct PlanChange: Decodable {
         var plan: String
         var timeZone: String?
-        /// Until when the plan holds (ISO 8601); none: no end.
-        var endsAt: Date?
+        /// Until when the plan holds (ISO 8601, with or without fractions of a second); none,
+        /// null or "": no end.
+        var endsAt: String?
+
+        func end() throws -> Date? {
+            guard let endsAt, !endsAt.isEmpty else { return nil }
+            guard let date = RFC3339.date(endsAt) else {
+                throw Problem(.badRequest, detail: "endsAt must be an RFC 3339 date and time, such as 2026-12-31T23:59:59Z.")
+            }
+            return date
+        }
     }
 
     /// The `userId` path parameter, percent-decoded: a guest's `device:UUID` may arrive as
@@ -31,7 +40,7 @@ struct AdminController<Context: GatewayRequestContext>: Sendable {
             try authenticator.requireAdmin(request)
             let userId = try Self.userId(context)
             let change = try await JSONBody.decode(PlanChange.self, from: request, context: context)
-            let status = try await clients.call(.quota, Quota.setPlan, SetPlan(userId: userId, plan: change.plan, timeZone: change.timeZone, endsAt: change.endsAt))
+            let status = try await clients.call(.quota, Quota.setPlan, SetPlan(userId: userId, plan: change.plan, timeZone: change.timeZone, endsAt: try change.end()))
             return try JSONResponse.make(.ok, status)
         }
         router.get("/admin/v1/users/:userId/usage") { request, context in

@@ -76,13 +76,13 @@ struct AttestationController<Context: GatewayRequestContext>: Sendable {
         }
     }
 
-    /// The settings (404 without them) and the guest's user id (401 without a device id; a
-    /// signed-in user has nothing to attest here).
+    /// The guest's user id (401 without a device id; a signed-in user has nothing to attest
+    /// here) and the settings (then 404 without them).
     func guest(_ request: Request) throws -> (AppAttestSettings, String) {
-        guard let settings else { throw Problem(.notFound, detail: "App Attest is not configured on this server.") }
         guard request.headers[.authorization] == nil, let device = request.headers[.deviceId], let uuid = UUID(uuidString: device) else {
             throw Problem(.unauthorized, detail: "Attestation is for guests: send X-Device-Id (a UUID) and no Authorization.")
         }
+        guard let settings else { throw Problem(.notFound, detail: "App Attest is not configured on this server.") }
         return (settings, "device:\(uuid.uuidString.lowercased())")
     }
 }

@@ -4,7 +4,7 @@ import Messages
 
 /// `GET /get-video-jobs?user_id=` or `?device_id=`: the older app build's history, in its own
 /// snake_case shape and status enum (pending, processing, completed, failed). The id in the query
-/// must be the caller's own; another answers 403. `GET /get-video-status?job_id=`: one of the
+/// must be the caller's own; another answers 403; with none, the caller's own. `GET /get-video-status?job_id=`: one of the
 /// caller's jobs in the same shape (the older build's status poll); anyone else's answers 404.
 struct LegacyJobsController<Context: GatewayRequestContext>: Sendable {
     let clients: ServiceClients
@@ -23,7 +23,7 @@ struct LegacyJobsController<Context: GatewayRequestContext>: Sendable {
                 guard let uuid = UUID(uuidString: device) else { throw Problem(.badRequest, detail: "device_id must be a UUID.") }
                 named = "device:" + uuid.uuidString.lowercased()
             } else {
-                throw Problem(.badRequest, detail: "Name the user with user_id, or the guest with device_id.")
+                named = caller.id
             }
             guard named == caller.id else {
                 throw Problem(.forbidden, detail: "You can only list your own jobs.")

@@ -39,15 +39,30 @@ struct MethodNotAllowedMiddleware<Context: RequestContext>: RouterMiddleware {
         }
     }
 
-    /// The methods the routes matching `path` take, in the order they were added; empty when no
-    /// route matches.
+    /// The methods the route the router would pick for `path` takes, in the order they were
+    /// added; empty when no route matches. As in the router's trie, a constant part wins over a
+    /// capture, and a capture over a wildcard, whatever the method: `DELETE
+    /// /api/v1/history/changes` is not `DELETE /api/v1/history/:jobId`.
     func allowedMethods(for path: String) -> [HTTPRequest.Method] {
         let parts = path.split(separator: "/", omittingEmptySubsequences: true)
-        var methods: [HTTPRequest.Method] = []
+        var best: (rank: [Int], methods: [HTTPRequest.Method])?
         for route in routes where Self.matches(route.path.components, parts[...]) {
-            for method in route.methods where !methods.contains(method) { methods.append(method) }
+            let rank = route.path.components.map(Self.rank)
+            if let current = best, current.rank == rank {
+                best?.methods += route.methods.filter { !current.methods.contains($0) }
+            } else if best.map({ $0.rank.lexicographicallyPrecedes(rank) }) ?? true {
+                best = (rank, route.methods)
+            }
         }
-        return methods
+        return best?.methods ?? []
+    }
+
+    /// How specific an element is: a constant, then a capture or a partial match, then `*`,
+    /// then `**`.
+    private static func rank(_ element: RouterPath.Element) -> Int {
+        if element == RouterPath.Element.recursiveWildcard { return 0 }
+        if element == RouterPath.Element.wildcard { return 1 }
+        return element == RouterPath.Element.path(Substring(element.description)) ? 3 : 2
     }
 
     /// Whether the path's parts match a route's elements, as the router's trie matches them: one
