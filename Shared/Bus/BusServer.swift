@@ -81,6 +81,7 @@ public final class BusServer: Service, Sendable {
         self.logger = logger
         self.wakeup = Wakeup()
         self.executor = IOThreadExecutor(wakeup: wakeup)
+        metrics.prepare(methods: router.methods)
     }
 
     /// Binds and serves until cancelled or shut down gracefully; throws if the bind fails.
@@ -315,10 +316,27 @@ final class BusServerMetrics: Sendable {
     /// By method; bounded by the router's methods plus `unknown`, and each by the error codes.
     private let handles = Mutex<[String: Handles]>([:])
 
+    /// Makes the series of each of `methods` at zero (its `ok` answers, its handler time, its
+    /// overloaded answers), so that a scrape right after the start has them: `rate()` is 0,
+    /// not absent.
+    func prepare(methods: [String]) {
+        for method in methods {
+            _ = handles(method: method, code: "ok")
+            _ = Counter(label: "bus_overloaded_total", dimensions: [("method", method)])
+        }
+        _ = Self.inProgress
+    }
+
     /// Counts an answer by method and code (`ok`, or the error code), and the handler's time if
     /// it ran.
     func answered(method: String, code: String, after elapsed: Duration?) {
-        let (counter, timer) = handles.withLock { handles -> (Counter, Metrics.Timer) in
+        let (counter, timer) = handles(method: method, code: code)
+        counter.increment()
+        if let elapsed { timer.record(elapsed) }
+    }
+
+    private func handles(method: String, code: String) -> (Counter, Metrics.Timer) {
+        handles.withLock { handles -> (Counter, Metrics.Timer) in
             if handles[method] == nil {
                 handles[method] = Handles(duration: Metrics.Timer(label: "bus_handler_duration_seconds", dimensions: [("method", method)]))
             }
@@ -327,7 +345,5 @@ final class BusServerMetrics: Sendable {
             handles[method]!.answers[code] = counter
             return (counter, handles[method]!.duration)
         }
-        counter.increment()
-        if let elapsed { timer.record(elapsed) }
     }
 }

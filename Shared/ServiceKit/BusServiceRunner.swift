@@ -22,6 +22,7 @@ public enum BusServiceRunner {
         ProcessLogging.bootstrap(level: configuration.logLevel, process: service.rawValue, format: configuration.logFormat)
         let logger = Logger(label: service.rawValue)
         ProcessMetrics.bootstrap()
+        ProcessMetrics.watchDisk(path: configuration.dataDirectory)
 
         var router = BusRouter(translator: translateErrors, failures: FailureLog(logger: logger))
         HealthHandler(service: service.rawValue).register(on: &router)

@@ -1,5 +1,9 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import Messages
 import Metrics
+import NIOPosix
 import Prometheus
 import Synchronization
 
@@ -55,10 +59,34 @@ public enum ProcessMetrics {
         String(decoding: registry.emitToBuffer(), as: UTF8.self)
     }
 
+    /// Runs the refreshers: the gauges read at the scrape.
+    public static func refresh() async {
+        let refreshers = state.withLock { $0.refreshers }
+        for refresh in refreshers { await refresh() }
+    }
+
+    /// Reports the file system of `path` at each scrape: `photoedit_disk_free_bytes` (free to
+    /// this process) and `photoedit_disk_size_bytes`. `statvfs` runs on NIO's thread pool, not on
+    /// the cooperative pool.
+    public static func watchDisk(path: String) {
+        let free = Gauge(label: "photoedit_disk_free_bytes")
+        let size = Gauge(label: "photoedit_disk_size_bytes")
+        onScrape {
+            let sizes = try? await NIOThreadPool.singleton.runIfActive { () -> (free: UInt64, size: UInt64)? in
+                var status = statvfs()
+                guard statvfs(path, &status) == 0 else { return nil }
+                return (UInt64(status.f_bavail) * UInt64(status.f_frsize), UInt64(status.f_blocks) * UInt64(status.f_frsize))
+            }
+            guard let sizes = sizes ?? nil else { return }
+            free.record(Int64(clamping: sizes.free))
+            size.record(Int64(clamping: sizes.size))
+        }
+    }
+
     /// This process's exposition after its refreshers ran, then its reporters' sections.
     public static func snapshot() async -> MetricsSnapshot {
-        let (refreshers, reporters) = state.withLock { ($0.refreshers, $0.reporters) }
-        for refresh in refreshers { await refresh() }
+        await refresh()
+        let reporters = state.withLock { $0.reporters }
         var sections = [MetricsSection(labels: [:], text: exposition())]
         for report in reporters { sections += await report() }
         return MetricsSnapshot(sections: sections)

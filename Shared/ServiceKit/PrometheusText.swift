@@ -4,7 +4,7 @@ import Messages
 /// Merges Prometheus text expositions (version 0.0.4) of several processes into one, adding each
 /// section's labels to its samples. A metric family that several processes expose appears once,
 /// with one `# HELP` and `# TYPE` line and the samples of all of them together, as the format
-/// requires. A section that a process sent malformed loses only the lines that are not samples.
+/// requires; a family without HELP text takes its text from `MetricsCatalogue`. A section that a process sent malformed loses only the lines that are not samples.
 public enum PrometheusText {
     struct Family {
         var help: String?
@@ -48,7 +48,7 @@ public enum PrometheusText {
         var text = ""
         for name in order {
             guard let family = families[name], !family.samples.isEmpty else { continue }
-            if let help = family.help { text += "# HELP \(name) \(help)\n" }
+            if let help = family.help.flatMap({ $0.isEmpty ? nil : $0 }) ?? MetricsCatalogue.help[name] { text += "# HELP \(name) \(help)\n" }
             if let type = family.type { text += "# TYPE \(name) \(type)\n" }
             for sample in family.samples { text += sample + "\n" }
         }

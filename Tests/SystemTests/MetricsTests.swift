@@ -26,9 +26,9 @@ struct MetricsTests {
         }
     }
 
-    /// The value of the `hb_requests` sample of `route` with `status`.
+    /// The value of the `http_server_requests_total` sample of `route` with `status`.
     static func requests(_ exposition: PrometheusExposition, route: String, status: Int) -> Double {
-        exposition.sum("hb_requests", ["service": "gateway", "http_route": route, "http_response_status_code": "\(status)"])
+        exposition.sum("http_server_requests_total", ["service": "gateway", "http_route": route, "http_response_status_code": "\(status)"])
     }
 
     @Test func theGatewaysCountersMoveAndTheExpositionParses() async throws {
@@ -44,12 +44,50 @@ struct MetricsTests {
         }
         #expect(scraped.head.contains("text/plain; version=0.0.4"))
         #expect(Self.requests(scraped.exposition, route: "/api/v1/users/me", status: 401) == 1)
-        #expect(scraped.exposition.types["http_server_request_duration"] == "histogram")
+        #expect(scraped.exposition.types["http_server_request_duration_seconds"] == "histogram")
         #expect(scraped.exposition.value("http_server_active_requests", ["service": "gateway"]) != nil)
+        #expect(scraped.exposition.sum("http_server_request_duration_seconds_count", ["service": "gateway", "http_route": "/api/v1/users/me"]) >= 4)
+        // A 401 is not a server error; a path no route has counts under `unknown`, whatever it was
+        #expect(scraped.exposition.sum("http_server_request_errors_total", ["service": "gateway", "http_route": "/api/v1/users/me"]) == 0)
+        _ = Self.get("/no/such/\(UUID().uuidString)", port: port)
+        try await waitUntil { Self.requests(try Self.scrape(port: port).exposition, route: "unknown", status: 404) == 1 }
         // One more request moves its counter by one
         let before = Self.requests(scraped.exposition, route: "/api/v1/users/me", status: 200)
         _ = Self.get("/api/v1/users/me", port: port, headers: device)
         try await waitUntil { Self.requests(try Self.scrape(port: port).exposition, route: "/api/v1/users/me", status: 200) == before + 1 }
+        await gateway.stop()
+        await system.stop()
+    }
+
+    /// Right after the start, before anything moved, the series whose labels are known are there
+    /// at zero (so `rate()` is 0, not absent), and every family has HELP text.
+    @Test func knownSeriesExistAtZeroFromTheStartWithHelp() async throws {
+        let system = try await JobSystem(workers: 0)
+        let (gateway, port) = try await ClientLibraryTests.gateway(system)
+        let body = Self.get("/metrics", port: port).components(separatedBy: "\r\n\r\n").dropFirst().joined(separator: "\r\n\r\n")
+        let exposition = try PrometheusExposition(body)
+        for (name, labels) in [
+            ("bus_requests_total", ["service": "quota", "method": "quota.reserve", "code": "ok"]),
+            ("bus_handler_duration_seconds_count", ["service": "jobs", "method": "jobs.create"]),
+            ("bus_overloaded_total", ["service": "history", "method": "history.list"]),
+            ("quota_decisions_total", ["service": "quota", "decision": "denied", "window": "daily"]),
+            ("history_events_received_total", ["service": "history"]),
+            ("jobs_results_total", ["service": "jobs", "effect": "copy", "state": "failed"]),
+            ("jobs_requeued_total", ["service": "jobs", "cause": "worker_lost"]),
+            ("jobs_workers_connected", ["service": "jobs"]),
+            ("jobs_oldest_queued_age_seconds", ["service": "jobs"]),
+            ("http_server_request_errors_total", ["service": "gateway", "http_route": "/api/v1/jobs", "http_request_method": "POST"]),
+            ("http_server_request_duration_seconds_count", ["service": "gateway", "http_route": "/api/v1/history/{jobId}", "http_request_method": "DELETE"]),
+            ("gateway_connections_refused_total", ["service": "gateway"]),
+        ] {
+            #expect(exposition.value(name, labels) == 0, "\(name) \(labels)")
+        }
+        #expect((exposition.value("photoedit_disk_free_bytes", ["service": "quota"]) ?? 0) > 0)
+        #expect((exposition.value("photoedit_disk_size_bytes", ["service": "gateway"]) ?? 0) > 0)
+        let lines = body.split(separator: "\n")
+        let typed = Set(lines.filter { $0.hasPrefix("# TYPE ") }.map { $0.split(separator: " ")[2] })
+        let helped = Set(lines.filter { $0.hasPrefix("# HELP ") }.map { $0.split(separator: " ")[2] })
+        #expect(!typed.isEmpty && typed.subtracting(helped).isEmpty, "without HELP: \(typed.subtracting(helped).sorted())")
         await gateway.stop()
         await system.stop()
     }

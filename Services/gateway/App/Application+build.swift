@@ -3,6 +3,7 @@ import Bus
 import Foundation
 import Hummingbird
 import Logging
+import Metrics
 import Prometheus
 import ServiceKit
 
@@ -19,7 +20,8 @@ public func buildRouter(
     now: @escaping @Sendable () -> Date = Date.init
 ) -> Router<GatewayContext> {
     let router = Router(context: GatewayContext.self)
-    router.middlewares.add(MetricsMiddleware())
+    let httpMetrics = HTTPMetricsMiddleware<GatewayContext>()
+    router.middlewares.add(httpMetrics)
     router.middlewares.add(RequestIdMiddleware())
     router.middlewares.add(AccessLogMiddleware())
     router.middlewares.add(ProblemMiddleware())
@@ -39,8 +41,10 @@ public func buildRouter(
     // Routers built for tests that need no files leave the blob routes out; the gateway's own
     // `buildApplication` always opens its store (and stops if it cannot).
     if let blobs { addFileRoutes(to: router, blobs: blobs, clients: clients, authenticator: authenticator, configuration: configuration, streams: streams, logger: logger) }
-    // Last: with every route known, a known path asked with another method answers 405.
+    // Last: with every route known, a known path asked with another method answers 405, and
+    // each route's metrics exist at zero before its first request.
     router.middlewares.add(MethodNotAllowedMiddleware<GatewayContext>(routes: router.routes))
+    httpMetrics.prepare(routes: router.routes.map { ($0.path.description, $0.method) })
     return router
 }
 
@@ -84,6 +88,8 @@ public func buildApplication(
     if configuration.jwtSecret == nil { logger.warning("JWT_SECRET is not set: every bearer token will be refused") }
     if configuration.adminToken == nil { logger.warning("ADMIN_TOKEN is not set: every admin call will be refused") }
     let limits = configuration.clientLimits
+    // The gateway's own counters exist at zero from the start (the HTTP ones: `buildRouter`).
+    _ = (ConnectionGuard.refused, ConnectionGuard.slowBodies, Metrics.Counter(label: "gateway_uploads_aborted_total"))
     let connections = ConnectionCount()
     let streams = JobStreams(jobs: clients.jobs, perUser: configuration.streamsPerUser, total: configuration.streamsTotal, logger: logger)
     return Application(

@@ -9,6 +9,8 @@ await ProcessExit.run("gateway") {
     let logger = Logger(label: "gateway")
     let openFiles = ProcessLimits.raiseOpenFiles()
     ProcessMetrics.bootstrap()
+    // The disk the gateway fills: the blob folder (an object store's is not the gateway's).
+    if case .folder(let folder) = configuration.blobs.store { ProcessMetrics.watchDisk(path: folder.path) }
     let app = try await buildApplication(configuration: configuration, metrics: ProcessMetrics.registry, logger: logger)
     logger.info("gateway listening", metadata: ["url": "http://\(configuration.host):\(configuration.port)", "open-files": "\(openFiles)"])
     try await app.runService()

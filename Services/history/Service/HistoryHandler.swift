@@ -17,18 +17,24 @@ public struct HistoryHandler: Sendable {
         self.now = now
     }
 
+    static let received = Counter(label: "history_events_received_total")
+    static let applied = Counter(label: "history_events_applied_total")
+    static let lag = Metrics.Timer(label: "history_event_lag_seconds")
+
     /// `history_events_received_total`, `history_events_applied_total` (those that changed an
     /// item) and `history_event_lag_seconds`: from the job change an event carries to now.
     static func count(_ events: [JobEvent], applied: Int, now: Date) {
-        Counter(label: "history_events_received_total").increment(by: events.count)
-        Counter(label: "history_events_applied_total").increment(by: applied)
-        let lag = Metrics.Timer(label: "history_event_lag_seconds")
+        Self.received.increment(by: events.count)
+        Self.applied.increment(by: applied)
+        let lag = Self.lag
         for event in events {
             lag.recordSeconds(max(0, now.timeIntervalSince(event.job.updatedAt)))
         }
     }
 
+    /// Registers every history method on `router`, and makes its metrics' series at zero.
     public func register(on router: inout BusRouter) {
+        _ = (Self.received, Self.applied, Self.lag)
         router.register(History.apply) { request, _ in
             guard request.events.count <= 1000 else { throw BusError(.badRequest, "at most 1,000 events a batch") }
             let applied = try await database.applyJobEvents(request.events)

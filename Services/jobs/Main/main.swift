@@ -81,9 +81,10 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
         let dispatcher = (dispatch as? ReplicatedDispatch)?.dispatcher ?? dispatch as? Dispatcher
         JobsMetrics.refresh(
             states: counts.states, outbox: counts.outbox, queued: await dispatch.queuedCount, awaiting: await dispatcher?.awaitingCount ?? 0,
-            slotsHeld: await dispatcher?.slotsHeld ?? 0
+            slotsHeld: await dispatcher?.slotsHeld ?? 0, oldestQueuedAge: counts.oldestQueued.map { max(0, Date().timeIntervalSince($0)) } ?? 0
         )
     }
+    JobsMetrics.prepare(catalog: catalog)
     JobsHandler(store: store, dispatcher: dispatch, catalog: catalog, maxQueued: configuration.maxQueued).register(on: &router)
     logger.info("jobs ready", metadata: ["workers": "\(configuration.workerEndpoint)", "blobs": "\(blobs.kind)"])
     return services + relays + [

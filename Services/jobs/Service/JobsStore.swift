@@ -21,7 +21,7 @@ public protocol JobsStore: Sendable {
     /// The states of the jobs of these ids that exist.
     func states(_ ids: [String]) async throws -> [String: JobState]
     /// How many jobs are in each state, and how many outbox entries wait for each topic.
-    func counts() async throws -> (states: [JobStatus: Int], outbox: [String: Int])
+    func counts() async throws -> JobCounts
     /// A queued job handed to a worker: processing, as a new attempt; nil if it is not queued.
     func start(_ id: String, now: Date) async throws -> JobRecord?
     /// The current attempt completed.
@@ -114,4 +114,20 @@ public struct PurgedJob: Sendable, Equatable {
     public var job: JobRecord?
 
     public init(job: JobRecord?) { self.job = job }
+}
+
+/// What the metrics read from the store at each scrape.
+public struct JobCounts: Sendable, Equatable {
+    /// Jobs in each state.
+    public var states: [JobStatus: Int] = [:]
+    /// Outbox entries waiting, by topic.
+    public var outbox: [String: Int] = [:]
+    /// When the oldest queued job was created; nil with none queued.
+    public var oldestQueued: Date?
+
+    public init(states: [JobStatus: Int] = [:], outbox: [String: Int] = [:], oldestQueued: Date? = nil) {
+        self.states = states
+        self.outbox = outbox
+        self.oldestQueued = oldestQueued
+    }
 }

@@ -320,6 +320,7 @@ public struct Worker: Service {
     static let metricsInterval = Duration.seconds(5)
 
     public func run() async throws {
+        WorkerMetrics.inProgress.set(0)
         let running = Running(capacity: configuration.capacity, maxDetached: runner.providers.maxGenerations)
         let unrecorded = Unrecorded()
         let renewed = Renewed()

@@ -36,7 +36,9 @@ public struct QuotaHandler: Sendable {
         var window: String
     }
 
-    /// The four series, made once (making a handle is a registry lookup under a lock).
+    static let guestsRefused = Counter(label: "quota_guests_refused_total")
+
+    /// The six series, made once (making a handle is a registry lookup under a lock).
     private static let decisionCounters: [DecisionKey: Counter] = {
         var counters: [DecisionKey: Counter] = [:]
         for admitted in [true, false] {
@@ -49,8 +51,10 @@ public struct QuotaHandler: Sendable {
         return counters
     }()
 
-    /// Registers every quota method on `router`.
+    /// Registers every quota method on `router`, and makes its metrics' series at zero.
     public func register(on router: inout BusRouter) {
+        _ = Self.decisionCounters
+        _ = Self.guestsRefused
         router.register(Quota.reserve) { request, _ in
             let decision = try await store.reserve(request, now: now())
             Self.count(decision)
@@ -63,7 +67,7 @@ public struct QuotaHandler: Sendable {
         router.register(Quota.applySubscription) { request, _ in try await store.applySubscription(request, now: now()) }
         router.register(Quota.admitGuest) { request, _ in
             let admission = try await store.admitGuest(request, now: now())
-            if !admission.admitted { Counter(label: "quota_guests_refused_total").increment() }
+            if !admission.admitted { Self.guestsRefused.increment() }
             return admission
         }
         router.register(Quota.attestGuest) { request, _ in try await store.attestGuest(request, now: now()) }

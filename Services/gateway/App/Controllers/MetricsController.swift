@@ -6,9 +6,8 @@ import ServiceKit
 /// `GET /metrics`: every process's metrics in one Prometheus text exposition, each sample
 /// labelled with the `service` it comes from (`gateway`, `quota`, `history`, `jobs`, and
 /// `worker` with a `worker` label). The gateway's own: HTTP requests by route template, method
-/// and status (`hb_requests`), their durations (`http_server_request_duration`, a histogram),
-/// requests in progress (`http_server_active_requests`), recorded by Hummingbird's
-/// `MetricsMiddleware`. The services answer `metrics.scrape` on the bus (the jobs service adds
+/// and status, their durations and 5xx answers, requests in progress (`HTTPMetricsMiddleware`).
+/// Each family has its HELP text from `MetricsCatalogue`. The services answer `metrics.scrape` on the bus (the jobs service adds
 /// what its workers last sent); `photoedit_scrape_up{service}` is 0 for one that did not answer
 /// within `scrapeTimeout`, and its samples are missing from that scrape.
 struct MetricsController<Context: RequestContext>: Sendable {
@@ -29,6 +28,7 @@ struct MetricsController<Context: RequestContext>: Sendable {
 
     /// The gateway's exposition and each service's, merged.
     func gather() async -> String {
+        await ProcessMetrics.refresh()
         let own = MetricsSection(labels: ["service": "gateway"], text: String(decoding: registry.emitToBuffer(), as: UTF8.self))
         let services: [(ServiceName, MetricsSnapshot?)] = await withTaskGroup(of: (ServiceName, MetricsSnapshot?).self) { group in
             for service in ServiceName.allCases {

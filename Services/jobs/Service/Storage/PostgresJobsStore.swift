@@ -164,18 +164,21 @@ public struct PostgresJobsStore: ReportingJobsStore {
         return states
     }
 
-    public func counts() async throws -> (states: [JobStatus: Int], outbox: [String: Int]) {
+    public func counts() async throws -> JobCounts {
         let logger = logger
         return try await database.transaction(.snapshotRead) { db in
-            var states: [JobStatus: Int] = [:]
+            var counts = JobCounts()
             for (status, count) in try await db.allRows("SELECT status, count(*) FROM jobs_job GROUP BY status", as: (String, Int).self, logger: logger) {
-                if let status = JobStatus(rawValue: status) { states[status] = count }
+                if let status = JobStatus(rawValue: status) { counts.states[status] = count }
             }
-            var outbox: [String: Int] = [:]
             for (topic, count) in try await db.allRows("SELECT topic, count(*) FROM jobs_outbox GROUP BY topic", as: (String, Int).self, logger: logger) {
-                outbox[topic] = count
+                counts.outbox[topic] = count
             }
-            return (states, outbox)
+            let oldest = try await db.allRows(
+                "SELECT created_at FROM jobs_job WHERE status = 'queued' ORDER BY created_at LIMIT 1", as: Double.self, logger: logger
+            )
+            counts.oldestQueued = oldest.first.map { Date(timeIntervalSince1970: $0) }
+            return counts
         }
     }
 

@@ -104,18 +104,19 @@ public struct SQLiteJobsStore: ReportingJobsStore {
         }
     }
 
-    /// How many jobs are in each state, and how many outbox entries wait for each topic.
-    public func counts() async throws -> (states: [JobStatus: Int], outbox: [String: Int]) {
+    /// How many jobs are in each state, how many outbox entries wait for each topic, and when
+    /// the oldest queued job was created (the first row of the status index).
+    public func counts() async throws -> JobCounts {
         try await database.writer.read { db in
-            var states: [JobStatus: Int] = [:]
+            var counts = JobCounts()
             for row in try Row.fetchAll(db, sql: "SELECT status, COUNT(*) AS n FROM job GROUP BY status") {
-                if let status = JobStatus(rawValue: row["status"]) { states[status] = row["n"] }
+                if let status = JobStatus(rawValue: row["status"]) { counts.states[status] = row["n"] }
             }
-            var outbox: [String: Int] = [:]
             for row in try Row.fetchAll(db, sql: "SELECT topic, COUNT(*) AS n FROM outbox GROUP BY topic") {
-                outbox[row["topic"]] = row["n"]
+                counts.outbox[row["topic"]] = row["n"]
             }
-            return (states, outbox)
+            counts.oldestQueued = try Date.fetchOne(db, sql: "SELECT createdAt FROM job WHERE status = 'queued' ORDER BY createdAt LIMIT 1")
+            return counts
         }
     }
 
