@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The operating kit against a real Prometheus (Debian's, installed if missing):
+# 1. `promtool check rules` and `promtool test rules` on deploy/prometheus (every alert's unit test);
+# 2. a stack of the debug build (quota, history, jobs, a worker, the gateway) on free ports with
+#    data in a scratch folder; `promtool check metrics` on its live scrape must report nothing;
+# 3. Prometheus started on a free port in that folder, scraping the gateway every second with the
+#    shipped alert rules; through its HTTP API: the gateway's and every service's and the worker's
+#    series are there, `rate()` of a counter that has not moved is 0 (not absent), every rule
+#    loaded and evaluates without error, and every query of the Grafana dashboard returns data.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  echo "installing prometheus"
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+
+echo "== promtool: the rules and their unit tests"
+promtool check rules deploy/prometheus/alerts.yml
+(cd deploy/prometheus && promtool test rules alerts.test.yml)
+
+BIN=$(swift build --show-bin-path)
+export DATA_DIR=$work LOG_LEVEL=warning
+export QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" HISTORY_ENDPOINT="tcp://127.0.0.1:$(port)" JOBS_ENDPOINT="tcp://127.0.0.1:$(port)"
+export QUOTA_BIND=$QUOTA_ENDPOINT HISTORY_BIND=$HISTORY_ENDPOINT JOBS_BIND=$JOBS_ENDPOINT
+export JOBS_WORKER_BIND="tcp://127.0.0.1:$(port)"
+export JOBS_WORKER_ENDPOINT=$JOBS_WORKER_BIND
+export GATEWAY_PORT=$(port) URL_SIGNING_SECRET=prometheus-check-signing
+export PUBLIC_BASE_URL="http://127.0.0.1:$GATEWAY_PORT"
+for name in quota history jobs worker gateway; do "$BIN/$name" > "$work/$name.log" 2>&1 & pids+=($!); done
+gateway="http://127.0.0.1:$GATEWAY_PORT"
+for _ in $(seq 1 150); do curl -fsS "$gateway/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
+
+echo "== promtool check metrics on a live scrape"
+curl -fsS "$gateway/metrics" > "$work/scrape.txt"
+problems=$(promtool check metrics < "$work/scrape.txt" 2>&1 || true)
+if [ -n "$problems" ]; then echo "$problems"; exit 1; fi
+echo "  $(grep -c '^# TYPE' "$work/scrape.txt") families, nothing reported"
+
+echo "== a real Prometheus scraping the gateway with the shipped rules"
+prometheus_port=$(port)
+mkdir -p "$work/prometheus"
+cp deploy/prometheus/alerts.yml "$work/prometheus/alerts.yml"
+cat > "$work/prometheus/prometheus.yml" <<CONFIG
+global: { scrape_interval: 1s, evaluation_interval: 1s }
+rule_files: [alerts.yml]
+scrape_configs:
+  - job_name: photoedit
+    static_configs: [{ targets: ["127.0.0.1:$GATEWAY_PORT"] }]
+CONFIG
+prometheus --config.file="$work/prometheus/prometheus.yml" --storage.tsdb.path="$work/prometheus/data" \
+  --web.listen-address="127.0.0.1:$prometheus_port" > "$work/prometheus.log" 2>&1 & pids+=($!)
+if ! python3 scripts/prometheus-check.py "http://127.0.0.1:$prometheus_port" deploy/grafana/photoedit.json; then
+  echo "Prometheus' log:"; tail -20 "$work/prometheus.log"
+  echo "the gateway's log:"; tail -20 "$work/gateway.log"
+  exit 1
+fi
