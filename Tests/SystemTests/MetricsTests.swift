@@ -174,24 +174,29 @@ struct MetricsTests {
     }
 }
 
-/// What the processes log at `info`, the level `make run` uses.
+/// What the processes log at `info`, the level `make run` uses, and at `debug`.
 @Suite("Logs at info", .serialized)
 struct InfoLogTests {
-    @Test func eachHTTPRequestIsOneAccessLineAndBusRequestsAreNotLogged() async throws {
+    @Test func requestsAreLoggedAtDebugOnlyOneAccessLineEach() async throws {
         let system = try await JobSystem(workers: 0, quota: ["LOG_LEVEL": "info"])
-        let (gateway, port) = try await ClientLibraryTests.gateway(system, extra: ["LOG_LEVEL": "info"])
+        let (quiet, quietPort) = try await ClientLibraryTests.gateway(system, extra: ["LOG_LEVEL": "info"])
+        let (verbose, verbosePort) = try await ClientLibraryTests.gateway(system, extra: ["LOG_LEVEL": "debug"])
         let requestId = "access-\(UUID().uuidString)"
-        let answer = MetricsTests.get("/api/v1/users/me?x=secret", port: port, headers: "X-Device-Id: \(UUID().uuidString)\r\nX-Request-Id: \(requestId)\r\n")
-        #expect(answer.hasPrefix("HTTP/1.1 200"))
-        // One line, with method, path (no query), status, duration and the request id
-        try await waitUntil { gateway.output.contains(requestId) }
-        let lines = gateway.output.split(separator: "\n").filter { $0.contains(requestId) }
+        for port in [quietPort, verbosePort] {
+            let answer = MetricsTests.get("/api/v1/users/me?x=secret", port: port, headers: "X-Device-Id: \(UUID().uuidString)\r\nX-Request-Id: \(requestId)\r\n")
+            #expect(answer.hasPrefix("HTTP/1.1 200"))
+        }
+        // At debug: one line, with method, path (no query), status, duration and the request id
+        try await waitUntil { verbose.output.contains(requestId) }
+        let lines = verbose.output.split(separator: "\n").filter { $0.contains(requestId) && $0.contains("GET /api/v1/users/me") }
         #expect(lines.count == 1, "\(lines)")
         #expect(lines.first?.contains("GET /api/v1/users/me 200 ") == true && lines.first?.contains("secret") == false, "\(lines)")
-        // Quota answered the gateway's bus call without a line for it
+        // At info: no line for the request in the gateway, nor in quota, which answered its bus call
+        #expect(!quiet.output.contains(requestId))
         #expect(!system.services.processes[.quota]!.output.contains(requestId))
         #expect(!system.services.processes[.quota]!.output.contains("handled"))
-        await gateway.stop()
+        await quiet.stop()
+        await verbose.stop()
         await system.stop()
     }
 }

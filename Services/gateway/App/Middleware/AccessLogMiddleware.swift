@@ -2,14 +2,15 @@ import Bus
 import Hummingbird
 import Logging
 
-/// One line per HTTP request at info, written once the response is ready: method, path (without
-/// the query, which may carry signatures or search terms), status, duration and the request id
-/// from the logger's metadata. Nothing is built when info is off.
+/// One line per HTTP request at debug (per-request lines are not what an operator reads at
+/// info; the metrics count them), written once the response is ready: method, path (without the
+/// query, which may carry signatures or search terms), status, duration and the request id from
+/// the logger's metadata. Nothing is built when debug is off.
 public struct AccessLogMiddleware<Context: RequestContext>: RouterMiddleware {
     public init() {}
 
     public func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
-        guard context.logger.logLevel <= .info else { return try await next(request, context) }
+        guard context.logger.logLevel <= .debug else { return try await next(request, context) }
         let started = ContinuousClock.now
         do {
             let response = try await next(request, context)
@@ -25,6 +26,6 @@ public struct AccessLogMiddleware<Context: RequestContext>: RouterMiddleware {
     }
 
     private func log(_ request: Request, context: Context, status: Int, since started: ContinuousClock.Instant) {
-        context.logger.info("\(request.method) \(request.uri.path) \(status) \(started.duration(to: .now).wholeMicroseconds)us")
+        context.logger.debug("\(request.method) \(request.uri.path) \(status) \(started.duration(to: .now).wholeMicroseconds)us")
     }
 }
