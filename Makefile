@@ -18,7 +18,8 @@ run: deps
 ## in milliseconds), then the rest of the suite beside a RADOS Gateway of its own (scripts/with-s3.sh: Ceph's S3 server from Debian, in a temporary folder on a free
 ## port, stopped after) and a PostgreSQL of its own (scripts/with-postgres.sh: Debian's PostgreSQL 15, likewise), then the contract conformance run (schemathesis against openapi.yaml on a
 ## live stack), then the alert rules' unit tests and a real Prometheus scraping a stack with them
-## (scripts/prometheus-check.sh), then 30 s of loadtest under chaos on a stack of its own (fails on any broken
+## (scripts/prometheus-check.sh), then one edit's trace through every process to an OTLP receiver
+## (scripts/trace-check.sh), then 30 s of loadtest under chaos on a stack of its own (fails on any broken
 ## invariant), the chaos check again with BLOB_STORE=s3 (the RADOS Gateway killed too), and with
 ## STORE=postgres: two replicas of each service, the replicas killed (both jobs replicas first, so
 ## the leader surely is); then PostgreSQL itself killed and restarted under load: every request
@@ -31,6 +32,7 @@ test: deps
 	scripts/with-s3.sh scripts/with-postgres.sh swift test --skip-build --skip BusTests
 	scripts/conformance.sh
 	scripts/prometheus-check.sh
+	scripts/trace-check.sh
 	scripts/chaos-check.sh
 	BLOB_STORE=s3 scripts/chaos-check.sh
 	STORE=postgres CHAOS_ONLY=quota,history,jobs CHAOS_FIRST=jobs-1,jobs-2 scripts/chaos-check.sh

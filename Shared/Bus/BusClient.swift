@@ -152,32 +152,34 @@ public final class BusClient: Sendable, Service {
             throw BusError(.badRequest, "cannot encode \(Request.self): \(error)")
         }
         let deadline = ContinuousClock.now.advanced(by: timeout ?? configuration.defaultTimeout)
-        var outcome = await send(method: method.name, body: body, timeout: ContinuousClock.now.duration(to: deadline))
-        // A replica died with the call in flight: a retry-safe call goes again (to another
-        // replica, if the endpoint names several), within the same deadline.
-        var retries = 0
-        while case .failure(let error) = outcome, error.code == .connectionLost, method.retrySafe, retries < Self.maxRetries,
-              ContinuousClock.now < deadline {
-            retries += 1
-            outcome = await send(method: method.name, body: body, timeout: ContinuousClock.now.duration(to: deadline))
-        }
-        switch outcome {
-        case .failure(let error):
-            throw error
-        case .reply(let bytes, let encoding):
-            do {
-                return try BusCodec.decode(Reply.self, from: bytes, as: encoding)
-            } catch {
-                throw BusError(.badReply, "\(method.name): reply is not a \(Reply.self): \(error)")
+        return try await BusTracing.call(method.name) { traceContext -> Result<Reply, BusError> in
+            var outcome = await send(method: method.name, body: body, timeout: ContinuousClock.now.duration(to: deadline), traceContext: traceContext)
+            // A replica died with the call in flight: a retry-safe call goes again (to another
+            // replica, if the endpoint names several), within the same deadline.
+            var retries = 0
+            while case .failure(let error) = outcome, error.code == .connectionLost, method.retrySafe, retries < Self.maxRetries,
+                  ContinuousClock.now < deadline {
+                retries += 1
+                outcome = await send(method: method.name, body: body, timeout: ContinuousClock.now.duration(to: deadline), traceContext: traceContext)
             }
-        }
+            switch outcome {
+            case .failure(let error):
+                return .failure(error)
+            case .reply(let bytes, let encoding):
+                do {
+                    return .success(try BusCodec.decode(Reply.self, from: bytes, as: encoding))
+                } catch {
+                    return .failure(BusError(.badReply, "\(method.name): reply is not a \(Reply.self): \(error)"))
+                }
+            }
+        }.get()
     }
 
     /// How many times a retry-safe call is sent again after `connection_lost`.
     static let maxRetries = 2
 
     /// Sends already-encoded frames; the seam `call` and tests of raw bodies share.
-    func send(method: String, body: [UInt8], encoding: BusEncoding? = nil, timeout: Duration) async -> Outcome {
+    func send(method: String, body: [UInt8], encoding: BusEncoding? = nil, timeout: Duration, traceContext: String = "") async -> Outcome {
         let encoding = encoding ?? configuration.encoding
         let deadline = ContinuousClock.now.advanced(by: timeout)
         let header = { (id: UInt64) in
@@ -186,7 +188,8 @@ public final class BusClient: Sendable, Service {
                 requestId: id,
                 deadlineMilliseconds: BusCodec.nowMilliseconds() + timeout.wholeMilliseconds,
                 method: method,
-                traceId: BusTrace.id
+                traceId: BusTrace.id,
+                traceContext: traceContext
             ))
         }
         guard (1...255).contains(method.utf8.count) else {

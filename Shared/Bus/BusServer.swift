@@ -257,7 +257,9 @@ public final class BusServer: Service, Sendable {
             let deadline = started.advanced(by: .milliseconds(min(header.deadlineMilliseconds - BusCodec.nowMilliseconds(), 3_600_000)))
             let result = await BusTrace.$id.withValue(header.traceId) {
                 await BusDeadline.$current.withValue(deadline) {
-                    await router.handle(method: header.method, body: body, encoding: header.encoding, context: requestContext)
+                    await BusTracing.handle(router.knows(header.method) ? header.method : "unknown", traceParent: header.traceContext) {
+                        await router.handle(method: header.method, body: body, encoding: header.encoding, context: requestContext)
+                    }
                 }
             }
             let elapsed = started.duration(to: .now)

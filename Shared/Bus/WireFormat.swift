@@ -11,6 +11,10 @@
 /// | 8 | deadline, milliseconds since 1970 (UTC), little-endian |
 /// | 1 + n | method name, length then UTF-8 (1 to 255 bytes) |
 /// | 1 + m | trace id, length then UTF-8 (0 to 255 bytes) |
+/// | 1 + k | optional: trace context, a W3C `traceparent` (length then UTF-8, 1 to 255 bytes) |
+///
+/// The trace context is there only when the caller traces (OpenTelemetry); a header without it
+/// ends after the trace id, as before it existed.
 ///
 /// A reply is `[header, body]` with a header of version, kind (1 reply, 2 error), body encoding
 /// (the request's) and request id; the body is the reply, or for kind 2 the `BusError`
@@ -30,6 +34,8 @@ enum WireFormat {
         var deadlineMilliseconds: Int64
         var method: String
         var traceId: String
+        /// The caller's span as a W3C `traceparent`; empty when the caller does not trace.
+        var traceContext: String = ""
     }
 
     /// Why a request header could not be read: whether its request id is known decides whether
@@ -58,6 +64,11 @@ enum WireFormat {
         let trace = Array(header.traceId.utf8.prefix(255))
         bytes.append(UInt8(trace.count))
         bytes.append(contentsOf: trace)
+        let context = Array(header.traceContext.utf8.prefix(255))
+        if !context.isEmpty {
+            bytes.append(UInt8(context.count))
+            bytes.append(contentsOf: context)
+        }
         return bytes
     }
 
@@ -83,15 +94,29 @@ enum WireFormat {
         index += methodCount
         let traceCount = Int(bytes[index])
         index += 1
-        guard index + traceCount == bytes.count else {
+        guard index + traceCount <= bytes.count else {
             return .failure(.malformed(requestId: requestId, reason: "bad trace id length"))
         }
-        guard let method = String(validating: methodBytes, as: UTF8.self),
-              let trace = String(validating: bytes[index..<index + traceCount], as: UTF8.self)
-        else {
-            return .failure(.malformed(requestId: requestId, reason: "method or trace id is not UTF-8"))
+        let traceBytes = bytes[index..<index + traceCount]
+        index += traceCount
+        var contextBytes = bytes[index..<index]
+        if index < bytes.count {
+            let contextCount = Int(bytes[index])
+            index += 1
+            guard contextCount > 0, index + contextCount == bytes.count else {
+                return .failure(.malformed(requestId: requestId, reason: "bad trace context length"))
+            }
+            contextBytes = bytes[index..<index + contextCount]
         }
-        return .success(RequestHeader(encoding: encoding, requestId: requestId, deadlineMilliseconds: deadline, method: method, traceId: trace))
+        guard let method = String(validating: methodBytes, as: UTF8.self),
+              let trace = String(validating: traceBytes, as: UTF8.self),
+              let context = String(validating: contextBytes, as: UTF8.self)
+        else {
+            return .failure(.malformed(requestId: requestId, reason: "method, trace id or trace context is not UTF-8"))
+        }
+        return .success(RequestHeader(
+            encoding: encoding, requestId: requestId, deadlineMilliseconds: deadline, method: method, traceId: trace, traceContext: context
+        ))
     }
 
     static func encodeReplyHeader(requestId: UInt64, kind: Kind, encoding: BusEncoding) -> [UInt8] {

@@ -65,6 +65,9 @@ public struct CreateJob: Codable, Sendable, Equatable {
     /// The credits the gateway reserved for the job (the effect's price when it was asked); the
     /// job gives exactly these back if it fails, and history shows them.
     public var credits: Int
+    /// Set by the jobs service as it handles the request (its span's `traceparent`), not by
+    /// callers: the trace the job joins.
+    public var traceParent: String?
 
     public init(jobId: String, userId: String, isPro: Bool, imageKey: String, effectId: String, parameters: [String: Double] = [:], prompt: String? = nil,
                 credits: Int = Jobs.defaultCredits) {
@@ -232,13 +235,18 @@ public struct JobRecord: Codable, Sendable, Equatable {
     /// durably so that any worker, after any restart, waits on the same request instead of
     /// submitting (and paying for) another.
     public var submission: ProviderRequest?
+    /// The trace the job was created in (a W3C `traceparent` of the jobs service's span for its
+    /// creation), kept so that its dispatch and its worker's run join that trace, and so that
+    /// the trace of an edit can be found from the job; nil when the process did not trace.
+    public var traceParent: String?
 
     public init(
         id: String, userId: String, isPro: Bool, imageKey: String, effectId: String, parameters: [String: Double],
         prompt: String?, status: JobStatus, progress: Double, attempts: Int, maxAttempts: Int, lastError: String?,
         resultKey: String?, thumbnailKey: String?, createdAt: Date, updatedAt: Date, startedAt: Date?, finishedAt: Date?, version: Int,
-        cancelRequested: Bool = false, credits: Int = Jobs.defaultCredits, submission: ProviderRequest? = nil
+        cancelRequested: Bool = false, credits: Int = Jobs.defaultCredits, submission: ProviderRequest? = nil, traceParent: String? = nil
     ) {
+        self.traceParent = traceParent
         self.id = id
         self.userId = userId
         self.isPro = isPro
@@ -265,7 +273,7 @@ public struct JobRecord: Codable, Sendable, Equatable {
 
     enum CodingKeys: String, CodingKey {
         case id, userId, isPro, imageKey, effectId, parameters, prompt, status, progress, attempts, maxAttempts, lastError
-        case resultKey, thumbnailKey, createdAt, updatedAt, startedAt, finishedAt, version, cancelRequested, credits, submission
+        case resultKey, thumbnailKey, createdAt, updatedAt, startedAt, finishedAt, version, cancelRequested, credits, submission, traceParent
     }
 
     /// Decodes a job; `credits` (from before prices) defaults to 1, `cancelRequested` to false.
@@ -293,6 +301,7 @@ public struct JobRecord: Codable, Sendable, Equatable {
         cancelRequested = try c.decodeIfPresent(Bool.self, forKey: .cancelRequested) ?? false
         credits = try c.decodeIfPresent(Int.self, forKey: .credits) ?? Jobs.defaultCredits
         submission = try c.decodeIfPresent(ProviderRequest.self, forKey: .submission)
+        traceParent = try c.decodeIfPresent(String.self, forKey: .traceParent)
     }
 }
 

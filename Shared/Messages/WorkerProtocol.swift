@@ -103,8 +103,12 @@ public struct JobAssignment: Codable, Sendable, Equatable {
     /// The URL the provider's webhook is to call for this job (signed by the jobs service), for
     /// providers with webhooks (fal).
     public var callbackURL: String?
+    /// The trace the worker's run joins (a W3C `traceparent` of the jobs service's dispatch
+    /// span); nil when jobs does not trace.
+    public var traceParent: String?
     public init(attempt: JobAttempt, userId: String, imageKey: String, effect: EffectDescription, parameters: [String: Double], prompt: String?,
-                transfer: JobTransfer? = nil, submission: ProviderRequest? = nil, callbackURL: String? = nil) {
+                transfer: JobTransfer? = nil, submission: ProviderRequest? = nil, callbackURL: String? = nil, traceParent: String? = nil) {
+        self.traceParent = traceParent
         self.submission = submission
         self.callbackURL = callbackURL
         self.attempt = attempt

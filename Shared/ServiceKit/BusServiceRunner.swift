@@ -23,6 +23,7 @@ public enum BusServiceRunner {
         let logger = Logger(label: service.rawValue)
         ProcessMetrics.bootstrap()
         ProcessMetrics.watchDisk(path: configuration.dataDirectory)
+        let tracing = try ProcessTracing.bootstrap(service: service.rawValue, logger: logger)
 
         var router = BusRouter(translator: translateErrors, failures: FailureLog(logger: logger))
         HealthHandler(service: service.rawValue).register(on: &router)
@@ -45,7 +46,8 @@ public enum BusServiceRunner {
         )
         let group = ServiceGroup(
             configuration: .init(
-                services: extraServices.map { .init(service: $0) } + [.init(service: server)],
+                // The exporter first: it stops last, after the spans of the others are recorded.
+                services: (tracing.map { [.init(service: $0)] } ?? []) + extraServices.map { .init(service: $0) } + [.init(service: server)],
                 gracefulShutdownSignals: [.sigterm, .sigint],
                 logger: logger
             )

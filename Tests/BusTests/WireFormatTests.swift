@@ -9,6 +9,23 @@ struct WireFormatTests {
         #expect(WireFormat.decodeRequest(WireFormat.encodeRequest(header)) == .success(header))
     }
 
+    @Test func aHeaderWithATraceContextRoundTripsAndOneWithoutKeepsTheOldShape() {
+        var header = WireFormat.RequestHeader(encoding: .binary, requestId: 9, deadlineMilliseconds: 1, method: "jobs.create", traceId: "req-1")
+        let plain = WireFormat.encodeRequest(header)
+        header.traceContext = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        let traced = WireFormat.encodeRequest(header)
+        #expect(WireFormat.decodeRequest(traced) == .success(header))
+        // Without a context the header ends after the trace id, as it did before contexts existed
+        #expect(traced.count == plain.count + 1 + 55)
+        #expect(Array(traced.prefix(plain.count)) == plain)
+        // A context cut short, or a zero length with nothing after, is malformed, not ignored
+        for length in plain.count + 1..<traced.count {
+            #expect(WireFormat.decodeRequest(Array(traced.prefix(length))) != .success(header), "\(length)")
+            if case .success = WireFormat.decodeRequest(Array(traced.prefix(length))) { Issue.record("a \(length)-byte prefix decoded") }
+        }
+        #expect(WireFormat.decodeRequest(plain + [0]) == .failure(.malformed(requestId: 9, reason: "bad trace context length")))
+    }
+
     @Test func everyTruncationOfAHeaderIsRejectedWithoutCrashing() {
         let bytes = WireFormat.encodeRequest(.init(encoding: .json, requestId: 42, deadlineMilliseconds: 1, method: "health", traceId: "t"))
         for length in 0..<bytes.count {

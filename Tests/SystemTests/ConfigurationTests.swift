@@ -33,11 +33,25 @@ struct ConfigurationTests {
         #expect(service.busEncoding == .json && gateway.busEncoding == .json && worker.busEncoding == .json)
         #expect(service.client(of: "tcp://127.0.0.1:1").encoding == .json)
         let defaults = try ServiceConfiguration(service: .jobs, environment: Environment([:]))
-        #expect(defaults.logLevel == .info && defaults.busEncoding == .binary)
+        #expect(defaults.logLevel == .info && defaults.busEncoding == .binary && defaults.logFormat == .text)
+        let json = Environment(["LOG_FORMAT": "JSON"])
+        #expect(try ServiceConfiguration(service: .quota, environment: json).logFormat == .json)
+        #expect(try GatewayConfiguration(environment: json).logFormat == .json && WorkerConfiguration(environment: json).logFormat == .json)
+    }
+
+    /// Traces are exported only when the standard OpenTelemetry variables ask for them.
+    @Test func tracesAreOnOnlyWhenTheOpenTelemetryVariablesAskForThem() {
+        #expect(!ProcessTracing.isRequested([:]))
+        #expect(!ProcessTracing.isRequested(["OTEL_SERVICE_NAME": "x", "OTEL_EXPORTER_OTLP_ENDPOINT": ""]))
+        #expect(ProcessTracing.isRequested(["OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"]))
+        #expect(ProcessTracing.isRequested(["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"]))
+        #expect(ProcessTracing.isRequested(["OTEL_TRACES_EXPORTER": "otlp"]))
+        #expect(!ProcessTracing.isRequested(["OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"]))
+        #expect(!ProcessTracing.isRequested(["OTEL_SDK_DISABLED": "TRUE", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"]))
     }
 
     @Test func aMalformedSharedSettingStopsEveryProcessNamingIt() {
-        for (key, value) in [("LOG_LEVEL", "loud"), ("BUS_ENCODING", "xml")] {
+        for (key, value) in [("LOG_LEVEL", "loud"), ("BUS_ENCODING", "xml"), ("LOG_FORMAT", "yaml")] {
             for make in Self.configurations([key: value]) {
                 #expect {
                     try make()

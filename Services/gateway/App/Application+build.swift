@@ -6,6 +6,7 @@ import Logging
 import Metrics
 import Prometheus
 import ServiceKit
+import ServiceLifecycle
 
 /// Builds the gateway's router: metrics, request ids, one access line per request, problem+json
 /// errors, then the routes.
@@ -22,6 +23,14 @@ public func buildRouter(
     let router = Router(context: GatewayContext.self)
     let httpMetrics = HTTPMetricsMiddleware<GatewayContext>()
     router.middlewares.add(httpMetrics)
+    // A span per request when the process traces (`ProcessTracing`, bootstrapped before the
+    // router is built), continuing the app's W3C `traceparent`; query parameters that sign or
+    // search are not recorded.
+    if BusTracing.enabled {
+        router.middlewares.add(TracingMiddleware(recordingHeaders: [], redactingQueryParameters: [
+            "sig", "exp", "token", "q", "cursor", "X-Amz-Signature", "X-Amz-Credential", "X-Amz-Security-Token",
+        ]))
+    }
     router.middlewares.add(RequestIdMiddleware())
     router.middlewares.add(AccessLogMiddleware())
     router.middlewares.add(ProblemMiddleware())
@@ -77,8 +86,10 @@ private func addFileRoutes(
 /// Builds the gateway: its bus clients, its authenticator and its HTTP server, from its
 /// configuration. `metrics` is the registry `/metrics` shows: the one the process bootstrapped
 /// swift-metrics with (the gateway's main does; in-process tests leave metrics off).
+/// `firstServices` run before the gateway's own and stop after them (the trace exporter).
 public func buildApplication(
-    configuration: GatewayConfiguration, metrics: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "gateway")
+    configuration: GatewayConfiguration, metrics: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "gateway"),
+    firstServices: [any Service] = []
 ) async throws -> some ApplicationProtocol {
     let authenticator = try await Authenticator(jwtSecret: configuration.jwtSecret, adminToken: configuration.adminToken)
     // A store that cannot be opened stops the gateway here, with one line saying why.
@@ -100,7 +111,7 @@ public func buildApplication(
         )),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "gateway"),
         // The clients first: a service group stops its services in reverse order.
-        services: [clients, streams],
+        services: firstServices + [clients, streams],
         logger: logger
     )
 }

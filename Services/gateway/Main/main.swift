@@ -11,7 +11,10 @@ await ProcessExit.run("gateway") {
     ProcessMetrics.bootstrap()
     // The disk the gateway fills: the blob folder (an object store's is not the gateway's).
     if case .folder(let folder) = configuration.blobs.store { ProcessMetrics.watchDisk(path: folder.path) }
-    let app = try await buildApplication(configuration: configuration, metrics: ProcessMetrics.registry, logger: logger)
+    let tracing = try ProcessTracing.bootstrap(service: "gateway", logger: logger)
+    let app = try await buildApplication(
+        configuration: configuration, metrics: ProcessMetrics.registry, logger: logger, firstServices: tracing.map { [$0] } ?? []
+    )
     logger.info("gateway listening", metadata: ["url": "http://\(configuration.host):\(configuration.port)", "open-files": "\(openFiles)"])
     try await app.runService()
 }

@@ -4,6 +4,7 @@ import JobsCore
 import Logging
 import Messages
 import Metrics
+import Tracing
 
 /// Hands queued jobs to workers, fairly, and watches the workers: the I/O around
 /// `DispatchStateMachine`, which holds every rule.
@@ -167,8 +168,12 @@ public actor Dispatcher {
     private func perform(_ actions: [Machine.Action]) {
         for action in actions {
             switch action {
-            case .send(let peer, .assign(let job)):
-                // The state machine decides; the URLs are signed here, on the way out.
+            case .send(let peer, .assign(var job)):
+                // The state machine decides; the URLs are signed here, on the way out. The
+                // assignment joins the job's trace, and the worker's run continues from it.
+                job.traceParent = BusTracing.mark("jobs.dispatch", continuing: job.traceParent, ofKind: .producer, attributes: [
+                    "photoedit.job.id": job.attempt.jobId, "photoedit.job.attempt": "\(job.attempt.attempt)", "photoedit.effect": job.effect.id,
+                ])
                 channel.send(DispatcherMessage.assign(transfers.signed(job)), to: peer)
             case .send(let peer, let message):
                 channel.send(message, to: peer)

@@ -18,7 +18,13 @@ public struct JobsHandler: Sendable {
     }
 
     public func register(on router: inout BusRouter) {
-        router.register(Jobs.create) { request, _ in try await create(request) }
+        router.register(Jobs.create) { request, _ in
+            // The job joins the trace of this request (the handler's span), if any.
+            var request = request
+            let traceParent = BusTracing.currentTraceParent()
+            request.traceParent = traceParent.isEmpty ? nil : traceParent
+            return try await create(request)
+        }
         router.register(Jobs.get) { request, _ in
             guard let job = try await store.job(request.jobId, userId: request.userId) else {
                 throw BusError(.notFound, "no job \(request.jobId.prefix(64))")

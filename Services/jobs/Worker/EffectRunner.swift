@@ -141,7 +141,7 @@ public struct EffectRunner: Sendable {
     func fetch(_ url: String) async throws -> Data {
         let response: HTTPClientResponse
         do {
-            response = try await HTTPClient.shared.execute(HTTPClientRequest(url: url), timeout: .seconds(60))
+            response = try await WorkerHTTP.execute(HTTPClientRequest(url: url), timeout: .seconds(60))
         } catch {
             throw EffectError("the input image could not be fetched: \(Self.describe(error))", retryable: true)
         }
@@ -173,7 +173,7 @@ public struct EffectRunner: Sendable {
         request.body = .bytes(ByteBuffer(bytes: bytes))
         let response: HTTPClientResponse
         do {
-            response = try await HTTPClient.shared.execute(request, timeout: .seconds(60))
+            response = try await WorkerHTTP.execute(request, timeout: .seconds(60))
         } catch {
             throw EffectError("the output could not be stored: \(Self.describe(error))", retryable: true)
         }
@@ -280,7 +280,7 @@ public struct EffectRunner: Sendable {
     private func fetch(_ request: HTTPClientRequest) async throws -> (Data, String) {
         let response: HTTPClientResponse
         do {
-            response = try await HTTPClient.shared.execute(request, timeout: .seconds(120))
+            response = try await WorkerHTTP.execute(request, timeout: .seconds(120))
         } catch {
             throw EffectError("the endpoint could not be reached: \(error)", retryable: true)
         }

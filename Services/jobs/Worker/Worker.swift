@@ -8,6 +8,7 @@ import Messages
 import ServiceKit
 import ServiceLifecycle
 import Synchronization
+import Tracing
 
 /// A worker process's loop (Paranoid Pirate): connect to the jobs service, say `ready`, run what
 /// is assigned (at most `capacity` at once), send heartbeats, progress and results; if the service
@@ -475,7 +476,11 @@ public struct Worker: Service {
             handedOff: { running.isHandedOff(attempt) }
         )
         let signal = running.cancelSignal(attempt)
-        let result = await withTaskGroup(of: WorkerMessage?.self) { group in
+        // The run joins the job's trace (its dispatch); the provider's and the store's HTTP calls
+        // made inside it are its children.
+        let result = await BusTracing.span("worker.run", continuing: job.traceParent, ofKind: .consumer, attributes: [
+            "photoedit.job.id": attempt.jobId, "photoedit.job.attempt": "\(attempt.attempt)", "photoedit.effect": job.effect.id,
+        ]) { await withTaskGroup(of: WorkerMessage?.self) { group in
             group.addTask { await execute(job, channel: channel, running: running, renewed: renewed, hooks: hooks) }
             group.addTask {
                 await signal?.wait()
@@ -489,7 +494,7 @@ public struct Worker: Service {
                 group.cancelAll()
             }
             return result
-        }
+        } }
         renewed.forget(attempt)
         generations.submissions.forget(attempt)
         generations.pokes.forget(attempt)

@@ -11,7 +11,7 @@ import Storage
 /// The text they write is the same as the records': dates as `StoredDate`, booleans as 0 and 1,
 /// `parameters` as JSON. Rows written either way read back either way (tested).
 public enum JobRows {
-    static let columns = "id, userId, isPro, imageKey, effectId, parameters, prompt, status, progress, attempts, maxAttempts, lastError, resultKey, thumbnailKey, createdAt, updatedAt, startedAt, finishedAt, version, cancelRequested, credits, submission"
+    static let columns = "id, userId, isPro, imageKey, effectId, parameters, prompt, status, progress, attempts, maxAttempts, lastError, resultKey, thumbnailKey, createdAt, updatedAt, startedAt, finishedAt, version, cancelRequested, credits, submission, traceParent"
 
     /// The job of this id.
     static func job(_ db: Database, _ id: String) throws -> JobRecord? {
@@ -30,17 +30,17 @@ public enum JobRows {
             parameters: try parameters(row[5]), prompt: row[6], status: state, progress: row[8], attempts: row[9],
             maxAttempts: row[10], lastError: row[11], resultKey: row[12], thumbnailKey: row[13],
             createdAt: row[14], updatedAt: row[15], startedAt: row[16], finishedAt: row[17], version: row[18],
-            cancelRequested: row[19], credits: row[20], submission: try submission(row[21])
+            cancelRequested: row[19], credits: row[20], submission: try submission(row[21]), traceParent: row[22]
         )
     }
 
     static func insert(_ db: Database, _ job: JobRecord) throws {
-        let statement = try db.cachedStatement(sql: "INSERT INTO job (\(columns)) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+        let statement = try db.cachedStatement(sql: "INSERT INTO job (\(columns)) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
         try statement.execute(arguments: [
             job.id, job.userId, job.isPro, job.imageKey, job.effectId, try text(job.parameters), job.prompt, job.status.rawValue,
             job.progress, job.attempts, job.maxAttempts, job.lastError, job.resultKey, job.thumbnailKey,
             StoredDate.text(job.createdAt), StoredDate.text(job.updatedAt), job.startedAt.map(StoredDate.text),
-            job.finishedAt.map(StoredDate.text), job.version, job.cancelRequested, job.credits, try text(job.submission),
+            job.finishedAt.map(StoredDate.text), job.version, job.cancelRequested, job.credits, try text(job.submission), job.traceParent,
         ])
     }
 

@@ -81,6 +81,9 @@ public struct JobsDatabase: Sendable {
                 table.add(column: "submission", .text)
             }
         }
+        migrator.registerMigration("v6: the trace a job was created in") { db in
+            try db.alter(table: "job") { table in table.add(column: "traceParent", .text) }
+        }
         return migrator
     }
 }

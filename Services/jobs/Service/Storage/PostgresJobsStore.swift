@@ -87,6 +87,9 @@ public struct PostgresJobsStore: ReportingJobsStore {
             "CREATE TABLE jobs_abandoned (job_id text PRIMARY KEY, at double precision NOT NULL)",
             "CREATE TABLE jobs_leader (name text PRIMARY KEY, holder text NOT NULL, term bigint NOT NULL, expires_at timestamptz NOT NULL)",
         ]),
+        PostgresMigration("v2: the trace a job was created in", [
+            "ALTER TABLE jobs_job ADD COLUMN trace_parent text",
+        ]),
     ]
 
     // MARK: Any replica
@@ -106,7 +109,8 @@ public struct PostgresJobsStore: ReportingJobsStore {
                 id: request.jobId, userId: request.userId, isPro: request.isPro, imageKey: request.imageKey,
                 effectId: effectId, parameters: parameters, prompt: request.prompt, status: .queued, progress: 0,
                 attempts: 0, maxAttempts: store.retry.maxAttempts, lastError: nil, resultKey: nil, thumbnailKey: nil,
-                createdAt: now, updatedAt: now, startedAt: nil, finishedAt: nil, version: 1, credits: request.credits
+                createdAt: now, updatedAt: now, startedAt: nil, finishedAt: nil, version: 1, credits: request.credits,
+                traceParent: request.traceParent
             )
             try await store.insert(db, job)
             try await store.emit(db, job: job, now: now)
@@ -373,7 +377,7 @@ public struct PostgresJobsStore: ReportingJobsStore {
 
     static let columns = """
         id, user_id, is_pro, image_key, effect_id, parameters, prompt, status, progress, attempts, max_attempts, last_error, result_key,
-        thumbnail_key, created_at, updated_at, started_at, finished_at, version, cancel_requested, credits, submission
+        thumbnail_key, created_at, updated_at, started_at, finished_at, version, cancel_requested, credits, submission, trace_parent
         """
 
     func row(_ db: PostgresConnection, _ id: String, lock: Bool) async throws -> JobRecord? {
@@ -394,7 +398,7 @@ public struct PostgresJobsStore: ReportingJobsStore {
                 \(try JobRows.text(job.parameters)), \(job.prompt), \(job.status.rawValue), \(job.progress), \(job.attempts), \(job.maxAttempts),
                 \(job.lastError), \(job.resultKey), \(job.thumbnailKey), \(job.createdAt.timeIntervalSince1970), \(job.updatedAt.timeIntervalSince1970),
                 \(job.startedAt?.timeIntervalSince1970), \(job.finishedAt?.timeIntervalSince1970), \(job.version), \(job.cancelRequested),
-                \(job.credits), \(try JobRows.text(job.submission)))
+                \(job.credits), \(try JobRows.text(job.submission)), \(job.traceParent))
             """,
             logger: logger
         )
@@ -429,7 +433,8 @@ public struct PostgresJobsStore: ReportingJobsStore {
             lastError: try row[11].decode(String?.self), resultKey: try row[12].decode(String?.self), thumbnailKey: try row[13].decode(String?.self),
             createdAt: try date(14) ?? Date(timeIntervalSince1970: 0), updatedAt: try date(15) ?? Date(timeIntervalSince1970: 0),
             startedAt: try date(16), finishedAt: try date(17), version: try row[18].decode(Int.self), cancelRequested: try row[19].decode(Bool.self),
-            credits: try row[20].decode(Int.self), submission: try JobRows.submission(try row[21].decode(String?.self))
+            credits: try row[20].decode(Int.self), submission: try JobRows.submission(try row[21].decode(String?.self)),
+            traceParent: try row[22].decode(String?.self)
         )
     }
 }

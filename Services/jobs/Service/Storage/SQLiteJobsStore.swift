@@ -47,7 +47,8 @@ public struct SQLiteJobsStore: ReportingJobsStore {
                 id: request.jobId, userId: request.userId, isPro: request.isPro, imageKey: request.imageKey,
                 effectId: effectId, parameters: parameters, prompt: request.prompt, status: .queued, progress: 0,
                 attempts: 0, maxAttempts: retry.maxAttempts, lastError: nil, resultKey: nil, thumbnailKey: nil,
-                createdAt: now, updatedAt: now, startedAt: nil, finishedAt: nil, version: 1, credits: request.credits
+                createdAt: now, updatedAt: now, startedAt: nil, finishedAt: nil, version: 1, credits: request.credits,
+                traceParent: request.traceParent
             )
             try JobRows.insert(db, job)
             try emit(db, job: job, now: now)

@@ -131,7 +131,7 @@ struct FalAdapter: Sendable {
     /// Asks fal to cancel the request (the user cancelled the job); best effort.
     func cancel(_ request: ProviderRequest) async {
         guard let url = request.cancelURL else { return }
-        _ = try? await HTTPClient.shared.execute(authorized(url, method: .PUT), timeout: .seconds(10))
+        _ = try? await WorkerHTTP.execute(authorized(url, method: .PUT), timeout: .seconds(10))
     }
 
     func refusalOrFailure(_ answer: ProviderCall.Answer, call: ProviderCall) -> EffectError {

@@ -46,7 +46,7 @@ struct ProviderCall: Sendable {
             let started = ContinuousClock.now
             let answer: Answer
             do {
-                let response = try await HTTPClient.shared.execute(try make(), timeout: .nanoseconds(Int64(remaining / .nanoseconds(1))))
+                let response = try await WorkerHTTP.execute(try make(), timeout: .nanoseconds(Int64(remaining / .nanoseconds(1))))
                 let body = try await response.body.collect(upTo: maxBytes)
                 answer = Answer(status: Int(response.status.code), headers: response.headers, body: Data(body.readableBytesView))
                 Metrics.Timer(label: "worker_provider_request_seconds", dimensions: dimensions).record(started.duration(to: .now))

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Traces end to end: a stack of the debug build (quota, history, jobs, a worker, the gateway)
+# exporting over OTLP/HTTP (OTEL_EXPORTER_OTLP_ENDPOINT) to scripts/otlp-receiver.py, which
+# decodes the real protobuf with PyPI's opentelemetry-proto (installed if missing, pinned). An
+# edit is created with the app's W3C `traceparent` and run to completion; then
+# scripts/trace-check.py checks the spans: one trace, the app's continued, every parent link
+# right, each bus call's span the parent of its handler's in the service that handled it, and
+# the gateway, quota, jobs and the worker in it. A request without `traceparent` starts a trace
+# of its own. Without the variables nothing is exported (the rest of `make test` runs so).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
+OTLP_PROTO_VERSION=1.45.2
+if ! python3 -c "import opentelemetry.proto.collector.trace.v1.trace_service_pb2" 2>/dev/null; then
+  echo "installing opentelemetry-proto $OTLP_PROTO_VERSION"
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null
+  fi
+  python3 -m pip install -q "opentelemetry-proto==$OTLP_PROTO_VERSION" 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages "opentelemetry-proto==$OTLP_PROTO_VERSION"
+fi
+BIN=$(swift build --show-bin-path)
+receiver_port=$(port)
+python3 scripts/otlp-receiver.py "$receiver_port" "$work/spans.jsonl" > "$work/receiver.log" 2>&1 & pids+=($!)
+# Listening before the processes start: a batch exported to nobody is dropped, not retried.
+for _ in $(seq 1 100); do curl -s -o /dev/null "http://127.0.0.1:$receiver_port/" && break; sleep 0.1; done
+
+export DATA_DIR=$work LOG_LEVEL=warning
+export OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$receiver_port" OTEL_BSP_SCHEDULE_DELAY=100
+export QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" HISTORY_ENDPOINT="tcp://127.0.0.1:$(port)" JOBS_ENDPOINT="tcp://127.0.0.1:$(port)"
+export QUOTA_BIND=$QUOTA_ENDPOINT HISTORY_BIND=$HISTORY_ENDPOINT JOBS_BIND=$JOBS_ENDPOINT
+export JOBS_WORKER_BIND="tcp://127.0.0.1:$(port)"
+export JOBS_WORKER_ENDPOINT=$JOBS_WORKER_BIND
+export GATEWAY_PORT=$(port) URL_SIGNING_SECRET=trace-check-signing
+export PUBLIC_BASE_URL="http://127.0.0.1:$GATEWAY_PORT"
+for name in quota history jobs worker gateway; do "$BIN/$name" > "$work/$name.log" 2>&1 & pids+=($!); done
+gateway="http://127.0.0.1:$GATEWAY_PORT"
+for _ in $(seq 1 150); do curl -fsS "$gateway/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
+
+if ! python3 scripts/trace-check.py "$gateway" "$work/spans.jsonl" Tests/Fixtures/images/photo.jpg; then
+  for name in gateway jobs worker; do echo "$name's log:"; tail -10 "$work/$name.log"; done
+  exit 1
+fi
