@@ -2,7 +2,7 @@
 """The checks of scripts/trace-check.sh, against a stack that exports its spans to
 scripts/otlp-receiver.py (which writes them to SPANS, one JSON object a line).
 
-usage: trace-check.py GATEWAY_URL SPANS PHOTO
+usage: trace-check.py GATEWAY_URL SPANS PHOTO GATEWAY_LOG
 """
 import json
 import os
@@ -13,7 +13,7 @@ import urllib.parse
 import urllib.request
 import uuid
 
-gateway, spans_file, photo = sys.argv[1], sys.argv[2], sys.argv[3]
+gateway, spans_file, photo, gateway_log = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 SERVER, CLIENT = 2, 3
 device = str(uuid.uuid4())
 
@@ -106,6 +106,13 @@ import re
 signed = [span for span in spans() if re.search(r"sig=(?!REDACTED)|X-Amz-Signature=(?!REDACTED)|X-Amz-Credential=(?!REDACTED)", json.dumps(span.get("attributes", {})))]
 assert not signed, f"signatures in span attributes: {signed}"
 print("  ok: no span carries a URL's signature")
+
+# The gateway's log lines of the request (JSON, debug) carry its trace id and a span of it.
+with open(gateway_log) as f:
+    lines = [json.loads(line) for line in f if line.startswith("{")]
+traced = [line for line in lines if line.get("trace_id") == trace_id]
+assert traced and all(line.get("span_id") in by_id for line in traced), f"log lines of the trace: {traced}"
+print(f"  ok: {len(traced)} of the gateway's log lines carry the trace id and one of its spans")
 
 # A request without a traceparent starts a trace of its own.
 before = {span["trace_id"] for span in spans()}

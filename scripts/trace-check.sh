@@ -5,8 +5,8 @@
 # edit is created with the app's W3C `traceparent` and run to completion; then
 # scripts/trace-check.py checks the spans: one trace, the app's continued, every parent link
 # right, each bus call's span the parent of its handler's in the service that handled it, and
-# the gateway, quota, jobs and the worker in it. A request without `traceparent` starts a trace
-# of its own. Without the variables nothing is exported (the rest of `make test` runs so).
+# the gateway, quota, jobs and the worker in it, and the gateway's JSON log lines of the request
+# carrying the trace id. A request without `traceparent` starts a trace of its own. Without the variables nothing is exported (the rest of `make test` runs so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
@@ -34,11 +34,13 @@ export JOBS_WORKER_BIND="tcp://127.0.0.1:$(port)"
 export JOBS_WORKER_ENDPOINT=$JOBS_WORKER_BIND
 export GATEWAY_PORT=$(port) URL_SIGNING_SECRET=trace-check-signing
 export PUBLIC_BASE_URL="http://127.0.0.1:$GATEWAY_PORT"
-for name in quota history jobs worker gateway; do "$BIN/$name" > "$work/$name.log" 2>&1 & pids+=($!); done
+for name in quota history jobs worker; do "$BIN/$name" > "$work/$name.log" 2>&1 & pids+=($!); done
+# The gateway's lines in JSON at debug: those written inside a span carry its trace id.
+LOG_FORMAT=json LOG_LEVEL=debug "$BIN/gateway" > "$work/gateway.log" 2>&1 & pids+=($!)
 gateway="http://127.0.0.1:$GATEWAY_PORT"
 for _ in $(seq 1 150); do curl -fsS "$gateway/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
 
-if ! python3 scripts/trace-check.py "$gateway" "$work/spans.jsonl" Tests/Fixtures/images/photo.jpg; then
+if ! python3 scripts/trace-check.py "$gateway" "$work/spans.jsonl" Tests/Fixtures/images/photo.jpg "$work/gateway.log"; then
   for name in gateway jobs worker; do echo "$name's log:"; tail -10 "$work/$name.log"; done
   exit 1
 fi

@@ -3,6 +3,7 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
+import Bus
 import Logging
 import Synchronization
 
@@ -18,14 +19,28 @@ public enum ProcessLogging {
     /// Vector or a cloud log service: `time` (UTC, milliseconds), `level`, `process`, `logger`,
     /// `message`, `request_id` and `trace_id` when the event has them, `source`, and the rest of
     /// the metadata under `metadata`.
+    ///
+    /// When the process traces, each line written inside a span carries `trace-id` and `span-id`
+    /// (`trace_id` and `span_id` in JSON), so a log service links it to the trace.
     public static func bootstrap(level: Logger.Level, process: String? = nil, format: LogFormat = .text) {
-        LoggingSystem.bootstrap { label in
+        LoggingSystem.bootstrap({ label, provider in
             var handler = ProcessLogHandler(label: process.map { $0 == label ? label : "\($0)/\(label)" } ?? label, level: level)
             handler.format = format
             handler.process = process ?? label
             handler.logger = label
+            handler.metadataProvider = provider
             return handler
-        }
+        }, metadataProvider: traceContext)
+    }
+
+    /// The current span's ids, read only for lines that are written, and only when the process
+    /// traces.
+    static let traceContext = Logger.MetadataProvider {
+        let traceParent = BusTracing.currentTraceParent()
+        // `00-<32 hex trace id>-<16 hex span id>-<flags>`
+        let parts = traceParent.split(separator: "-")
+        guard parts.count == 4, parts[1].count == 32, parts[2].count == 16 else { return [:] }
+        return ["trace-id": "\(parts[1])", "span-id": "\(parts[2])"]
     }
 }
 
