@@ -21,20 +21,12 @@ if [ "$(schemathesis --version 2>/dev/null | awk '{print $NF}')" != "$SCHEMATHES
   python3 -m pip install -q "schemathesis==$SCHEMATHESIS_VERSION" 2>/dev/null \
     || python3 -m pip install -q --break-system-packages "schemathesis==$SCHEMATHESIS_VERSION"
 fi
-BIN=$(swift build --show-bin-path)
 MAX_EXAMPLES=${CONFORMANCE_EXAMPLES:-25}
 
-export DATA_DIR=$work LOG_LEVEL=warning
-export QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" HISTORY_ENDPOINT="tcp://127.0.0.1:$(port)" JOBS_ENDPOINT="tcp://127.0.0.1:$(port)"
-export QUOTA_BIND=$QUOTA_ENDPOINT HISTORY_BIND=$HISTORY_ENDPOINT JOBS_BIND=$JOBS_ENDPOINT
-export JOBS_WORKER_BIND="tcp://127.0.0.1:$(port)"
-export JOBS_WORKER_ENDPOINT=$JOBS_WORKER_BIND
-export GATEWAY_PORT=$(port) JWT_SECRET="conformance-jwt-secret-0123456789abcdef" ADMIN_TOKEN=conformance-admin
+export JWT_SECRET="conformance-jwt-secret-0123456789abcdef" ADMIN_TOKEN=conformance-admin
 export ADAPTY_WEBHOOK_SECRET=conformance-adapty URL_SIGNING_SECRET=conformance-signing OPENAPI_FILE=$PWD/openapi.yaml
-export PUBLIC_BASE_URL="http://127.0.0.1:$GATEWAY_PORT"
-for name in quota history jobs worker gateway; do "$BIN/$name" > "$work/$name.log" 2>&1 & pids+=($!); done
-url="http://127.0.0.1:$GATEWAY_PORT"
-for _ in $(seq 1 150); do curl -fsS "$url/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
+start_debug_stack
+url=$gateway
 
 checks=all
 run() {

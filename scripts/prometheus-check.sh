@@ -21,17 +21,7 @@ echo "== promtool: the rules and their unit tests"
 promtool check rules deploy/prometheus/alerts.yml
 (cd deploy/prometheus && promtool test rules alerts.test.yml)
 
-BIN=$(swift build --show-bin-path)
-export DATA_DIR=$work LOG_LEVEL=warning
-export QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" HISTORY_ENDPOINT="tcp://127.0.0.1:$(port)" JOBS_ENDPOINT="tcp://127.0.0.1:$(port)"
-export QUOTA_BIND=$QUOTA_ENDPOINT HISTORY_BIND=$HISTORY_ENDPOINT JOBS_BIND=$JOBS_ENDPOINT
-export JOBS_WORKER_BIND="tcp://127.0.0.1:$(port)"
-export JOBS_WORKER_ENDPOINT=$JOBS_WORKER_BIND
-export GATEWAY_PORT=$(port) URL_SIGNING_SECRET=prometheus-check-signing
-export PUBLIC_BASE_URL="http://127.0.0.1:$GATEWAY_PORT"
-for name in quota history jobs worker gateway; do "$BIN/$name" > "$work/$name.log" 2>&1 & pids+=($!); done
-gateway="http://127.0.0.1:$GATEWAY_PORT"
-for _ in $(seq 1 150); do curl -fsS "$gateway/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
+start_debug_stack
 
 echo "== promtool check metrics on a live scrape"
 curl -fsS "$gateway/metrics" > "$work/scrape.txt"

@@ -20,25 +20,15 @@ if ! python3 -c "import opentelemetry.proto.collector.trace.v1.trace_service_pb2
   python3 -m pip install -q "opentelemetry-proto==$OTLP_PROTO_VERSION" 2>/dev/null \
     || python3 -m pip install -q --break-system-packages "opentelemetry-proto==$OTLP_PROTO_VERSION"
 fi
-BIN=$(swift build --show-bin-path)
 receiver_port=$(port)
 python3 scripts/otlp-receiver.py "$receiver_port" "$work/spans.jsonl" > "$work/receiver.log" 2>&1 & pids+=($!)
 # Listening before the processes start: a batch exported to nobody is dropped, not retried.
 for _ in $(seq 1 100); do curl -s -o /dev/null "http://127.0.0.1:$receiver_port/" && break; sleep 0.1; done
 
-export DATA_DIR=$work LOG_LEVEL=warning
 export OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$receiver_port" OTEL_BSP_SCHEDULE_DELAY=100
-export QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" HISTORY_ENDPOINT="tcp://127.0.0.1:$(port)" JOBS_ENDPOINT="tcp://127.0.0.1:$(port)"
-export QUOTA_BIND=$QUOTA_ENDPOINT HISTORY_BIND=$HISTORY_ENDPOINT JOBS_BIND=$JOBS_ENDPOINT
-export JOBS_WORKER_BIND="tcp://127.0.0.1:$(port)"
-export JOBS_WORKER_ENDPOINT=$JOBS_WORKER_BIND
-export GATEWAY_PORT=$(port) URL_SIGNING_SECRET=trace-check-signing
-export PUBLIC_BASE_URL="http://127.0.0.1:$GATEWAY_PORT"
-for name in quota history jobs worker; do "$BIN/$name" > "$work/$name.log" 2>&1 & pids+=($!); done
 # The gateway's lines in JSON at debug: those written inside a span carry its trace id.
-LOG_FORMAT=json LOG_LEVEL=debug "$BIN/gateway" > "$work/gateway.log" 2>&1 & pids+=($!)
-gateway="http://127.0.0.1:$GATEWAY_PORT"
-for _ in $(seq 1 150); do curl -fsS "$gateway/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
+GATEWAY_ENV=(LOG_FORMAT=json LOG_LEVEL=debug)
+start_debug_stack
 
 if ! python3 scripts/trace-check.py "$gateway" "$work/spans.jsonl" Tests/Fixtures/images/photo.jpg "$work/gateway.log"; then
   for name in gateway jobs worker; do echo "$name's log:"; tail -10 "$work/$name.log"; done

@@ -9,10 +9,11 @@ import Tracing
 /// each request is a client span of its own instead, with the method, the server and the path
 /// only, and carries the span's `traceparent`, so the gateway's file routes join the trace.
 enum WorkerHTTP {
+    /// `HTTPClient.shared`'s settings (redirects, decompression, timeouts, pool), without tracing.
     static let client: HTTPClient = {
-        var configuration = HTTPClient.Configuration()
+        var configuration = HTTPClient.Configuration.singletonConfiguration
         configuration.tracing.tracer = nil
-        return HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
+        return HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: configuration)
     }()
 
     static func execute(_ request: HTTPClientRequest, timeout: TimeAmount) async throws -> HTTPClientResponse {
