@@ -62,6 +62,7 @@ class Receiver(http.server.BaseHTTPRequestHandler):
                         "parent_span_id": span.parent_span_id.hex(),
                         "status": span.status.code,
                         "attributes": attributes(span.attributes),
+                        "links": [{"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex()} for link in span.links],
                     })
         self.record(spans)
         answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()

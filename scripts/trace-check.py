@@ -101,6 +101,16 @@ assert {span["name"] for span in calls} >= {"GET", "PUT"}, f"the worker's input 
 stored = [span for span in found if span["service"] == "gateway" and span["parent_span_id"] in {c["span_id"] for c in calls}]
 assert len(stored) == len(calls), f"each of the worker's transfers is served by a gateway span under it: {stored}"
 print(f"  ok: the worker's {len(calls)} transfers are the run's children, and the gateway's file routes theirs")
+# Each write the request made joined a group commit whose span links to the request's handler.
+def commits_linking(handler):
+    return [span for span in spans() if span["name"] == "sqlite.group-commit" and {"trace_id": trace_id, "span_id": handler["span_id"]} in span["links"]]
+
+
+for service, method in [("quota", "quota.reserve"), ("jobs", "jobs.create")]:
+    handler = next(span for span in found if span["service"] == service and span["name"] == method and span["kind"] == SERVER)
+    commits = wait(f"{service}'s group commit of {method} links to its handler's span", lambda handler=handler: commits_linking(handler), seconds=10)
+    assert all(commit["service"] == service for commit in commits)
+
 # No signature of a presigned URL in any span (the gateway's own show them redacted).
 import re
 signed = [span for span in spans() if re.search(r"sig=(?!REDACTED)|X-Amz-Signature=(?!REDACTED)|X-Amz-Credential=(?!REDACTED)", json.dumps(span.get("attributes", {})))]

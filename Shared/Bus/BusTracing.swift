@@ -91,6 +91,33 @@ extension BusTracing {
     }
 }
 
+extension BusTracing {
+    /// Runs `body` in a span child of `traceParent`, when the process traces and there is a
+    /// trace to join (work done for no traced request makes no span).
+    public static func childSpan<T>(
+        _ name: String, of traceParent: String, ofKind kind: SpanKind, attributes: [String: String] = [:], _ body: () async throws -> T
+    ) async rethrows -> T {
+        guard enabled, !traceParent.isEmpty else { return try await body() }
+        return try await withSpan(name, context: context(continuing: traceParent), ofKind: kind) { span in
+            for (key, value) in attributes { span.attributes[key] = value }
+            return try await body()
+        }
+    }
+
+    /// A span for work that serves several traced requests at once (a group commit), linked to
+    /// each of `traceParents` (the empty ones skipped); nil when the process does not trace or
+    /// none of them is traced. The caller ends it.
+    public static func linkedSpan(_ name: String, linking traceParents: [String], attributes: [String: String] = [:]) -> (any Span)? {
+        guard enabled else { return nil }
+        let traced = traceParents.filter { !$0.isEmpty }
+        guard !traced.isEmpty else { return nil }
+        let span = InstrumentationSystem.tracer.startSpan(name, context: .topLevel, ofKind: .internal)
+        for (key, value) in attributes { span.attributes[key] = value }
+        for traceParent in traced { span.addLink(SpanLink(context: context(continuing: traceParent), attributes: [:])) }
+        return span
+    }
+}
+
 /// Writes a service context's fields into a dictionary (the propagator's `traceparent`).
 public struct DictionaryInjector: Injector {
     public init() {}

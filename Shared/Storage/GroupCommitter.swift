@@ -4,6 +4,7 @@ import Foundation
 import GRDB
 import Messages
 import Synchronization
+import Tracing
 
 /// Runs concurrent writes together: everything submitted while a transaction is being written
 /// and synced goes into the next one, so one fsync answers many requests (group commit).
@@ -34,6 +35,8 @@ public final class GroupCommitter: Sendable {
 
     private struct Pending {
         var work: @Sendable (Database) throws -> any Sendable
+        /// The caller's trace (`traceparent`), or empty: the batch's span links to each.
+        var traceParent: String
         var continuation: CheckedContinuation<Result<any Sendable, any Error>, Never>
     }
 
@@ -61,10 +64,11 @@ public final class GroupCommitter: Sendable {
 
     /// Runs `work` in the next batch's transaction and returns once that transaction is durable.
     public func perform<T: Sendable>(_ work: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        let traceParent = BusTracing.currentTraceParent()
         let result = await withCheckedContinuation { continuation in
             let (accepted, startThread, wake) = state.withLock { state -> (Bool, Bool, Bool) in
                 guard state.pending.count < maxQueued else { return (false, false, false) }
-                state.pending.append(Pending(work: { try work($0) }, continuation: continuation))
+                state.pending.append(Pending(work: { try work($0) }, traceParent: traceParent, continuation: continuation))
                 state.statistics.accepted += 1
                 let start = !state.threadRunning
                 state.threadRunning = true
@@ -100,7 +104,13 @@ public final class GroupCommitter: Sendable {
                 }
                 continue
             }
+            // One span a traced batch, linked to the requests it carries (a transaction serves them
+            // all, so it is no one's child).
+            let span = BusTracing.linkedSpan("sqlite.group-commit", linking: batch.map(\.traceParent), attributes: [
+                "db.system": "sqlite", "photoedit.batch.size": "\(batch.count)",
+            ])
             let (results, retried) = write(batch.map(\.work))
+            span?.end()
             state.withLock { state in
                 state.statistics.transactions += retried ? 2 : 1
                 state.statistics.works += batch.count

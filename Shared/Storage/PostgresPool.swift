@@ -4,6 +4,7 @@ import Logging
 import PostgresNIO
 import ServiceLifecycle
 import Synchronization
+import Tracing
 
 /// Where a PostgreSQL database is, from a `postgres://user:password@host:port/database` URL (the
 /// form `QUOTA_DATABASE_URL` and the others take). Its description leaves the password out.
@@ -412,7 +413,10 @@ public final class PostgresPool: Service, Sendable {
         let logger = logger
         // A bus request's transaction is stopped by PostgreSQL itself once its deadline passes.
         let timeout = BusDeadline.remaining(less: Self.answerMargin).map { max(1, $0.wholeMilliseconds) }
+        // The operation runs in a task of the pool's: the request's trace is handed over.
+        let traceParent = BusTracing.currentTraceParent()
         return try await leased(limit: nil) { connection in
+          try await BusTracing.childSpan("postgres.transaction", of: traceParent, ofKind: .client, attributes: ["db.system": "postgresql"]) {
             switch isolation {
             case .readCommitted: try await connection.query("BEGIN", logger: logger)
             case .snapshotRead: try await connection.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", logger: logger)
@@ -434,6 +438,7 @@ public final class PostgresPool: Service, Sendable {
             }
             try await connection.query("COMMIT", logger: logger)
             return result
+          }
         }
     }
 }
