@@ -416,29 +416,29 @@ public final class PostgresPool: Service, Sendable {
         // The operation runs in a task of the pool's: the request's trace is handed over.
         let traceParent = BusTracing.currentTraceParent()
         return try await leased(limit: nil) { connection in
-          try await BusTracing.childSpan("postgres.transaction", of: traceParent, ofKind: .client, attributes: ["db.system": "postgresql"]) {
-            switch isolation {
-            case .readCommitted: try await connection.query("BEGIN", logger: logger)
-            case .snapshotRead: try await connection.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", logger: logger)
-            }
-            if let timeout {
+            try await BusTracing.childSpan("postgres.transaction", of: traceParent, ofKind: .client, attributes: ["db.system": "postgresql"]) {
+                switch isolation {
+                case .readCommitted: try await connection.query("BEGIN", logger: logger)
+                case .snapshotRead: try await connection.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", logger: logger)
+                }
+                if let timeout {
+                    do {
+                        try await connection.query(PostgresQuery(unsafeSQL: "SET LOCAL statement_timeout = \(timeout)"), logger: logger)
+                    } catch {
+                        _ = try? await connection.query("ROLLBACK", logger: logger)
+                        throw error
+                    }
+                }
+                let result: T
                 do {
-                    try await connection.query(PostgresQuery(unsafeSQL: "SET LOCAL statement_timeout = \(timeout)"), logger: logger)
+                    result = try await body(connection)
                 } catch {
                     _ = try? await connection.query("ROLLBACK", logger: logger)
                     throw error
                 }
+                try await connection.query("COMMIT", logger: logger)
+                return result
             }
-            let result: T
-            do {
-                result = try await body(connection)
-            } catch {
-                _ = try? await connection.query("ROLLBACK", logger: logger)
-                throw error
-            }
-            try await connection.query("COMMIT", logger: logger)
-            return result
-          }
         }
     }
 }

@@ -480,21 +480,9 @@ public struct Worker: Service {
         // made inside it are its children.
         let result = await BusTracing.span("worker.run", continuing: job.traceParent, ofKind: .consumer, attributes: [
             "photoedit.job.id": attempt.jobId, "photoedit.job.attempt": "\(attempt.attempt)", "photoedit.effect": job.effect.id,
-        ]) { await withTaskGroup(of: WorkerMessage?.self) { group in
-            group.addTask { await execute(job, channel: channel, running: running, renewed: renewed, hooks: hooks) }
-            group.addTask {
-                await signal?.wait()
-                return nil
-            }
-            // Whichever ends first, the other is cancelled: the job's work by its signal, the
-            // signal's wait by the job's end.
-            var result = WorkerMessage.cancelled(attempt)
-            for await outcome in group {
-                if let outcome { result = outcome }
-                group.cancelAll()
-            }
-            return result
-        } }
+        ]) {
+            await executeUnlessCancelled(job, signal: signal, channel: channel, running: running, renewed: renewed, hooks: hooks)
+        }
         renewed.forget(attempt)
         generations.submissions.forget(attempt)
         generations.pokes.forget(attempt)
@@ -506,6 +494,26 @@ public struct Worker: Service {
         let detached = running.isDetached(attempt)
         finish(attempt, with: result, channel: channel, running: running, unrecorded: unrecorded)
         if !detached, let next = running.next() { running.launch(next, on: channel) }
+    }
+
+    /// Runs the attempt until it ends or its cancel signal comes, whichever is first; the other
+    /// is cancelled (the job's work by its signal, the signal's wait by the job's end).
+    private func executeUnlessCancelled(
+        _ job: JobAssignment, signal: CancelSignal?, channel: BusChannel, running: Running, renewed: Renewed, hooks: EffectRunner.GenerationHooks
+    ) async -> WorkerMessage {
+        await withTaskGroup(of: WorkerMessage?.self) { group in
+            group.addTask { await execute(job, channel: channel, running: running, renewed: renewed, hooks: hooks) }
+            group.addTask {
+                await signal?.wait()
+                return nil
+            }
+            var result = WorkerMessage.cancelled(job.attempt)
+            for await outcome in group {
+                if let outcome { result = outcome }
+                group.cancelAll()
+            }
+            return result
+        }
     }
 
     /// Sends an attempt's result, kept until the service says it is recorded.
