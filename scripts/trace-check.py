@@ -111,6 +111,12 @@ for service, method in [("quota", "quota.reserve"), ("jobs", "jobs.create")]:
     commits = wait(f"{service}'s group commit of {method} links to its handler's span", lambda handler=handler: commits_linking(handler), seconds=10)
     assert all(commit["service"] == service for commit in commits)
 
+# History's deliveries of the job's events are linked to the trace the job was created in.
+created = next(span for span in found if span["service"] == "jobs" and span["name"] == "jobs.create" and span["kind"] == SERVER)
+wait("jobs' deliveries of the job's events to history link to the job's trace", lambda: [
+    span for span in spans() if span["name"] == "jobs.outbox.history" and {"trace_id": trace_id, "span_id": created["span_id"]} in span["links"]
+], seconds=10)
+
 # No signature of a presigned URL in any span (the gateway's own show them redacted).
 import re
 signed = [span for span in spans() if re.search(r"sig=(?!REDACTED)|X-Amz-Signature=(?!REDACTED)|X-Amz-Credential=(?!REDACTED)", json.dumps(span.get("attributes", {})))]

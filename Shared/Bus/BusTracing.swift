@@ -116,6 +116,14 @@ extension BusTracing {
         for traceParent in traced { span.addLink(SpanLink(context: context(continuing: traceParent), attributes: [:])) }
         return span
     }
+
+    /// Runs `body` in a `linkedSpan` (when there is one): work for several traced jobs at once,
+    /// such as an outbox delivery, whose bus calls are then its children.
+    public static func withLinkedSpan<T>(_ name: String, linking traceParents: [String], _ body: () async throws -> T) async rethrows -> T {
+        guard let span = linkedSpan(name, linking: traceParents) else { return try await body() }
+        defer { span.end() }
+        return try await ServiceContext.withValue(span.context) { try await body() }
+    }
 }
 
 /// Writes a service context's fields into a dictionary (the propagator's `traceparent`).

@@ -52,7 +52,10 @@ public enum JobsRelays {
                 }
                 guard !events.isEmpty else { return outcomes }
                 do {
-                    _ = try await history.call(History.apply, JobEvents(events: events), timeout: .seconds(5))
+                    // The delivery is linked to the trace of each job it carries.
+                    try await BusTracing.withLinkedSpan("jobs.outbox.history", linking: events.map { $0.job.traceParent ?? "" }) {
+                        _ = try await history.call(History.apply, JobEvents(events: events), timeout: .seconds(5))
+                    }
                     return outcomes
                 } catch {
                     return outcomes.map { _ in .retry }
