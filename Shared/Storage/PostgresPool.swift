@@ -111,12 +111,22 @@ public final class PostgresPool: Service, Sendable {
     public let client: PostgresClient
     public let location: PostgresLocation
     public let logger: Logger
+    /// This pool's bound on operations done for no request (`defaultBackgroundLimit` unless
+    /// told otherwise).
+    public let backgroundLimit: Duration
 
     /// How long an operation waits for a connection before the server is probed.
     public static let acquireLimit = Duration.seconds(1)
 
     /// How long before its request's deadline an operation gives up, for the answer to travel.
     public static let answerMargin = Duration.milliseconds(300)
+
+    /// How long an operation done for no request (an outbox delivery, the dispatcher's reconcile
+    /// and catch-up, a lease renewal) may take, waiting included, before its caller is told it
+    /// timed out; its loop tries again. Without it, a wait for a connection that the pool never
+    /// answers after a server restart (seen under the PostgreSQL-restart chaos check) held the
+    /// leading jobs replica's dispatch forever: ending a term waits for every such operation.
+    public static let defaultBackgroundLimit = Duration.seconds(30)
 
     /// How often a waiting operation looks at the probe's finding.
     static let checkEvery = Duration.milliseconds(100)
@@ -134,7 +144,8 @@ public final class PostgresPool: Service, Sendable {
     private let doorbell: AsyncStream<Void>
     private let ring: AsyncStream<Void>.Continuation
 
-    public init(location: PostgresLocation, maximumConnections: Int = 20, logger: Logger) {
+    public init(location: PostgresLocation, maximumConnections: Int = 20, backgroundLimit: Duration = defaultBackgroundLimit, logger: Logger) {
+        self.backgroundLimit = backgroundLimit
         var configuration = PostgresClient.Configuration(
             host: location.host, port: location.port, username: location.username, password: location.password,
             database: location.database, tls: .disable
@@ -246,7 +257,8 @@ public final class PostgresPool: Service, Sendable {
 
     /// Runs `body` on one connection of the pool, outside a transaction: for a single statement.
     /// It fails fast while the server is down, and gives up after `limit` (nil: in time for the
-    /// current bus request's deadline, if there is one); see the type's notes.
+    /// current bus request's deadline, or after `backgroundLimit` outside a request); see the
+    /// type's notes.
     public func connection<T: Sendable>(
         limit: Duration? = nil, _ body: @escaping @Sendable (PostgresConnection) async throws -> T
     ) async throws -> T {
@@ -264,7 +276,8 @@ public final class PostgresPool: Service, Sendable {
     /// up after `limit` or the current request's deadline (see the type's notes).
     func leased<T: Sendable>(limit: Duration?, _ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         guard !outage.isDown else { throw PostgresUnavailable(location: location) }
-        let end = (limit ?? BusDeadline.remaining(less: Self.answerMargin)).map { ContinuousClock.now.advanced(by: max($0, .zero)) }
+        let allowed = limit ?? BusDeadline.remaining(less: Self.answerMargin) ?? backgroundLimit
+        let end: ContinuousClock.Instant? = ContinuousClock.now.advanced(by: max(allowed, .zero))
         let outcome = await withCheckedContinuation { (caller: CheckedContinuation<Result<T, any Error>, Never>) in
             let answer = Answer(caller)
             let operation = Operation(

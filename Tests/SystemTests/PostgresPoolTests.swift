@@ -7,6 +7,7 @@ import Logging
 import Messages
 import PostgresNIO
 import Storage
+import Synchronization
 import Testing
 import TestSupport
 
@@ -78,6 +79,43 @@ struct PostgresPoolTests {
             // call (well before the 30 s the statement would have taken)
             let answer = try await pool.connection(limit: .seconds(15)) { db in try await db.first("SELECT 42", as: Int.self, logger: logger) }
             #expect(answer == 42)
+        }
+    }
+
+    @Test func anOperationForNoRequestGivesUpAfterTheBackgroundLimit() async throws {
+        // Given a pool of one connection, held by an operation until the test lets it go, and a
+        // bound of 1.5 s on operations done for no request
+        let location = try await TestPostgres.freshDatabase()
+        let logger = logger
+        try await PostgresPool(location: location, maximumConnections: 1, backgroundLimit: .milliseconds(1500), logger: logger).running { pool in
+            let (holding, holdingStarted) = AsyncStream<Void>.makeStream()
+            let (release, releaseNow) = AsyncStream<Void>.makeStream()
+            async let holder: Void = {
+                _ = try? await pool.connection(limit: .seconds(60)) { _ in
+                    holdingStarted.yield()
+                    for await _ in release { break }
+                }
+            }()
+            for await _ in holding { break }
+            // When an operation outside any request (no limit, no deadline) waits for it, with the
+            // server up (so no probe ends the wait)
+            let outcome = Mutex<Result<Int, any Error>?>(nil)
+            let waiter = Task {
+                let result: Result<Int, any Error>
+                do { result = .success(try await pool.connection { db in try await db.first("SELECT 1", as: Int.self, logger: logger) ?? 0 }) } catch { result = .failure(error) }
+                outcome.withLock { $0 = result }
+            }
+            // Then it is told unavailable once the bound has passed, not left waiting for as long as
+            // the connection is held
+            try await waitUntil(within: .seconds(10)) { outcome.withLock { $0 != nil } }
+            if case .failure(let error) = outcome.withLock({ $0 }) {
+                #expect(error is PostgresUnavailable, "\(error)")
+            } else {
+                Issue.record("expected PostgresUnavailable, got \(String(describing: outcome.withLock { $0 }))")
+            }
+            releaseNow.yield()
+            await holder
+            await waiter.value
         }
     }
 
