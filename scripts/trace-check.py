@@ -6,6 +6,7 @@ usage: trace-check.py GATEWAY_URL SPANS PHOTO GATEWAY_LOG
 """
 import json
 import os
+import re
 import secrets
 import sys
 import time
@@ -118,7 +119,6 @@ wait("jobs' deliveries of the job's events to history link to the job's trace", 
 ], seconds=10)
 
 # No signature of a presigned URL in any span (the gateway's own show them redacted).
-import re
 signed = [span for span in spans() if re.search(r"sig=(?!REDACTED)|X-Amz-Signature=(?!REDACTED)|X-Amz-Credential=(?!REDACTED)", json.dumps(span.get("attributes", {})))]
 assert not signed, f"signatures in span attributes: {signed}"
 print("  ok: no span carries a URL's signature")
