@@ -75,3 +75,14 @@ start_debug_stack() {
   for _ in $(seq 1 150); do curl -fsS "$gateway/readyz" >/dev/null 2>&1 && return 0; sleep 0.2; done
   echo "the stack did not get ready; the gateway's log:"; tail -20 "$work/gateway.log"; return 1
 }
+
+# Installs a pinned package from PyPI (pip itself from Debian if missing). Debian's own Python
+# refuses installs outside a virtual environment unless told otherwise, hence the second try.
+pip_install() {
+  echo "installing $1"
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    local sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null
+  fi
+  python3 -m pip install -q "$1" 2>/dev/null || python3 -m pip install -q --break-system-packages "$1"
+}

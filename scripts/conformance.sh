@@ -12,14 +12,7 @@ SCHEMATHESIS_VERSION=4.32.5
 # Run through the interpreter, so a pip without its scripts folder on PATH still works.
 schemathesis() { python3 -m schemathesis.cli "$@"; }
 if [ "$(schemathesis --version 2>/dev/null | awk '{print $NF}')" != "$SCHEMATHESIS_VERSION" ]; then
-  echo "installing schemathesis $SCHEMATHESIS_VERSION"
-  if ! python3 -m pip --version >/dev/null 2>&1; then
-    sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
-    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null
-  fi
-  # Debian's own Python refuses installs outside a virtual environment unless told otherwise.
-  python3 -m pip install -q "schemathesis==$SCHEMATHESIS_VERSION" 2>/dev/null \
-    || python3 -m pip install -q --break-system-packages "schemathesis==$SCHEMATHESIS_VERSION"
+  pip_install "schemathesis==$SCHEMATHESIS_VERSION"
 fi
 MAX_EXAMPLES=${CONFORMANCE_EXAMPLES:-25}
 

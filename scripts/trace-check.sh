@@ -12,13 +12,7 @@ cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
 OTLP_PROTO_VERSION=1.45.2
 if ! python3 -c "import opentelemetry.proto.collector.trace.v1.trace_service_pb2" 2>/dev/null; then
-  echo "installing opentelemetry-proto $OTLP_PROTO_VERSION"
-  if ! python3 -m pip --version >/dev/null 2>&1; then
-    sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
-    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null
-  fi
-  python3 -m pip install -q "opentelemetry-proto==$OTLP_PROTO_VERSION" 2>/dev/null \
-    || python3 -m pip install -q --break-system-packages "opentelemetry-proto==$OTLP_PROTO_VERSION"
+  pip_install "opentelemetry-proto==$OTLP_PROTO_VERSION"
 fi
 receiver_port=$(port)
 python3 scripts/otlp-receiver.py "$receiver_port" "$work/spans.jsonl" > "$work/receiver.log" 2>&1 & pids+=($!)

@@ -82,40 +82,53 @@ struct PostgresPoolTests {
         }
     }
 
+    /// Runs `body` while an operation holds the pool's one connection, then lets it go.
+    static func holdingTheOnlyConnection(of pool: PostgresPool, _ body: @Sendable () async throws -> Void) async throws {
+        let (holding, holdingStarted) = AsyncStream<Void>.makeStream()
+        let (release, releaseNow) = AsyncStream<Void>.makeStream()
+        async let holder: Void = {
+            _ = try? await pool.connection(limit: .seconds(60)) { _ in
+                holdingStarted.yield()
+                for await _ in release { break }
+            }
+        }()
+        for await _ in holding { break }
+        do {
+            try await body()
+        } catch {
+            releaseNow.yield()
+            await holder
+            throw error
+        }
+        releaseNow.yield()
+        await holder
+    }
+
     @Test func anOperationForNoRequestGivesUpAfterTheBackgroundLimit() async throws {
         // Given a pool of one connection, held by an operation until the test lets it go, and a
         // bound of 1.5 s on operations done for no request
         let location = try await TestPostgres.freshDatabase()
         let logger = logger
         try await PostgresPool(location: location, maximumConnections: 1, backgroundLimit: .milliseconds(1500), logger: logger).running { pool in
-            let (holding, holdingStarted) = AsyncStream<Void>.makeStream()
-            let (release, releaseNow) = AsyncStream<Void>.makeStream()
-            async let holder: Void = {
-                _ = try? await pool.connection(limit: .seconds(60)) { _ in
-                    holdingStarted.yield()
-                    for await _ in release { break }
+            try await Self.holdingTheOnlyConnection(of: pool) {
+                // When an operation outside any request (no limit, no deadline) waits for it, with
+                // the server up (so no probe ends the wait)
+                let outcome = Mutex<Result<Int, any Error>?>(nil)
+                let waiter = Task {
+                    let result: Result<Int, any Error>
+                    do { result = .success(try await pool.connection { db in try await db.first("SELECT 1", as: Int.self, logger: logger) ?? 0 }) } catch { result = .failure(error) }
+                    outcome.withLock { $0 = result }
                 }
-            }()
-            for await _ in holding { break }
-            // When an operation outside any request (no limit, no deadline) waits for it, with the
-            // server up (so no probe ends the wait)
-            let outcome = Mutex<Result<Int, any Error>?>(nil)
-            let waiter = Task {
-                let result: Result<Int, any Error>
-                do { result = .success(try await pool.connection { db in try await db.first("SELECT 1", as: Int.self, logger: logger) ?? 0 }) } catch { result = .failure(error) }
-                outcome.withLock { $0 = result }
+                // Then it is told unavailable once the bound has passed, not left waiting for as
+                // long as the connection is held
+                try await waitUntil(within: .seconds(10)) { outcome.withLock { $0 != nil } }
+                await waiter.value
+                if case .failure(let error) = outcome.withLock({ $0 }) {
+                    #expect(error is PostgresUnavailable, "\(error)")
+                } else {
+                    Issue.record("expected PostgresUnavailable, got \(String(describing: outcome.withLock { $0 }))")
+                }
             }
-            // Then it is told unavailable once the bound has passed, not left waiting for as long as
-            // the connection is held
-            try await waitUntil(within: .seconds(10)) { outcome.withLock { $0 != nil } }
-            if case .failure(let error) = outcome.withLock({ $0 }) {
-                #expect(error is PostgresUnavailable, "\(error)")
-            } else {
-                Issue.record("expected PostgresUnavailable, got \(String(describing: outcome.withLock { $0 }))")
-            }
-            releaseNow.yield()
-            await holder
-            await waiter.value
         }
     }
 
@@ -125,25 +138,16 @@ struct PostgresPoolTests {
         let logger = logger
         try await PostgresPool(location: location, maximumConnections: 1, logger: logger).running { pool in
             try await pool.connection { db in _ = try await db.query("CREATE TABLE ran (n int)", logger: logger) }
-            let (holding, holdingStarted) = AsyncStream<Void>.makeStream()
-            let (release, releaseNow) = AsyncStream<Void>.makeStream()
-            async let holder: Void = {
-                _ = try? await pool.connection(limit: .seconds(60)) { _ in
-                    holdingStarted.yield()
-                    for await _ in release { break }
+            try await Self.holdingTheOnlyConnection(of: pool) {
+                // When another caller gives up waiting for the connection
+                var thrown: (any Error)?
+                do {
+                    _ = try await pool.connection(limit: .milliseconds(500)) { db in try await db.query("INSERT INTO ran VALUES (1)", logger: logger) }
+                } catch {
+                    thrown = error
                 }
-            }()
-            for await _ in holding { break }
-            // When another caller gives up waiting for the connection
-            var thrown: (any Error)?
-            do {
-                _ = try await pool.connection(limit: .milliseconds(500)) { db in try await db.query("INSERT INTO ran VALUES (1)", logger: logger) }
-            } catch {
-                thrown = error
+                #expect(thrown is PostgresUnavailable, "\(String(describing: thrown))")
             }
-            #expect(thrown is PostgresUnavailable, "\(String(describing: thrown))")
-            releaseNow.yield()
-            await holder
             // Then its body never runs, even once the connection is free: the wait stayed queued,
             // and the pool's queue is first come, first served, so the count below runs after it
             var rows: Int?

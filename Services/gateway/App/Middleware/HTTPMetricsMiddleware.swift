@@ -22,7 +22,7 @@ struct HTTPMetricsMiddleware<Context: RequestContext>: RouterMiddleware {
 
     /// Creates the series of `routes` (template and method) at zero.
     func prepare(routes: [(path: String, method: HTTPRequest.Method)]) {
-        for route in routes { _ = cache.handles(route: route.path, method: Self.label(route.method)) }
+        for route in routes { _ = cache.handles(route: route.path, method: Self.label(route.method), status: nil) }
     }
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
@@ -41,8 +41,8 @@ struct HTTPMetricsMiddleware<Context: RequestContext>: RouterMiddleware {
 
     private func record(context: Context, method: String, status: Int, start: UInt64) {
         let route = context.endpointPath.map { $0 == "NotFound" ? "unknown" : $0 } ?? "unknown"
-        let handles = cache.handles(route: route, method: method)
-        cache.requests(route: route, method: method, status: status).increment()
+        let handles = cache.handles(route: route, method: method, status: status)
+        handles.requests?.increment()
         handles.duration.recordNanoseconds(Int64(DispatchTime.now().uptimeNanoseconds - start))
         if status >= 500 { handles.errors.increment() }
         HTTPMetricsCache.active.decrement()
@@ -57,48 +57,42 @@ struct HTTPMetricsMiddleware<Context: RequestContext>: RouterMiddleware {
     }
 }
 
-/// The metric handles by route and method (and status), made once each.
+/// The metric handles by route and method (and status), made once each and found under one lock
+/// a request.
 final class HTTPMetricsCache: Sendable {
     struct Handles: Sendable {
         let duration: Metrics.Timer
         let errors: Counter
+        /// The requests counter of the status asked for; nil when none was.
+        var requests: Counter?
     }
     private struct Key: Hashable {
         let route: String
         let method: String
     }
-    private struct StatusKey: Hashable {
-        let route: String
-        let method: String
-        let status: Int
+    private struct Entry {
+        let duration: Metrics.Timer
+        let errors: Counter
+        var byStatus: [Int: Counter] = [:]
     }
     static let active = Meter(label: "http_server_active_requests")
-    private let byRoute = Mutex<[Key: Handles]>([:])
-    private let byStatus = Mutex<[StatusKey: Counter]>([:])
+    private let entries = Mutex<[Key: Entry]>([:])
 
-    func handles(route: String, method: String) -> Handles {
-        byRoute.withLock { cache in
+    func handles(route: String, method: String, status: Int?) -> Handles {
+        entries.withLock { entries in
             let key = Key(route: route, method: method)
-            if let known = cache[key] { return known }
             let dimensions = [("http_route", route), ("http_request_method", method)]
-            let made = Handles(
+            var entry = entries[key] ?? Entry(
                 duration: Metrics.Timer(label: "http_server_request_duration_seconds", dimensions: dimensions),
                 errors: Counter(label: "http_server_request_errors_total", dimensions: dimensions)
             )
-            cache[key] = made
-            return made
-        }
-    }
-
-    func requests(route: String, method: String, status: Int) -> Counter {
-        byStatus.withLock { cache in
-            let key = StatusKey(route: route, method: method, status: status)
-            if let known = cache[key] { return known }
-            let made = Counter(label: "http_server_requests_total", dimensions: [
-                ("http_route", route), ("http_request_method", method), ("http_response_status_code", "\(status)"),
-            ])
-            cache[key] = made
-            return made
+            var requests: Counter?
+            if let status {
+                requests = entry.byStatus[status] ?? Counter(label: "http_server_requests_total", dimensions: dimensions + [("http_response_status_code", "\(status)")])
+                entry.byStatus[status] = requests
+            }
+            entries[key] = entry
+            return Handles(duration: entry.duration, errors: entry.errors, requests: requests)
         }
     }
 }
