@@ -75,8 +75,12 @@ pids+=($!)
 sleep 1
 quota=$("$BIN/quota-bench" "$endpoint" "$SECONDS_EACH" "$CALLERS")
 
-# Redis with the Lua limiter, in memory.
+# Redis with the Lua limiter: in memory, and with every write fsynced before its answer
+# (`appendfsync always`: the promise ours keeps).
 read -r redis_rps redis_p50 redis_p99 <<< "$(redis_limiter --appendonly no)"
+read -r fsync_rps fsync_p50 fsync_p99 <<< "$(redis_limiter --appendonly yes --appendfsync always)"
 echo "quota service (bus, durable, $CALLERS callers): $(field "$quota" decisions_per_s) decisions/s  p50 $(field "$quota" p50_ms) ms  p99 $(field "$quota" p99_ms) ms"
 echo "redis + Lua (in memory, 32 connections):       ${redis_rps} decisions/s  p50 ${redis_p50} ms  p99 ${redis_p99} ms"
+echo "redis + Lua (appendfsync always, 32 conns):    ${fsync_rps} decisions/s  p50 ${fsync_p50} ms  p99 ${fsync_p99} ms"
 awk -v q="$(field "$quota" decisions_per_s)" -v r="$redis_rps" 'BEGIN { printf "quota/redis decisions ratio: %.2f\n", q/r }'
+awk -v q="$(field "$quota" decisions_per_s)" -v r="$fsync_rps" 'BEGIN { printf "quota/redis-durable decisions ratio: %.2f\n", q/r }'

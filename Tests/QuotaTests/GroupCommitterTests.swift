@@ -46,70 +46,74 @@ struct QuotaHandlerTests {
     @Test func oneBadRequestInABatchDoesNotSpoilTheOthers() async throws {
         let (database, folder) = try temporaryDatabase()
         defer { try? FileManager.default.removeItem(at: folder) }
-        let committer = GroupCommitter(writer: database.writer)
-        let ledger = QuotaLedger()
         let now = Date()
-        async let good = committer.perform { try ledger.reserve($0, ReserveQuota(userId: "u", jobId: "a"), now: now) }
-        async let bad = Result(catching: { try await committer.perform { try ledger.reserve($0, ReserveQuota(userId: "u", jobId: "b", cost: 0), now: now) } })
-        async let alsoGood = committer.perform { try ledger.reserve($0, ReserveQuota(userId: "u", jobId: "c"), now: now) }
+        // Three reserves decided in one batch, the middle one malformed
+        async let good = database.reserve(ReserveQuota(userId: "u", jobId: "a"), now: now)
+        async let bad = Result(catching: { try await database.reserve(ReserveQuota(userId: "u", jobId: "b", cost: 0), now: now) })
+        async let alsoGood = database.reserve(ReserveQuota(userId: "u", jobId: "c"), now: now)
         #expect(try await good.admitted)
         #expect(try await alsoGood.admitted)
         if case .success = await bad { Issue.record("a zero-cost reserve succeeded") }
-        let status = try await database.writer.read { try ledger.status($0, user: "u", now: now) }
-        #expect(status.daily.used == 2)
+        #expect(try await database.status(userId: "u", now: now).daily.used == 2)
     }
+}
+
+/// A database file with one table of items, as `DurableDatabase` opens every service's.
+private func itemsDatabase() throws -> (DatabasePool, URL) {
+    let folder = FileManager.default.temporaryDirectory.appendingPathComponent("commit-\(UUID().uuidString)")
+    try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+    let pool = try DurableDatabase.open(path: folder.appendingPathComponent("items.sqlite").path)
+    try pool.write { try $0.execute(sql: "CREATE TABLE item (id TEXT PRIMARY KEY, owner TEXT NOT NULL)") }
+    return (pool, folder)
 }
 
 @Suite("Group commit")
 struct GroupCommitterTests {
     @Test func manyWritesAtOnceShareFewTransactions() async throws {
-        let (database, folder) = try temporaryDatabase()
+        let (pool, folder) = try itemsDatabase()
         defer { try? FileManager.default.removeItem(at: folder) }
-        let committer = GroupCommitter(writer: database.writer)
-        let ledger = QuotaLedger()
-        let now = Date()
-        // 500 reserves of 500 users, submitted together
-        try await withThrowingTaskGroup(of: Bool.self) { group in
+        let committer = GroupCommitter(writer: pool)
+        // 500 inserts, submitted together
+        try await withThrowingTaskGroup(of: Void.self) { group in
             for index in 0..<500 {
-                group.addTask { try await committer.perform { try ledger.reserve($0, ReserveQuota(userId: "u\(index)", jobId: "j\(index)"), now: now) }.admitted }
+                group.addTask {
+                    try await committer.perform { try $0.execute(sql: "INSERT INTO item (id, owner) VALUES (?, 'u')", arguments: ["j\(index)"]) }
+                }
             }
-            for try await admitted in group { #expect(admitted) }
+            try await group.waitForAll()
         }
         let statistics = committer.statistics
         #expect(statistics.works == 500)
         #expect(statistics.transactions < 100, "500 writes took \(statistics.transactions) transactions")
         #expect(statistics.savepointRetries == 0)
-        let charges = try await database.writer.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM charge") }
-        #expect(charges == 500)
+        #expect(try await pool.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM item") } == 500)
     }
 
     @Test func workThatFailsAfterWritingIsRolledBackAloneAndTheRestCommits() async throws {
-        let (database, folder) = try temporaryDatabase()
+        let (pool, folder) = try itemsDatabase()
         defer { try? FileManager.default.removeItem(at: folder) }
-        let committer = GroupCommitter(writer: database.writer)
-        let ledger = QuotaLedger()
-        let now = Date()
+        let committer = GroupCommitter(writer: pool)
         struct Late: Error {}
-        // Reserves around one piece of work that writes a charge and then throws
-        async let first = committer.perform { try ledger.reserve($0, ReserveQuota(userId: "u", jobId: "a"), now: now) }
+        @Sendable func insert(_ id: String) -> @Sendable (Database) throws -> Void {
+            { try $0.execute(sql: "INSERT INTO item (id, owner) VALUES (?, 'u')", arguments: [id]) }
+        }
+        // Inserts around one piece of work that writes a row and then throws
+        async let first: Void = committer.perform(insert("a"))
         async let halfDone = Result(catching: {
             try await committer.perform { db -> Int in
-                _ = try ledger.reserve(db, ReserveQuota(userId: "u", jobId: "half"), now: now)
+                try insert("half")(db)
                 throw Late()
             }
         })
-        async let last = committer.perform { try ledger.reserve($0, ReserveQuota(userId: "u", jobId: "c"), now: now) }
-        #expect(try await first.admitted)
-        #expect(try await last.admitted)
+        async let last: Void = committer.perform(insert("c"))
+        try await first
+        try await last
         guard case .failure(let error) = await halfDone, error is Late else {
             Issue.record("the failing work did not fail with its own error")
             return
         }
-        // Then its charge is gone and the other two are counted once each
-        let status = try await database.writer.read { try ledger.status($0, user: "u", now: now) }
-        #expect(status.daily.used == 2)
-        let jobs = try await database.writer.read { try String.fetchAll($0, sql: "SELECT jobId FROM charge ORDER BY jobId") }
-        #expect(jobs == ["a", "c"])
+        // Then its row is gone and the other two are there once each
+        #expect(try await pool.read { try String.fetchAll($0, sql: "SELECT id FROM item ORDER BY id") } == ["a", "c"])
         #expect(committer.statistics.savepointRetries == 1)
     }
 }

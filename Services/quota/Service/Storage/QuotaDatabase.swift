@@ -1,97 +1,161 @@
 import Foundation
 import GRDB
+import Logging
 import Messages
 import QuotaCore
 import Storage
 
-/// The quota service's store on SQLite: users' plans, usage counters per calendar window, and
-/// the ledger of charges. Opened in WAL mode with `synchronous=FULL`, so a committed admission is
-/// on disk. Every write is one `QuotaLedger` operation in a group-committed transaction
-/// (`GroupCommitter`); reads run on a reader connection. Nothing outside this type sees GRDB.
+/// The quota service's store on SQLite, with the state in memory: the windows and charges of
+/// active users are held by `QuotaMemory` and are the authority for admission; each decision
+/// (reserve, commit, release) appends one record to an append-only log, written and fsynced in
+/// batches before anyone is answered (`QuotaEngine`, `LedgerLog`); the tables (`usage`,
+/// `charge`) are derived from the log in the background (`LedgerCheckpointer`), and a restart
+/// applies the log's tail to them before serving. Plans, subscription events and guests are rare
+/// writes and go to their tables directly (WAL, `synchronous=FULL`). Nothing outside this type
+/// and the ones it uses sees GRDB.
+///
+/// The log is a folder beside the database file: `quota.sqlite` keeps its log in
+/// `quota.sqlite-ledger/`.
 public struct QuotaDatabase: QuotaStore {
-    /// The connection every write goes through (the tests' white-box checks read it too).
+    /// The connection every table write goes through (the tests' white-box checks read it too).
     let writer: any DatabaseWriter
-    /// What each operation means in rows.
+    /// The plans, windows and checks.
     let ledger: QuotaLedger
-    /// Puts writes arriving together into one transaction.
-    let committer: GroupCommitter
+    /// Decides in memory, in batches, durable before it answers.
+    let engine: QuotaEngine
     /// Checkpoints the file's WAL outside the writer's commits, for as long as the database is open.
-    private let checkpointer: WALCheckpointer?
+    private let walCheckpointer: WALCheckpointer?
 
-    private init(_ writer: any DatabaseWriter, ledger: QuotaLedger, checkpointer: WALCheckpointer?) throws {
+    private init(_ writer: any DatabaseWriter, ledger: QuotaLedger, log: LedgerLog?, applied: UInt64,
+                 walCheckpointer: WALCheckpointer?, logger: Logger) {
         self.writer = writer
         self.ledger = ledger
-        self.committer = GroupCommitter(writer: writer)
-        self.checkpointer = checkpointer
-        try Self.migrator.migrate(writer)
+        let checkpointer = LedgerCheckpointer(writer: writer, log: log, applied: applied, logger: logger)
+        engine = QuotaEngine(memory: QuotaMemory(ledger: ledger, reader: writer, lastSeq: applied), log: log, checkpointer: checkpointer)
+        self.walCheckpointer = walCheckpointer
     }
 
-    /// Opens (or creates) the database file at `path`. A new file gets 1 KiB pages: every
-    /// reservation changes rows at random places in three B-trees (job id, user's charges,
-    /// usage), and a commit writes each page it changed whole to the WAL, so smaller pages write
-    /// a fraction of the bytes (measured: 6.4 KB of WAL a decision instead of 15.7 KB).
-    /// Each connection caches up to 32 MiB of pages (SQLite's default is 2 MiB, which a few
-    /// thousand users outgrow: every lookup then reads the file). Its WAL is checkpointed in the
-    /// background (`WALCheckpointer`).
-    public static func open(path: String, plans: PlanCatalog = .standard, guests: GuestLimits = GuestLimits()) throws -> QuotaDatabase {
-        let (pool, checkpointer) = try DurableDatabase.openWithBackgroundCheckpoints(path: path) { db in
+    /// Opens (or creates) the database file at `path` and its ledger folder, applying whatever
+    /// the log holds beyond the tables first. A new file gets 1 KiB pages, and each connection
+    /// caches up to 32 MiB of pages; its WAL is checkpointed in the background (`WALCheckpointer`).
+    public static func open(
+        path: String, plans: PlanCatalog = .standard, guests: GuestLimits = GuestLimits(), logger: Logger = Logger(label: "quota")
+    ) throws -> QuotaDatabase {
+        let (pool, walCheckpointer) = try DurableDatabase.openWithBackgroundCheckpoints(path: path) { db in
             // Only takes effect on an empty file; an existing one keeps its page size.
             try db.execute(sql: "PRAGMA page_size = 1024")
             try db.execute(sql: "PRAGMA cache_size = -32768")
         }
-        return try QuotaDatabase(pool, ledger: QuotaLedger(plans: plans, guests: guests), checkpointer: checkpointer)
+        try migrator.migrate(pool)
+        let directory = path + "-ledger"
+        let applied = try replay(directory: directory, into: pool, logger: logger)
+        let log = try LedgerLog(directory: directory, nextSeq: applied + 1)
+        return QuotaDatabase(pool, ledger: QuotaLedger(plans: plans, guests: guests), log: log, applied: applied,
+                             walCheckpointer: walCheckpointer, logger: logger)
     }
 
-    /// An in-memory database, for tests.
+    /// An in-memory database with no log on disk, for tests.
     public static func inMemory(plans: PlanCatalog = .standard, guests: GuestLimits = GuestLimits()) throws -> QuotaDatabase {
-        try QuotaDatabase(DatabaseQueue(), ledger: QuotaLedger(plans: plans, guests: guests), checkpointer: nil)
+        let queue = try DatabaseQueue()
+        try migrator.migrate(queue)
+        return QuotaDatabase(queue, ledger: QuotaLedger(plans: plans, guests: guests), log: nil, applied: 0,
+                             walCheckpointer: nil, logger: Logger(label: "quota"))
+    }
+
+    /// Applies the changes of the log in `directory` that the tables do not hold yet, then
+    /// deletes its segments; the last sequence number the tables then hold.
+    static func replay(directory: String, into writer: any DatabaseWriter, logger: Logger) throws -> UInt64 {
+        var applied = try writer.read { db in
+            UInt64(bitPattern: try Int64.fetchOne(db, sql: "SELECT appliedSeq FROM ledger_state WHERE id = 1") ?? 0)
+        }
+        let (changes, files, torn) = try LedgerLog.readAll(directory: directory)
+        let tail = changes.filter { $0.seq > applied }
+        var start = tail.startIndex
+        while start < tail.endIndex {
+            let chunk = Array(tail[start..<min(start + 50_000, tail.endIndex)])
+            try writer.write { try LedgerCheckpointer.apply(chunk, $0) }
+            start += chunk.count
+        }
+        if let last = tail.last { applied = last.seq }
+        for file in files { try FileManager.default.removeItem(atPath: file) }
+        if !files.isEmpty { try LedgerLog.syncDirectory(directory) }
+        if !tail.isEmpty || torn {
+            logger.info("quota ledger replayed", metadata: [
+                "changes": "\(tail.count)", "applied": "\(applied)", "torn-tail": "\(torn)",
+            ])
+        }
+        return applied
     }
 
     // MARK: QuotaStore
 
     public func reserve(_ request: ReserveQuota, now: Date) async throws -> QuotaDecision {
-        try await committer.perform { [ledger] db in try ledger.reserve(db, request, now: now) }
+        let need = QuotaMemory.Need(userId: request.userId, now: now, network: ledger.sharedNetwork(of: request), jobId: request.jobId)
+        return try await engine.perform(need) { try $0.reserve(request, now: now) }
     }
 
     public func commit(jobId: String, now: Date) async throws -> Charge {
-        try await committer.perform { [ledger] db in try ledger.commit(db, jobId: jobId, now: now) }
+        try await engine.perform(QuotaMemory.Need(jobId: jobId)) { try $0.commit(jobId: jobId, now: now) }
     }
 
     public func release(jobId: String, now: Date) async throws -> Charge {
-        try await committer.perform { [ledger] db in try ledger.release(db, jobId: jobId, now: now) }
+        try await engine.perform(QuotaMemory.Need(jobId: jobId)) { try $0.release(jobId: jobId, now: now) }
     }
 
     public func status(userId: String, now: Date) async throws -> QuotaStatus {
-        try await writer.read { [ledger] db in try ledger.status(db, user: userId, now: now) }
+        try await engine.perform(QuotaMemory.Need(userId: userId, now: now)) { try $0.status(userId: userId, now: now) }
     }
 
     public func setPlan(_ request: SetPlan, now: Date) async throws -> QuotaStatus {
-        try await committer.perform { [ledger] db in try ledger.setPlan(db, request, now: now) }
+        try await engine.perform { [writer, ledger] memory in
+            try writer.write { try ledger.setPlan($0, request, now: now) }
+            memory.forget(user: request.userId)
+            return try memory.status(userId: request.userId, now: now)
+        }
     }
 
     public func applySubscription(_ event: SubscriptionEvent, now: Date) async throws -> SubscriptionOutcome {
-        try await committer.perform { [ledger] db in try ledger.applySubscription(db, event, now: now) }
+        try await engine.perform { [writer, ledger] memory in
+            let result = try writer.write { try ledger.applySubscription($0, event, now: now) }
+            memory.forget(user: event.userId)
+            return SubscriptionOutcome(result: result, status: try memory.status(userId: event.userId, now: now))
+        }
     }
 
     public func admitGuest(_ request: AdmitGuest, now: Date) async throws -> GuestAdmission {
-        try await committer.perform { [ledger] db in try ledger.admitGuest(db, request, now: now) }
+        // Guests are not in memory: their table alone answers.
+        try await writer.write { [ledger] db in try ledger.admitGuest(db, request, now: now) }
     }
 
     public func attestGuest(_ request: AttestGuest, now: Date) async throws -> GuestAttestation {
-        try await committer.perform { [ledger] db in try ledger.attestGuest(db, request, now: now) }
+        try await engine.perform { [writer, ledger] memory in
+            let attestation = try writer.write { try ledger.attestGuest($0, request, now: now) }
+            memory.forget(user: request.userId)
+            return attestation
+        }
     }
 
+    /// The user's status from memory, and their latest charges from the tables once they hold
+    /// every change made before the call.
     public func usage(userId: String, now: Date) async throws -> UserUsage {
-        try await writer.read { [ledger] db in try ledger.usage(db, user: userId, now: now) }
+        let (status, seq) = try await engine.perform(QuotaMemory.Need(userId: userId, now: now)) {
+            (try $0.status(userId: userId, now: now), $0.lastSeq)
+        }
+        try await engine.checkpointer.flush(through: seq)
+        let charges = try await writer.read { [ledger] db in try ledger.charges(db, user: userId) }
+        return UserUsage(status: status, charges: charges)
     }
 
+    /// Reserved charges in the tables made before `cutoff`, but those memory knows are settled.
     public func staleReservations(before cutoff: Date, limit: Int) async throws -> [String] {
-        try await writer.read { db in
+        let reserved = try await writer.read { db in
             try String.fetchAll(
                 db, sql: "SELECT jobId FROM charge WHERE state = 'reserved' AND reservedAt < ? ORDER BY reservedAt LIMIT ?",
                 arguments: [cutoff, limit]
             )
         }
+        guard !reserved.isEmpty else { return [] }
+        return try await engine.perform { memory in reserved.filter { !memory.isSettled($0) } }
     }
 
     static var migrator: DatabaseMigrator {
@@ -156,6 +220,11 @@ public struct QuotaDatabase: QuotaStore {
                 table.add(column: "attestedKey", .text)
             }
             try db.execute(sql: "CREATE UNIQUE INDEX guest_by_attested_key ON guest (attestedKey) WHERE attestedKey IS NOT NULL")
+        }
+        migrator.registerMigration("v5: the ledger's checkpoint") { db in
+            // The last change of the ledger's log that `charge` and `usage` hold.
+            try db.execute(sql: "CREATE TABLE ledger_state (id INTEGER PRIMARY KEY CHECK (id = 1), appliedSeq INTEGER NOT NULL)")
+            try db.execute(sql: "INSERT INTO ledger_state (id, appliedSeq) VALUES (1, 0)")
         }
         return migrator
     }

@@ -4,8 +4,11 @@ import Messages
 import QuotaCore
 import Storage
 
-/// The quota operations, each run inside a write transaction it is given: what `reserve`,
-/// `commit`, `release` and the rest mean in rows.
+/// What every quota store shares: the plans, the guest limits, the calendar windows of each time
+/// zone and the checks of each request; and, for SQLite, the rare writes (plans, subscription
+/// events, guests) as rows, each run inside a write transaction it is given. Decisions
+/// (`reserve`, `commit`, `release`) are `QuotaMemory`'s on SQLite and `PostgresQuotaStore`'s on
+/// PostgreSQL.
 public struct QuotaLedger: Sendable {
     public let plans: PlanCatalog
     public let guests: GuestLimits
@@ -14,107 +17,6 @@ public struct QuotaLedger: Sendable {
     public init(plans: PlanCatalog = .standard, guests: GuestLimits = GuestLimits()) {
         self.plans = plans
         self.guests = guests
-    }
-
-    /// Charges `request.cost` against both windows, or denies naming the windows that refuse.
-    /// A job id already charged returns its admission again and charges nothing more.
-    public func reserve(_ db: Database, _ request: ReserveQuota, now: Date) throws -> QuotaDecision {
-        try check(request)
-        let existing = try Row.fetchOne(
-            db.cachedStatement(sql: "SELECT userId, state FROM charge WHERE jobId = ?"), arguments: [request.jobId]
-        )
-        if let existing {
-            guard existing["userId"] as String == request.userId else {
-                throw BusError(Quota.ErrorCode.jobIdTaken, "job id \(request.jobId) belongs to another user")
-            }
-            // Reserved or committed: the same admission again. Released (its job was never made,
-            // or ended without a result): a retry of it is charged afresh, below.
-            if existing["state"] as String != "released" {
-                return QuotaDecision(admitted: true, jobId: request.jobId, status: try status(db, user: request.userId, now: now), violated: [], retryAt: nil)
-            }
-            try db.execute(sql: "DELETE FROM charge WHERE jobId = ?", arguments: [request.jobId])
-        }
-        let context = try userContext(db, request.userId, now: now)
-        let verdict = QuotaRules.decide(
-            plan: context.plan, cost: request.cost,
-            dailyUsed: context.dailyUsed, monthlyUsed: context.monthlyUsed,
-            day: context.day, month: context.month
-        )
-        guard verdict.admitted else {
-            return QuotaDecision(admitted: false, jobId: request.jobId, status: context.status(), violated: verdict.violated, retryAt: verdict.retryAt)
-        }
-        // A guest's network shares the day's free credits of all its guests (UTC days), except
-        // with an attested guest: a real install of the app, however many share its address.
-        var network = sharedNetwork(of: request)
-        if network != nil, try isAttested(db, request.userId) { network = nil }
-        if let network {
-            let used = try Int.fetchOne(
-                db.cachedStatement(sql: "SELECT used FROM usage WHERE userId = ? AND window = 'daily' AND windowKey = ?"),
-                arguments: ["net:" + network, context.day.key]
-            ) ?? 0
-            if used + request.cost > guests.networkDaily {
-                return QuotaDecision(admitted: false, jobId: request.jobId, status: context.status(), violated: ["network"],
-                                     retryAt: context.day.end, networkRemaining: max(0, guests.networkDaily - used))
-            }
-        }
-        let charge = try db.cachedStatement(sql: """
-            INSERT INTO usage (userId, window, windowKey, used) VALUES (?, ?, ?, ?)
-            ON CONFLICT (userId, window, windowKey) DO UPDATE SET used = used + excluded.used
-            """)
-        for window in [context.day, context.month] {
-            try charge.execute(arguments: [request.userId, window.kind.rawValue, window.key, request.cost])
-        }
-        if let network { try charge.execute(arguments: ["net:" + network, CalendarWindow.Kind.daily.rawValue, context.day.key, request.cost]) }
-        try db.cachedStatement(sql: """
-            INSERT INTO charge (jobId, userId, cost, state, dayKey, monthKey, reservedAt, network)
-            VALUES (?, ?, ?, 'reserved', ?, ?, ?, ?)
-            """).execute(arguments: [request.jobId, request.userId, request.cost, context.day.key, context.month.key, StoredDate.text(now), network])
-        var charged = context
-        charged.dailyUsed += request.cost
-        charged.monthlyUsed += request.cost
-        return QuotaDecision(admitted: true, jobId: request.jobId, status: charged.status(), violated: [], retryAt: nil)
-    }
-
-    /// Marks a reservation committed: the job completed. Committing twice is harmless; committing
-    /// a released charge is refused and changes nothing.
-    public func commit(_ db: Database, jobId: String, now: Date) throws -> Charge {
-        var charge = try existingCharge(db, jobId)
-        switch charge.state {
-        case .committed: return charge
-        case .released: throw BusError(Quota.ErrorCode.chargeSettled, "charge \(jobId) was released; it cannot be committed")
-        case .reserved:
-            charge.state = .committed
-            charge.settledAt = now
-            try charge.update(db)
-            return charge
-        }
-    }
-
-    /// Gives a reservation's units back to the windows it was charged in (not the current ones).
-    /// Releasing twice gives back once; releasing a committed charge is refused.
-    public func release(_ db: Database, jobId: String, now: Date) throws -> Charge {
-        var charge = try existingCharge(db, jobId)
-        switch charge.state {
-        case .released: return charge
-        case .committed: throw BusError(Quota.ErrorCode.chargeSettled, "charge \(jobId) was committed; it cannot be released")
-        case .reserved:
-            for (window, key) in [(CalendarWindow.Kind.daily, charge.dayKey), (.monthly, charge.monthKey)] {
-                try db.execute(
-                    sql: "UPDATE usage SET used = max(0, used - ?) WHERE userId = ? AND window = ? AND windowKey = ?",
-                    arguments: [charge.cost, charge.userId, window.rawValue, key]
-                )
-            }
-            if let network = try String.fetchOne(db, sql: "SELECT network FROM charge WHERE jobId = ?", arguments: [jobId]) {
-                try db.execute(
-                    sql: "UPDATE usage SET used = max(0, used - ?) WHERE userId = ? AND window = 'daily' AND windowKey = ?",
-                    arguments: [charge.cost, "net:" + network, charge.dayKey]
-                )
-            }
-            charge.state = .released
-            charge.settledAt = now
-            try charge.update(db)
-            return charge
-        }
     }
 
     /// Admits a guest id: one seen before always; a new one unless its network made
@@ -155,21 +57,8 @@ public struct QuotaLedger: Sendable {
         return GuestAttestation(attested: true)
     }
 
-    /// Whether a user is a guest whose device was attested.
-    func isAttested(_ db: Database, _ userId: String) throws -> Bool {
-        try Bool.fetchOne(
-            db.cachedStatement(sql: "SELECT attestedKey IS NOT NULL FROM guest WHERE userId = ?"), arguments: [userId]
-        ) ?? false
-    }
-
-    /// The user's plan and windows now.
-    public func status(_ db: Database, user: String, now: Date) throws -> QuotaStatus {
-        try validate(user: user)
-        return try userContext(db, user, now: now).status()
-    }
-
     /// Sets a user's plan and (when given) time zone; the new limits apply at once.
-    public func setPlan(_ db: Database, _ request: SetPlan, now: Date) throws -> QuotaStatus {
+    public func setPlan(_ db: Database, _ request: SetPlan, now: Date) throws {
         try check(request)
         let existing = try UserRecord.fetchOne(db, key: request.userId)
         var timeZone = existing?.timeZone
@@ -178,16 +67,16 @@ public struct QuotaLedger: Sendable {
             id: request.userId, plan: request.plan, timeZone: timeZone, updatedAt: now,
             planEndsAt: request.endsAt, subscriptionEventAt: existing?.subscriptionEventAt
         ).save(db)
-        return try userContext(db, request.userId, now: now).status()
     }
 
     /// Applies a subscription event once per event id, in order per user: a grant puts the user
     /// on the event's plan until its end; a revoke puts them on the default plan. An event older
-    /// than the last one applied for the user is recorded and changes nothing.
-    public func applySubscription(_ db: Database, _ event: SubscriptionEvent, now: Date) throws -> SubscriptionOutcome {
+    /// than the last one applied for the user is recorded and changes nothing. Answers `applied`,
+    /// `stale` or `duplicate`.
+    public func applySubscription(_ db: Database, _ event: SubscriptionEvent, now: Date) throws -> String {
         try check(event)
         if try Bool.fetchOne(db, sql: "SELECT 1 FROM subscription_event WHERE id = ?", arguments: [event.eventId]) != nil {
-            return SubscriptionOutcome(result: "duplicate", status: try status(db, user: event.userId, now: now))
+            return "duplicate"
         }
         let existing = try UserRecord.fetchOne(db, key: event.userId)
         let result: String
@@ -204,18 +93,16 @@ public struct QuotaLedger: Sendable {
             sql: "INSERT INTO subscription_event (id, userId, type, occurredAt, result, receivedAt) VALUES (?, ?, ?, ?, ?, ?)",
             arguments: [event.eventId, event.userId, String(event.type.prefix(100)), event.occurredAt, result, now]
         )
-        return SubscriptionOutcome(result: result, status: try status(db, user: event.userId, now: now))
+        return result
     }
 
-    /// The user's status and their most recent charges (at most `limit`).
-    public func usage(_ db: Database, user: String, now: Date, limit: Int = 100) throws -> UserUsage {
-        let status = try status(db, user: user, now: now)
-        let charges = try Charge
+    /// A user's most recent charges (at most `limit`), as the tables hold them.
+    public func charges(_ db: Database, user: String, limit: Int = 100) throws -> [Charge] {
+        try Charge
             .filter(Charge.Columns.userId == user)
             .order(Charge.Columns.reservedAt.desc)
             .limit(limit)
             .fetchAll(db)
-        return UserUsage(status: status, charges: charges)
     }
 
     // MARK: Helpers
@@ -238,36 +125,6 @@ public struct QuotaLedger: Sendable {
                 retentionDays: plan.retentionDays, planEndsAt: planEndsAt
             )
         }
-    }
-
-    func userContext(_ db: Database, _ userId: String, now: Date) throws -> UserContext {
-        let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT plan, timeZone, planEndsAt FROM user WHERE id = ?"), arguments: [userId])
-        let timeZone: String? = row?["timeZone"]
-        // A plan with an end is the default plan from that instant on, whether or not anyone
-        // said so: an expiry event that never comes changes nothing.
-        var planName: String? = row?["plan"]
-        var planEndsAt: Date? = row?["planEndsAt"]
-        if let end = planEndsAt, now >= end {
-            planName = nil
-            planEndsAt = nil
-        }
-        let (day, month) = windows.windows(containing: now, timeZone: timeZone)
-        let usage = try db.cachedStatement(sql: "SELECT used FROM usage WHERE userId = ? AND window = ? AND windowKey = ?")
-        func used(_ window: CalendarWindow) throws -> Int {
-            try Int.fetchOne(usage, arguments: [userId, window.kind.rawValue, window.key]) ?? 0
-        }
-        return UserContext(
-            userId: userId, plan: plans.effectivePlan(planName), planEndsAt: planEndsAt, timeZone: timeZone,
-            day: day, month: month, dailyUsed: try used(day), monthlyUsed: try used(month)
-        )
-    }
-
-    private func existingCharge(_ db: Database, _ jobId: String) throws -> Charge {
-        try validate(job: jobId)
-        guard let charge = try Charge.fetchOne(db, key: jobId) else {
-            throw BusError(.notFound, "no charge for job \(jobId)")
-        }
-        return charge
     }
 
     // MARK: Checks of requests, before any row is read (every store makes them)

@@ -1,0 +1,374 @@
+import Foundation
+import GRDB
+import Messages
+import QuotaCore
+
+/// The quota windows and charges of active users, in memory: the authority for every decision.
+/// Owned by the ledger's thread (`QuotaEngine`), which is the only one to touch it.
+///
+/// Memory is a cache over the tables in front of the log: what it does not hold, the tables have
+/// exactly, because a counter or a charge changed since the last checkpoint is never dropped (each
+/// entry remembers the sequence number of its last change, and only entries at or below the
+/// checkpointer's `appliedSeq` are evicted). So a miss reads the tables, and a restart, which
+/// first applies the log's tail to the tables, rebuilds the same memory as users come back.
+///
+/// A decision changes memory, and appends a `LedgerChange` that the engine writes to the log and
+/// syncs before it answers. If that write fails, `rollBack()` puts memory back as it was before the
+/// batch, so memory never holds what the log does not.
+struct QuotaMemory {
+    /// A user's plan row (users without one are on the default plan, in UTC), and whether they are
+    /// a guest whose device was attested. Always what the tables hold: the rare writes that
+    /// change them write the tables first, then here.
+    struct UserEntry {
+        var plan: String?
+        var timeZone: String?
+        var planEndsAt: Date?
+        var attested: Bool
+    }
+
+    struct CounterEntry {
+        var used: Int
+        var seq: UInt64
+    }
+
+    struct ChargeEntry {
+        var change: LedgerChange
+        var seq: UInt64 { change.seq }
+    }
+
+    /// The most entries kept of each kind before those already in the tables are dropped.
+    struct Capacity {
+        var users = 100_000
+        var counters = 300_000
+        var charges = 300_000
+    }
+
+    let ledger: QuotaLedger
+    let reader: any DatabaseReader
+    let capacity: Capacity
+
+    private(set) var users: [String: UserEntry] = [:]
+    private(set) var counters: [UsageCounter: CounterEntry] = [:]
+    private(set) var charges: [String: ChargeEntry] = [:]
+    /// The last sequence number given out.
+    private(set) var lastSeq: UInt64
+    /// The checkpointer's progress, as last heard (entries at or below it may be dropped).
+    var appliedSeq: UInt64
+    /// This batch's changes, to be written to the log.
+    private(set) var changes: [LedgerChange] = []
+    private var undo: [Undo] = []
+    private var sweepAbove: (counters: Int, charges: Int)
+
+    private enum Undo {
+        case counter(UsageCounter, CounterEntry?)
+        case charge(String, ChargeEntry?)
+    }
+
+    init(ledger: QuotaLedger, reader: any DatabaseReader, lastSeq: UInt64, capacity: Capacity = Capacity()) {
+        self.ledger = ledger
+        self.reader = reader
+        self.capacity = capacity
+        self.lastSeq = lastSeq
+        self.appliedSeq = lastSeq
+        sweepAbove = (capacity.counters, capacity.charges)
+    }
+
+    // MARK: Decisions
+
+    /// Charges `request.cost` in both windows (and the guest network's day), or denies naming the
+    /// windows that refuse. A job id already charged answers its admission again; a released one
+    /// is charged afresh.
+    mutating func reserve(_ request: ReserveQuota, now: Date) throws -> QuotaDecision {
+        try ledger.check(request)
+        if let existing = try charge(request.jobId) {
+            guard existing.change.userId == request.userId else {
+                throw BusError(Quota.ErrorCode.jobIdTaken, "job id \(request.jobId) belongs to another user")
+            }
+            if existing.change.state != .released {
+                return QuotaDecision(admitted: true, jobId: request.jobId, status: try context(request.userId, now: now).status(), violated: [], retryAt: nil)
+            }
+        }
+        let context = try context(request.userId, now: now)
+        let verdict = QuotaRules.decide(
+            plan: context.plan, cost: request.cost, dailyUsed: context.dailyUsed, monthlyUsed: context.monthlyUsed,
+            day: context.day, month: context.month
+        )
+        guard verdict.admitted else {
+            return QuotaDecision(admitted: false, jobId: request.jobId, status: context.status(), violated: verdict.violated, retryAt: verdict.retryAt)
+        }
+        // A guest's network shares the day's free credits of all its guests, except with an
+        // attested guest: a real install of the app, however many share its address.
+        var network = ledger.sharedNetwork(of: request)
+        if network != nil, try user(request.userId).attested { network = nil }
+        var networkCounter: (UsageCounter, Int)?
+        if let network {
+            let counter = UsageCounter(owner: "net:" + network, window: CalendarWindow.Kind.daily.rawValue, key: context.day.key)
+            let used = try used(counter)
+            if used + request.cost > ledger.guests.networkDaily {
+                return QuotaDecision(admitted: false, jobId: request.jobId, status: context.status(), violated: ["network"],
+                                     retryAt: context.day.end, networkRemaining: max(0, ledger.guests.networkDaily - used))
+            }
+            networkCounter = (counter, used + request.cost)
+        }
+        var usage = [
+            LedgerChange.Usage(counter: Self.counter(request.userId, context.day), used: context.dailyUsed + request.cost),
+            LedgerChange.Usage(counter: Self.counter(request.userId, context.month), used: context.monthlyUsed + request.cost),
+        ]
+        if let (counter, used) = networkCounter { usage.append(LedgerChange.Usage(counter: counter, used: used)) }
+        record(LedgerChange(
+            seq: 0, jobId: request.jobId, userId: request.userId, cost: request.cost, state: .reserved,
+            dayKey: context.day.key, monthKey: context.month.key, network: network,
+            reservedAt: Self.millisecond(now), settledAt: nil, usage: usage
+        ))
+        var charged = context
+        charged.dailyUsed += request.cost
+        charged.monthlyUsed += request.cost
+        return QuotaDecision(admitted: true, jobId: request.jobId, status: charged.status(), violated: [], retryAt: nil)
+    }
+
+    /// The job completed: its charge stays. Committing twice is harmless; a released charge is
+    /// refused.
+    mutating func commit(jobId: String, now: Date) throws -> Charge {
+        var change = try existingCharge(jobId)
+        switch change.state {
+        case .committed: return change.charge
+        case .released: throw BusError(Quota.ErrorCode.chargeSettled, "charge \(jobId) was released; it cannot be committed")
+        case .reserved:
+            change.state = .committed
+            change.settledAt = Self.millisecond(now)
+            change.usage = []
+            record(change)
+            return change.charge
+        }
+    }
+
+    /// The job did not complete: its cost goes back to the windows it was charged in (not the
+    /// current ones). Releasing twice gives back once; a committed charge is refused.
+    mutating func release(jobId: String, now: Date) throws -> Charge {
+        var change = try existingCharge(jobId)
+        switch change.state {
+        case .released: return change.charge
+        case .committed: throw BusError(Quota.ErrorCode.chargeSettled, "charge \(jobId) was committed; it cannot be released")
+        case .reserved:
+            var counters = [
+                UsageCounter(owner: change.userId, window: CalendarWindow.Kind.daily.rawValue, key: change.dayKey),
+                UsageCounter(owner: change.userId, window: CalendarWindow.Kind.monthly.rawValue, key: change.monthKey),
+            ]
+            if let network = change.network {
+                counters.append(UsageCounter(owner: "net:" + network, window: CalendarWindow.Kind.daily.rawValue, key: change.dayKey))
+            }
+            change.usage = try counters.map { LedgerChange.Usage(counter: $0, used: max(0, try used($0) - change.cost)) }
+            change.state = .released
+            change.settledAt = Self.millisecond(now)
+            record(change)
+            return change.charge
+        }
+    }
+
+    /// A user's plan and windows now.
+    mutating func status(userId: String, now: Date) throws -> QuotaStatus {
+        try ledger.validate(user: userId)
+        return try context(userId, now: now).status()
+    }
+
+    /// Whether memory knows `jobId`'s charge to be settled (the tables may not say so yet).
+    func isSettled(_ jobId: String) -> Bool {
+        guard let entry = charges[jobId] else { return false }
+        return entry.change.state != .reserved
+    }
+
+    /// What the tables now say of a user's plan row, after a rare write changed it.
+    mutating func forget(user userId: String) {
+        users[userId] = nil
+    }
+
+    // MARK: Loading what memory does not hold
+
+    /// Reads, in one read transaction, whatever `requests` will need that memory lacks, so that
+    /// a batch of first-seen users costs one transaction rather than one each.
+    mutating func prefetch(_ needs: [Need]) throws {
+        var missing = needs.filter { !holds($0) }
+        guard !missing.isEmpty else { return }
+        let ledger = ledger
+        let known = users
+        let loaded = try reader.read { db -> (users: [String: UserEntry], counters: [UsageCounter: Int], charges: [String: LedgerChange]) in
+            var users: [String: UserEntry] = [:]
+            var counters: [UsageCounter: Int] = [:]
+            var charges: [String: LedgerChange] = [:]
+            for need in missing {
+                if let userId = need.userId, known[userId] == nil, users[userId] == nil {
+                    users[userId] = try Self.loadUser(db, userId)
+                }
+                if let userId = need.userId, let now = need.now, let entry = known[userId] ?? users[userId] {
+                    let (day, month) = ledger.windows.windows(containing: now, timeZone: entry.timeZone)
+                    for counter in [Self.counter(userId, day), Self.counter(userId, month)] + (need.network.map { [UsageCounter(owner: "net:" + $0, window: "daily", key: day.key)] } ?? []) {
+                        counters[counter] = try Self.loadUsed(db, counter)
+                    }
+                }
+                if let jobId = need.jobId, charges[jobId] == nil, let change = try Self.loadCharge(db, jobId) {
+                    charges[jobId] = change
+                }
+            }
+            return (users, counters, charges)
+        }
+        missing.removeAll()
+        for (userId, entry) in loaded.users where users[userId] == nil { users[userId] = entry }
+        for (counter, used) in loaded.counters where counters[counter] == nil { counters[counter] = CounterEntry(used: used, seq: 0) }
+        for (jobId, change) in loaded.charges where charges[jobId] == nil { charges[jobId] = ChargeEntry(change: change) }
+    }
+
+    /// What a request will read: a user's plan and windows at `now` (and a network's day), a charge.
+    struct Need: Sendable {
+        var userId: String?
+        var now: Date?
+        var network: String?
+        var jobId: String?
+    }
+
+    private func holds(_ need: Need) -> Bool {
+        if let jobId = need.jobId, charges[jobId] == nil { return false }
+        guard let userId = need.userId else { return true }
+        guard let entry = users[userId] else { return false }
+        guard let now = need.now else { return true }
+        let (day, month) = ledger.windows.windows(containing: now, timeZone: entry.timeZone)
+        if counters[Self.counter(userId, day)] == nil || counters[Self.counter(userId, month)] == nil { return false }
+        if let network = need.network, counters[UsageCounter(owner: "net:" + network, window: "daily", key: day.key)] == nil { return false }
+        return true
+    }
+
+    private mutating func user(_ userId: String) throws -> UserEntry {
+        if let entry = users[userId] { return entry }
+        let entry = try reader.read { try Self.loadUser($0, userId) }
+        users[userId] = entry
+        return entry
+    }
+
+    private mutating func used(_ counter: UsageCounter) throws -> Int {
+        if let entry = counters[counter] { return entry.used }
+        let used = try reader.read { try Self.loadUsed($0, counter) }
+        counters[counter] = CounterEntry(used: used, seq: 0)
+        return used
+    }
+
+    private mutating func charge(_ jobId: String) throws -> ChargeEntry? {
+        if let entry = charges[jobId] { return entry }
+        guard let change = try reader.read({ try Self.loadCharge($0, jobId) }) else { return nil }
+        charges[jobId] = ChargeEntry(change: change)
+        return charges[jobId]
+    }
+
+    private mutating func existingCharge(_ jobId: String) throws -> LedgerChange {
+        try ledger.validate(job: jobId)
+        guard let entry = try charge(jobId) else { throw BusError(.notFound, "no charge for job \(jobId)") }
+        return entry.change
+    }
+
+    static func loadUser(_ db: Database, _ userId: String) throws -> UserEntry {
+        let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT plan, timeZone, planEndsAt FROM user WHERE id = ?"), arguments: [userId])
+        let attested = try Bool.fetchOne(
+            db.cachedStatement(sql: "SELECT attestedKey IS NOT NULL FROM guest WHERE userId = ?"), arguments: [userId]
+        ) ?? false
+        return UserEntry(plan: row?["plan"], timeZone: row?["timeZone"], planEndsAt: row?["planEndsAt"], attested: attested)
+    }
+
+    static func loadUsed(_ db: Database, _ counter: UsageCounter) throws -> Int {
+        try Int.fetchOne(
+            db.cachedStatement(sql: "SELECT used FROM usage WHERE userId = ? AND window = ? AND windowKey = ?"),
+            arguments: [counter.owner, counter.window, counter.key]
+        ) ?? 0
+    }
+
+    static func loadCharge(_ db: Database, _ jobId: String) throws -> LedgerChange? {
+        guard let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM charge WHERE jobId = ?"), arguments: [jobId]),
+              let state = Charge.State(rawValue: row["state"]) else { return nil }
+        let reservedAt: Date = row["reservedAt"]
+        let settledAt: Date? = row["settledAt"]
+        return LedgerChange(
+            seq: 0, jobId: row["jobId"], userId: row["userId"], cost: row["cost"], state: state, dayKey: row["dayKey"],
+            monthKey: row["monthKey"], network: row["network"], reservedAt: reservedAt.timeIntervalSince1970,
+            settledAt: settledAt?.timeIntervalSince1970, usage: []
+        )
+    }
+
+    // MARK: Changes, and their undoing
+
+    private mutating func record(_ change: LedgerChange) {
+        var change = change
+        lastSeq += 1
+        change.seq = lastSeq
+        undo.append(.charge(change.jobId, charges[change.jobId]))
+        charges[change.jobId] = ChargeEntry(change: change)
+        for usage in change.usage {
+            undo.append(.counter(usage.counter, counters[usage.counter]))
+            counters[usage.counter] = CounterEntry(used: usage.used, seq: change.seq)
+        }
+        changes.append(change)
+    }
+
+    /// The batch's changes are in the log: they stay. Hands them over and drops what the tables
+    /// already hold if memory is past its capacity.
+    mutating func keep() -> [LedgerChange] {
+        let kept = changes
+        changes.removeAll(keepingCapacity: true)
+        undo.removeAll(keepingCapacity: true)
+        evictIfFull()
+        return kept
+    }
+
+    /// The batch's changes could not be written: memory goes back to what it was before them.
+    mutating func rollBack() {
+        for step in undo.reversed() {
+            switch step {
+            case .counter(let counter, let entry): counters[counter] = entry
+            case .charge(let jobId, let entry): charges[jobId] = entry
+            }
+        }
+        lastSeq -= UInt64(changes.count)
+        changes.removeAll(keepingCapacity: true)
+        undo.removeAll(keepingCapacity: true)
+    }
+
+    /// How many changes the batch holds so far.
+    var pendingChanges: Int { changes.count }
+
+    private mutating func evictIfFull() {
+        if users.count > capacity.users { users.removeAll(keepingCapacity: true) }
+        let applied = appliedSeq
+        if counters.count > sweepAbove.counters {
+            counters = counters.filter { $0.value.seq > applied }
+            sweepAbove.counters = max(capacity.counters, counters.count + counters.count / 4)
+        }
+        if charges.count > sweepAbove.charges {
+            charges = charges.filter { $0.value.seq > applied }
+            sweepAbove.charges = max(capacity.charges, charges.count + charges.count / 4)
+        }
+    }
+
+    // MARK: A user's windows
+
+    private mutating func context(_ userId: String, now: Date) throws -> QuotaLedger.UserContext {
+        let entry = try user(userId)
+        // A plan with an end is the default plan from that instant on, whether or not anyone
+        // said so: an expiry event that never comes changes nothing.
+        var planName = entry.plan
+        var planEndsAt = entry.planEndsAt
+        if let end = planEndsAt, now >= end {
+            planName = nil
+            planEndsAt = nil
+        }
+        let (day, month) = ledger.windows.windows(containing: now, timeZone: entry.timeZone)
+        return QuotaLedger.UserContext(
+            userId: userId, plan: ledger.plans.effectivePlan(planName), planEndsAt: planEndsAt, timeZone: entry.timeZone,
+            day: day, month: month, dailyUsed: try used(Self.counter(userId, day)), monthlyUsed: try used(Self.counter(userId, month))
+        )
+    }
+
+    static func counter(_ owner: String, _ window: CalendarWindow) -> UsageCounter {
+        UsageCounter(owner: owner, window: window.kind.rawValue, key: window.key)
+    }
+
+    /// `instant` to the millisecond, as the tables store it.
+    static func millisecond(_ instant: Date) -> Double {
+        (instant.timeIntervalSince1970 * 1000).rounded() / 1000
+    }
+}
