@@ -401,7 +401,7 @@ let package = Package(
         ),
         .testTarget(
             name: "BusTests",
-            dependencies: ["Bus", "Messages", "ZeroMQ"],
+            dependencies: ["Bus", "Messages", "ZeroMQ", "TestSupport"],
             path: "Tests/BusTests",
             swiftSettings: swiftSettings
         ),

@@ -1,4 +1,5 @@
 import Testing
+import TestSupport
 
 @testable import Bus
 
@@ -34,18 +35,6 @@ struct WireFormatTests {
             case .failure(.unreadable): #expect(length < 11)
             case .failure(.malformed(let id, _)): #expect(id == 42)
             }
-        }
-    }
-
-    /// A seeded generator (SplitMix64), so a failure names inputs that can be made again.
-    struct SplitMix64: RandomNumberGenerator {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
         }
     }
 

@@ -24,6 +24,8 @@ final class LedgerCheckpointer: Sendable {
         var waiters: [Waiter] = []
         var checkpoints = 0
         var lastFailure: String?
+        /// Held back (tests: a process stopped before its checkpoints ran).
+        var paused = false
     }
 
     private struct Waiter {
@@ -36,14 +38,16 @@ final class LedgerCheckpointer: Sendable {
     private let log: LedgerLog?
     private let logger: Logger
     private let state: Mutex<State>
-    private let arrived = DispatchSemaphore(value: 0)
+    /// Signalled by a flush or a resume, which want a checkpoint now; changes arriving do not
+    /// (they wait for the next one, so that each checkpoint carries many batches).
+    private let hurry = DispatchSemaphore(value: 0)
     private let room = DispatchSemaphore(value: 0)
     private let maxBacklog: Int
     private let maxChunk = 50_000
     private let gather: Double
 
     init(writer: any DatabaseWriter, log: LedgerLog?, applied: UInt64, logger: Logger,
-         maxBacklog: Int = 500_000, gather: Duration = .milliseconds(50)) {
+         maxBacklog: Int = 500_000, gather: Duration = .milliseconds(100)) {
         self.writer = writer
         self.log = log
         self.logger = logger
@@ -59,20 +63,27 @@ final class LedgerCheckpointer: Sendable {
     var backlog: Int { state.withLock { $0.pending.count } }
     var checkpoints: Int { state.withLock { $0.checkpoints } }
 
+    /// Holds checkpoints back until `resume()` (for tests).
+    func pause() { state.withLock { $0.paused = true } }
+    func resume() {
+        state.withLock { $0.paused = false }
+        start(hurrying: true)
+    }
+
     /// Takes a batch's durable changes (in sequence order, from the ledger's thread only).
     func submit(_ changes: [LedgerChange]) {
         guard !changes.isEmpty else { return }
         state.withLock { $0.pending += changes }
-        wake()
+        start(hurrying: false)
     }
 
-    /// Starts the thread, or wakes it.
-    private func wake() {
+    /// Starts the thread if it is not running; with `hurrying`, wakes it for a checkpoint now.
+    private func start(hurrying: Bool) {
         let start = state.withLock { state -> Bool in
             defer { state.threadRunning = true }
             return !state.threadRunning
         }
-        if start { IOThread.start(name: "quota-checkpt") { [self] in loop() } } else { arrived.signal() }
+        if start { IOThread.start(name: "quota-checkpt") { [self] in loop() } } else if hurrying { hurry.signal() }
     }
 
     /// Blocks the ledger's thread while the backlog is full.
@@ -92,19 +103,20 @@ final class LedgerCheckpointer: Sendable {
                 state.waiters.append(Waiter(seq: seq, deadline: deadline, continuation: continuation))
                 return false
             }
-            if done { continuation.resume() } else { wake() }
+            if done { continuation.resume() } else { start(hurrying: true) }
         }
     }
 
     private func loop() {
         while true {
-            // Let a checkpoint gather what arrives in the next moments, unless it is large already.
-            if state.withLock({ $0.pending.count < maxChunk }) { _ = arrived.wait(timeout: .now() + gather) }
-            let chunk = state.withLock { state -> [LedgerChange] in Array(state.pending.prefix(maxChunk)) }
+            // Let a checkpoint gather the batches of the next moments, unless it is large already or
+            // someone waits for it.
+            if state.withLock({ $0.pending.count < maxChunk && $0.waiters.isEmpty }) { _ = hurry.wait(timeout: .now() + gather) }
+            let chunk = state.withLock { state -> [LedgerChange] in state.paused ? [] : Array(state.pending.prefix(maxChunk)) }
             if chunk.isEmpty {
                 expireWaiters()
                 let ended = state.withLock { state -> Bool in
-                    guard state.pending.isEmpty, state.waiters.isEmpty else { return false }
+                    guard state.paused || state.pending.isEmpty, state.waiters.isEmpty else { return false }
                     state.threadRunning = false
                     return true
                 }

@@ -1,0 +1,165 @@
+import Foundation
+import GRDB
+import Messages
+import QuotaCore
+@testable import QuotaService
+import Storage
+import Testing
+import TestSupport
+
+@Suite("The quota ledger's log")
+struct QuotaLogTests {
+    static func change(_ seq: UInt64, job: String = "job", network: String? = nil, settled: Bool = false) -> LedgerChange {
+        LedgerChange(
+            seq: seq, jobId: job, userId: "device:Ünïcode-user", cost: 4, state: settled ? .committed : .reserved,
+            dayKey: "2026-11-25", monthKey: "2026-11", network: network, reservedAt: 1_795_000_123.456, settledAt: settled ? 1_795_000_200.5 : nil,
+            usage: [LedgerChange.Usage(counter: UsageCounter(owner: "device:Ünïcode-user", window: "daily", key: "2026-11-25"), used: 12)]
+        )
+    }
+
+    @Test func crc32IsZlibs() {
+        // The check value every CRC-32 (IEEE) implementation publishes for "123456789".
+        let value = Array("123456789".utf8).withUnsafeBytes { CRC32.checksum($0) }
+        #expect(value == 0xCBF4_3926)
+    }
+
+    @Test func framesReadBackAsWrittenAndStopAtATornOrDamagedOne() {
+        var bytes: [UInt8] = []
+        let changes = [Self.change(1), Self.change(2, job: "other", network: "203.0.113.0/24", settled: true), Self.change(3)]
+        for change in changes { LedgerFrame.append(change, to: &bytes) }
+        let read = bytes.withUnsafeBytes { LedgerFrame.read($0) }
+        #expect(read.changes == changes)
+        #expect(read.validBytes == bytes.count)
+        // Every cut inside the last frame reads the first two and stops where the third began
+        var secondEnds = 0
+        do {
+            var two: [UInt8] = []
+            for change in changes.prefix(2) { LedgerFrame.append(change, to: &two) }
+            secondEnds = two.count
+        }
+        for cut in secondEnds..<bytes.count {
+            let torn = Array(bytes.prefix(cut)).withUnsafeBytes { LedgerFrame.read($0) }
+            #expect(torn.changes == Array(changes.prefix(2)), "cut at \(cut)")
+            #expect(torn.validBytes == secondEnds)
+        }
+        // A flipped bit anywhere in the second frame ends the log after the first
+        var flips = 0
+        for index in (bytes.count - (bytes.count - secondEnds) * 2)..<secondEnds {
+            var damaged = bytes
+            damaged[index] ^= 0x10
+            let read = damaged.withUnsafeBytes { LedgerFrame.read($0) }
+            #expect(read.changes == [changes[0]], "flip at \(index)")
+            flips += 1
+        }
+        #expect(flips > 50)
+    }
+
+    @Test func garbageReadsAsNoChangesAndNeverTraps() {
+        var generator = SystemRandomNumberGenerator()
+        for size in 0..<2000 {
+            let garbage = (0..<size).map { _ in UInt8.random(in: 0...255, using: &generator) }
+            #expect(garbage.withUnsafeBytes { LedgerFrame.read($0) }.changes.isEmpty)
+        }
+    }
+}
+
+@Suite("The quota ledger's memory, log and checkpoints", .serialized)
+struct QuotaMemoryLedgerTests {
+    /// Opens the database in `folder` as the service does.
+    static func open(_ folder: URL, guests: GuestLimits = GuestLimits()) throws -> QuotaDatabase {
+        try QuotaDatabase.open(path: folder.appendingPathComponent("quota.sqlite").path, guests: guests)
+    }
+
+    static func folder() throws -> URL {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("quota-ledger-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        return folder
+    }
+
+    /// A mix of reserves (some over the limit, some on a shared guest network, over two days),
+    /// commits and releases, for 12 users; the users.
+    static func workload(_ store: QuotaDatabase, seed: UInt64, start: Date) async throws -> [String] {
+        var random = SplitMix64(state: seed)
+        let users = (0..<12).map { "user-\($0)" }
+        var reserved: [String] = []
+        for step in 0..<600 {
+            let now = start.addingTimeInterval(Double(step) * 150)  // 600 steps: about a day
+            let user = users[Int(random.next() % UInt64(users.count))]
+            switch random.next() % 10 {
+            case 0..<6:
+                let job = "job-\(seed)-\(step)"
+                let network = random.next() % 3 == 0 ? "198.51.100.0/24" : nil
+                let decision = try await store.reserve(ReserveQuota(userId: user, jobId: job, cost: 1 + Int(random.next() % 4), network: network), now: now)
+                if decision.admitted { reserved.append(job) }
+            case 6..<8:
+                if let job = reserved.popLast() { _ = try await store.commit(jobId: job, now: now) }
+            default:
+                if !reserved.isEmpty { _ = try await store.release(jobId: reserved.remove(at: Int(random.next() % UInt64(reserved.count))), now: now) }
+            }
+        }
+        return users
+    }
+
+    static func snapshot(_ store: QuotaDatabase, _ users: [String], at now: Date) async throws -> [String: [Int]] {
+        var statuses: [String: [Int]] = [:]
+        for user in users {
+            let status = try await store.status(userId: user, now: now)
+            statuses[user] = [status.daily.used, status.monthly.used]
+        }
+        return statuses
+    }
+
+    /// Whether the tables agree with themselves: each usage counter is the sum of the costs of the
+    /// charges in its window that were not released (every usage row here began at zero).
+    static func tablesAgree(_ store: QuotaDatabase) async throws -> (Bool, charges: Int) {
+        try await store.writer.read { db in
+            let disagreeing = try Int.fetchOne(db, sql: """
+                SELECT count(*) FROM usage u WHERE used != coalesce((
+                    SELECT sum(cost) FROM charge c WHERE c.state != 'released' AND (
+                        (u.window = 'daily' AND c.dayKey = u.windowKey AND (c.userId = u.userId OR 'net:' || c.network = u.userId))
+                        OR (u.window = 'monthly' AND c.monthKey = u.windowKey AND c.userId = u.userId))), 0)
+                """) ?? -1
+            return (disagreeing == 0, try Int.fetchOne(db, sql: "SELECT count(*) FROM charge") ?? 0)
+        }
+    }
+
+    @Test func aRestartAppliesTheLogsTailAndRebuildsMemoryExactly() async throws {
+        let folder = try Self.folder()
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let start = Date(timeIntervalSince1970: 1_795_000_000)
+        let end = start.addingTimeInterval(600 * 150)
+        let guests = GuestLimits(perNetworkHour: 30, networkDaily: 25)
+        // Given a store whose tables caught up with a first workload
+        let first = try Self.open(folder, guests: guests)
+        let users = try await Self.workload(first, seed: 1, start: start)
+        _ = try await first.usage(userId: users[0], now: end)  // returns once the tables hold everything
+        let (_, chargesBefore) = try await Self.tablesAgree(first)
+        // And a second workload that only the log holds when the process stops (its checkpoints
+        // held back, as if it were killed before they ran)
+        first.engine.checkpointer.pause()
+        _ = try await Self.workload(first, seed: 2, start: start)
+        #expect(first.engine.checkpointer.backlog > 100)
+        let expected = try await Self.snapshot(first, users, at: end)
+        #expect(try await Self.tablesAgree(first).charges == chargesBefore)
+
+        // When the store is opened again on the same files
+        let reopened = try Self.open(folder, guests: guests)
+        // Then every user's windows are as they were, from memory rebuilt from the tables the
+        // log's tail was applied to
+        #expect(try await Self.snapshot(reopened, users, at: end) == expected)
+        let (agree, charges) = try await Self.tablesAgree(reopened)
+        #expect(agree)
+        #expect(charges > chargesBefore)
+        // And the segments replayed are gone, a new one begun
+        let segments = try FileManager.default.contentsOfDirectory(atPath: folder.appendingPathComponent("quota.sqlite-ledger").path)
+        #expect(segments.count == 1)
+        // And a charge from the tail settles as any other, and a re-sent reserve charges nothing more
+        let tailJob = try await reopened.usage(userId: "user-3", now: end).charges.first { $0.state == .reserved }
+        if let tailJob {
+            #expect(try await reopened.commit(jobId: tailJob.jobId, now: end).state == .committed)
+            let before = try await reopened.status(userId: "user-3", now: tailJob.reservedAt)
+            _ = try await reopened.reserve(ReserveQuota(userId: "user-3", jobId: tailJob.jobId, cost: tailJob.cost), now: tailJob.reservedAt)
+            #expect(try await reopened.status(userId: "user-3", now: tailJob.reservedAt) == before)
+        }
+    }
+}
