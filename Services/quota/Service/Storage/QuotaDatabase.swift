@@ -27,11 +27,13 @@ public struct QuotaDatabase: QuotaStore {
     private let walCheckpointer: WALCheckpointer?
 
     private init(_ writer: any DatabaseWriter, ledger: QuotaLedger, log: LedgerLog?, applied: UInt64,
-                 walCheckpointer: WALCheckpointer?, logger: Logger) {
+                 walCheckpointer: WALCheckpointer?, logger: Logger) throws {
         self.writer = writer
         self.ledger = ledger
         let checkpointer = LedgerCheckpointer(writer: writer, log: log, applied: applied, logger: logger)
-        engine = QuotaEngine(memory: QuotaMemory(ledger: ledger, reader: writer, lastSeq: applied), log: log, checkpointer: checkpointer)
+        var memory = QuotaMemory(ledger: ledger, reader: writer, lastSeq: applied)
+        try memory.warm(now: Date())
+        engine = QuotaEngine(memory: memory, log: log, checkpointer: checkpointer)
         self.walCheckpointer = walCheckpointer
     }
 
@@ -50,7 +52,7 @@ public struct QuotaDatabase: QuotaStore {
         let directory = path + "-ledger"
         let applied = try replay(directory: directory, into: pool, logger: logger)
         let log = try LedgerLog(directory: directory, nextSeq: applied + 1)
-        return QuotaDatabase(pool, ledger: QuotaLedger(plans: plans, guests: guests), log: log, applied: applied,
+        return try QuotaDatabase(pool, ledger: QuotaLedger(plans: plans, guests: guests), log: log, applied: applied,
                              walCheckpointer: walCheckpointer, logger: logger)
     }
 
@@ -58,7 +60,7 @@ public struct QuotaDatabase: QuotaStore {
     public static func inMemory(plans: PlanCatalog = .standard, guests: GuestLimits = GuestLimits()) throws -> QuotaDatabase {
         let queue = try DatabaseQueue()
         try migrator.migrate(queue)
-        return QuotaDatabase(queue, ledger: QuotaLedger(plans: plans, guests: guests), log: nil, applied: 0,
+        return try QuotaDatabase(queue, ledger: QuotaLedger(plans: plans, guests: guests), log: nil, applied: 0,
                              walCheckpointer: nil, logger: Logger(label: "quota"))
     }
 
@@ -109,7 +111,7 @@ public struct QuotaDatabase: QuotaStore {
     public func setPlan(_ request: SetPlan, now: Date) async throws -> QuotaStatus {
         try await engine.perform { [writer, ledger] memory in
             try writer.write { try ledger.setPlan($0, request, now: now) }
-            memory.forget(user: request.userId)
+            try memory.reload(user: request.userId)
             return try memory.status(userId: request.userId, now: now)
         }
     }
@@ -117,7 +119,7 @@ public struct QuotaDatabase: QuotaStore {
     public func applySubscription(_ event: SubscriptionEvent, now: Date) async throws -> SubscriptionOutcome {
         try await engine.perform { [writer, ledger] memory in
             let result = try writer.write { try ledger.applySubscription($0, event, now: now) }
-            memory.forget(user: event.userId)
+            try memory.reload(user: event.userId)
             return SubscriptionOutcome(result: result, status: try memory.status(userId: event.userId, now: now))
         }
     }
@@ -130,7 +132,7 @@ public struct QuotaDatabase: QuotaStore {
     public func attestGuest(_ request: AttestGuest, now: Date) async throws -> GuestAttestation {
         try await engine.perform { [writer, ledger] memory in
             let attestation = try writer.write { try ledger.attestGuest($0, request, now: now) }
-            memory.forget(user: request.userId)
+            try memory.reload(user: request.userId)
             return attestation
         }
     }

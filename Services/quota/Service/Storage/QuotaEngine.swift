@@ -166,7 +166,7 @@ final class QuotaEngine: Sendable {
                 return failure
             }
         }
-        let kept = memory.keep()
+        let kept = memory.keep(now: Date())
         checkpointer.submit(kept)
         // A full segment is closed once its changes are durable; failing to begin the next one
         // leaves the current one open, to try again after the next batch.

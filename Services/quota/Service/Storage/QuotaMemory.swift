@@ -23,7 +23,10 @@ struct QuotaMemory {
         var plan: String?
         var timeZone: String?
         var planEndsAt: Date?
-        var attested: Bool
+        /// Read when first needed (only a reserve on a guest network asks).
+        var attested: Bool?
+
+        static let none = UserEntry(plan: nil, timeZone: nil, planEndsAt: nil, attested: nil)
     }
 
     struct CounterEntry {
@@ -59,6 +62,10 @@ struct QuotaMemory {
     private var undo: [Undo] = []
     /// Job ids this batch's prefetch found in neither memory nor the tables.
     private var absentCharges: Set<String> = []
+    /// Whether every plan row is in memory (`warm`), and the first day and month key from which
+    /// every usage counter is.
+    private var usersWhole = false
+    private var wholeFrom = (day: QuotaMemory.nothingWhole, month: QuotaMemory.nothingWhole)
     private var sweepAbove: (counters: Int, charges: Int)
 
     private enum Undo {
@@ -101,7 +108,7 @@ struct QuotaMemory {
         // A guest's network shares the day's free credits of all its guests, except with an
         // attested guest: a real install of the app, however many share its address.
         var network = ledger.sharedNetwork(of: request)
-        if network != nil, try user(request.userId).attested { network = nil }
+        if network != nil, try attested(request.userId) { network = nil }
         var networkCounter: (UsageCounter, Int)?
         if let network {
             let counter = UsageCounter(owner: "net:" + network, window: CalendarWindow.Kind.daily.rawValue, key: context.day.key)
@@ -179,10 +186,82 @@ struct QuotaMemory {
         return entry.change.state != .reserved
     }
 
-    /// What the tables now say of a user's plan row, after a rare write changed it.
-    mutating func forget(user userId: String) {
-        users[userId] = nil
+    /// Reads a user's plan row again, after a rare write changed it.
+    mutating func reload(user userId: String) throws {
+        users[userId] = try reader.read { try Self.loadUser($0, userId) }
     }
+
+    // MARK: What memory holds whole
+
+    /// Loads every plan row, and every usage counter of the windows current now in any time
+    /// zone (UTC yesterday to tomorrow, and their months), when they fit: memory then holds those
+    /// whole, and a user or counter it does not hold needs no read (a new user: the default
+    /// plan, nothing used). Counters of later windows are whole too: only this process writes
+    /// the tables, through memory.
+    mutating func warm(now: Date) throws {
+        let utc = TimeZone(identifier: "UTC")!
+        let yesterday = now.addingTimeInterval(-86_400)
+        let days = (0..<3).map { CalendarWindow(.daily, containing: yesterday.addingTimeInterval(Double($0) * 86_400), in: utc).key }
+        let months = Array(Set((0..<3).map { CalendarWindow(.monthly, containing: yesterday.addingTimeInterval(Double($0) * 86_400), in: utc).key }))
+        let capacity = capacity
+        let loaded = try reader.read { db -> (users: [String: UserEntry]?, counters: [UsageCounter: Int]?) in
+            var users: [String: UserEntry]? = [:]
+            if try Int.fetchOne(db, sql: "SELECT count(*) FROM user") ?? 0 <= capacity.users / 2 {
+                for row in try Row.fetchAll(db, sql: "SELECT id, plan, timeZone, planEndsAt FROM user") {
+                    users?[row["id"]] = UserEntry(plan: row["plan"], timeZone: row["timeZone"], planEndsAt: row["planEndsAt"], attested: nil)
+                }
+            } else {
+                users = nil
+            }
+            var counters: [UsageCounter: Int]? = [:]
+            let marks = Array(repeating: "?", count: days.count + months.count).joined(separator: ",")
+            let cursor = try Row.fetchCursor(db, sql: "SELECT userId, window, windowKey, used FROM usage WHERE windowKey IN (\(marks))",
+                                             arguments: StatementArguments(days + months))
+            while let row = try cursor.next() {
+                counters?[UsageCounter(owner: row["userId"], window: row["window"], key: row["windowKey"])] = row["used"]
+                if (counters?.count ?? 0) > capacity.counters / 2 {
+                    counters = nil
+                    break
+                }
+            }
+            return (users, counters)
+        }
+        if let loadedUsers = loaded.users {
+            users = loadedUsers
+            usersWhole = true
+        }
+        if let loadedCounters = loaded.counters {
+            for (counter, used) in loadedCounters { counters[counter] = CounterEntry(used: used, seq: 0) }
+            wholeFrom = (days[0], months.min()!)
+        }
+    }
+
+    /// Whether every counter of `counter`'s window is in memory.
+    private func isWhole(_ counter: UsageCounter) -> Bool {
+        counter.window == CalendarWindow.Kind.daily.rawValue ? counter.key >= wholeFrom.day : counter.key >= wholeFrom.month
+    }
+
+    /// A user's entry if memory knows it without reading.
+    private func knownUser(_ userId: String) -> UserEntry? {
+        users[userId] ?? (usersWhole ? UserEntry.none : nil)
+    }
+
+    /// A counter's value if memory knows it without reading.
+    private func knownUsed(_ counter: UsageCounter) -> Int? {
+        counters[counter]?.used ?? (isWhole(counter) ? 0 : nil)
+    }
+
+    /// Keeps the windows held whole to those still current (UTC yesterday on), so that older
+    /// counters may be dropped once the tables hold them.
+    private mutating func narrowWhole(now: Date) {
+        guard wholeFrom.day != Self.nothingWhole else { return }
+        let yesterday = ledger.windows.windows(containing: now.addingTimeInterval(-86_400), timeZone: nil)
+        if yesterday.day.key > wholeFrom.day { wholeFrom.day = yesterday.day.key }
+        if yesterday.month.key > wholeFrom.month { wholeFrom.month = yesterday.month.key }
+    }
+
+    /// A window key above every real one: nothing is held whole.
+    private static let nothingWhole = "~"
 
     // MARK: Loading what memory does not hold
 
@@ -205,19 +284,27 @@ struct QuotaMemory {
     /// The prefetch's reads (memory is only read here, so its dictionaries are not copied).
     private func load(_ missing: [Need], jobIds: [String]) throws
         -> (users: [String: UserEntry], counters: [UsageCounter: Int], charges: [String: LedgerChange]) {
-        let (windows, known, existing) = (ledger.windows, users, counters)
-        return try reader.read { db in
-            let loadedUsers = try Self.loadUsers(db, Array(Set(missing.compactMap(\.userId).filter { known[$0] == nil })))
-            var wanted = Set<UsageCounter>()
-            for need in missing {
-                guard let userId = need.userId, let now = need.now, let entry = known[userId] ?? loadedUsers[userId] else { continue }
-                let (day, month) = windows.windows(containing: now, timeZone: entry.timeZone)
-                wanted.insert(Self.counter(userId, day))
-                wanted.insert(Self.counter(userId, month))
-                if let network = need.network { wanted.insert(UsageCounter(owner: "net:" + network, window: "daily", key: day.key)) }
+        let windows = ledger.windows
+        let unknownUsers = Set(missing.compactMap(\.userId).filter { knownUser($0) == nil })
+        let unknownAttested = Set(missing.filter { $0.network != nil }.compactMap(\.userId).filter { knownUser($0)?.attested == nil })
+        var loadedUsers = try reader.read { db in try Self.loadUsers(db, Array(unknownUsers)) }
+        var wanted = Set<UsageCounter>()
+        for need in missing {
+            guard let userId = need.userId, let now = need.now, let entry = knownUser(userId) ?? loadedUsers[userId] else { continue }
+            let (day, month) = windows.windows(containing: now, timeZone: entry.timeZone)
+            for counter in [Self.counter(userId, day), Self.counter(userId, month)] where knownUsed(counter) == nil { wanted.insert(counter) }
+            if let network = need.network {
+                let counter = UsageCounter(owner: "net:" + network, window: "daily", key: day.key)
+                if knownUsed(counter) == nil { wanted.insert(counter) }
             }
-            let counters = try Self.loadUsed(db, Array(wanted.filter { existing[$0] == nil }))
-            return (loadedUsers, counters, try Self.loadCharges(db, jobIds))
+        }
+        return try reader.read { db in
+            for userId in unknownAttested {
+                var entry = loadedUsers[userId] ?? knownUser(userId) ?? .none
+                entry.attested = try Self.loadAttested(db, userId)
+                loadedUsers[userId] = entry
+            }
+            return (loadedUsers, try Self.loadUsed(db, Array(wanted)), try Self.loadCharges(db, jobIds))
         }
     }
 
@@ -232,23 +319,32 @@ struct QuotaMemory {
     private func holds(_ need: Need) -> Bool {
         if let jobId = need.jobId, charges[jobId] == nil { return false }
         guard let userId = need.userId else { return true }
-        guard let entry = users[userId] else { return false }
+        guard let entry = knownUser(userId) else { return false }
         guard let now = need.now else { return true }
         let (day, month) = ledger.windows.windows(containing: now, timeZone: entry.timeZone)
-        if counters[Self.counter(userId, day)] == nil || counters[Self.counter(userId, month)] == nil { return false }
-        if let network = need.network, counters[UsageCounter(owner: "net:" + network, window: "daily", key: day.key)] == nil { return false }
+        if knownUsed(Self.counter(userId, day)) == nil || knownUsed(Self.counter(userId, month)) == nil { return false }
+        if let network = need.network {
+            if knownUsed(UsageCounter(owner: "net:" + network, window: "daily", key: day.key)) == nil || entry.attested == nil { return false }
+        }
         return true
     }
 
     private mutating func user(_ userId: String) throws -> UserEntry {
-        if let entry = users[userId] { return entry }
+        if let entry = knownUser(userId) { return entry }
         let entry = try reader.read { try Self.loadUser($0, userId) }
         users[userId] = entry
         return entry
     }
 
+    private mutating func attested(_ userId: String) throws -> Bool {
+        if let attested = try user(userId).attested { return attested }
+        let attested = try reader.read { try Self.loadAttested($0, userId) }
+        users[userId, default: .none].attested = attested
+        return attested
+    }
+
     private mutating func used(_ counter: UsageCounter) throws -> Int {
-        if let entry = counters[counter] { return entry.used }
+        if let used = knownUsed(counter) { return used }
         let used = try reader.read { try Self.loadUsed($0, counter) }
         counters[counter] = CounterEntry(used: used, seq: 0)
         return used
@@ -291,18 +387,11 @@ struct QuotaMemory {
         return users
     }
 
-    /// The values of `wanted` (a counter without a row: 0).
+    /// The values of `wanted` (a counter without a row: 0), each a lookup by the table's key
+    /// with one prepared statement (a row-value `IN` list would scan the table).
     static func loadUsed(_ db: Database, _ wanted: [UsageCounter]) throws -> [UsageCounter: Int] {
         var used: [UsageCounter: Int] = [:]
-        for part in stride(from: 0, to: wanted.count, by: chunk).map({ Array(wanted[$0..<min($0 + chunk, wanted.count)]) }) {
-            for counter in part { used[counter] = 0 }
-            let marks = Array(repeating: "(?,?,?)", count: part.count).joined(separator: ",")
-            let rows = try Row.fetchAll(
-                db, sql: "SELECT userId, window, windowKey, used FROM usage WHERE (userId, window, windowKey) IN (VALUES \(marks))",
-                arguments: StatementArguments(part.flatMap { [$0.owner, $0.window, $0.key] })
-            )
-            for row in rows { used[UsageCounter(owner: row["userId"], window: row["window"], key: row["windowKey"])] = row["used"] }
-        }
+        for counter in wanted { used[counter] = try loadUsed(db, counter) }
         return used
     }
 
@@ -320,10 +409,11 @@ struct QuotaMemory {
 
     static func loadUser(_ db: Database, _ userId: String) throws -> UserEntry {
         let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT plan, timeZone, planEndsAt FROM user WHERE id = ?"), arguments: [userId])
-        let attested = try Bool.fetchOne(
-            db.cachedStatement(sql: "SELECT attestedKey IS NOT NULL FROM guest WHERE userId = ?"), arguments: [userId]
-        ) ?? false
-        return UserEntry(plan: row?["plan"], timeZone: row?["timeZone"], planEndsAt: row?["planEndsAt"], attested: attested)
+        return UserEntry(plan: row?["plan"], timeZone: row?["timeZone"], planEndsAt: row?["planEndsAt"], attested: try loadAttested(db, userId))
+    }
+
+    static func loadAttested(_ db: Database, _ userId: String) throws -> Bool {
+        try Bool.fetchOne(db.cachedStatement(sql: "SELECT attestedKey IS NOT NULL FROM guest WHERE userId = ?"), arguments: [userId]) ?? false
     }
 
     static func loadUsed(_ db: Database, _ counter: UsageCounter) throws -> Int {
@@ -365,11 +455,11 @@ struct QuotaMemory {
 
     /// The batch's changes are in the log: they stay. Hands them over and drops what the tables
     /// already hold if memory is past its capacity.
-    mutating func keep() -> [LedgerChange] {
+    mutating func keep(now: Date) -> [LedgerChange] {
         let kept = changes
         changes.removeAll(keepingCapacity: true)
         undo.removeAll(keepingCapacity: true)
-        evictIfFull()
+        evictIfFull(now: now)
         return kept
     }
 
@@ -389,11 +479,20 @@ struct QuotaMemory {
     /// How many changes the batch holds so far.
     var pendingChanges: Int { changes.count }
 
-    private mutating func evictIfFull() {
-        if users.count > capacity.users { users.removeAll(keepingCapacity: true) }
+    private mutating func evictIfFull(now: Date) {
+        if users.count > capacity.users {
+            users.removeAll(keepingCapacity: true)
+            usersWhole = false
+        }
         let applied = appliedSeq
         if counters.count > sweepAbove.counters {
-            counters = counters.filter { $0.value.seq > applied }
+            // First what is not held whole; if that is not enough, nothing is held whole.
+            narrowWhole(now: now)
+            counters = counters.filter { $0.value.seq > applied || isWhole($0.key) }
+            if counters.count > capacity.counters {
+                wholeFrom = (Self.nothingWhole, Self.nothingWhole)
+                counters = counters.filter { $0.value.seq > applied }
+            }
             sweepAbove.counters = max(capacity.counters, counters.count + counters.count / 4)
         }
         if charges.count > sweepAbove.charges {
