@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Quota benchmark: durable reserve decisions through the bus (the quota service as it ships,
-# WAL + synchronous=FULL, group commit) against an in-memory Redis limiter (one Lua script over a
-# day and a month counter, redis-benchmark with EVALSHA, 32 connections, random users, no
-# pipelining), in the same run on this machine.
+# Quota benchmark: durable reserve decisions through the bus (the quota service as it ships:
+# decided in memory, each batch appended to its ledger's log and fdatasynced before the answers)
+# against a Redis limiter (one Lua script over a day and a month counter, redis-benchmark with
+# EVALSHA, 32 connections, random users, no pipelining), in memory and with `appendfsync always`
+# (the same promise as ours), in the same run on this machine. Ends with
+# `quota/redis decisions ratio: X` and `quota/redis-durable decisions ratio: Y`.
 #
 # STORE=postgres: the quota service on PostgreSQL instead (a PostgreSQL 15 of its own in the scratch
 # folder, scripts/postgres-server.sh), with one and then two replicas (the bench client given both

@@ -102,14 +102,16 @@ assert {span["name"] for span in calls} >= {"GET", "PUT"}, f"the worker's input 
 stored = [span for span in found if span["service"] == "gateway" and span["parent_span_id"] in {c["span_id"] for c in calls}]
 assert len(stored) == len(calls), f"each of the worker's transfers is served by a gateway span under it: {stored}"
 print(f"  ok: the worker's {len(calls)} transfers are the run's children, and the gateway's file routes theirs")
-# Each write the request made joined a group commit whose span links to the request's handler.
-def commits_linking(handler):
-    return [span for span in spans() if span["name"] == "sqlite.group-commit" and {"trace_id": trace_id, "span_id": handler["span_id"]} in span["links"]]
+# Each write the request made joined a group commit whose span links to the request's handler:
+# quota's batch of decisions written to its ledger's log, jobs' SQLite transaction.
+def commits_linking(handler, name):
+    return [span for span in spans() if span["name"] == name and {"trace_id": trace_id, "span_id": handler["span_id"]} in span["links"]]
 
 
-for service, method in [("quota", "quota.reserve"), ("jobs", "jobs.create")]:
+for service, method, name in [("quota", "quota.reserve", "quota.ledger-commit"), ("jobs", "jobs.create", "sqlite.group-commit")]:
     handler = next(span for span in found if span["service"] == service and span["name"] == method and span["kind"] == SERVER)
-    commits = wait(f"{service}'s group commit of {method} links to its handler's span", lambda handler=handler: commits_linking(handler), seconds=10)
+    commits = wait(f"{service}'s group commit of {method} links to its handler's span",
+                   lambda handler=handler, name=name: commits_linking(handler, name), seconds=10)
     assert all(commit["service"] == service for commit in commits)
 
 # History's deliveries of the job's events are linked to the trace the job was created in.

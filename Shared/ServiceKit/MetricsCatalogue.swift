@@ -25,6 +25,7 @@ public enum MetricsCatalogue {
         // Quota.
         "quota_decisions_total": "Quota admissions and denials, by decision and by the window that admitted or refused.",
         "quota_guests_refused_total": "Guest devices refused by the per-network guest limits.",
+        "quota_ledger_backlog": "Quota decisions durable in the ledger's log but not yet written into its tables (checkpoints every 100 ms).",
         // History.
         "history_events_received_total": "Job events history received from jobs.",
         "history_events_applied_total": "Job events that changed a history item (the rest were repeats or older).",

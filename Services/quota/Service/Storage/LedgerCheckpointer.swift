@@ -4,6 +4,7 @@ import Foundation
 import GRDB
 import Logging
 import Messages
+import Metrics
 import Storage
 import Synchronization
 
@@ -45,6 +46,8 @@ final class LedgerCheckpointer: Sendable {
     private let maxBacklog: Int
     private let maxChunk = 50_000
     private let gather: Double
+    /// `quota_ledger_backlog`: changes not yet in the tables.
+    private static let backlogGauge = Gauge(label: "quota_ledger_backlog")
 
     init(writer: any DatabaseWriter, log: LedgerLog?, applied: UInt64, logger: Logger,
          maxBacklog: Int = 500_000, gather: Duration = .milliseconds(100)) {
@@ -54,6 +57,7 @@ final class LedgerCheckpointer: Sendable {
         self.maxBacklog = maxBacklog
         self.gather = Double(gather.components.seconds) + Double(gather.components.attoseconds) / 1e18
         state = Mutex(State(applied: applied))
+        Self.backlogGauge.record(0)
     }
 
     /// The last sequence number the tables hold.
@@ -73,7 +77,10 @@ final class LedgerCheckpointer: Sendable {
     /// Takes a batch's durable changes (in sequence order, from the ledger's thread only).
     func submit(_ changes: [LedgerChange]) {
         guard !changes.isEmpty else { return }
-        state.withLock { $0.pending += changes }
+        Self.backlogGauge.record(state.withLock { state in
+            state.pending += changes
+            return state.pending.count
+        })
         start(hurrying: false)
     }
 
@@ -127,6 +134,7 @@ final class LedgerCheckpointer: Sendable {
                 try writer.write { db in try Self.apply(chunk, db) }
                 let (applied, ready) = state.withLock { state -> (UInt64, [Waiter]) in
                     state.pending.removeFirst(chunk.count)
+                    Self.backlogGauge.record(state.pending.count)
                     state.applied = chunk.last!.seq
                     state.checkpoints += 1
                     if state.lastFailure != nil { state.lastFailure = nil }
