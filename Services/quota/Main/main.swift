@@ -19,7 +19,7 @@ await ProcessExit.run("quota") { try await BusServiceRunner.run(.quota, translat
         store = PostgresQuotaStore(database: database, plans: configuration.plans, guests: configuration.guests, logger: logger)
         logger.info("quota database open", metadata: ["postgres": "\(location)"])
     } else {
-        store = try QuotaDatabase.open(path: configuration.databasePath, plans: configuration.plans, guests: configuration.guests)
+        store = try QuotaDatabase.open(path: configuration.databasePath, plans: configuration.plans, guests: configuration.guests, logger: logger)
         logger.info("quota database open", metadata: ["path": "\(configuration.databasePath)"])
     }
     QuotaHandler(store: store, plans: configuration.plans).register(on: &router)
