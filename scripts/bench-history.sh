@@ -5,6 +5,7 @@
 # gateway, a typical user's first page, a cursor page deep in the large history, an offset page
 # at 5,000, and a substring search, all in the same run. STORE=postgres: the same history in a
 # PostgreSQL of its own (scripts/postgres-server.sh, in the scratch folder), history on it.
+# BENCH_PERF=DIR also records a perf profile of the whole machine during each measurement.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${BENCH_SECONDS:-10}
@@ -44,14 +45,14 @@ big=$("$BIN/history-bench" token "$JWT_SECRET" user-big)
 cursor=$(curl -fsS -H "Authorization: Bearer $big" "$url/api/v1/history?limit=50&offset=90000" |
   python3 -c 'import sys, json, urllib.parse; print(urllib.parse.quote(json.load(sys.stdin)["nextCursor"], safe=""))')
 
-healthz=$(measure "$url/healthz")
-first=$(measure -H "Authorization: Bearer $small" "$url/api/v1/history")
-deep=$(measure -H "Authorization: Bearer $big" "$url/api/v1/history?limit=50&cursor=$cursor")
-offset=$(measure -H "Authorization: Bearer $big" "$url/api/v1/history?limit=50&offset=5000")
-search=$(measure -H "Authorization: Bearer $small" "$url/api/v1/history?q=unset")
+healthz=$(MEASURE_LABEL=healthz measure "$url/healthz")
+first=$(MEASURE_LABEL=first-page measure -H "Authorization: Bearer $small" "$url/api/v1/history")
+deep=$(MEASURE_LABEL=deep-cursor measure -H "Authorization: Bearer $big" "$url/api/v1/history?limit=50&cursor=$cursor")
+offset=$(MEASURE_LABEL=offset measure -H "Authorization: Bearer $big" "$url/api/v1/history?limit=50&offset=5000")
+search=$(MEASURE_LABEL=search measure -H "Authorization: Bearer $small" "$url/api/v1/history?q=unset")
 # (Counting every match in 100,000 items per request: on PostgreSQL, 32 at once run past the 5 s
 # deadline, so its errors are reported rather than fatal.)
-bigsearch=$(MEASURE_ALLOW_ERRORS=1 measure -H "Authorization: Bearer $big" "$url/api/v1/history?q=storm%20%231")
+bigsearch=$(MEASURE_ALLOW_ERRORS=1 MEASURE_LABEL=big-search measure -H "Authorization: Bearer $big" "$url/api/v1/history?q=storm%20%231")
 
 row() { read -r rps p50 p99 <<<"$2"; printf "%-44s %8s req/s  p50 %6s ms  p99 %6s ms\n" "$1" "$rps" "$p50" "$p99"; }
 echo "history of $ITEMS items on ${STORE:-sqlite}, wrk 32 connections, ${DURATION}s each, logs at warning:"

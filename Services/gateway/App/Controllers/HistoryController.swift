@@ -25,7 +25,7 @@ struct HistoryController<Context: GatewayRequestContext>: Sendable {
                 list.locale = HistoryQuery.language(request.headers[.acceptLanguage])
             }
             let page = try await clients.call(.history, History.list, list)
-            return try JSONResponse.make(.ok, PageView(page, links: links))
+            return HistoryJSON.response(links: links, capacity: 512 + page.items.count * 1024) { $0.page(page) }
         }
         router.get("/api/v1/history/changes") { request, context in
             let caller = try context.caller()
@@ -33,11 +33,11 @@ struct HistoryController<Context: GatewayRequestContext>: Sendable {
             let limit = try HistoryQuery.integer(query["limit"], name: "limit", default: 200, range: 1...500)
             let since = query["since"].map(String.init).flatMap { $0.isEmpty ? nil : $0 }
             let changes = try await clients.call(.history, History.changes, ChangesSince(userId: caller.id, token: since, limit: limit))
-            return try JSONResponse.make(.ok, ChangesView(changes, links: links))
+            return HistoryJSON.response(links: links, capacity: 256 + changes.changes.count * 1024) { $0.changes(changes) }
         }
         router.get("/api/v1/history/:jobId") { request, context in
             let (_, item) = try await ownedItem(request, context)
-            return try JSONResponse.make(.ok, ItemView(item, links: links))
+            return HistoryJSON.response(links: links) { $0.item(item) }
         }
         router.delete("/api/v1/history/:jobId") { request, context in
             let caller = try context.caller()
@@ -80,86 +80,6 @@ struct HistoryController<Context: GatewayRequestContext>: Sendable {
     struct Shared: Encodable {
         var shareUrl: String
         var expiresAt: Date
-    }
-
-    /// An item as the app's `HistoryItem` decodes it: `status` is one of the app's four values.
-    struct ItemView: Encodable {
-        var id: String
-        var thumbnailUrl: String?
-        var effectTitle: String
-        var effectId: String
-        var status: HistoryStatus
-        var createdAt: Date
-        var resultUrl: String?
-        var originalImageKey: String
-        var parameters: [String: Double]
-        var prompt: String?
-        var error: String?
-        var progress: Double?
-        /// Credits the edit used: its price once it completed (or while it runs); 0 when it
-        /// failed or was cancelled (they were given back).
-        var credits: Int
-
-        init(_ item: HistoryItem, links: DownloadLinks) {
-            let completed = item.status == .completed
-            id = item.jobId
-            thumbnailUrl = completed ? links.url(item.thumbnailKey) : nil
-            effectTitle = item.effectTitle
-            effectId = item.effectId
-            status = HistoryStatus(item.status)
-            createdAt = item.createdAt
-            resultUrl = completed ? links.url(item.resultKey) : nil
-            originalImageKey = item.originalImageKey
-            parameters = item.parameters
-            prompt = item.prompt
-            error = item.status == .failed ? item.lastError : nil
-            progress = status == .processing ? item.progress : nil
-            credits = item.cost
-        }
-    }
-
-    struct SectionView: Encodable {
-        var month: String
-        var title: String
-        var items: [ItemView]
-    }
-
-    struct PageView: Encodable {
-        var items: [ItemView]
-        var totalCount: Int
-        var hasMore: Bool
-        var nextCursor: String?
-        var sections: [SectionView]?
-
-        init(_ page: HistoryPage, links: DownloadLinks) {
-            items = page.items.map { ItemView($0, links: links) }
-            totalCount = page.totalCount
-            hasMore = page.hasMore
-            nextCursor = page.nextCursor
-            sections = page.sections?.map { section in
-                SectionView(month: section.month, title: section.title, items: section.items.map { ItemView($0, links: links) })
-            }
-        }
-    }
-
-    struct ChangeView: Encodable {
-        var op: HistoryChange.Operation
-        var item: ItemView?
-        var id: String?
-    }
-
-    struct ChangesView: Encodable {
-        var changes: [ChangeView]
-        var nextToken: String
-        var hasMore: Bool
-
-        init(_ changes: HistoryChanges, links: DownloadLinks) {
-            self.changes = changes.changes.map { change in
-                ChangeView(op: change.op, item: change.item.map { ItemView($0, links: links) }, id: change.id ?? change.item?.jobId)
-            }
-            nextToken = changes.nextToken
-            hasMore = changes.hasMore
-        }
     }
 }
 

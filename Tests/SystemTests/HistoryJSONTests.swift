@@ -1,0 +1,122 @@
+import Blobs
+import Foundation
+@testable import GatewayApp
+import Messages
+import Testing
+import TestSupport
+
+/// The History routes' bodies, written by hand in one pass: the same JSON the app's models read.
+@Suite("History JSON")
+struct HistoryJSONTests {
+    static func links() async throws -> (DownloadLinks, URL) {
+        let root = FileManager.default.temporaryDirectory.appendingPathComponent("history-json-\(UUID().uuidString)")
+        let blobs = try await FolderBlobStore.open(root: root, signer: URLSigner(secret: "history-json-test"), publicBaseURL: "http://gateway.test")
+        return (DownloadLinks(blobs: blobs, publicBaseURL: "http://gateway.test", lifetime: 900), root)
+    }
+
+    static func item(_ status: JobStatus, prompt: String? = "make it pop", parameters: [String: Double] = ["strength": 0.75, "fidelity": 1]) -> HistoryItem {
+        HistoryItem(
+            jobId: "job-\(status.rawValue)", userId: "device:u", effectId: "default", effectTitle: "NanoBanana", prompt: prompt, status: status,
+            progress: 0.25, createdAt: Date(timeIntervalSince1970: 1_795_000_123.987), updatedAt: Date(), finishedAt: nil,
+            resultKey: "results/\(status.rawValue).jpg", thumbnailKey: "thumbnails/\(status.rawValue).jpg", originalImageKey: "uploads/u/a.jpg",
+            parameters: parameters, cost: status == .failed ? 0 : 4, lastError: "The model declined this edit", version: 3
+        )
+    }
+
+    static func object(_ bytes: [UInt8]) throws -> [String: Any] {
+        try #require(try JSONSerialization.jsonObject(with: Data(bytes)) as? [String: Any])
+    }
+
+    @Test func eachStatusShowsWhatTheAppExpectsAndNothingElse() async throws {
+        let (links, root) = try await Self.links()
+        defer { try? FileManager.default.removeItem(at: root) }
+        for status in JobStatus.allCases {
+            var writer = HistoryJSON(links: links)
+            writer.item(Self.item(status))
+            let item = try Self.object(writer.bytes)
+            let expected: Set<String> = {
+                var keys: Set = ["createdAt", "credits", "effectId", "effectTitle", "id", "originalImageKey", "parameters", "prompt", "status"]
+                switch status {
+                case .completed: keys.formUnion(["resultUrl", "thumbnailUrl"])
+                case .failed: keys.insert("error")
+                case .queued, .processing: keys.insert("progress")
+                case .cancelled: break
+                }
+                return keys
+            }()
+            #expect(Set(item.keys) == expected, "\(status)")
+            #expect(item["status"] as? String == HistoryStatus(status).rawValue)
+            #expect(item["createdAt"] as? String == "2026-11-18T11:08:43Z")
+            #expect(item["credits"] as? Int == (status == .failed ? 0 : 4))
+            #expect(item["parameters"] as? [String: Double] == ["strength": 0.75, "fidelity": 1])
+            if status == .completed {
+                let url = try #require(item["resultUrl"] as? String)
+                #expect(url.hasPrefix("http://gateway.test/files/results/completed.jpg?exp="))
+            }
+            if status == .processing { #expect(item["progress"] as? Double == 0.25) }
+        }
+    }
+
+    @Test func theKeysAreSortedAndDatesAreWhatJSONEncoderWrites() async throws {
+        let (links, root) = try await Self.links()
+        defer { try? FileManager.default.removeItem(at: root) }
+        // The order JSONEncoder's sorted keys gave, byte for byte where no URL or number is involved
+        var writer = HistoryJSON(links: links)
+        writer.item(Self.item(.cancelled, parameters: [:]))
+        #expect(String(decoding: writer.bytes, as: UTF8.self) == #"{"createdAt":"2026-11-18T11:08:43Z","credits":4,"effectId":"default","effectTitle":"NanoBanana","id":"job-cancelled","originalImageKey":"uploads/u/a.jpg","parameters":{},"prompt":"make it pop","status":"cancelled"}"#)
+        // Dates: the same text as `.iso8601` for any instant, fractions and all
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        var generator = SplitMix64(state: 25)
+        for _ in 0..<2000 {
+            let date = Date(timeIntervalSince1970: Double(generator.next() % 4_000_000_000_000) / 1000)
+            var writer = HistoryJSON(links: links)
+            var item = Self.item(.cancelled)
+            item.createdAt = date
+            writer.item(item)
+            let written = try #require(try Self.object(writer.bytes)["createdAt"] as? String)
+            let expected = String(decoding: try encoder.encode([date]), as: UTF8.self).dropFirst(2).dropLast(2)
+            #expect(written == String(expected), "\(date.timeIntervalSince1970)")
+        }
+    }
+
+    @Test func anyTextSurvivesTheRoundTrip() async throws {
+        let (links, root) = try await Self.links()
+        defer { try? FileManager.default.removeItem(at: root) }
+        var texts = ["\"quoted\" and \\back\\slashed", "line\nbreak\ttab\r\u{8}\u{C}", "slash / é 漢字 🎨 \u{2028}", String(UnicodeScalar(0)), ""]
+        texts.append(String((0..<0x20).map { Character(UnicodeScalar($0)) }))
+        var generator = SplitMix64(state: 7)
+        for _ in 0..<500 {
+            texts.append(String((0..<20).map { _ in Character(UnicodeScalar(UInt8(generator.next() % 128))) }))
+        }
+        for text in texts {
+            var writer = HistoryJSON(links: links)
+            writer.item(Self.item(.cancelled, prompt: text, parameters: [text: 1e-7, "big": 12_345_678.5]))
+            let item = try Self.object(writer.bytes)
+            #expect(item["prompt"] as? String == text)
+            #expect((item["parameters"] as? [String: Double])?[text] == 1e-7)
+            #expect((item["parameters"] as? [String: Double])?["big"] == 12_345_678.5)
+        }
+    }
+
+    @Test func aPageGroupedByMonthSignsEachKeyOnceAndDecodesAsThePage() async throws {
+        let (links, root) = try await Self.links()
+        defer { try? FileManager.default.removeItem(at: root) }
+        let items = [Self.item(.completed), Self.item(.failed)]
+        let page = HistoryPage(items: items, totalCount: 7, hasMore: true, nextCursor: "c/ursor",
+                               sections: [HistorySection(month: "2026-11", title: "November 2026", items: items)])
+        var writer = HistoryJSON(links: links)
+        writer.page(page)
+        let body = try Self.object(writer.bytes)
+        #expect(body["totalCount"] as? Int == 7)
+        #expect(body["hasMore"] as? Bool == true)
+        #expect(body["nextCursor"] as? String == "c/ursor")
+        let listed = try #require(body["items"] as? [[String: Any]])
+        let sections = try #require(body["sections"] as? [[String: Any]])
+        let grouped = try #require(sections.first?["items"] as? [[String: Any]])
+        #expect(sections.first?["title"] as? String == "November 2026")
+        #expect(listed.count == 2 && grouped.count == 2)
+        #expect(listed[0]["resultUrl"] as? String == grouped[0]["resultUrl"] as? String)
+        #expect(listed[0]["resultUrl"] as? String != listed[0]["thumbnailUrl"] as? String)
+    }
+}
