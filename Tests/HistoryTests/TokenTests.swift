@@ -14,6 +14,10 @@ struct TokenTests {
         }
         #expect(Base64URL.decode("a+b/") == nil)
         #expect(Base64URL.decode("!!!") == nil)
+        // RFC 4648 §10's test vectors, unpadded, and the two characters base64url changes
+        let vectors = ["": "", "f": "Zg", "fo": "Zm8", "foo": "Zm9v", "foob": "Zm9vYg", "fooba": "Zm9vYmE", "foobar": "Zm9vYmFy"]
+        for (plain, encoded) in vectors { #expect(Base64URL.encode(Data(plain.utf8)) == encoded, "\(plain)") }
+        #expect(Base64URL.encode([0xFB, 0xFF]) == "-_8")
     }
 
     @Test func aTokenOpensOnlyForItsKindUserAndScope() {

@@ -78,7 +78,9 @@ enum HistoryReads {
 
     /// An item's parameters from their stored JSON.
     static func parameters(_ json: String?) -> [String: Double] {
-        json.flatMap { try? JSONDecoder().decode([String: Double].self, from: Data($0.utf8)) } ?? [:]
+        // Most edits have none: no decoder for those.
+        if json == nil || json == "{}" { return [:] }
+        return json.flatMap { try? JSONDecoder().decode([String: Double].self, from: Data($0.utf8)) } ?? [:]
     }
 
     /// An item's parameters as stored.
