@@ -8,6 +8,9 @@ public enum History {
     public static let apply = BusMethod<JobEvents, EventsApplied>("history.apply", roles: [.jobs], retrySafe: true)
     /// A page of a user's items, newest first, filtered and searched, optionally in month sections.
     public static let list = BusMethod<ListHistory, HistoryPage>("history.list", roles: [.gateway, .operator], retrySafe: true)
+    /// The same page with each item's JSON already written up to its URLs (`RenderedHistoryPage`):
+    /// what the gateway's History screen answers, without decoding and encoding every item again.
+    public static let page = BusMethod<ListHistory, RenderedHistoryPage>("history.page", roles: [.gateway, .operator], retrySafe: true)
     /// One of the user's items (`not_found` for anyone else's).
     public static let get = BusMethod<HistoryItemReference, HistoryItem>("history.get", roles: [.gateway, .operator], retrySafe: true)
     /// Deletes an item for good: gone from every read at once, the job and its files purged

@@ -106,7 +106,7 @@ struct HistoryJSONTests {
         let page = HistoryPage(items: items, totalCount: 7, hasMore: true, nextCursor: "c/ursor",
                                sections: [HistorySection(month: "2026-11", title: "November 2026", items: items)])
         var writer = HistoryJSON(links: links)
-        writer.page(page)
+        try writer.page(RenderedHistoryPage(page))
         let body = try Self.object(writer.bytes)
         #expect(body["totalCount"] as? Int == 7)
         #expect(body["hasMore"] as? Bool == true)
@@ -118,5 +118,17 @@ struct HistoryJSONTests {
         #expect(listed.count == 2 && grouped.count == 2)
         #expect(listed[0]["resultUrl"] as? String == grouped[0]["resultUrl"] as? String)
         #expect(listed[0]["resultUrl"] as? String != listed[0]["thumbnailUrl"] as? String)
+        // And each item of the page, written by history up to its URLs and finished here, is the
+        // item the single-item route writes
+        for (index, item) in items.enumerated() {
+            var single = HistoryJSON(links: links)
+            single.item(item)
+            #expect(NSDictionary(dictionary: try Self.object(single.bytes)) == NSDictionary(dictionary: listed[index]))
+        }
+        // And a page whose lists do not line up is refused, not read past its end
+        var broken = RenderedHistoryPage(page)
+        broken.statuses.removeLast()
+        var refused = HistoryJSON(links: links)
+        #expect(throws: BusError.self) { try refused.page(broken) }
     }
 }

@@ -45,6 +45,10 @@ public struct HistoryHandler: Sendable {
             try Self.validate(request)
             return try await database.page(request)
         }
+        router.register(History.page) { request, _ in
+            try Self.validate(request)
+            return RenderedHistoryPage(try await database.page(request))
+        }
         router.register(History.get) { request, _ in
             guard let item = try await database.item(request.jobId, userId: request.userId) else { throw Self.notFound(request.jobId) }
             return item

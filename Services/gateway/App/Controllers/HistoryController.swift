@@ -24,8 +24,8 @@ struct HistoryController<Context: GatewayRequestContext>: Sendable {
                 list.timeZone = status.timeZone
                 list.locale = HistoryQuery.language(request.headers[.acceptLanguage])
             }
-            let page = try await clients.call(.history, History.list, list)
-            return HistoryJSON.response(links: links, capacity: 512 + page.items.count * 1024) { $0.page(page) }
+            let page = try await clients.call(.history, History.page, list)
+            return try HistoryJSON.response(links: links, capacity: 512 + page.heads.count * 1024) { try $0.page(page) }
         }
         router.get("/api/v1/history/changes") { request, context in
             let caller = try context.caller()
