@@ -15,66 +15,104 @@ struct UsersController<Context: GatewayRequestContext>: Sendable {
         router.get("/api/v1/users/me") { _, context in
             let caller = try context.caller()
             let status = try await clients.call(.quota, Quota.status, UserReference(userId: caller.id))
-            let now = Date()
-            return try JSONResponse.make(.ok, Me(caller: caller, status: status), headers: RateLimitHeaders.headers(for: status, now: now))
+            return UsersJSON.response(UsersJSON.me(caller, status), status)
         }
         router.get("/api/v1/users/me/credits") { _, context in
             let caller = try context.caller()
             let status = try await clients.call(.quota, Quota.status, UserReference(userId: caller.id))
-            return try JSONResponse.make(.ok, Credits(status: status), headers: RateLimitHeaders.headers(for: status, now: Date()))
+            return UsersJSON.response(UsersJSON.credits(status), status)
+        }
+    }
+}
+
+/// The bodies of `users/me` and `users/me/credits`, written directly (no `JSONEncoder`).
+enum UsersJSON {
+    /// The quota members of both answers, keys in sorted order as `JSONEncoder` wrote them: a
+    /// limit the plan lacks (and so its remaining) is null.
+    enum QuotaJSON {
+        static func daily(_ status: QuotaStatus, _ out: inout JSONBytes) {
+            out.raw("\"dailyLimit\":")
+            integer(status.daily.limit, &out)
+            out.raw(",\"dailyRemaining\":")
+            integer(status.daily.remaining, &out)
+            out.raw(",\"dailyResetsAt\":")
+            out.date(status.daily.resetsAt)
+            out.raw(",\"dailyUsed\":")
+            out.integer(status.daily.used)
+        }
+
+        static func monthly(_ status: QuotaStatus, _ out: inout JSONBytes) {
+            out.raw("\"monthlyLimit\":")
+            integer(status.monthly.limit, &out)
+            out.raw(",\"monthlyRemaining\":")
+            integer(status.monthly.remaining, &out)
+            out.raw(",\"monthlyResetsAt\":")
+            out.date(status.monthly.resetsAt)
+            out.raw(",\"monthlyUsed\":")
+            out.integer(status.monthly.used)
+        }
+
+        static func integer(_ value: Int?, _ out: inout JSONBytes) {
+            if let value { out.integer(value) } else { out.raw("null") }
         }
     }
 
-    /// The quota object of `users/me`, with the plan: `{isPro, plan, planEndsAt?, dailyRemaining,
-    /// dailyLimit, dailyUsed, monthlyRemaining, monthlyLimit, monthlyUsed, dailyResetsAt,
-    /// monthlyResetsAt}`.
-    struct Credits: Encodable {
-        var status: QuotaStatus
-
-        enum Keys: String, CodingKey { case isPro, plan, planEndsAt }
-
-        func encode(to encoder: any Encoder) throws {
-            var container = encoder.container(keyedBy: Keys.self)
-            try container.encode(status.isPro, forKey: .isPro)
-            try container.encode(status.plan, forKey: .plan)
-            try container.encodeIfPresent(status.planEndsAt, forKey: .planEndsAt)
-            try Me.encodeQuota(status, to: encoder.container(keyedBy: Me.QuotaKeys.self))
+    /// The quota object of `users/me`, with the plan: `{dailyLimit, dailyRemaining, dailyResetsAt,
+    /// dailyUsed, isPro, monthlyLimit, monthlyRemaining, monthlyResetsAt, monthlyUsed, plan,
+    /// planEndsAt?}`, written directly.
+    static func credits(_ status: QuotaStatus) -> [UInt8] {
+        var out = JSONBytes(capacity: 320)
+        out.raw("{")
+        QuotaJSON.daily(status, &out)
+        out.raw(",\"isPro\":")
+        out.bool(status.isPro)
+        out.raw(",")
+        QuotaJSON.monthly(status, &out)
+        out.raw(",\"plan\":")
+        out.string(status.plan)
+        if let end = status.planEndsAt {
+            out.raw(",\"planEndsAt\":")
+            out.date(end)
         }
+        out.raw("}")
+        return out.bytes
     }
 
-    /// The app's user: `{id, email?, isPro, plan, quota: {...}}`; a limit the plan lacks is null.
-    struct Me: Encodable {
-        var caller: Caller
-        var status: QuotaStatus
-
-        enum Keys: String, CodingKey { case id, email, isGuest, isPro, plan, planEndsAt, timeZone, quota }
-        enum QuotaKeys: String, CodingKey {
-            case dailyRemaining, dailyLimit, dailyUsed, monthlyRemaining, monthlyLimit, monthlyUsed, dailyResetsAt, monthlyResetsAt
+    /// The app's user: `{email?, id, isGuest, isPro, plan, planEndsAt?, quota: {...}, timeZone}`,
+    /// written directly.
+    static func me(_ caller: Caller, _ status: QuotaStatus) -> [UInt8] {
+        var out = JSONBytes(capacity: 480)
+        out.raw("{")
+        if let email = caller.email {
+            out.raw("\"email\":")
+            out.string(email)
+            out.raw(",")
         }
-
-        func encode(to encoder: any Encoder) throws {
-            var container = encoder.container(keyedBy: Keys.self)
-            try container.encode(caller.id, forKey: .id)
-            try container.encodeIfPresent(caller.email, forKey: .email)
-            try container.encode(caller.isGuest, forKey: .isGuest)
-            try container.encode(status.isPro, forKey: .isPro)
-            try container.encode(status.plan, forKey: .plan)
-            try container.encodeIfPresent(status.planEndsAt, forKey: .planEndsAt)
-            try container.encode(status.timeZone ?? "UTC", forKey: .timeZone)
-            try Self.encodeQuota(status, to: container.nestedContainer(keyedBy: QuotaKeys.self, forKey: .quota))
+        out.raw("\"id\":")
+        out.string(caller.id)
+        out.raw(",\"isGuest\":")
+        out.bool(caller.isGuest)
+        out.raw(",\"isPro\":")
+        out.bool(status.isPro)
+        out.raw(",\"plan\":")
+        out.string(status.plan)
+        if let end = status.planEndsAt {
+            out.raw(",\"planEndsAt\":")
+            out.date(end)
         }
+        out.raw(",\"quota\":{")
+        QuotaJSON.daily(status, &out)
+        out.raw(",")
+        QuotaJSON.monthly(status, &out)
+        out.raw("},\"timeZone\":")
+        out.string(status.timeZone ?? "UTC")
+        out.raw("}")
+        return out.bytes
+    }
 
-        static func encodeQuota(_ status: QuotaStatus, to container: KeyedEncodingContainer<QuotaKeys>) throws {
-            var quota = container
-            // `encode` of an Optional writes null, which the app reads as "no limit".
-            try quota.encode(status.daily.remaining, forKey: .dailyRemaining)
-            try quota.encode(status.daily.limit, forKey: .dailyLimit)
-            try quota.encode(status.daily.used, forKey: .dailyUsed)
-            try quota.encode(status.monthly.remaining, forKey: .monthlyRemaining)
-            try quota.encode(status.monthly.limit, forKey: .monthlyLimit)
-            try quota.encode(status.monthly.used, forKey: .monthlyUsed)
-            try quota.encode(status.daily.resetsAt, forKey: .dailyResetsAt)
-            try quota.encode(status.monthly.resetsAt, forKey: .monthlyResetsAt)
-        }
+    static func response(_ bytes: [UInt8], _ status: QuotaStatus) -> Response {
+        var headers = RateLimitHeaders.headers(for: status, now: Date())
+        headers[.contentType] = "application/json"
+        return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
     }
 }
