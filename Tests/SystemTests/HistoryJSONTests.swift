@@ -80,6 +80,60 @@ struct HistoryJSONTests {
         }
     }
 
+    @Test func everyItemIsByteForByteWhatJSONEncoderWroteFromTheOldView() async throws {
+        let (links, root) = try await Self.links()
+        defer { try? FileManager.default.removeItem(at: root) }
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        let now = Date()
+        for status in JobStatus.allCases {
+            for prompt in [nil, "a \"quoted\" prompt / é"] {
+                for parameters in [[:], ["strength": 0.75, "fidelity": 1, "upscale": 2.5]] {
+                    let item = Self.item(status, prompt: prompt, parameters: parameters)
+                    var writer = HistoryJSON(links: links, now: now)
+                    writer.item(item)
+                    let old = try encoder.encode(OldItemView(item, links: links, now: now))
+                    #expect(String(decoding: writer.bytes, as: UTF8.self) == String(decoding: old, as: UTF8.self))
+                }
+            }
+        }
+    }
+
+    /// The item view the routes encoded with `JSONEncoder` before they wrote items directly.
+    struct OldItemView: Encodable {
+        var id: String
+        var thumbnailUrl: String?
+        var effectTitle: String
+        var effectId: String
+        var status: HistoryStatus
+        var createdAt: Date
+        var resultUrl: String?
+        var originalImageKey: String
+        var parameters: [String: Double]
+        var prompt: String?
+        var error: String?
+        var progress: Double?
+        var credits: Int
+
+        init(_ item: HistoryItem, links: DownloadLinks, now: Date) {
+            let completed = item.status == .completed
+            id = item.jobId
+            thumbnailUrl = completed ? links.url(item.thumbnailKey, now: now) : nil
+            effectTitle = item.effectTitle
+            effectId = item.effectId
+            status = HistoryStatus(item.status)
+            createdAt = item.createdAt
+            resultUrl = completed ? links.url(item.resultKey, now: now) : nil
+            originalImageKey = item.originalImageKey
+            parameters = item.parameters
+            prompt = item.prompt
+            error = item.status == .failed ? item.lastError : nil
+            progress = status == .processing ? item.progress : nil
+            credits = item.cost
+        }
+    }
+
     @Test func anyTextSurvivesTheRoundTrip() async throws {
         let (links, root) = try await Self.links()
         defer { try? FileManager.default.removeItem(at: root) }
