@@ -164,4 +164,38 @@ struct QuotaMemoryLedgerTests {
             #expect(try await reopened.status(userId: "user-3", now: tailJob.reservedAt) == before)
         }
     }
+
+    @Test func chargesWrittenBeforeTheyWereKeyedByJobIdSurviveTheMigration() async throws {
+        let folder = try Self.folder()
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let now = Date()
+        // Given a database of the previous shape holding a reserved charge
+        do {
+            let pool = try DurableDatabase.open(path: folder.appendingPathComponent("quota.sqlite").path)
+            try QuotaDatabase.migrator.migrate(pool, upTo: "v5: the ledger's checkpoint")
+            try await pool.write { db in
+                try db.execute(sql: """
+                    INSERT INTO charge (jobId, userId, cost, state, dayKey, monthKey, reservedAt) VALUES ('old-job', 'old-user', 3, 'reserved', ?, ?, ?)
+                    """, arguments: ["2026-11-20", "2026-11", StoredDate.text(now.addingTimeInterval(-600))])
+            }
+        }
+        // When the service opens it
+        let store = try Self.open(folder)
+        // Then the charge is there, found by the stale scan while reserved, and settles
+        #expect(try await store.staleReservations(before: now, limit: 10) == ["old-job"])
+        #expect(try await store.commit(jobId: "old-job", now: now).cost == 3)
+        #expect(try await store.usage(userId: "old-user", now: now).charges.map(\.state) == [.committed])
+        #expect(try await store.staleReservations(before: now, limit: 10).isEmpty)
+        // And the table is keyed by the job id, the stale scan's index holding reserved charges only
+        let shape = try await store.writer.read { db in
+            try String.fetchOne(db, sql: "SELECT sql FROM sqlite_master WHERE name = 'charge'") ?? ""
+        }
+        #expect(shape.contains("WITHOUT ROWID"))
+        let plan = try await store.writer.read { db in
+            try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN SELECT jobId FROM charge WHERE state = 'reserved' AND reservedAt < ? ORDER BY reservedAt LIMIT 5",
+                             arguments: [StoredDate.text(now)]).map { $0["detail"] as String }
+        }
+        #expect(plan.joined(separator: "; ").contains("charge_reserved"), "\(plan)")
+    }
 }
+

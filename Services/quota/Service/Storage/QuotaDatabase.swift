@@ -228,6 +228,26 @@ public struct QuotaDatabase: QuotaStore {
             try db.execute(sql: "CREATE TABLE ledger_state (id INTEGER PRIMARY KEY CHECK (id = 1), appliedSeq INTEGER NOT NULL)")
             try db.execute(sql: "INSERT INTO ledger_state (id, appliedSeq) VALUES (1, 0)")
         }
+        migrator.registerMigration("v6: charges keyed by job id alone") { db in
+            // The checkpointer inserts a row for every new charge: as a rowid table with a unique
+            // job id that was four B-trees (the rows, the job ids, by user, by state); keyed by the
+            // job id it is three, and the stale scan's index holds only reserved charges (it
+            // shrinks as they settle instead of growing with every charge ever made).
+            try db.execute(sql: """
+                CREATE TABLE charge_by_job (
+                    jobId TEXT NOT NULL PRIMARY KEY, userId TEXT NOT NULL, cost INTEGER NOT NULL, state TEXT NOT NULL,
+                    dayKey TEXT NOT NULL, monthKey TEXT NOT NULL, reservedAt DATETIME NOT NULL, settledAt DATETIME, network TEXT
+                ) WITHOUT ROWID
+                """)
+            try db.execute(sql: """
+                INSERT INTO charge_by_job (jobId, userId, cost, state, dayKey, monthKey, reservedAt, settledAt, network)
+                SELECT jobId, userId, cost, state, dayKey, monthKey, reservedAt, settledAt, network FROM charge
+                """)
+            try db.execute(sql: "DROP TABLE charge")
+            try db.execute(sql: "ALTER TABLE charge_by_job RENAME TO charge")
+            try db.execute(sql: "CREATE INDEX charge_by_user ON charge (userId, reservedAt)")
+            try db.execute(sql: "CREATE INDEX charge_reserved ON charge (reservedAt) WHERE state = 'reserved'")
+        }
         return migrator
     }
 }
