@@ -126,10 +126,10 @@ struct QuotaMemoryLedgerTests {
     @Test func aRestartAppliesTheLogsTailAndRebuildsMemoryExactly() async throws {
         let folder = try Self.folder()
         defer { try? FileManager.default.removeItem(at: folder) }
-        // Over the last day or so: windows memory holds whole since the start (UTC yesterday on)
-        // and older ones it reads
+        // Over the last two days or so: windows memory holds whole since the start (UTC yesterday
+        // on) and older ones it reads
         let end = Date()
-        let start = end.addingTimeInterval(-600 * 150)
+        let start = end.addingTimeInterval(-2 * 600 * 150)
         let guests = GuestLimits(perNetworkHour: 30, networkDaily: 25)
         // Given a store whose tables caught up with a first workload
         let first = try Self.open(folder, guests: guests)
@@ -139,16 +139,17 @@ struct QuotaMemoryLedgerTests {
         // And a second workload that only the log holds when the process stops (its checkpoints
         // held back, as if it were killed before they ran)
         first.engine.checkpointer.pause()
-        _ = try await Self.workload(first, seed: 2, start: start)
+        _ = try await Self.workload(first, seed: 2, start: start.addingTimeInterval(600 * 150))
+        #expect(try await first.reserve(ReserveQuota(userId: "tail-user", jobId: "tail-job", cost: 3), now: end).admitted)
         #expect(first.engine.checkpointer.backlog > 100)
-        let expected = try await Self.snapshot(first, users, at: end)
+        let expected = try await Self.snapshot(first, users + ["tail-user"], at: end)
         #expect(try await Self.tablesAgree(first).charges == chargesBefore)
 
         // When the store is opened again on the same files
         let reopened = try Self.open(folder, guests: guests)
         // Then every user's windows are as they were, from memory rebuilt from the tables the
         // log's tail was applied to
-        #expect(try await Self.snapshot(reopened, users, at: end) == expected)
+        #expect(try await Self.snapshot(reopened, users + ["tail-user"], at: end) == expected)
         let (agree, charges) = try await Self.tablesAgree(reopened)
         #expect(agree)
         #expect(charges > chargesBefore)
@@ -156,13 +157,13 @@ struct QuotaMemoryLedgerTests {
         let segments = try FileManager.default.contentsOfDirectory(atPath: folder.appendingPathComponent("quota.sqlite-ledger").path)
         #expect(segments.count == 1)
         // And a charge from the tail settles as any other, and a re-sent reserve charges nothing more
-        let tailJob = try await reopened.usage(userId: "user-3", now: end).charges.first { $0.state == .reserved }
-        if let tailJob {
-            #expect(try await reopened.commit(jobId: tailJob.jobId, now: end).state == .committed)
-            let before = try await reopened.status(userId: "user-3", now: tailJob.reservedAt)
-            _ = try await reopened.reserve(ReserveQuota(userId: "user-3", jobId: tailJob.jobId, cost: tailJob.cost), now: tailJob.reservedAt)
-            #expect(try await reopened.status(userId: "user-3", now: tailJob.reservedAt) == before)
-        }
+        let tailJob = try #require(try await reopened.usage(userId: "tail-user", now: end).charges.first)
+        #expect(tailJob.jobId == "tail-job" && tailJob.state == .reserved && tailJob.cost == 3)
+        #expect(try await reopened.commit(jobId: tailJob.jobId, now: end).state == .committed)
+        let before = try await reopened.status(userId: tailJob.userId, now: tailJob.reservedAt)
+        #expect(before.daily.used == 3)
+        _ = try await reopened.reserve(ReserveQuota(userId: tailJob.userId, jobId: tailJob.jobId, cost: tailJob.cost), now: tailJob.reservedAt)
+        #expect(try await reopened.status(userId: tailJob.userId, now: tailJob.reservedAt) == before)
     }
 
     @Test func chargesWrittenBeforeTheyWereKeyedByJobIdSurviveTheMigration() async throws {
