@@ -128,6 +128,9 @@ final class LedgerCheckpointer: Sendable {
                     return true
                 }
                 if ended { return }
+                // Someone waits for changes not here yet (or checkpoints are paused): wait too,
+                // rather than spin.
+                _ = hurry.wait(timeout: .now() + gather)
                 continue
             }
             do {
