@@ -1,8 +1,3 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Darwin)
-import Darwin
-#endif
 import Foundation
 
 /// JSON written straight into bytes, value by value, for the answers written in one pass (the
@@ -78,32 +73,8 @@ public struct JSONBytes {
     /// `2026-11-25T17:53:09Z`: UTC, to the second (rounded down), as `JSONEncoder`'s `.iso8601`
     /// writes it.
     public mutating func date(_ date: Date) {
-        var seconds = time_t((date.timeIntervalSince1970).rounded(.down))
-        var parts = tm()
-        gmtime_r(&seconds, &parts)
         bytes.append(UInt8(ascii: "\""))
-        digits(Int(parts.tm_year) + 1900, 4)
-        bytes.append(UInt8(ascii: "-"))
-        digits(Int(parts.tm_mon) + 1, 2)
-        bytes.append(UInt8(ascii: "-"))
-        digits(Int(parts.tm_mday), 2)
-        bytes.append(UInt8(ascii: "T"))
-        digits(Int(parts.tm_hour), 2)
-        bytes.append(UInt8(ascii: ":"))
-        digits(Int(parts.tm_min), 2)
-        bytes.append(UInt8(ascii: ":"))
-        digits(Int(parts.tm_sec), 2)
+        UTCText.appendDateTime(Int64(date.timeIntervalSince1970.rounded(.down)), separator: UInt8(ascii: "T"), to: &bytes)
         raw("Z\"")
-    }
-
-    private mutating func digits(_ value: Int, _ count: Int) {
-        var divisor = 1
-        for _ in 1..<count { divisor *= 10 }
-        var value = value
-        while divisor > 0 {
-            bytes.append(UInt8(48 + value / divisor % 10))
-            value %= divisor
-            divisor /= 10
-        }
     }
 }

@@ -31,25 +31,26 @@ enum UsersJSON {
     /// limit the plan lacks (and so its remaining) is null.
     enum QuotaJSON {
         static func daily(_ status: QuotaStatus, _ out: inout JSONBytes) {
-            out.raw("\"dailyLimit\":")
-            integer(status.daily.limit, &out)
-            out.raw(",\"dailyRemaining\":")
-            integer(status.daily.remaining, &out)
-            out.raw(",\"dailyResetsAt\":")
-            out.date(status.daily.resetsAt)
-            out.raw(",\"dailyUsed\":")
-            out.integer(status.daily.used)
+            window(status.daily, ("\"dailyLimit\":", ",\"dailyRemaining\":", ",\"dailyResetsAt\":", ",\"dailyUsed\":"), &out)
         }
 
         static func monthly(_ status: QuotaStatus, _ out: inout JSONBytes) {
-            out.raw("\"monthlyLimit\":")
-            integer(status.monthly.limit, &out)
-            out.raw(",\"monthlyRemaining\":")
-            integer(status.monthly.remaining, &out)
-            out.raw(",\"monthlyResetsAt\":")
-            out.date(status.monthly.resetsAt)
-            out.raw(",\"monthlyUsed\":")
-            out.integer(status.monthly.used)
+            window(status.monthly, ("\"monthlyLimit\":", ",\"monthlyRemaining\":", ",\"monthlyResetsAt\":", ",\"monthlyUsed\":"), &out)
+        }
+
+        /// One window's four members, under the keys given (in sorted order).
+        private static func window(
+            _ window: QuotaWindow, _ keys: (limit: StaticString, remaining: StaticString, resetsAt: StaticString, used: StaticString),
+            _ out: inout JSONBytes
+        ) {
+            out.raw(keys.limit)
+            integer(window.limit, &out)
+            out.raw(keys.remaining)
+            integer(window.remaining, &out)
+            out.raw(keys.resetsAt)
+            out.date(window.resetsAt)
+            out.raw(keys.used)
+            out.integer(window.used)
         }
 
         static func integer(_ value: Int?, _ out: inout JSONBytes) {

@@ -32,7 +32,6 @@ final class QuotaEngine: Sendable {
     private struct Queue {
         var pending: [Pending] = []
         var threadRunning = false
-        var batches = 0
     }
 
     private let queue = Mutex(Queue())
@@ -52,9 +51,6 @@ final class QuotaEngine: Sendable {
         self.maxBatch = maxBatch
         self.maxQueued = maxQueued
     }
-
-    /// Batches run so far (for tests).
-    var batches: Int { queue.withLock { $0.batches } }
 
     /// Runs `work` on the ledger's thread, after loading what `need` names if memory lacks it,
     /// and returns once the changes it made (with the rest of its batch) are durable.
@@ -105,7 +101,6 @@ final class QuotaEngine: Sendable {
             ])
             let results = run(batch)
             span?.end()
-            queue.withLock { $0.batches += 1 }
             for (item, result) in zip(batch, results) {
                 item.continuation.resume(returning: result)
             }
