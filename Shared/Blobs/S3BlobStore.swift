@@ -306,11 +306,21 @@ public struct S3BlobStore: BlobStore {
     }
 }
 
-/// The iterator of a response body, advanced by the one task that reads the blob.
+/// The iterator of a response body, advanced by the one task that reads the blob. A connection
+/// that breaks mid-body (the store restarting) is the store being unavailable, as a failed request
+/// is, not a transport error for every reader to know about (the gateway answered those 500).
 final class BodyIterator: @unchecked Sendable {
     var base: HTTPClientResponse.Body.AsyncIterator
     init(_ base: HTTPClientResponse.Body.AsyncIterator) { self.base = base }
-    func next() async throws -> ByteBuffer? { try await base.next() }
+    func next() async throws -> ByteBuffer? {
+        do {
+            return try await base.next()
+        } catch is CancellationError {
+            throw CancellationError()
+        } catch {
+            throw BlobStoreError(.unavailable, "the object store's answer broke off (\(error))")
+        }
+    }
 }
 
 extension S3BlobStore: CustomStringConvertible {
