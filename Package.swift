@@ -88,6 +88,8 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Tracing", package: "swift-distributed-tracing"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ],
             path: "Shared/Bus",
             swiftSettings: swiftSettings
@@ -125,6 +127,7 @@ let package = Package(
                 "Bus", "Messages", "ServiceKit", "Blobs", "AppAttest",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "NIOHTTPTypes", package: "swift-nio-extras"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Yams", package: "Yams"),
@@ -141,6 +144,8 @@ let package = Package(
             name: "gateway",
             dependencies: [
                 "GatewayApp", "ServiceKit",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ],
             path: "Services/gateway/Main",
             swiftSettings: swiftSettings
@@ -401,7 +406,11 @@ let package = Package(
         ),
         .testTarget(
             name: "BusTests",
-            dependencies: ["Bus", "Messages", "ZeroMQ", "TestSupport"],
+            dependencies: [
+                "Bus", "Messages", "ZeroMQ", "TestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
             path: "Tests/BusTests",
             swiftSettings: swiftSettings
         ),

@@ -3,6 +3,7 @@ import Foundation
 import HeapModule
 import Logging
 import Messages
+import NIOCore
 import ServiceLifecycle
 import Synchronization
 import ZeroMQ
@@ -73,7 +74,7 @@ public final class BusClient: Sendable, Service {
         var continuation: CheckedContinuation<Outcome, Never>
     }
 
-    private struct Outgoing {
+    struct Outgoing {
         var id: UInt64
         var deadline: ContinuousClock.Instant
         var header: [UInt8]
@@ -90,7 +91,7 @@ public final class BusClient: Sendable, Service {
         var stopped = false
     }
 
-    private struct Timer: Comparable {
+    struct Timer: Comparable {
         var deadline: ContinuousClock.Instant
         var id: UInt64
         static func < (lhs: Timer, rhs: Timer) -> Bool { lhs.deadline < rhs.deadline }
@@ -100,8 +101,9 @@ public final class BusClient: Sendable, Service {
     private let state = Mutex(State())
     private let wakeup: Wakeup
     private let executor: IOThreadExecutor
-    private let context: ZMQContext
-    private let logger: Logger
+    let context: ZMQContext
+    private let lanes = EventLoopLanes()
+    let logger: Logger
 
     /// A client of `configuration.endpoint`; it connects when `run()` starts.
     public init(configuration: Configuration, context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.client")) {
@@ -124,6 +126,7 @@ public final class BusClient: Sendable, Service {
         await withGracefulShutdownHandler {
             await withTaskCancellationHandler {
                 await IOThread.run(name: "bus-client") { [self] in ioLoop() }
+                await lanes.closeAll()
             } onCancel: {
                 requestStop()
             }
@@ -199,6 +202,9 @@ public final class BusClient: Sendable, Service {
             defer { state.nextId &+= 1 }
             return state.nextId
         }
+        // On an event loop, the loop's own socket sends it now (`EventLoopLane`).
+        let lane = state.withLock { $0.started && !$0.stopping } ? lanes.current(for: self) : nil
+        let item = Outgoing(id: id, deadline: deadline, header: header(id), body: body)
         return await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<Outcome, Never>) in
                 let (refusal, wake) = state.withLock { state -> (BusError?, Bool) in
@@ -212,13 +218,13 @@ public final class BusClient: Sendable, Service {
                         return (BusError(.cancelled, "call cancelled"), false)
                     }
                     state.pending[id] = Pending(continuation: continuation)
-                    state.outbox.append(Outgoing(id: id, deadline: deadline, header: header(id), body: body))
-                    let wake = !state.wakeScheduled
-                    state.wakeScheduled = true
-                    return (nil, wake)
+                    if lane != nil { return (nil, false) }
+                    return (nil, Self.queue(item, in: &state))
                 }
                 if let refusal {
                     continuation.resume(returning: .failure(refusal))
+                } else if let lane {
+                    if !lane.send(item) { handOver(item) }
                 } else if wake && !executor.isCurrentThread {
                     wakeup.signal()
                 }
@@ -228,6 +234,44 @@ public final class BusClient: Sendable, Service {
         }
     }
 
+    /// Queues `item` for the I/O thread; whether the thread must be woken.
+    private static func queue(_ item: Outgoing, in state: inout State) -> Bool {
+        state.outbox.append(item)
+        defer { state.wakeScheduled = true }
+        return !state.wakeScheduled
+    }
+
+    /// Gives the I/O thread a call a lane could not send (see `EventLoopLane.send`).
+    private func handOver(_ item: Outgoing) {
+        let wake = state.withLock { state -> Bool? in
+            guard !state.stopping, !state.stopped else { return nil }
+            return Self.queue(item, in: &state)
+        }
+        switch wake {
+        case nil: finish(item.id, with: .failure(BusError(.unavailable, "bus client for \(configuration.endpoint) is shut down")))
+        case true?: wakeup.signal()
+        case false?: break
+        }
+    }
+
+    /// Opens this client's socket on each loop of `group` now, rather than at each loop's first
+    /// call, so that the process holds the same connections from its start. Calls made on those
+    /// loops once the client runs go out through them (`EventLoopLane`); they close when `run()`
+    /// ends.
+    public func openLanes(on group: any EventLoopGroup) {
+        for loop in group.makeIterator() {
+            loop.execute { [self] in _ = lanes.current(for: self) }
+        }
+    }
+
+    /// How many event loops have a socket of this client (`EventLoopLane`).
+    var openLanes: Int { lanes.count }
+
+    /// The ids of the calls waiting for replies.
+    func pendingIds() -> Set<UInt64> {
+        state.withLock { Set($0.pending.keys) }
+    }
+
     /// Asks the I/O thread to stop; `run()` returns once it has.
     private func requestStop() {
         state.withLock { $0.stopping = true }
@@ -235,7 +279,7 @@ public final class BusClient: Sendable, Service {
     }
 
     /// Resumes the call `id` with `outcome` if it is still waiting.
-    private func finish(_ id: UInt64, with outcome: Outcome) {
+    func finish(_ id: UInt64, with outcome: Outcome) {
         let pending = state.withLock { $0.pending.removeValue(forKey: id) }
         pending?.continuation.resume(returning: outcome)
     }
@@ -246,19 +290,7 @@ public final class BusClient: Sendable, Service {
         executor.adoptCurrentThread()
         let socket: ZMQSocket
         do {
-            socket = try ZMQSocket(.dealer, context: context)
-            try socket.setLinger(milliseconds: 0)
-            try socket.setHighWaterMarks(send: configuration.sendHighWaterMark, receive: configuration.sendHighWaterMark)
-            try socket.setMaxMessageSize(configuration.maxMessageBytes)
-            try socket.setReconnect(interval: 100, maximum: 1000)
-            try socket.setHeartbeat(interval: 1000, timeout: 3000)
-            if let curve = configuration.curve {
-                try socket.setCurveClient(serverKey: curve.serverPublicKey, publicKey: curve.publicKey, secretKey: curve.secretKey)
-            }
-            // Replicas: nothing is queued for one that is down (the others take the calls); a
-            // single service's calls wait for it to come back, as before.
-            if configuration.endpoints.count > 1 { try socket.setImmediate(true) }
-            for endpoint in configuration.endpoints { try socket.connect(endpoint) }
+            socket = try openSocket()
         } catch {
             logger.error("bus client cannot connect", metadata: ["endpoint": "\(configuration.endpoint)", "error": "\(error)"])
             stop(reason: BusError(.unavailable, "cannot connect to \(configuration.endpoint): \(error)", retryable: false))
@@ -335,10 +367,29 @@ public final class BusClient: Sendable, Service {
         stop(reason: BusError(.unavailable, "bus client for \(configuration.endpoint) is shut down"))
     }
 
+    /// A DEALER socket with this client's options, connected to its endpoints; on the thread
+    /// that will use it (the I/O thread, or an event loop's lane).
+    func openSocket() throws(ZMQError) -> ZMQSocket {
+        let socket = try ZMQSocket(.dealer, context: context)
+        try socket.setLinger(milliseconds: 0)
+        try socket.setHighWaterMarks(send: configuration.sendHighWaterMark, receive: configuration.sendHighWaterMark)
+        try socket.setMaxMessageSize(configuration.maxMessageBytes)
+        try socket.setReconnect(interval: 100, maximum: 1000)
+        try socket.setHeartbeat(interval: 1000, timeout: 3000)
+        if let curve = configuration.curve {
+            try socket.setCurveClient(serverKey: curve.serverPublicKey, publicKey: curve.publicKey, secretKey: curve.secretKey)
+        }
+        // Replicas: nothing is queued for one that is down (the others take the calls); a
+        // single service's calls wait for it to come back, as before.
+        if configuration.endpoints.count > 1 { try socket.setImmediate(true) }
+        for endpoint in configuration.endpoints { try socket.connect(endpoint) }
+        return socket
+    }
+
     private static let monitors = Atomic<Int>(0)
 
     /// A PAIR socket that hears `socket`'s disconnections; nil if the monitor cannot be set up.
-    private static func monitor(_ socket: ZMQSocket, context: ZMQContext, logger: Logger) -> ZMQSocket? {
+    static func monitor(_ socket: ZMQSocket, context: ZMQContext, logger: Logger) -> ZMQSocket? {
         let address = "inproc://bus-client-monitor-\(getpid())-\(monitors.add(1, ordering: .relaxed).newValue)"
         do {
             try socket.monitor(address, events: .disconnected)
@@ -353,7 +404,7 @@ public final class BusClient: Sendable, Service {
     }
 
     /// Reads the monitor's events; whether one was a disconnection.
-    private static func disconnected(_ monitor: ZMQSocket) -> Bool {
+    static func disconnected(_ monitor: ZMQSocket) -> Bool {
         var lost = false
         while let message = try? monitor.receive(maxFrames: 2) {
             if let (event, _) = ZMQSocket.monitorEvent(message), event.contains(.disconnected) { lost = true }
@@ -363,7 +414,7 @@ public final class BusClient: Sendable, Service {
 
     /// The connection broke: every call already sent will not be answered. They fail now as
     /// `connection_lost`; calls sent from here on wait for the reconnection.
-    private func failSent(_ timers: inout Heap<Timer>) {
+    func failSent(_ timers: inout Heap<Timer>) {
         let sent = timers.unordered.map(\.id)
         timers = Heap()
         guard !sent.isEmpty else { return }
@@ -380,7 +431,7 @@ public final class BusClient: Sendable, Service {
     /// tried again: replicas (`ZMQ_IMMEDIATE`) with none connected yet take nothing, and such a
     /// request waits for one (until its deadline), as a single service's requests wait in libzmq's
     /// queue for it to come up.
-    private func sendRequest(_ item: Outgoing, on socket: ZMQSocket, timers: inout Heap<Timer>) -> Bool {
+    func sendRequest(_ item: Outgoing, on socket: ZMQSocket, timers: inout Heap<Timer>) -> Bool {
         guard item.deadline > ContinuousClock.now else {
             finish(item.id, with: .failure(BusError(.timeout, "deadline passed before the request was sent")))
             return true
@@ -397,7 +448,7 @@ public final class BusClient: Sendable, Service {
         return true
     }
 
-    private func receiveReplies(on socket: ZMQSocket) {
+    func receiveReplies(on socket: ZMQSocket) {
         while true {
             let received: ZMQSocket.ReceivedMessage?
             do {

@@ -69,6 +69,28 @@ public final class ZMQSocket {
         return String(decoding: bytes, as: UTF8.self)
     }
 
+    // MARK: Readiness outside zmq_poll
+
+    /// The file descriptor that becomes readable when the socket may have changed state
+    /// (`ZMQ_FD`), for an event loop of another library to watch. It is libzmq's to read: it
+    /// signals edges, not levels, so after it fires, and after every send, the owner asks
+    /// `isReadable` (which consumes the signal) and receives until it is false.
+    public func fileDescriptor() throws(ZMQError) -> Int32 {
+        var fd: Int32 = -1
+        var size = MemoryLayout<Int32>.size
+        try zmqTry(zmq_getsockopt(handle, ZMQ_FD, &fd, &size))
+        return fd
+    }
+
+    /// Whether a message is waiting to be received (`ZMQ_EVENTS` has `ZMQ_POLLIN`). Asking
+    /// processes libzmq's pending commands for the socket, as `zmq_poll` does.
+    public var isReadable: Bool {
+        var events: Int32 = 0
+        var size = MemoryLayout<Int32>.size
+        guard zmq_getsockopt(handle, ZMQ_EVENTS, &events, &size) == 0 else { return false }
+        return events & Int32(ZMQ_POLLIN) != 0
+    }
+
     // MARK: Monitoring
 
     /// Connection events a monitor reports (`ZMQ_EVENT_*`).

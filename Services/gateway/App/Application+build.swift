@@ -4,6 +4,7 @@ import Foundation
 import Hummingbird
 import Logging
 import Metrics
+import NIOPosix
 import Prometheus
 import ServiceKit
 import ServiceLifecycle
@@ -87,15 +88,17 @@ private func addFileRoutes(
 /// configuration. `metrics` is the registry `/metrics` shows: the one the process bootstrapped
 /// swift-metrics with (the gateway's main does; in-process tests leave metrics off).
 /// `firstServices` run before the gateway's own and stop after them (the trace exporter).
+/// `eventLoops`: the HTTP event loops, when the process runs Swift's tasks on them (the main's
+/// `GATEWAY_TASKS_ON_EVENT_LOOPS`): the bus clients open their sockets there as they start.
 public func buildApplication(
     configuration: GatewayConfiguration, metrics: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "gateway"),
-    firstServices: [any Service] = []
+    firstServices: [any Service] = [], eventLoops: MultiThreadedEventLoopGroup? = nil
 ) async throws -> some ApplicationProtocol {
     let authenticator = try await Authenticator(jwtSecret: configuration.jwtSecret, adminToken: configuration.adminToken)
     // A store that cannot be opened stops the gateway here, with one line saying why.
     let blobs = try await configuration.blobs.open()
     logger.info("blob store open", metadata: ["store": "\(blobs.kind)"])
-    let clients = ServiceClients(configuration: configuration)
+    let clients = ServiceClients(configuration: configuration, eventLoops: eventLoops)
     if configuration.jwtSecret == nil { logger.warning("JWT_SECRET is not set: every bearer token will be refused") }
     if configuration.adminToken == nil { logger.warning("ADMIN_TOKEN is not set: every admin call will be refused") }
     let limits = configuration.clientLimits

@@ -1,8 +1,15 @@
 import GatewayApp
 import Logging
+import NIOCore
+import NIOPosix
 import ServiceKit
 
 // The gateway: REST for the app, turned into bus requests.
+// Before any task starts: Swift's tasks run on the event loops that serve HTTP (the ones
+// Hummingbird uses), so a request's handler, its bus calls and its answer stay on the loop that
+// read it (`EventLoopLane`). GATEWAY_TASKS_ON_EVENT_LOOPS=false keeps Swift's own pool.
+let tasksOnEventLoops = (try? GatewayConfiguration(environment: Environment()))?.tasksOnEventLoops ?? true
+    && NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor()
 await ProcessExit.run("gateway") {
     let configuration = try GatewayConfiguration(environment: Environment())
     ProcessLogging.bootstrap(level: configuration.logLevel, process: "gateway", format: configuration.logFormat)
@@ -13,7 +20,8 @@ await ProcessExit.run("gateway") {
     if case .folder(let folder) = configuration.blobs.store { ProcessMetrics.watchDisk(path: folder.path) }
     let tracing = try ProcessTracing.bootstrap(service: "gateway", logger: logger)
     let app = try await buildApplication(
-        configuration: configuration, metrics: ProcessMetrics.registry, logger: logger, firstServices: tracing.map { [$0] } ?? []
+        configuration: configuration, metrics: ProcessMetrics.registry, logger: logger, firstServices: tracing.map { [$0] } ?? [],
+        eventLoops: tasksOnEventLoops ? MultiThreadedEventLoopGroup.singleton : nil
     )
     logger.info("gateway listening", metadata: ["url": "http://\(configuration.host):\(configuration.port)", "open-files": "\(openFiles)"])
     try await app.runService()

@@ -1,5 +1,6 @@
 import Bus
 import Messages
+import NIOPosix
 import ServiceKit
 import ServiceLifecycle
 
@@ -10,8 +11,10 @@ public struct ServiceClients: Service {
     public let history: BusClient
     public let jobs: BusClient
 
-    /// Connects a client to each endpoint in `configuration`.
-    public init(configuration: GatewayConfiguration) {
+    /// Connects a client to each endpoint in `configuration`. With `eventLoops` (the HTTP server's,
+    /// when the process runs Swift's tasks on them), each client opens its socket on every loop as
+    /// it starts (`BusClient.openLanes(on:)`); calls made on other loops open theirs at the first.
+    public init(configuration: GatewayConfiguration, eventLoops: MultiThreadedEventLoopGroup? = nil) {
         func client(_ service: ServiceName) -> BusClient {
             BusClient(configuration: .init(
                 endpoint: configuration.endpoints[service] ?? service.defaultEndpoint,
@@ -23,7 +26,11 @@ public struct ServiceClients: Service {
         quota = client(.quota)
         history = client(.history)
         jobs = client(.jobs)
+        self.eventLoops = eventLoops
     }
+
+    /// The loops whose sockets open as the clients start.
+    private let eventLoops: MultiThreadedEventLoopGroup?
 
     /// The client of `service`.
     public func client(for service: ServiceName) -> BusClient {
@@ -51,6 +58,7 @@ public struct ServiceClients: Service {
             for service in ServiceName.allCases {
                 let client = client(for: service)
                 group.addTask { await client.run() }
+                if let eventLoops { client.openLanes(on: eventLoops) }
             }
         }
     }

@@ -63,6 +63,11 @@ public struct GatewayConfiguration: Sendable {
     public var curve: CurveClientKeys?
     /// How its bus calls write bodies (`BUS_ENCODING`, default binary).
     public var busEncoding: BusEncoding
+    /// Whether Swift's tasks run on the HTTP event loops instead of Swift's own thread pool
+    /// (`GATEWAY_TASKS_ON_EVENT_LOOPS`, default true), so that a request's handler, its bus calls
+    /// (`EventLoopLane`) and its response stay on the loop that read it. Read by the gateway's
+    /// main before any task starts.
+    public var tasksOnEventLoops: Bool
     /// Apple App Attest at guest sign-up (`APP_ATTEST_APP_ID`, `APP_ATTEST_ENVIRONMENT`,
     /// `APP_ATTEST_REQUIRED`); nil: off. See `AttestationController`.
     public var appAttest: AppAttestSettings?
@@ -95,6 +100,7 @@ public struct GatewayConfiguration: Sendable {
         openAPIFile = environment.optional("OPENAPI_FILE")
         curve = try BusSecurity.clientKeys(environment)
         busEncoding = try environment.busEncoding()
+        tasksOnEventLoops = try environment.bool("GATEWAY_TASKS_ON_EVENT_LOOPS", default: true)
         clientNetworks = try ClientNetworks(trustedProxies: environment.optional("TRUSTED_PROXIES"))
         appAttest = try AppAttestSettings(environment: environment)
         clientLimits = ClientLimits(
@@ -110,6 +116,7 @@ public struct GatewayConfiguration: Sendable {
         ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "LOG_FORMAT", "JWT_SECRET", "ADMIN_TOKEN",
          "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S",
          "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "OPENAPI_FILE", "BUS_CURVE_PUBLIC", "BUS_CURVE_KEY", "BUS_ENCODING",
+         "GATEWAY_TASKS_ON_EVENT_LOOPS",
          "HTTP_IDLE_TIMEOUT_S", "HTTP_BODY_MIN_BYTES_PER_S", "HTTP_BODY_GRACE_S", "HTTP_MAX_CONNECTIONS", "TRUSTED_PROXIES",
          "APP_ATTEST_APP_ID", "APP_ATTEST_ENVIRONMENT", "APP_ATTEST_REQUIRED"]
             + ServiceName.allCases.map(\.endpointVariable) + BlobStoreConfiguration.environmentKeys
