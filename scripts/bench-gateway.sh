@@ -3,7 +3,8 @@
 # for $BENCH_SECONDS (10) each against a bare Hummingbird route (bench-bare, the baseline), then
 # the gateway's /healthz, GET /api/v1/users/me and POST /api/v1/jobs (a plan with room for the
 # whole run, no workers, so jobs only queue), all with logs at warning; then /healthz and the
-# bare route again with `make run`'s default logging (info, to a file). Prints req/s, p50 and p99
+# bare route again with `make run`'s default logging (info, to a file), and /healthz and users/me
+# with the gateway's tasks on its event loops (GATEWAY_TASKS_ON_EVENT_LOOPS=true). Prints req/s, p50 and p99
 # of each and the line `gateway/bare throughput ratio: healthz A  users/me B  jobs C`.
 # BENCH_PERF=DIR also records a perf profile of the whole machine during each measurement.
 set -euo pipefail
@@ -56,6 +57,13 @@ healthz=$(MEASURE_LABEL=healthz measure "$url/healthz")
 me=$(MEASURE_LABEL=users-me measure -H "Authorization: Bearer $token" "$url/api/v1/users/me")
 jobs=$(MEASURE_LABEL=jobs measure -s "$work/create.lua" "$url/api/v1/jobs")
 
+# The same gateway with its tasks on its event loops instead of Swift's pool (bus calls then go
+# out and come back on the loop that serves the request, EventLoopLane): measured in the same run.
+kill "$gateway"; wait "$gateway" 2>/dev/null || true
+GATEWAY_TASKS_ON_EVENT_LOOPS=true start_gateway
+healthz_loops=$(MEASURE_LABEL=healthz-loops measure "$url/healthz")
+me_loops=$(MEASURE_LABEL=users-me-loops measure -H "Authorization: Bearer $token" "$url/api/v1/users/me")
+
 # make run's default logging: info, each process writing its lines (to a file here).
 kill "$gateway"; wait "$gateway" 2>/dev/null || true
 LOG_LEVEL=info start_gateway
@@ -68,7 +76,10 @@ row "bare Hummingbird route (baseline)" "$bare"
 row "gateway /healthz, logs at warning" "$healthz"
 row "gateway GET /api/v1/users/me" "$me"
 row "gateway POST /api/v1/jobs (durable reserve + create)" "$jobs"
+row "gateway /healthz, tasks on the event loops" "$healthz_loops"
+row "gateway GET /api/v1/users/me, tasks on the event loops" "$me_loops"
 row "gateway /healthz, logs at info ($info_lines lines)" "$healthz_info"
 ratio() { awk -v a="${1%% *}" -v b="${bare%% *}" 'BEGIN { printf "%.2f", a/b }'; }
 echo "gateway/bare throughput ratio (logs at info): healthz $(ratio "$healthz_info")"
+echo "gateway/bare throughput ratio (tasks on the event loops): healthz $(ratio "$healthz_loops")  users/me $(ratio "$me_loops")"
 echo "gateway/bare throughput ratio: healthz $(ratio "$healthz")  users/me $(ratio "$me")  jobs $(ratio "$jobs")"

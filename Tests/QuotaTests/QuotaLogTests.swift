@@ -166,6 +166,45 @@ struct QuotaMemoryLedgerTests {
         #expect(try await reopened.status(userId: tailJob.userId, now: tailJob.reservedAt) == before)
     }
 
+    @Test func aStatusBetweenBatchesIsAnsweredFromMemoryAsTheLedgersThreadWouldAnswerIt() async throws {
+        let folder = try Self.folder()
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let store = try Self.open(folder)
+        // (From yesterday's UTC midnight: memory holds the windows of UTC yesterday to tomorrow
+        // whole, so it knows every counter of those days without a read.)
+        let today = Date(timeIntervalSince1970: (Date().timeIntervalSince1970 / 86_400).rounded(.down) * 86_400)
+        let start = today.addingTimeInterval(-86_400)
+        // Given users with charges over two days, one on a plan that has ended and one on a
+        // plan in a zone where the day has already turned
+        var users = try await Self.workload(store, seed: 7, start: start)
+        let end = start.addingTimeInterval(600 * 150)
+        _ = try await store.setPlan(SetPlan(userId: "ended", plan: "pro", endsAt: start.addingTimeInterval(3600)), now: start)
+        _ = try await store.setPlan(SetPlan(userId: "zoned", plan: "pro", timeZone: "Pacific/Kiritimati"), now: start)
+        _ = try await store.reserve(ReserveQuota(userId: "zoned", jobId: "zoned-job", cost: 2), now: end)
+        users += ["ended", "zoned", "never-seen"]
+        // When each asks for its status between batches
+        let batches = store.engine.batches
+        var fromMemory: [QuotaStatus] = []
+        for user in users { fromMemory.append(try await store.status(userId: user, now: end)) }
+        // Then no batch ran for them (memory answered on the caller's thread)
+        #expect(store.engine.batches == batches)
+        // And each answer is the one the ledger's thread gives
+        for (user, status) in zip(users, fromMemory) {
+            let threads = try await store.engine.perform { try $0.status(userId: user, now: end) }
+            #expect(status == threads, "\(user)")
+        }
+        #expect(store.engine.batches > batches)
+        // And a window memory does not hold (last year's) is read on the ledger's thread
+        let lastYear = start.addingTimeInterval(-365 * 86_400)
+        let before = store.engine.batches
+        let first = users[0]
+        let old = try await store.status(userId: first, now: lastYear)
+        #expect(store.engine.batches == before + 1)
+        #expect(old == (try await store.engine.perform { try $0.status(userId: first, now: lastYear) }))
+        // And a malformed user id is refused the same way
+        await #expect(throws: BusError.self) { try await store.status(userId: "", now: end) }
+    }
+
     @Test func chargesWrittenBeforeTheyWereKeyedByJobIdSurviveTheMigration() async throws {
         let folder = try Self.folder()
         defer { try? FileManager.default.removeItem(at: folder) }

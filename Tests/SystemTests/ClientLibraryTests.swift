@@ -14,9 +14,12 @@ struct ClientLibraryTests {
         return client
     }
 
-    @Test func theAppsFlowFromSignInToDelete() async throws {
+    /// The whole flow with the gateway's tasks on Swift's pool, then on its event loops (its bus
+    /// calls then go through each loop's own sockets, `EventLoopLane`).
+    @Test(arguments: [false, true])
+    func theAppsFlowFromSignInToDelete(tasksOnEventLoops: Bool) async throws {
         let system = try await JobSystem(workers: 1)
-        let (live, livePort) = try await Self.gateway(system)
+        let (live, livePort) = try await Self.gateway(system, extra: ["GATEWAY_TASKS_ON_EVENT_LOOPS": "\(tasksOnEventLoops)"])
         let app = Self.client(livePort)
         // me, with the Chat screen's badge
         let me = try await app.me()

@@ -5,10 +5,10 @@ import NIOPosix
 import ServiceKit
 
 // The gateway: REST for the app, turned into bus requests.
-// Before any task starts: Swift's tasks run on the event loops that serve HTTP (the ones
-// Hummingbird uses), so a request's handler, its bus calls and its answer stay on the loop that
-// read it (`EventLoopLane`). GATEWAY_TASKS_ON_EVENT_LOOPS=false keeps Swift's own pool.
-let tasksOnEventLoops = (try? GatewayConfiguration(environment: Environment()))?.tasksOnEventLoops ?? true
+// Before any task starts, with GATEWAY_TASKS_ON_EVENT_LOOPS=true: Swift's tasks run on the event
+// loops that serve HTTP (the ones Hummingbird uses), so a request's handler, its bus calls and its
+// answer stay on the loop that read it (`EventLoopLane`). Off by default (docs/bus.md).
+let tasksOnEventLoops = (try? GatewayConfiguration(environment: Environment()))?.tasksOnEventLoops ?? false
     && NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor()
 await ProcessExit.run("gateway") {
     let configuration = try GatewayConfiguration(environment: Environment())

@@ -64,9 +64,10 @@ public struct GatewayConfiguration: Sendable {
     /// How its bus calls write bodies (`BUS_ENCODING`, default binary).
     public var busEncoding: BusEncoding
     /// Whether Swift's tasks run on the HTTP event loops instead of Swift's own thread pool
-    /// (`GATEWAY_TASKS_ON_EVENT_LOOPS`, default true), so that a request's handler, its bus calls
-    /// (`EventLoopLane`) and its response stay on the loop that read it. Read by the gateway's
-    /// main before any task starts.
+    /// (`GATEWAY_TASKS_ON_EVENT_LOOPS`, default false), so that a request's handler, its bus
+    /// calls (`EventLoopLane`) and its response stay on the loop that read it. Off by default: on
+    /// a 2-core machine it measured slower (docs/bus.md). Read by the gateway's main before any
+    /// task starts.
     public var tasksOnEventLoops: Bool
     /// Apple App Attest at guest sign-up (`APP_ATTEST_APP_ID`, `APP_ATTEST_ENVIRONMENT`,
     /// `APP_ATTEST_REQUIRED`); nil: off. See `AttestationController`.
@@ -100,7 +101,7 @@ public struct GatewayConfiguration: Sendable {
         openAPIFile = environment.optional("OPENAPI_FILE")
         curve = try BusSecurity.clientKeys(environment)
         busEncoding = try environment.busEncoding()
-        tasksOnEventLoops = try environment.bool("GATEWAY_TASKS_ON_EVENT_LOOPS", default: true)
+        tasksOnEventLoops = try environment.bool("GATEWAY_TASKS_ON_EVENT_LOOPS", default: false)
         clientNetworks = try ClientNetworks(trustedProxies: environment.optional("TRUSTED_PROXIES"))
         appAttest = try AppAttestSettings(environment: environment)
         clientLimits = ClientLimits(

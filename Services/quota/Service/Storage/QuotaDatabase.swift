@@ -105,7 +105,9 @@ public struct QuotaDatabase: QuotaStore {
     }
 
     public func status(userId: String, now: Date) async throws -> QuotaStatus {
-        try await engine.perform(QuotaMemory.Need(userId: userId, now: now)) { try $0.status(userId: userId, now: now) }
+        // Between batches, from memory on the caller's thread (no hop to the ledger's thread).
+        if let status = try engine.readNow({ try $0.heldStatus(userId: userId, now: now) }) { return status }
+        return try await engine.perform(QuotaMemory.Need(userId: userId, now: now)) { try $0.status(userId: userId, now: now) }
     }
 
     public func setPlan(_ request: SetPlan, now: Date) async throws -> QuotaStatus {

@@ -43,6 +43,9 @@ final class QuotaEngine: Sendable {
     private let broken = Mutex<BusError?>(nil)
     private let maxBatch: Int
     private let maxQueued: Int
+    /// How many batches the ledger's thread has run.
+    private let batchCount = Atomic<Int>(0)
+    var batches: Int { batchCount.load(ordering: .relaxed) }
 
     init(memory: sending QuotaMemory, log: LedgerLog?, checkpointer: LedgerCheckpointer, maxBatch: Int = 4096, maxQueued: Int = 65_536) {
         self.memory = Mutex(memory)
@@ -76,6 +79,14 @@ final class QuotaEngine: Sendable {
         return try result.get() as! T
     }
 
+    /// Runs `read` on memory now, on the caller's thread, if no batch holds memory at this
+    /// moment (what memory holds between batches is durable); nil if a batch does, or if `read`
+    /// answers nil. For reads that must not wait for a batch's sync: the caller then asks
+    /// through `perform`.
+    func readNow<T: Sendable>(_ read: (borrowing QuotaMemory) throws -> T?) throws -> T? {
+        try memory.withLockIfAvailable { memory in try read(memory) } ?? nil
+    }
+
     private func loop() {
         while true {
             let batch = queue.withLock { queue -> [Pending] in
@@ -100,6 +111,7 @@ final class QuotaEngine: Sendable {
                 "photoedit.batch.size": "\(batch.count)",
             ])
             let results = run(batch)
+            batchCount.add(1, ordering: .relaxed)
             span?.end()
             for (item, result) in zip(batch, results) {
                 item.continuation.resume(returning: result)

@@ -504,7 +504,24 @@ struct QuotaMemory {
     // MARK: A user's windows
 
     private mutating func context(_ userId: String, now: Date) throws -> QuotaLedger.UserContext {
-        let entry = try user(userId)
+        try Self.context(userId, entry: try user(userId), now: now, ledger: ledger) { try used($0) }
+    }
+
+    /// A user's status when memory holds everything it reads, without reading the tables or
+    /// changing memory (so a caller may ask from its own thread while no batch runs); nil when
+    /// a read is needed.
+    func heldStatus(userId: String, now: Date) throws -> QuotaStatus? {
+        try ledger.validate(user: userId)
+        guard holds(Need(userId: userId, now: now)), let entry = knownUser(userId) else { return nil }
+        return try Self.context(userId, entry: entry, now: now, ledger: ledger) { counter in
+            guard let used = knownUsed(counter) else { throw BusError(.internal, "a counter memory holds was not found") }
+            return used
+        }.status()
+    }
+
+    private static func context(
+        _ userId: String, entry: UserEntry, now: Date, ledger: QuotaLedger, used: (UsageCounter) throws -> Int
+    ) throws -> QuotaLedger.UserContext {
         // A plan with an end is the default plan from that instant on, whether or not anyone
         // said so: an expiry event that never comes changes nothing.
         var planName = entry.plan
@@ -516,7 +533,7 @@ struct QuotaMemory {
         let (day, month) = ledger.windows.windows(containing: now, timeZone: entry.timeZone)
         return QuotaLedger.UserContext(
             userId: userId, plan: ledger.plans.effectivePlan(planName), planEndsAt: planEndsAt, timeZone: entry.timeZone,
-            day: day, month: month, dailyUsed: try used(Self.counter(userId, day)), monthlyUsed: try used(Self.counter(userId, month))
+            day: day, month: month, dailyUsed: try used(counter(userId, day)), monthlyUsed: try used(counter(userId, month))
         )
     }
 
