@@ -298,7 +298,11 @@ let package = Package(
         ),
         .executableTarget(
             name: "bus-bench",
-            dependencies: ["Bus", "Messages", "ServiceKit", "ZeroMQ"],
+            dependencies: [
+                "Bus", "Messages", "ServiceKit", "ZeroMQ",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
             path: "Benchmarks/bus-bench",
             swiftSettings: swiftSettings
         ),

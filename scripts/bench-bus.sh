@@ -41,6 +41,7 @@ raw_lat=$(field "$raw" latency_us); raw_tp=$(field "$raw" throughput_rps)
 bus_lat=$(field "$bus" latency_us); bus_tp=$(field "$bus" throughput_rps)
 
 bus_exec_lat=$(field "$bus" executor_latency_us); bus_exec_tp=$(field "$bus" executor_throughput_rps)
+bus_loop_lat=$(field "$bus" loop_latency_us); bus_loop_tp=$(field "$bus" loop_throughput_rps)
 curve_lat=$(field "$curve" latency_us); curve_tp=$(field "$curve" throughput_rps)
 
 echo "raw libzmq (C)                     latency, 1 in flight:    ${raw_lat} us"
@@ -49,6 +50,8 @@ echo "bus, callers on the pool           latency, 1 in flight:    ${bus_lat} us"
 echo "bus, callers on the pool           throughput, 64 in flight: ${bus_tp} req/s"
 echo "bus, callers on the client's thread latency, 1 in flight:    ${bus_exec_lat} us"
 echo "bus, callers on the client's thread throughput, 64 in flight: ${bus_exec_tp} req/s"
+echo "bus, callers on a NIO event loop   latency, 1 in flight:    ${bus_loop_lat} us"
+echo "bus, callers on a NIO event loop   throughput, 64 in flight: ${bus_loop_tp} req/s"
 echo "bus with CURVE, callers by key      latency, 1 in flight:    ${curve_lat} us"
 echo "bus with CURVE, callers by key      throughput, 64 in flight: ${curve_tp} req/s"
 echo "diagnostic: bus client vs C server  $(field "$swift_client" latency_us) us, $(field "$swift_client" throughput_rps) req/s"

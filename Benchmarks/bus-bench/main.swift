@@ -2,6 +2,8 @@ import Bus
 import Foundation
 import Logging
 import Messages
+import NIOCore
+import NIOPosix
 import ServiceKit
 import ZeroMQ
 
@@ -113,6 +115,8 @@ case "keys":
     let server = try ZMQCurveKeyPair.generate(), caller = try ZMQCurveKeyPair.generate()
     print("\(server.publicKey) \(server.secretKey) \(caller.publicKey) \(caller.secretKey)")
 case "client":
+    // (The loop outlives the client: its socket there closes as the client stops.)
+    let loops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
     try await withBusClient(.init(endpoint: endpoint, defaultTimeout: .seconds(10), curve: try BusSecurity.clientKeys(Environment()))) { client in
         // Callers as most code makes them: tasks on the cooperative pool, a thread hop each way.
         let latencyMicros = try await latency(client: client, seconds: seconds)
@@ -124,11 +128,17 @@ case "client":
         let executorRate = try await withTaskExecutorPreference(client.taskExecutor) {
             try await throughput(client: client, inFlight: 64, seconds: seconds)
         }
+        // Callers on a NIO event loop, as the gateway's handlers with GATEWAY_TASKS_ON_EVENT_LOOPS:
+        // their calls go through the loop's own socket (EventLoopLane).
+        let onLoop = EventLoopExecutor(loops.next())
+        let loopLatency = try await withTaskExecutorPreference(onLoop) { try await latency(client: client, seconds: seconds) }
+        let loopRate = try await withTaskExecutorPreference(onLoop) { try await throughput(client: client, inFlight: 64, seconds: seconds) }
         print(String(
-            format: "latency_us=%.2f throughput_rps=%.0f executor_latency_us=%.2f executor_throughput_rps=%.0f",
-            latencyMicros, poolRate, executorLatency, executorRate
+            format: "latency_us=%.2f throughput_rps=%.0f executor_latency_us=%.2f executor_throughput_rps=%.0f loop_latency_us=%.2f loop_throughput_rps=%.0f",
+            latencyMicros, poolRate, executorLatency, executorRate, loopLatency, loopRate
         ))
     }
+    try await loops.shutdownGracefully()
 case "handler":
     // The handler path alone, no sockets: decode, handle, encode.
     let binary = await handlerCost(echoRouter(), .binary)
@@ -157,4 +167,16 @@ case "inproc":
 default:
     print("usage: bus-bench server|client ENDPOINT [seconds]")
     exit(2)
+}
+
+/// Runs a task's jobs on one NIO event loop.
+final class EventLoopExecutor: TaskExecutor {
+    let loop: any EventLoop
+
+    init(_ loop: any EventLoop) { self.loop = loop }
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        loop.execute { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
+    }
 }

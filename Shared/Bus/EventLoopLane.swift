@@ -49,7 +49,7 @@ final class EventLoopLanes: Sendable {
     }
 
     /// How many lanes are open.
-    var count: Int { state.withLock { $0.lanes.values.count { $0 != nil } } }
+    var count: Int { state.withLock { $0.lanes.values.count { $0.map { !$0.isClosed } ?? false } } }
 
     /// Closes every lane, each on its own event loop; no lane opens after this.
     func closeAll() async {
@@ -59,7 +59,13 @@ final class EventLoopLanes: Sendable {
             return state.lanes.values.compactMap { $0 }
         }
         for lane in lanes {
-            try? await lane.eventLoop.submit { lane.close() }.get()
+            if !lane.isClosed { lane.eventLoop.execute { lane.close() } }
+            // A loop that has shut down runs nothing more, but closed the lane as it closed its
+            // watchers. A loop that is alive and does not get to it in time is stuck: its
+            // sockets are left to it rather than closed under it from here.
+            if await !lane.closed(within: .seconds(2)) {
+                lane.logStuck()
+            }
         }
     }
 }
@@ -85,6 +91,8 @@ final class EventLoopLane: @unchecked Sendable {
     private var alarmDeadline: ContinuousClock.Instant?
     private var drainScheduled = false
     private var closed = false
+    /// `closed`, for other threads.
+    private let closedFlag = Atomic<Bool>(false)
     /// A watcher failed to register: the lane cannot hear replies and sends nothing more.
     private var broken = false
 
@@ -155,6 +163,8 @@ final class EventLoopLane: @unchecked Sendable {
                 case .success(let channel):
                     if closed { channel.close(promise: nil); return }
                     watchers.append(channel)
+                    // A loop that shuts down closes its channels: the lane closes with them.
+                    channel.closeFuture.whenComplete { [self] _ in close() }
                     scheduleDrain()  // what arrived before the watcher was in place
                 case .failure(let error):
                     _ = Glibc.close(copy)  // still ours: NIO did not take it
@@ -243,6 +253,26 @@ final class EventLoopLane: @unchecked Sendable {
         if monitor != nil { socket.stopMonitor() }
         socket.close()
         monitor?.close()
+        closedFlag.store(true, ordering: .releasing)
+    }
+
+    /// Whether `close()` has run; from any thread.
+    var isClosed: Bool { closedFlag.load(ordering: .acquiring) }
+
+    /// Waits at most `limit` for `close()` to have run (looking every 5 ms: this is shutdown);
+    /// whether it has.
+    func closed(within limit: Duration) async -> Bool {
+        let deadline = ContinuousClock.now.advanced(by: limit)
+        while !isClosed, ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(5))
+        }
+        return isClosed
+    }
+
+    func logStuck() {
+        client.logger.error("an event loop did not close its bus socket in time; it is left open", metadata: [
+            "endpoint": "\(client.configuration.endpoint)",
+        ])
     }
 
     /// Hands libzmq back the signal NIO read, then lets the lane read what it announced.

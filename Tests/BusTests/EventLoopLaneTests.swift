@@ -176,3 +176,26 @@ struct EventLoopLaneTests {
         }
     }
 }
+
+@Suite("Bus calls from an event loop that shuts down first")
+struct EventLoopLaneShutdownTests {
+    @Test func aClientOutlivingTheLoopOfItsLaneStillStops() async throws {
+        let endpoint = uniqueInproc()
+        try await withServer(endpoint: endpoint) { _ in
+            try await withClient(endpoint: endpoint) { client in
+                // Given a lane on a loop that shuts down while the client runs
+                _ = try await client.call(TestMethods.echo, Tagged(tag: 0, text: "running"))
+                try await withEventLoops(1) { loops in
+                    let reply = try await onEventLoop(loops[0]) { try await client.call(TestMethods.echo, Tagged(tag: 1, text: "loop")) }
+                    #expect(reply.text == "loop")
+                }
+                // Then the lane closed with its loop
+                let deadline = ContinuousClock.now.advanced(by: .seconds(10))
+                while client.openLanes > 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+                #expect(client.openLanes == 0)
+                // And the client still answers calls from the pool, and its scope ends
+                #expect(try await client.call(TestMethods.echo, Tagged(tag: 2, text: "pool")).text == "pool")
+            }
+        }
+    }
+}
