@@ -103,6 +103,8 @@ final class BinaryWriter {
         if T.self == Int.self { return write(Int64(value as! Int)) }
         if T.self == Bool.self { return write(value as! Bool) }
         if T.self == Data.self { return writeBytes(value as! Data) }
+        // As `Date`'s own `Codable` writes it: seconds since 2001 as a double.
+        if T.self == Date.self { return write((value as! Date).timeIntervalSinceReferenceDate) }
         if let dictionary = value as? any BinaryStringKeyedDictionary {
             return try dictionary.encodeBinary(self, codingPath: codingPath())
         }
@@ -515,6 +517,9 @@ final class BinaryReader {
         if T.self == Int.self { return try decodeInteger(Int.self, at: offset, limit: limit, codingPath: codingPath()) as! T }
         if T.self == Bool.self { return try decodeBool(at: offset, limit: limit, codingPath: codingPath()) as! T }
         if T.self == Data.self { return try decodeData(at: offset, limit: limit, codingPath: codingPath()) as! T }
+        if T.self == Date.self {
+            return Date(timeIntervalSinceReferenceDate: try decodeDouble(at: offset, limit: limit, codingPath: codingPath())) as! T
+        }
         if let dictionary = T.self as? any BinaryStringKeyedDictionary.Type {
             return try dictionary.decodeBinary(self, at: offset, limit: limit, depth: depth, codingPath: codingPath()) as! T
         }

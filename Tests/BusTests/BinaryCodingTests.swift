@@ -94,6 +94,22 @@ struct BinaryCodingTests {
         #expect(decoded.code == .overloaded && decoded.message == "too many" && decoded.retryable)
     }
 
+    @Test func aDateIsWrittenAsItsOwnCodableWritesIt() throws {
+        // Date encodes itself as seconds since 2001 in a single value: the binary form's direct
+        // path for dates must write and read exactly that, or processes of two versions disagree.
+        let date = Date(timeIntervalSince1970: 1_795_000_000.25)
+        #expect(try BinaryCoding.encode(date) == BinaryCoding.encode(date.timeIntervalSinceReferenceDate))
+        #expect(try BinaryCoding.decode(Date.self, from: BinaryCoding.encode(date.timeIntervalSinceReferenceDate)) == date)
+        struct Dated: Codable, Equatable { var at: Date; var maybe: Date? }
+        let dated = Dated(at: date, maybe: date.addingTimeInterval(1))
+        struct Seconds: Codable { var at: Double; var maybe: Double? }
+        let seconds = Seconds(at: date.timeIntervalSinceReferenceDate, maybe: date.addingTimeInterval(1).timeIntervalSinceReferenceDate)
+        #expect(try BinaryCoding.encode(dated) == BinaryCoding.encode(seconds))
+        #expect(try BinaryCoding.decode(Dated.self, from: BinaryCoding.encode(seconds)) == dated)
+        // A date written as an integer (a JSON-minded writer) still reads
+        #expect(try BinaryCoding.decode(Date.self, from: BinaryCoding.encode(Int(600))) == Date(timeIntervalSinceReferenceDate: 600))
+    }
+
     @Test func topLevelScalarsAndCollectionsRoundTrip() throws {
         #expect(try BinaryCoding.decode(Int.self, from: BinaryCoding.encode(42)) == 42)
         #expect(try BinaryCoding.decode(String.self, from: BinaryCoding.encode("s")) == "s")
