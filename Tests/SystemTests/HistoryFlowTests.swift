@@ -232,13 +232,15 @@ struct HistoryFlowTests {
     @Test func retentionFollowsEachUsersCurrentPlan() async throws {
         let system = try await JobSystem(workers: 0, history: ["HISTORY_SWEEP_MS": "200"])
         let old = Date().addingTimeInterval(-31 * 86_400)
+        // (The plan first: a sweep running between the items' arrival and a later plan change
+        // would rightly sweep the pro user's old item under the free plan's 30 days.)
+        _ = try await system.clients.quota.call(Quota.setPlan, SetPlan(userId: "pro-user", plan: "pro"))
         try await system.feedHistory([
             jobEvent("free-old", user: "free-user", createdAt: old),
             jobEvent("free-old-running", user: "free-user", status: .processing, createdAt: old),
             jobEvent("free-new", user: "free-user"),
             jobEvent("pro-old", user: "pro-user", createdAt: old),
         ])
-        _ = try await system.clients.quota.call(Quota.setPlan, SetPlan(userId: "pro-user", plan: "pro"))
         // The free user's 31-day-old item is swept; a running job and newer items stay
         try await waitUntil {
             try await system.clients.history.call(History.list, ListHistory(userId: "free-user")).items.map(\.jobId).sorted() == ["free-new", "free-old-running"]
