@@ -130,7 +130,7 @@ case "client":
         }
         // Callers on a NIO event loop, as the gateway's handlers with GATEWAY_TASKS_ON_EVENT_LOOPS:
         // their calls go through the loop's own socket (EventLoopLane).
-        let onLoop = EventLoopExecutor(loops.next())
+        let onLoop = EventLoopTaskExecutor(loops.next())
         let loopLatency = try await withTaskExecutorPreference(onLoop) { try await latency(client: client, seconds: seconds) }
         let loopRate = try await withTaskExecutorPreference(onLoop) { try await throughput(client: client, inFlight: 64, seconds: seconds) }
         print(String(
@@ -167,16 +167,4 @@ case "inproc":
 default:
     print("usage: bus-bench server|client ENDPOINT [seconds]")
     exit(2)
-}
-
-/// Runs a task's jobs on one NIO event loop.
-final class EventLoopExecutor: TaskExecutor {
-    let loop: any EventLoop
-
-    init(_ loop: any EventLoop) { self.loop = loop }
-
-    func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
-        loop.execute { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
-    }
 }

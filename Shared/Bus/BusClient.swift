@@ -203,7 +203,7 @@ public final class BusClient: Sendable, Service {
             return state.nextId
         }
         // On an event loop, the loop's own socket sends it now (`EventLoopLane`).
-        let lane = state.withLock { $0.started && !$0.stopping } ? lanes.current(for: self) : nil
+        let lane = lanes.current(for: self)
         let item = Outgoing(id: id, deadline: deadline, header: header(id), body: body)
         return await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<Outcome, Never>) in
@@ -264,13 +264,12 @@ public final class BusClient: Sendable, Service {
         }
     }
 
+    /// Whether `run()` has started and is not stopping: calls made before wait for it in the I/O
+    /// thread's queue, not in a lane.
+    var isRunning: Bool { state.withLock { $0.started && !$0.stopping } }
+
     /// How many event loops have a socket of this client (`EventLoopLane`).
     var openLanes: Int { lanes.count }
-
-    /// The ids of the calls waiting for replies.
-    func pendingIds() -> Set<UInt64> {
-        state.withLock { Set($0.pending.keys) }
-    }
 
     /// Asks the I/O thread to stop; `run()` returns once it has.
     private func requestStop() {
@@ -347,17 +346,7 @@ public final class BusClient: Sendable, Service {
             executor.runQueuedJobs()
             busy = executor.hasJobs || state.withLock { !$0.outbox.isEmpty }
 
-            let now = ContinuousClock.now
-            while let first = timers.min, first.deadline <= now {
-                timers.removeMin()
-                finish(first.id, with: .failure(BusError(.timeout, "no reply from \(configuration.endpoint) within the deadline")))
-            }
-            // Timers of answered calls are dropped lazily; rebuild when they outnumber live calls.
-            let live = state.withLock { $0.pending.count }
-            if timers.count > 4 * live + 1024 {
-                let ids = state.withLock { Set($0.pending.keys) }
-                timers = Heap(timers.unordered.filter { ids.contains($0.id) })
-            }
+            expire(&timers)
             if stopping { break }
         }
         // In this order: an event sent to a closed reader would block libzmq's I/O thread.
@@ -414,6 +403,22 @@ public final class BusClient: Sendable, Service {
 
     /// The connection broke: every call already sent will not be answered. They fail now as
     /// `connection_lost`; calls sent from here on wait for the reconnection.
+    /// Fails the calls of `timers` whose deadline has passed as `timeout`. Timers of answered
+    /// calls are dropped lazily: the heap is rebuilt once they outnumber live calls. Shared by the
+    /// I/O thread and the event loops' lanes, each with the heap of the calls it sent.
+    func expire(_ timers: inout Heap<Timer>) {
+        let now = ContinuousClock.now
+        while let first = timers.min, first.deadline <= now {
+            timers.removeMin()
+            finish(first.id, with: .failure(BusError(.timeout, "no reply from \(configuration.endpoint) within the deadline")))
+        }
+        let live = state.withLock { $0.pending.count }
+        if timers.count > 4 * live + 1024 {
+            let ids = state.withLock { Set($0.pending.keys) }
+            timers = Heap(timers.unordered.filter { ids.contains($0.id) })
+        }
+    }
+
     func failSent(_ timers: inout Heap<Timer>) {
         let sent = timers.unordered.map(\.id)
         timers = Heap()

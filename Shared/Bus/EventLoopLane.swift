@@ -26,9 +26,9 @@ final class EventLoopLanes: Sendable {
     private let state = Mutex(State())
 
     /// The lane of the event loop the caller runs on, opened on first use; nil off an event loop,
-    /// once the lanes are closed, or where a lane cannot work.
+    /// before the client runs, once the lanes are closed, or where a lane cannot work.
     func current(for client: BusClient) -> EventLoopLane? {
-        guard let loop = MultiThreadedEventLoopGroup.currentEventLoop else { return nil }
+        guard let loop = MultiThreadedEventLoopGroup.currentEventLoop, client.isRunning else { return nil }
         let key = ObjectIdentifier(loop)
         switch state.withLock({ $0.closed ? .some(nil) : $0.lanes[key] }) {
         case .some(let lane): return lane
@@ -90,8 +90,7 @@ final class EventLoopLane: @unchecked Sendable {
     private var alarm: Scheduled<Void>?
     private var alarmDeadline: ContinuousClock.Instant?
     private var drainScheduled = false
-    private var closed = false
-    /// `closed`, for other threads.
+    /// Set on `eventLoop` by `close()`; read from any thread.
     private let closedFlag = Atomic<Bool>(false)
     /// A watcher failed to register: the lane cannot hear replies and sends nothing more.
     private var broken = false
@@ -161,7 +160,7 @@ final class EventLoopLane: @unchecked Sendable {
             .whenComplete { [self] result in
                 switch result {
                 case .success(let channel):
-                    if closed { channel.close(promise: nil); return }
+                    if isClosed { channel.close(promise: nil); return }
                     watchers.append(channel)
                     // A loop that shuts down closes its channels: the lane closes with them.
                     channel.closeFuture.whenComplete { [self] _ in close() }
@@ -186,7 +185,7 @@ final class EventLoopLane: @unchecked Sendable {
     /// Sends `item` from this loop; false when the I/O thread must take it instead (the lane is
     /// closed or broken, or no replica is connected yet). Called on `eventLoop`.
     func send(_ item: BusClient.Outgoing) -> Bool {
-        guard !closed, !broken, client.sendRequest(item, on: socket, timers: &timers) else { return false }
+        guard !isClosed, !broken, client.sendRequest(item, on: socket, timers: &timers) else { return false }
         armAlarm(for: item.deadline)
         // A send may have consumed libzmq's signal for replies already in: look once this turn.
         scheduleDrain()
@@ -207,7 +206,7 @@ final class EventLoopLane: @unchecked Sendable {
     /// Reads every reply and connection event until libzmq has nothing more, which also consumes
     /// its signals (asking a socket's events processes its commands).
     private func drain() {
-        guard !closed else { return }
+        guard !isClosed else { return }
         repeat {
             client.receiveReplies(on: socket)
             if let monitor, BusClient.disconnected(monitor) { client.failSent(&timers) }
@@ -227,24 +226,16 @@ final class EventLoopLane: @unchecked Sendable {
     private func ring() {
         alarm = nil
         alarmDeadline = nil
-        guard !closed else { return }
-        let now = ContinuousClock.now
-        while let first = timers.min, first.deadline <= now {
-            timers.removeMin()
-            client.finish(first.id, with: .failure(BusError(.timeout, "no reply from \(client.configuration.endpoint) within the deadline")))
-        }
-        if timers.count > 1024 {
-            let live = client.pendingIds()
-            timers = Heap(timers.unordered.filter { live.contains($0.id) })
-        }
+        guard !isClosed else { return }
+        client.expire(&timers)
         if let next = timers.min { armAlarm(for: next.deadline) }
     }
 
     /// Stops watching and closes the sockets; called on `eventLoop`. Calls still waiting are the
     /// client's to fail.
     func close() {
-        guard !closed else { return }
-        closed = true
+        guard !isClosed else { return }
+        closedFlag.store(true, ordering: .releasing)
         alarm?.cancel()
         alarm = nil
         // Out of NIO's selector before libzmq closes what the descriptors point at.
@@ -253,7 +244,6 @@ final class EventLoopLane: @unchecked Sendable {
         if monitor != nil { socket.stopMonitor() }
         socket.close()
         monitor?.close()
-        closedFlag.store(true, ordering: .releasing)
     }
 
     /// Whether `close()` has run; from any thread.
@@ -295,5 +285,20 @@ final class EventLoopLane: @unchecked Sendable {
             }
             lane.scheduleDrain()
         }
+    }
+}
+
+/// A task executor whose jobs run on one NIO event loop. A task that prefers it
+/// (`Task(executorPreference:)`, `withTaskExecutorPreference`) makes its bus calls through that
+/// loop's socket (`EventLoopLane`) without the process handing Swift's pool to NIO, as the gateway
+/// does with `GATEWAY_TASKS_ON_EVENT_LOOPS`. Such a task must not block.
+public final class EventLoopTaskExecutor: TaskExecutor {
+    public let loop: any EventLoop
+
+    public init(_ loop: any EventLoop) { self.loop = loop }
+
+    public func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        loop.execute { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
     }
 }

@@ -6,19 +6,6 @@ import Testing
 
 @testable import Bus
 
-/// Runs a task's jobs on one NIO event loop, as the gateway's tasks run once its event loops are
-/// Swift's global executor: a call made there goes out through the loop's own socket.
-final class EventLoopTaskExecutor: TaskExecutor {
-    let loop: any EventLoop
-
-    init(_ loop: any EventLoop) { self.loop = loop }
-
-    func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
-        loop.execute { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
-    }
-}
-
 /// Event loops of a group of their own for the duration of `body`.
 func withEventLoops<T: Sendable>(_ count: Int, _ body: ([any EventLoop]) async throws -> T)
     async throws -> T
