@@ -125,19 +125,47 @@ struct JobStoreTests {
         _ = try await store.cancel("rec", userId: "u", now: stamp)
         let read = try await store.database.writer.read { db in try JobRecord.fetchOne(db, key: "rec") }
         #expect(read?.parameters == ["sigma": 2.5, "a": 1] && read?.createdAt == stamp && read?.cancelRequested == true)
-        // And an event stored as JSON (before) and one stored now both read back
-        let event = JobEvent(job: byRecord, effectTitle: "Soft Focus")
-        #expect(try JobRows.event(try JSONEncoder().encode(event)) == event)
+        // And a job created by JobRows reads back the same through GRDB's record, and as
+        // history's event
         _ = try await store.create(CreateJob(jobId: "new", userId: "u", isPro: false, imageKey: "uploads/u/a.jpg", effectId: "copy"),
                                    effectId: "copy", parameters: ["x": 1], now: stamp)
         let created = try await store.database.writer.read { db in try JobRecord.fetchOne(db, key: "new") }
         #expect(created?.parameters == ["x": 1] && created?.createdAt == stamp && created?.status == .queued)
-        let stored = try await outbox().filter { $0.jobId == "new" && $0.topic == "history" }
-        #expect(try stored.map { try JobRows.event(try #require($0.payload)).job } == [created])
+        let due = try await JobsHistoryFeed(store: store).due(now: stamp.addingTimeInterval(1), limit: 10)
+        #expect(due.compactMap { if case .historyEvent(let event) = $0.kind, event.job.id == "new" { event.job } else { nil } } == [created])
     }
 
-    @Test(arguments: JobsBackend.allCases) func everyStateChangeIsAnEventWithARisingVersion(backend: JobsBackend) async throws {
-        try await withJobsStore(backend) { try await $0.everyStateChangeIsAnEventWithARisingVersion() }
+    @Test func historyEventsWaitingInTheOutboxBeforeTheMoveToRowsAreDeliveredFromTheRows() async throws {
+        // Given a database of the version before (v6) with a job whose events history has not
+        // had yet, and one whose events it had
+        let queue = try DatabaseQueue()
+        try JobsDatabase.migrator.migrate(queue, upTo: "v6: the trace a job was created in")
+        let stamp = Date(timeIntervalSince1970: 1_800_000_000)
+        try await queue.write { db in
+            for id in ["pending", "delivered"] {
+                try JobRecord(
+                    id: id, userId: "u", isPro: false, imageKey: "uploads/u/a.jpg", effectId: "copy", parameters: [:], prompt: nil,
+                    status: .completed, progress: 1, attempts: 1, maxAttempts: 3, lastError: nil, resultKey: "r", thumbnailKey: "t",
+                    createdAt: stamp, updatedAt: stamp, startedAt: stamp, finishedAt: stamp, version: 3
+                ).insert(db)
+            }
+            try db.execute(sql: "INSERT INTO outbox (topic, kind, jobId, version, payload, createdAt, nextAttemptAt) VALUES ('history', 'job', 'pending', 3, x'00', ?, ?)",
+                           arguments: [stamp, stamp])
+            try db.execute(sql: "INSERT INTO outbox (topic, kind, jobId, version, createdAt, nextAttemptAt) VALUES ('quota', 'commit', 'pending', 3, ?, ?)",
+                           arguments: [stamp, stamp])
+        }
+        // When the service opens it
+        let migrated = SQLiteJobsStore(database: try JobsDatabase(queue), effectTitles: ["copy": "Original"])
+        // Then the job with undelivered events is due for history at its current version, the
+        // other is not, and the outbox keeps only quota's entry
+        let due = try await JobsHistoryFeed(store: migrated).due(now: stamp.addingTimeInterval(1), limit: 10)
+        #expect(due.map(\.id) == ["3:pending"])
+        #expect(try await migrated.database.writer.read { try OutboxEntry.fetchAll($0) }.map(\.topic) == ["quota"])
+        #expect(try await migrated.counts().outbox == ["quota": 1, "history": 1])
+    }
+
+    @Test(arguments: JobsBackend.allCases) func historyHearsEachJobsCurrentVersionFromItsRow(backend: JobsBackend) async throws {
+        try await withJobsStore(backend) { try await $0.historyHearsEachJobsCurrentVersionFromItsRow() }
     }
 
     @Test(arguments: JobsBackend.allCases) func purgingARunningJobReleasesItsChargeAndRemovesItsRowAndPendingEvents(backend: JobsBackend) async throws {
@@ -221,28 +249,56 @@ extension JobsStoreHarness {
         #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["release"])
     }
 
-    func everyStateChangeIsAnEventWithARisingVersion() async throws {
+    func historyHearsEachJobsCurrentVersionFromItsRow() async throws {
+        // A created job is due for history, as it is
         _ = try await created()
+        var due = try await dueForHistory()
+        #expect(due.map(\.event.job.version) == [1] && due.first?.event.job.status == .queued)
+        let first = try #require(due.first?.id)
+        // A change before the delivery is acknowledged: one event, of the current version
         _ = try await store.start("job-1", now: now)
+        due = try await dueForHistory()
+        #expect(due.map(\.event.job.version) == [2] && due.first?.event.job.status == .processing)
+        // Acknowledging the older version leaves the newer one due (looked at past the claim
+        // PostgreSQL's relays take on what they read); acknowledging it clears it
+        try await history.acknowledge([first])
+        #expect(try await dueForHistory(at: now.addingTimeInterval(40)).map(\.event.job.version) == [2])
+        try await history.acknowledge(due.map(\.id))
+        #expect(try await dueForHistory().isEmpty)
+        // The next change is due again, with the effect's title
         _ = try await store.complete(JobAttempt(jobId: "job-1", attempt: 1), output: JobOutput(resultKey: "r", thumbnailKey: "t"), now: now)
-        let events = try await outbox().filter { $0.topic == "history" }
-        #expect(events.map(\.version) == [1, 2, 3])
-        let last = try JobRows.event(try #require(events.last?.payload))
-        #expect(last.job.status == .completed)
-        #expect(last.effectTitle == "Original")
+        due = try await dueForHistory()
+        #expect(due.map(\.event.job.version) == [3] && due.first?.event.job.status == .completed && due.first?.event.effectTitle == "Original")
+        #expect(try await store.counts().outbox["history"] == 1)
+        // A failed delivery waits out its backoff, its attempts counted
+        try await history.retry(try #require(due.first?.id), attempts: 1, at: now.addingTimeInterval(60))
+        #expect(try await dueForHistory().isEmpty)
+        let later = try await history.due(now: now.addingTimeInterval(61), limit: 10)
+        #expect(later.map(\.attempts) == [1])
+        try await history.acknowledge(later.map(\.id))
+        #expect(try await store.counts().outbox["history"] == 0)
+        // A cancel asked of a running job is not a state change: nothing is due until it ends
+        _ = try await created("job-2")
+        _ = try await store.start("job-2", now: now)
+        try await history.acknowledge(try await dueForHistory().map(\.id))
+        _ = try await store.cancel("job-2", userId: "alice", now: now)
+        #expect(try await dueForHistory().isEmpty)
+        _ = try await store.cancelled(JobAttempt(jobId: "job-2", attempt: 1), now: now)
+        #expect(try await dueForHistory().map { "\($0.event.job.id) \($0.event.job.status)" } == ["job-2 cancelled"])
     }
 
     func purgingARunningJobReleasesItsChargeAndRemovesItsRowAndPendingEvents() async throws {
         // Given a processing job
         _ = try await created()
         _ = try await store.start("job-1", now: now)
+        #expect(try await dueForHistory().map(\.event.job.id) == ["job-1"])
         // When it is purged
         let purge = try await store.purge("job-1", userId: "alice", now: now)
         // Then it was there, its charge is released, and nothing of it is left but the deletions
         #expect(purge.job?.status == .processing)
         #expect(try await store.job("job-1", userId: nil) == nil)
         #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["release"])
-        #expect(try await outbox().filter { $0.topic == "history" }.isEmpty)
+        #expect(try await dueForHistory().isEmpty)
         #expect(try await discarded() == ["uploads/x/y.jpg"])
         // And purging again, or someone else's job, finds nothing
         #expect(try await store.purge("job-1", userId: "alice", now: now).job == nil)

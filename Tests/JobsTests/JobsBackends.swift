@@ -5,6 +5,7 @@ import JobsCore
 import Logging
 import Messages
 import PostgresNIO
+import ServiceKit
 import Storage
 import Testing
 import TestSupport
@@ -27,7 +28,7 @@ func withJobsStore<T>(_ backend: JobsBackend, _ body: (JobsStoreHarness) async t
     switch backend {
     case .sqlite:
         let store = SQLiteJobsStore(database: try JobsDatabase.inMemory(), retry: retry, effectTitles: titles)
-        return try await body(JobsStoreHarness(store: store, outbox: {
+        return try await body(JobsStoreHarness(store: store, history: JobsHistoryFeed(store: store), outbox: {
             try await store.database.writer.read { try OutboxEntry.order(Column("id")).fetchAll($0) }
         }))
     case .postgres:
@@ -35,7 +36,7 @@ func withJobsStore<T>(_ backend: JobsBackend, _ body: (JobsStoreHarness) async t
         try await PostgresPool.migrate(location, service: "jobs", PostgresJobsStore.migrations, logger: quietLogger)
         return try await TestPostgres.withDatabase(location) { database in
             let store = PostgresJobsStore(database: database, retry: retry, effectTitles: titles, logger: quietLogger)
-            return try await body(JobsStoreHarness(store: store, outbox: { try await PostgresOutboxRows.all(database) }))
+            return try await body(JobsStoreHarness(store: store, history: PostgresJobsHistoryFeed(store: store), outbox: { try await PostgresOutboxRows.all(database) }))
         }
     }
 }
@@ -58,6 +59,8 @@ enum PostgresOutboxRows {
 /// A store with the shorthands the tests use.
 struct JobsStoreHarness {
     let store: any JobsStore
+    /// History's events, as the relay reads them.
+    let history: any Outbox<JobsOutboxKind>
     let outbox: () async throws -> [OutboxEntry]
     let now = Date()
 
@@ -66,6 +69,14 @@ struct JobsStoreHarness {
     }
 
     func outbox() async throws -> [OutboxEntry] { try await outbox() }
+
+    /// The job versions due for history now, with the events' ids.
+    func dueForHistory(at time: Date? = nil) async throws -> [(id: String, event: JobEvent)] {
+        try await history.due(now: time ?? now.addingTimeInterval(1), limit: 1000).compactMap { item in
+            guard case .historyEvent(let event) = item.kind else { return nil }
+            return (item.id, event)
+        }
+    }
 
     /// The files the blob janitor is told to delete.
     func discarded() async throws -> [String] {

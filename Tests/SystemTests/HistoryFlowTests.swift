@@ -215,7 +215,7 @@ struct HistoryFlowTests {
             await system.services.stop(.history)
             var jobIds: [String] = []
             for _ in 0..<4 { jobIds.append(try await JobSystem.finishedJob(client, as: user, imageKey: key)) }
-            #expect(try system.jobsOutboxCount(topic: "history") > 0)
+            #expect(try system.jobsDueForHistory() > 0)
             // When history starts again
             try system.services.restart(.history)
             _ = try await waitUntilHealthy(system.clients.history)
@@ -224,7 +224,7 @@ struct HistoryFlowTests {
                 let body = try await JobSystem.get(client, "/api/v1/history?status=completed", as: user).1
                 return Set(JobSystem.ids(body)) == Set(jobIds)
             }
-            try await waitUntil { try system.jobsOutboxCount(topic: "history") == 0 }
+            try await waitUntil { try system.jobsDueForHistory() == 0 }
         }
         await system.stop()
     }

@@ -38,12 +38,13 @@ extension JobSystem {
         (body[key] as? [[String: Any]] ?? []).compactMap { $0[id] as? String }
     }
 
-    /// Rows left in the jobs service's outbox for `topic`, read from its file without writing.
-    func jobsOutboxCount(topic: String) throws -> Int {
+    /// Jobs whose current version history has not had yet, read from the jobs service's file
+    /// without writing.
+    func jobsDueForHistory() throws -> Int {
         var configuration = Configuration()
         configuration.readonly = true
         let queue = try DatabaseQueue(path: services.dataDirectory.appendingPathComponent("jobs.sqlite").path, configuration: configuration)
-        return try queue.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM outbox WHERE topic = ?", arguments: [topic]) ?? 0 }
+        return try queue.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM job WHERE historyDueAt IS NOT NULL") ?? 0 }
     }
 
     /// Whether the blob `key` is on disk.

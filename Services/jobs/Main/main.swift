@@ -55,7 +55,7 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
         })
         relays = [
             JobsRelays.settlements(outbox: PostgresJobsOutbox(store: postgres, topic: OutboxEntry.Topic.quota), quota: quota, logger: logger),
-            JobsRelays.historyEvents(outbox: PostgresJobsOutbox(store: postgres, topic: OutboxEntry.Topic.history), history: history, logger: logger),
+            JobsRelays.historyEvents(outbox: PostgresJobsHistoryFeed(store: postgres), history: history, logger: logger),
             JobsRelays.fileDeletions(outbox: PostgresJobsOutbox(store: postgres, topic: OutboxEntry.Topic.blobs), blobs: blobs, logger: logger),
         ]
         ProcessMetrics.addReporter { await link.dispatcher?.workerSections() ?? [] }
@@ -70,7 +70,7 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
         services = [quota, history, DispatcherService(dispatcher: dispatcher, channel: channel)]
         relays = [
             JobsRelays.settlements(outbox: JobsOutbox(database: database, topic: OutboxEntry.Topic.quota), quota: quota, logger: logger),
-            JobsRelays.historyEvents(outbox: JobsOutbox(database: database, topic: OutboxEntry.Topic.history), history: history, logger: logger),
+            JobsRelays.historyEvents(outbox: JobsHistoryFeed(store: sqlite), history: history, logger: logger),
             JobsRelays.fileDeletions(outbox: JobsOutbox(database: database, topic: OutboxEntry.Topic.blobs), blobs: blobs, logger: logger),
         ]
         ProcessMetrics.addReporter { await dispatcher.workerSections() }

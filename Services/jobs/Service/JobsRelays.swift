@@ -30,8 +30,8 @@ public enum JobsRelays {
     }
 
     /// Job events, in batches of up to 200 (and 512 KiB, well inside the bus's message limit),
-    /// oldest first; history applies each idempotently by (job id, version), so a batch sent
-    /// twice changes nothing.
+    /// the longest due first; history applies each idempotently by (job id, version), so a batch
+    /// sent twice changes nothing, and an older version after a newer one changes nothing.
     public static func historyEvents<Box: Outbox<JobsOutboxKind>>(outbox: Box, history: BusClient, logger: Logger) -> OutboxRelay<Box> {
         OutboxRelay(
             "job events for history", outbox: outbox, batchSize: 200,
@@ -41,12 +41,13 @@ public enum JobsRelays {
                 var outcomes: [OutboxOutcome] = []
                 var bytes = 0
                 for item in items {
-                    guard case .historyEvent(let payload) = item.kind, let event = try? JobRows.event(payload) else {
+                    guard case .historyEvent(let event) = item.kind else {
                         outcomes.append(unreadable(item, logger))
                         continue
                     }
-                    if bytes + payload.count > 512 * 1024, !events.isEmpty { break }
-                    bytes += payload.count
+                    let size = event.approximateSize
+                    if bytes + size > 512 * 1024, !events.isEmpty { break }
+                    bytes += size
                     events.append(event)
                     outcomes.append(.delivered)
                 }
@@ -84,5 +85,18 @@ public enum JobsRelays {
     static func unreadable(_ item: OutboxItem<JobsOutboxKind>, _ logger: Logger) -> OutboxOutcome {
         logger.error("dropped an unreadable outbox entry", metadata: ["job": "\(item.jobId)", "entry": "\(item.kind)"])
         return .delivered
+    }
+}
+
+extension JobEvent {
+    /// An upper bound of the event's size on the bus: its strings' bytes plus a fixed allowance
+    /// for the numbers, dates and field tags.
+    var approximateSize: Int {
+        let job = self.job
+        let submission = job.submission
+        let strings = [job.id, job.userId, job.imageKey, job.effectId, effectTitle, job.prompt ?? "", job.lastError ?? "",
+                       job.resultKey ?? "", job.thumbnailKey ?? "", job.traceParent ?? "", submission?.provider ?? "",
+                       submission?.requestId ?? "", submission?.statusURL ?? "", submission?.responseURL ?? "", submission?.cancelURL ?? ""]
+        return strings.reduce(512) { $0 + $1.utf8.count } + job.parameters.reduce(0) { $0 + $1.key.utf8.count + 16 }
     }
 }

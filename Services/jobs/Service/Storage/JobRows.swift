@@ -1,4 +1,3 @@
-import Bus
 import Foundation
 import GRDB
 import Messages
@@ -6,8 +5,9 @@ import Storage
 
 /// The job and outbox rows that every state change reads and writes, through statements
 /// prepared once per connection, with values bound and read by position. These are on the group
-/// commit thread's path 3 times a job, and GRDB's `Codable` records cost most of that thread's time
-/// there (per-call query building, the statement authorizer, `Codable` containers, `DateFormatter`).
+/// commit thread's path at every change of a job, and GRDB's `Codable` records cost most of that
+/// thread's time there (per-call query building, the statement authorizer, `Codable` containers,
+/// `DateFormatter`).
 /// The text they write is the same as the records': dates as `StoredDate`, booleans as 0 and 1,
 /// `parameters` as JSON. Rows written either way read back either way (tested).
 public enum JobRows {
@@ -34,27 +34,36 @@ public enum JobRows {
         )
     }
 
+    /// Inserts a new job, due for history.
     static func insert(_ db: Database, _ job: JobRecord) throws {
-        let statement = try db.cachedStatement(sql: "INSERT INTO job (\(columns)) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+        let statement = try db.cachedStatement(sql: "INSERT INTO job (\(columns), historyDueAt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+        let updated = StoredDate.text(job.updatedAt)
         try statement.execute(arguments: [
             job.id, job.userId, job.isPro, job.imageKey, job.effectId, try text(job.parameters), job.prompt, job.status.rawValue,
             job.progress, job.attempts, job.maxAttempts, job.lastError, job.resultKey, job.thumbnailKey,
-            StoredDate.text(job.createdAt), StoredDate.text(job.updatedAt), job.startedAt.map(StoredDate.text),
-            job.finishedAt.map(StoredDate.text), job.version, job.cancelRequested, job.credits, try text(job.submission), job.traceParent,
+            StoredDate.text(job.createdAt), updated, job.startedAt.map(StoredDate.text),
+            job.finishedAt.map(StoredDate.text), job.version, job.cancelRequested, job.credits, try text(job.submission), job.traceParent, updated,
         ])
     }
 
-    /// Writes what a state change may change (everything but the request the job was made from).
-    static func update(_ db: Database, _ job: JobRecord) throws {
-        let statement = try db.cachedStatement(sql: """
-            UPDATE job SET status = ?, progress = ?, attempts = ?, lastError = ?, resultKey = ?, thumbnailKey = ?,
-              updatedAt = ?, startedAt = ?, finishedAt = ?, version = ?, cancelRequested = ?, submission = ? WHERE id = ?
-            """)
-        try statement.execute(arguments: [
+    /// Writes what a change may change (everything but the request the job was made from). A
+    /// state change (`announce`: its version was bumped) makes the row due for history at once,
+    /// whatever was due before: history reads the job's current version from the row.
+    static func update(_ db: Database, _ job: JobRecord, announce: Bool) throws {
+        let set = "status = ?, progress = ?, attempts = ?, lastError = ?, resultKey = ?, thumbnailKey = ?, updatedAt = ?, startedAt = ?, finishedAt = ?, version = ?, cancelRequested = ?, submission = ?"
+        let updated = StoredDate.text(job.updatedAt)
+        var arguments: StatementArguments = [
             job.status.rawValue, job.progress, job.attempts, job.lastError, job.resultKey, job.thumbnailKey,
-            StoredDate.text(job.updatedAt), job.startedAt.map(StoredDate.text), job.finishedAt.map(StoredDate.text),
-            job.version, job.cancelRequested, try text(job.submission), job.id,
-        ])
+            updated, job.startedAt.map(StoredDate.text), job.finishedAt.map(StoredDate.text),
+            job.version, job.cancelRequested, try text(job.submission),
+        ]
+        if announce {
+            arguments += [updated, job.id]
+            try db.cachedStatement(sql: "UPDATE job SET \(set), historyDueAt = ?, historyAttempts = 0 WHERE id = ?").execute(arguments: arguments)
+        } else {
+            arguments += [job.id]
+            try db.cachedStatement(sql: "UPDATE job SET \(set) WHERE id = ?").execute(arguments: arguments)
+        }
     }
 
     // MARK: Provider requests
@@ -89,24 +98,5 @@ public enum JobRows {
     static func parameters(_ text: String) throws -> [String: Double] {
         if text == "{}" { return [:] }
         return try JSONDecoder().decode([String: Double].self, from: Data(text.utf8))
-    }
-
-    // MARK: History event payloads
-
-    /// The first byte of a payload in the bus's binary coding; JSON (as older rows hold) never
-    /// starts with it.
-    static let binaryMarker: UInt8 = 0
-
-    /// A history event as stored in the outbox: the binary coding, marked.
-    static func payload(_ event: JobEvent) throws -> Data {
-        var bytes = [binaryMarker]
-        bytes += try BinaryCoding.encode(event)
-        return Data(bytes)
-    }
-
-    /// A stored history event, binary or (from before) JSON.
-    public static func event(_ payload: Data) throws -> JobEvent {
-        if payload.first == binaryMarker { return try BinaryCoding.decode(JobEvent.self, from: Array(payload.dropFirst())) }
-        return try JSONDecoder().decode(JobEvent.self, from: payload)
     }
 }

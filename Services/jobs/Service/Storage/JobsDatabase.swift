@@ -3,7 +3,8 @@ import GRDB
 import Storage
 import Messages
 
-/// The jobs service's database: jobs and the outbox of events for quota and history.
+/// The jobs service's database: jobs (which history's events are read from) and the outbox of
+/// quota settlements and file deletions.
 public struct JobsDatabase: Sendable {
     let writer: any DatabaseWriter
 
@@ -84,6 +85,19 @@ public struct JobsDatabase: Sendable {
         migrator.registerMigration("v6: the trace a job was created in") { db in
             try db.alter(table: "job") { table in table.add(column: "traceParent", .text) }
         }
+        migrator.registerMigration("v7: history's events read from the job rows") { db in
+            // History hears a job's current version from the row itself (`JobsHistoryFeed`): a
+            // change marks the row due (`historyDueAt`, nil once history has that version) instead
+            // of writing an event of its own to the outbox.
+            try db.alter(table: "job") { table in
+                table.add(column: "historyDueAt", .datetime)
+                table.add(column: "historyAttempts", .integer).notNull().defaults(to: 0)
+            }
+            try db.execute(sql: "CREATE INDEX job_history_due ON job (historyDueAt) WHERE historyDueAt IS NOT NULL")
+            // Events still waiting in the outbox: their jobs' current versions are due instead.
+            try db.execute(sql: "UPDATE job SET historyDueAt = updatedAt WHERE id IN (SELECT jobId FROM outbox WHERE topic = 'history')")
+            try db.execute(sql: "DELETE FROM outbox WHERE topic = 'history'")
+        }
         return migrator
     }
 }
@@ -110,8 +124,8 @@ extension JobRecord: FetchableRecord, PersistableRecord {
     }
 }
 
-/// An event waiting for delivery: to quota (`commit`, `release`), history (`job`) or the blob
-/// janitor (`delete`).
+/// An event waiting for delivery: to quota (`commit`, `release`) or the blob janitor (`delete`).
+/// (History's events come from the job rows: `JobsHistoryFeed`.)
 public struct OutboxEntry: Codable, Sendable, FetchableRecord, MutablePersistableRecord {
     public static let databaseTableName = "outbox"
     public var id: Int64?
@@ -136,7 +150,8 @@ public struct OutboxEntry: Codable, Sendable, FetchableRecord, MutablePersistabl
     public enum Topic {
         /// Quota settlements: `commit`, `release`.
         public static let quota = "quota"
-        /// Job events for history.
+        /// Job events for history: not an outbox topic since v7 (the rows are read instead), the
+        /// name they are counted under (`JobCounts.outbox`).
         public static let history = "history"
         /// Files to delete from the blob store.
         public static let blobs = "blobs"

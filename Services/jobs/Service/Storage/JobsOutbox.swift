@@ -1,16 +1,18 @@
 import Foundation
 import GRDB
 import JobsCore
+import Messages
 import ServiceKit
 import Storage
 
 /// The jobs service's outbox entries, by receiver: written by `SQLiteJobsStore` in the transaction of the
-/// change that caused them, delivered by an `OutboxRelay` each (`JobsRelays`).
+/// change that caused them (history's: the changed row itself), delivered by an `OutboxRelay` each
+/// (`JobsRelays`).
 public enum JobsOutboxKind: Sendable, Equatable {
     /// A quota settlement of an ended job.
     case settlement(JobRules.Settlement)
-    /// A job event for history (its encoded `JobEvent`).
-    case historyEvent(Data)
+    /// A job's current version, for history (read from its row by `JobsHistoryFeed`).
+    case historyEvent(JobEvent)
     /// Files to delete from the blob store.
     case fileDeletion([String])
     /// A row this version cannot read (its kind or payload): logged and acknowledged.
@@ -55,13 +57,86 @@ public struct JobsOutbox: Outbox {
         switch topic {
         case OutboxEntry.Topic.quota:
             return JobRules.Settlement(rawValue: kind).map(JobsOutboxKind.settlement) ?? .unreadable("settlement \(kind)")
-        case OutboxEntry.Topic.history:
-            return payload.map(JobsOutboxKind.historyEvent) ?? .unreadable("history event without a body")
         case OutboxEntry.Topic.blobs:
             guard let payload, let keys = try? JSONDecoder().decode([String].self, from: payload) else { return .unreadable("file list") }
             return .fileDeletion(keys)
         default:
             return .unreadable("topic \(topic)")
         }
+    }
+}
+
+/// History's events, read from the job rows: a state change marks its row due (`historyDueAt`)
+/// in its own transaction, and this hands the relay each due job's *current* version. So a change
+/// writes no event of its own, and the changes a job goes through between two deliveries reach
+/// history as one event (history keeps a job's latest version; it needs no step between).
+/// Acknowledging a version clears the mark only if the row still has that version: a change made
+/// during the delivery stays due.
+public struct JobsHistoryFeed: Outbox {
+    let database: JobsDatabase
+    /// Effect ids to the titles the app shows, carried in the events.
+    let effectTitles: [String: String]
+
+    public init(store: SQLiteJobsStore) {
+        self.database = store.database
+        self.effectTitles = store.effectTitles
+    }
+
+    public func due(now: Date, limit: Int) async throws -> [OutboxItem<JobsOutboxKind>] {
+        try await database.writer.read { [effectTitles] db in
+            let rows = try Row.fetchCursor(
+                db.cachedStatement(sql: """
+                    SELECT \(JobRows.columns), historyAttempts FROM job WHERE historyDueAt IS NOT NULL AND historyDueAt <= ? ORDER BY historyDueAt LIMIT ?
+                    """),
+                arguments: [StoredDate.text(now), limit]
+            )
+            var items: [OutboxItem<JobsOutboxKind>] = []
+            while let row = try rows.next() {
+                let id: String = row[0]
+                guard let job = try? JobRows.job(row) else {
+                    items.append(OutboxItem(id: HistoryFeedItem.id(jobId: id, version: row[18]), kind: .unreadable("job row"), jobId: id, attempts: row[23]))
+                    continue
+                }
+                items.append(HistoryFeedItem.item(job, effectTitles: effectTitles, attempts: row[23]))
+            }
+            return items
+        }
+    }
+
+    public func acknowledge(_ ids: [String]) async throws {
+        let versions = ids.compactMap(HistoryFeedItem.parse)
+        guard !versions.isEmpty else { return }
+        try await database.writer.write { db in
+            let statement = try db.cachedStatement(sql: "UPDATE job SET historyDueAt = NULL, historyAttempts = 0 WHERE id = ? AND version = ?")
+            for (jobId, version) in versions { try statement.execute(arguments: [jobId, version]) }
+        }
+    }
+
+    public func retry(_ id: String, attempts: Int, at: Date) async throws {
+        guard let (jobId, version) = HistoryFeedItem.parse(id) else { return }
+        try await database.writer.write { db in
+            try db.execute(
+                sql: "UPDATE job SET historyAttempts = ?, historyDueAt = ? WHERE id = ? AND version = ?",
+                arguments: [attempts, StoredDate.text(at), jobId, version]
+            )
+        }
+    }
+}
+
+/// A job version as an item of history's feed, on either store: its id is `version:jobId`.
+enum HistoryFeedItem {
+    static func id(jobId: String, version: Int) -> String { "\(version):\(jobId)" }
+
+    static func parse(_ id: String) -> (jobId: String, version: Int)? {
+        guard let colon = id.firstIndex(of: ":"), let version = Int(id[..<colon]) else { return nil }
+        return (String(id[id.index(after: colon)...]), version)
+    }
+
+    static func item(_ job: JobRecord, effectTitles: [String: String], attempts: Int) -> OutboxItem<JobsOutboxKind> {
+        OutboxItem(
+            id: id(jobId: job.id, version: job.version),
+            kind: .historyEvent(JobEvent(job: job, effectTitle: effectTitles[job.effectId] ?? job.effectId)),
+            jobId: job.id, attempts: attempts
+        )
     }
 }

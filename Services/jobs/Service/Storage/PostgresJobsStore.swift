@@ -8,7 +8,8 @@ import Storage
 
 /// The job lifecycle on PostgreSQL (`JOBS_DATABASE_URL`), for any number of jobs replicas over one
 /// database. The same operations as `SQLiteJobsStore`, decided by the same `JobRules`, each state
-/// change with its history event, settlement and file deletions in the outbox of its transaction.
+/// change marking its row due for history (`PostgresJobsHistoryFeed`) and writing its settlement
+/// and file deletions to the outbox, in its transaction.
 /// What differs:
 /// - **Every replica creates, reads, cancels and purges.** A job's writes lock its row (`FOR
 ///   UPDATE`); a creation and an abandoning lookup of one id take an advisory lock on the id, so a
@@ -90,6 +91,14 @@ public struct PostgresJobsStore: ReportingJobsStore {
         PostgresMigration("v2: the trace a job was created in", [
             "ALTER TABLE jobs_job ADD COLUMN trace_parent text",
         ]),
+        // History hears a job's current version from its row (`PostgresJobsHistoryFeed`): a change
+        // marks the row due instead of writing an event of its own to the outbox.
+        PostgresMigration("v3: history's events read from the job rows", [
+            "ALTER TABLE jobs_job ADD COLUMN history_due_at double precision, ADD COLUMN history_attempts bigint NOT NULL DEFAULT 0",
+            "CREATE INDEX jobs_job_history_due ON jobs_job (history_due_at) WHERE history_due_at IS NOT NULL",
+            "UPDATE jobs_job SET history_due_at = updated_at WHERE id IN (SELECT job_id FROM jobs_outbox WHERE topic = 'history')",
+            "DELETE FROM jobs_outbox WHERE topic = 'history'",
+        ]),
     ]
 
     // MARK: Any replica
@@ -113,7 +122,6 @@ public struct PostgresJobsStore: ReportingJobsStore {
                 traceParent: request.traceParent
             )
             try await store.insert(db, job)
-            try await store.emit(db, job: job, now: now)
             return (job, true)
         }
     }
@@ -178,6 +186,9 @@ public struct PostgresJobsStore: ReportingJobsStore {
             for (topic, count) in try await db.allRows("SELECT topic, count(*) FROM jobs_outbox GROUP BY topic", as: (String, Int).self, logger: logger) {
                 counts.outbox[topic] = count
             }
+            counts.outbox[OutboxEntry.Topic.history] = try await db.first(
+                "SELECT count(*) FROM jobs_job WHERE history_due_at IS NOT NULL", as: Int.self, logger: logger
+            )
             let oldest = try await db.allRows(
                 "SELECT created_at FROM jobs_job WHERE status = 'queued' ORDER BY created_at LIMIT 1", as: Double.self, logger: logger
             )
@@ -195,7 +206,8 @@ public struct PostgresJobsStore: ReportingJobsStore {
             case .unchanged(let job):
                 return job
             case .mark(let marked):
-                try await store.update(db, marked)
+                // Not a state change: history hears of it when the worker's `cancelled` ends the job.
+                try await store.update(db, marked, announce: false)
                 return marked
             case .apply(let transition):
                 try await store.apply(db, transition)
@@ -210,7 +222,6 @@ public struct PostgresJobsStore: ReportingJobsStore {
             // A job that has not ended gives its charge back, as a cancel would.
             if let settlement = JobRules.purgeSettlement(job) { try await store.settle(db, job: job, settlement, now: now) }
             try await db.query("DELETE FROM jobs_job WHERE id = \(id)", logger: store.logger)
-            try await db.query("DELETE FROM jobs_outbox WHERE topic = \(OutboxEntry.Topic.history) AND job_id = \(id)", logger: store.logger)
             var keys = [job.resultKey, job.thumbnailKey].compactMap { $0 }
             let sharing = try await db.first(
                 "SELECT count(*) FROM jobs_job WHERE user_id = \(userId) AND image_key = \(job.imageKey)", as: Int.self, logger: store.logger
@@ -247,7 +258,7 @@ public struct PostgresJobsStore: ReportingJobsStore {
             case .refuse(let reason): return .refused(reason)
             case .alreadyRecorded(let job): return .alreadyRecorded(job)
             case .apply(let transition):
-                try await store.update(db, transition.job)
+                try await store.update(db, transition.job, announce: false)
                 return .applied(transition.job)
             }
         }
@@ -340,17 +351,10 @@ public struct PostgresJobsStore: ReportingJobsStore {
         try await db.query("SELECT pg_advisory_xact_lock(hashtext(\("jobs:job:" + id)))", logger: logger)
     }
 
-    /// Writes a transition: the row, its history event and its quota settlement.
+    /// Writes a transition: the row, due for history, and its quota settlement.
     func apply(_ db: PostgresConnection, _ transition: JobRules.Transition) async throws {
-        let now = transition.job.updatedAt
-        try await update(db, transition.job)
-        try await emit(db, job: transition.job, now: now)
-        if let settlement = transition.settlement { try await settle(db, job: transition.job, settlement, now: now) }
-    }
-
-    func emit(_ db: PostgresConnection, job: JobRecord, now: Date) async throws {
-        let event = JobEvent(job: job, effectTitle: effectTitles[job.effectId] ?? job.effectId)
-        try await insertOutbox(db, topic: OutboxEntry.Topic.history, kind: "job", jobId: job.id, version: job.version, payload: try JobRows.payload(event), now: now)
+        try await update(db, transition.job, announce: true)
+        if let settlement = transition.settlement { try await settle(db, job: transition.job, settlement, now: transition.job.updatedAt) }
     }
 
     func discardBlobs(_ db: PostgresConnection, _ keys: [String], jobId: String, now: Date) async throws {
@@ -394,24 +398,29 @@ public struct PostgresJobsStore: ReportingJobsStore {
     func insert(_ db: PostgresConnection, _ job: JobRecord) async throws {
         try await db.query(
             """
-            INSERT INTO jobs_job (\(unescaped: Self.columns)) VALUES (\(job.id), \(job.userId), \(job.isPro), \(job.imageKey), \(job.effectId),
+            INSERT INTO jobs_job (\(unescaped: Self.columns), history_due_at) VALUES (\(job.id), \(job.userId), \(job.isPro), \(job.imageKey), \(job.effectId),
                 \(try JobRows.text(job.parameters)), \(job.prompt), \(job.status.rawValue), \(job.progress), \(job.attempts), \(job.maxAttempts),
                 \(job.lastError), \(job.resultKey), \(job.thumbnailKey), \(job.createdAt.timeIntervalSince1970), \(job.updatedAt.timeIntervalSince1970),
                 \(job.startedAt?.timeIntervalSince1970), \(job.finishedAt?.timeIntervalSince1970), \(job.version), \(job.cancelRequested),
-                \(job.credits), \(try JobRows.text(job.submission)), \(job.traceParent))
+                \(job.credits), \(try JobRows.text(job.submission)), \(job.traceParent), \(job.updatedAt.timeIntervalSince1970))
             """,
             logger: logger
         )
     }
 
-    /// Writes what a state change may change (everything but the request the job was made from).
-    func update(_ db: PostgresConnection, _ job: JobRecord) async throws {
+    /// Writes what a change may change (everything but the request the job was made from). A
+    /// state change (`announce`: its version was bumped) makes the row due for history at once.
+    func update(_ db: PostgresConnection, _ job: JobRecord, announce: Bool) async throws {
+        // Due now when announced; otherwise what was due stays (the column set to itself).
+        let due: Double? = announce ? job.updatedAt.timeIntervalSince1970 : nil
         try await db.query(
             """
             UPDATE jobs_job SET status = \(job.status.rawValue), progress = \(job.progress), attempts = \(job.attempts), last_error = \(job.lastError),
                 result_key = \(job.resultKey), thumbnail_key = \(job.thumbnailKey), updated_at = \(job.updatedAt.timeIntervalSince1970),
                 started_at = \(job.startedAt?.timeIntervalSince1970), finished_at = \(job.finishedAt?.timeIntervalSince1970), version = \(job.version),
-                cancel_requested = \(job.cancelRequested), submission = \(try JobRows.text(job.submission))
+                cancel_requested = \(job.cancelRequested), submission = \(try JobRows.text(job.submission)),
+                history_due_at = CASE WHEN \(announce) THEN \(due) ELSE history_due_at END,
+                history_attempts = CASE WHEN \(announce) THEN 0 ELSE history_attempts END
             WHERE id = \(job.id)
             """,
             logger: logger
@@ -492,6 +501,86 @@ public struct PostgresJobsOutbox: Outbox {
         try await database.connection { db in
             _ = try await db.query(
                 "UPDATE jobs_outbox SET attempts = \(attempts), next_attempt_at = \(at.timeIntervalSince1970) WHERE id = \(key)", logger: logger
+            )
+        }
+    }
+}
+
+/// History's events on PostgreSQL, read from the job rows as `JobsHistoryFeed` reads them on
+/// SQLite, and shared by every replica's relay as the outbox is: `due` claims the rows it returns
+/// for `lease` (their due time moved past it, so another relay skips them; a state change made
+/// meanwhile makes its row due again at once), `acknowledge` clears a row still at the version
+/// delivered, and a relay that died leaves its rows due again after the lease.
+public struct PostgresJobsHistoryFeed: Outbox {
+    let database: PostgresPool
+    let effectTitles: [String: String]
+    let lease: Duration
+    let logger: Logger
+
+    public init(store: PostgresJobsStore, lease: Duration = .seconds(30)) {
+        self.database = store.database
+        self.effectTitles = store.effectTitles
+        self.lease = lease
+        self.logger = store.logger
+    }
+
+    public func due(now: Date, limit: Int) async throws -> [OutboxItem<JobsOutboxKind>] {
+        let (effectTitles, logger) = (effectTitles, logger)
+        let claimedUntil = now.timeIntervalSince1970 + Double(lease.components.seconds)
+        return try await database.transaction { db in
+            var items: [(due: Double, item: OutboxItem<JobsOutboxKind>)] = []
+            let rows = try await db.query(
+                """
+                WITH due AS (
+                    SELECT id AS due_id, history_due_at AS was_due FROM jobs_job
+                    WHERE history_due_at IS NOT NULL AND history_due_at <= \(now.timeIntervalSince1970)
+                    ORDER BY history_due_at LIMIT \(limit) FOR UPDATE SKIP LOCKED)
+                UPDATE jobs_job SET history_due_at = \(claimedUntil) FROM due WHERE id = due_id
+                RETURNING \(unescaped: PostgresJobsStore.columns), history_attempts, was_due
+                """,
+                logger: logger
+            )
+            for try await row in rows {
+                let columns = row.makeRandomAccess()
+                let attempts = try columns[23].decode(Int.self)
+                let due = try columns[24].decode(Double.self)
+                do {
+                    items.append((due, HistoryFeedItem.item(try PostgresJobsStore.job(row), effectTitles: effectTitles, attempts: attempts)))
+                } catch {
+                    let id = try columns[0].decode(String.self)
+                    let version = try columns[18].decode(Int.self)
+                    items.append((due, OutboxItem(id: HistoryFeedItem.id(jobId: id, version: version), kind: .unreadable("job row"), jobId: id, attempts: attempts)))
+                }
+            }
+            return items.sorted { $0.due < $1.due }.map(\.item)
+        }
+    }
+
+    public func acknowledge(_ ids: [String]) async throws {
+        let versions = ids.compactMap(HistoryFeedItem.parse)
+        guard !versions.isEmpty else { return }
+        let (jobIds, numbers, logger) = (versions.map(\.jobId), versions.map(\.version), logger)
+        try await database.connection { db in
+            _ = try await db.query(
+                """
+                UPDATE jobs_job j SET history_due_at = NULL, history_attempts = 0
+                FROM unnest(\(jobIds)::text[], \(numbers)::bigint[]) AS a(id, version) WHERE j.id = a.id AND j.version = a.version
+                """,
+                logger: logger
+            )
+        }
+    }
+
+    public func retry(_ id: String, attempts: Int, at: Date) async throws {
+        guard let (jobId, version) = HistoryFeedItem.parse(id) else { return }
+        let logger = logger
+        try await database.connection { db in
+            _ = try await db.query(
+                """
+                UPDATE jobs_job SET history_attempts = \(attempts), history_due_at = \(at.timeIntervalSince1970)
+                WHERE id = \(jobId) AND version = \(version)
+                """,
+                logger: logger
             )
         }
     }

@@ -5,8 +5,9 @@ import Messages
 import Storage
 
 /// The job lifecycle in rows, on SQLite: the jobs service's `JobsStore`. Every state change bumps
-/// the job's version and writes, in the same transaction, an event for history and (when the job
-/// ends) the quota settlement to the outbox. Every write goes through the group committer.
+/// the job's version and marks the row due for history (`JobsHistoryFeed` reads the event from the
+/// row), and writes the quota settlement of a job that ended to the outbox, in the same
+/// transaction. Every write goes through the group committer.
 public struct SQLiteJobsStore: ReportingJobsStore {
     public let database: JobsDatabase
     public let retry: RetryPolicy
@@ -51,7 +52,6 @@ public struct SQLiteJobsStore: ReportingJobsStore {
                 traceParent: request.traceParent
             )
             try JobRows.insert(db, job)
-            try emit(db, job: job, now: now)
             return (job, true)
         }
     }
@@ -105,8 +105,9 @@ public struct SQLiteJobsStore: ReportingJobsStore {
         }
     }
 
-    /// How many jobs are in each state, how many outbox entries wait for each topic, and when
-    /// the oldest queued job was created (the first row of the status index).
+    /// How many jobs are in each state, how many outbox entries wait for each topic (history's:
+    /// the rows due for it), and when the oldest queued job was created (the first row of the
+    /// status index).
     public func counts() async throws -> JobCounts {
         try await database.writer.read { db in
             var counts = JobCounts()
@@ -116,6 +117,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
             for row in try Row.fetchAll(db, sql: "SELECT topic, COUNT(*) AS n FROM outbox GROUP BY topic") {
                 counts.outbox[row["topic"]] = row["n"]
             }
+            counts.outbox[OutboxEntry.Topic.history] = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM job WHERE historyDueAt IS NOT NULL")
             counts.oldestQueued = try Date.fetchOne(db, sql: "SELECT createdAt FROM job WHERE status = 'queued' ORDER BY createdAt LIMIT 1")
             return counts
         }
@@ -139,7 +141,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
             case .refuse(let reason): return .refused(reason)
             case .alreadyRecorded(let job): return .alreadyRecorded(job)
             case .apply(let transition):
-                try JobRows.update(db, transition.job)
+                try JobRows.update(db, transition.job, announce: false)
                 return .applied(transition.job)
             }
         }
@@ -166,7 +168,8 @@ public struct SQLiteJobsStore: ReportingJobsStore {
             case .unchanged(let job):
                 return job
             case .mark(let marked):
-                try JobRows.update(db, marked)
+                // Not a state change: history hears of it when the worker's `cancelled` ends the job.
+                try JobRows.update(db, marked, announce: false)
                 return marked
             case .apply(let transition):
                 try apply(db, transition)
@@ -177,17 +180,15 @@ public struct SQLiteJobsStore: ReportingJobsStore {
 
 
     /// Removes a job for good. A job that has not ended is cancelled first with its charge
-    /// released; then its row, its undelivered history events, and (through the blob janitor) its
-    /// result, thumbnail and, when no other job of the user uses it, its original upload.
+    /// released; then its row (and with it what history had still to hear), and (through the blob
+    /// janitor) its result, thumbnail and, when no other job of the user uses it, its original
+    /// upload.
     public func purge(_ id: String, userId: String, now: Date) async throws -> Purge {
         try await writes.perform { db in
             guard let job = try JobRecord.fetchOne(db, key: id), job.userId == userId else { return Purge(job: nil) }
             // A job that has not ended gives its charge back, as a cancel would.
             if let settlement = JobRules.purgeSettlement(job) { try Self.settle(db, job: job, settlement, now: now) }
             _ = try JobRecord.deleteOne(db, key: id)
-            try OutboxEntry
-                .filter(OutboxEntry.Columns.topic == OutboxEntry.Topic.history && OutboxEntry.Columns.jobId == id)
-                .deleteAll(db)
             var keys = [job.resultKey, job.thumbnailKey].compactMap { $0 }
             let sharing = try JobRecord
                 .filter(JobRecord.Columns.userId == userId && JobRecord.Columns.imageKey == job.imageKey)
@@ -251,19 +252,11 @@ public struct SQLiteJobsStore: ReportingJobsStore {
         }
     }
 
-    /// Writes a transition: the row, its history event and its quota settlement, stamped with
-    /// the transition's time.
+    /// Writes a transition: the row, due for history, and its quota settlement, stamped with the
+    /// transition's time.
     func apply(_ db: Database, _ transition: JobRules.Transition) throws {
-        let now = transition.job.updatedAt
-        try JobRows.update(db, transition.job)
-        try emit(db, job: transition.job, now: now)
-        if let settlement = transition.settlement { try Self.settle(db, job: transition.job, settlement, now: now) }
-    }
-
-    /// The history event for the job's new state.
-    func emit(_ db: Database, job: JobRecord, now: Date) throws {
-        let event = JobEvent(job: job, effectTitle: effectTitles[job.effectId] ?? job.effectId)
-        try JobRows.insertOutbox(db, topic: OutboxEntry.Topic.history, kind: "job", jobId: job.id, version: job.version, payload: try JobRows.payload(event), now: now)
+        try JobRows.update(db, transition.job, announce: true)
+        if let settlement = transition.settlement { try Self.settle(db, job: transition.job, settlement, now: transition.job.updatedAt) }
     }
 
     /// Files to remove, left to the blob janitor in the same transaction as the change that
