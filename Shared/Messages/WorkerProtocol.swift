@@ -31,6 +31,9 @@ public enum WorkerMessage: Codable, Sendable, Equatable {
     /// request durably and stops counting the job against the worker's slots (the worker waits
     /// on it without one). Sent again with every heartbeat until `submissionRecorded`.
     case submitted(JobAttempt, ProviderRequest)
+    /// Several messages in one, handled in order (results that ended together, say): sent only
+    /// to a service that answered `ready` with `batches`. Never nested.
+    case all([WorkerMessage])
 }
 
 /// What the jobs service tells a worker.
@@ -50,6 +53,12 @@ public enum DispatcherMessage: Codable, Sendable, Equatable {
     case submissionRecorded(JobAttempt)
     /// The provider's webhook came for this attempt's request: ask the provider now.
     case poke(JobAttempt)
+    /// In answer to a `ready` that announced `batches`: this service takes `WorkerMessage.all`,
+    /// and may send `all`.
+    case batches
+    /// Several messages in one, handled in order (the assignments and `recorded`s of one
+    /// transaction, say): sent only to a worker that announced `batches`. Never nested.
+    case all([DispatcherMessage])
 }
 
 /// A worker's introduction.
@@ -66,7 +75,11 @@ public struct WorkerReady: Codable, Sendable, Equatable {
     /// Jobs it takes beyond `capacity` and keeps waiting, so that the next one is in hand when
     /// one ends (its result's round trip to the service overlaps the next job). Nil: none.
     public var prefetch: Int?
-    public init(workerId: String, capacity: Int, effects: [String], heartbeatMilliseconds: Int? = nil, prefetch: Int? = nil) {
+    /// It takes and sends several messages in one (`all`) once the service answers `batches`.
+    /// Nil: a worker from before batches, sent one message at a time.
+    public var batches: Bool?
+    public init(workerId: String, capacity: Int, effects: [String], heartbeatMilliseconds: Int? = nil, prefetch: Int? = nil, batches: Bool? = nil) {
+        self.batches = batches
         self.workerId = workerId
         self.capacity = capacity
         self.effects = effects

@@ -109,12 +109,7 @@ struct DispatchStateMachineTests {
                     run(machine.recorded(attempt, from: peer, outcome: .refused("no such job"), now: now))
                     return
                 }
-                let decision: JobRules.Decision = switch result {
-                case .done(let output): JobRules.complete(row, attempt, output: output, now: date)
-                case .failed(let error, let retryable): JobRules.fail(row, attempt, error: error, retryable: retryable, retry: retry, now: date)
-                case .cancelled: JobRules.cancelled(row, attempt, now: date)
-                }
-                run(machine.recorded(attempt, from: peer, outcome: outcome(of: decision), now: now))
+                run(machine.recorded(attempt, from: peer, outcome: outcome(of: JobRules.report(row, attempt, result, retry: retry, now: date)), now: now))
             case .requeue(let attempt, let reason, let cause):
                 guard let row = rows[attempt.jobId] else { return }
                 if case .apply(let transition) = JobRules.requeue(row, attempt, reason: reason, retry: retry, now: date) {
@@ -170,6 +165,59 @@ struct DispatchStateMachineTests {
 
     func done(_ id: String, _ attempt: Int, key: String = "r") -> WorkerMessage {
         .done(JobAttempt(jobId: id, attempt: attempt), JobOutput(resultKey: "\(key)-\(id)", thumbnailKey: "t-\(id)"))
+    }
+
+    @Test func aFinishedJobsSlotGoesToTheNextJobInTheSameWriteAsItsResultAndOnlyOnce() {
+        var harness = Harness()
+        for id in ["j1", "j2", "j3"] { harness.create(id) }
+        harness.ready("w", capacity: 1)
+        #expect(harness.assigned("w") == [JobAttempt(jobId: "j1", attempt: 1)])
+        // When the worker reports j1 done, its result and the start of the next job in its slot
+        // come out of the one event (the owner writes them in one transaction)
+        harness.holdWrites = true
+        harness.from("w", done("j1", 1))
+        let writes = harness.pending
+        harness.pending = []
+        #expect(writes.count == 2)
+        guard case .record(_, let recorded, _) = writes.first, case .start(let starts) = writes.last else {
+            Issue.record("expected a record and a start, got \(writes)")
+            return
+        }
+        #expect(recorded == JobAttempt(jobId: "j1", attempt: 1) && starts.map(\.job.jobId) == ["j2"])
+        // When the start is written and the result's write fails, the worker has j2, and j1's slot
+        // counts as taken again: its result sent again starts no third job
+        harness.holdWrites = false
+        harness.carryOut(writes[1])
+        #expect(harness.assigned("w").map(\.jobId) == ["j1", "j2"])
+        harness.run(harness.machine.recorded(recorded, from: "w", outcome: .failed, now: harness.now))
+        harness.holdWrites = true
+        harness.from("w", done("j1", 1))
+        #expect(harness.pending.count == 1)
+        harness.holdWrites = false
+        harness.flush()
+        #expect(harness.rows["j1"]?.status == .completed && harness.rows["j3"]?.status == .queued)
+        // And j2's end starts j3
+        harness.from("w", done("j2", 1))
+        #expect(harness.assigned("w").map(\.jobId) == ["j1", "j2", "j3"])
+    }
+
+    @Test func aWorkerThatAnnouncesBatchesIsToldSoAndItsMessagesInOneAreEachHandled() {
+        var harness = Harness()
+        for index in 0..<3 { harness.create("j\(index)") }
+        // An older worker (no `batches`) is not told, and takes no batches
+        harness.ready("old", capacity: 1)
+        #expect(!harness.messages("old").contains(.batches) && !harness.machine.takesBatches("old"))
+        // One that announces them is told so before its first assignment
+        harness.run(harness.machine.receive(.ready(WorkerReady(workerId: "new", capacity: 2, effects: ["*"], batches: true)), from: "new", now: harness.now))
+        #expect(harness.messages("new").first == .batches && harness.machine.takesBatches("new"))
+        let held = harness.assigned("new")
+        #expect(held.count == 2)
+        // Its results in one message are each recorded and acknowledged; a nested `all` is ignored
+        harness.from("new", .all(held.map { done($0.jobId, $0.attempt) } + [.all([done("j0", 1)])]))
+        #expect(held.allSatisfy { harness.rows[$0.jobId]?.status == .completed })
+        #expect(harness.rows["j0"]?.status == .processing)
+        let acknowledged = harness.messages("new").compactMap { if case .recorded(let attempt) = $0 { attempt } else { nil } }
+        #expect(Set(acknowledged) == Set(held))
     }
 
     // MARK: Generations at providers

@@ -168,6 +168,70 @@ struct WorkerProtocolTests {
         await system.stop()
     }
 
+    @Test func aWorkerThatTakesBatchesGetsItsAssignmentsAndAcknowledgementsInOneMessageAndSendsItsResultsInOne() async throws {
+        let system = try await JobSystem(workers: 0)
+        let user = "device:\(UUID().uuidString.lowercased())"
+        let ids = (0..<20).map { _ in UUID().uuidString.lowercased() }
+        for id in ids {
+            _ = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: id, userId: user, isPro: false, imageKey: "uploads/none/x.jpg", effectId: "noop"))
+        }
+        let worker = BusChannel.connecting(system.workerEndpoint)
+        try await worker.running {
+            let inbox = Inbox(worker)
+            // Given a hand-driven worker that announces batches, with room for all 20 jobs
+            worker.send(WorkerMessage.ready(WorkerReady(workerId: "batching", capacity: 20, effects: ["*"], batches: true)))
+            // Then the service says it takes batches, and the 20 jobs, started in one
+            // transaction, come in messages of several assignments
+            let welcomed = await next(inbox) { message -> Bool? in
+                if case .batches = message { return true }
+                if case .all(let messages) = message, messages.contains(.batches) { return true }
+                return nil
+            }
+            #expect(welcomed == true)
+            var attempts: [JobAttempt] = []
+            var largest = 0
+            while attempts.count < ids.count {
+                guard let batch = await next(inbox, { message -> [JobAttempt]? in
+                    switch message {
+                    case .assign(let job): return [job.attempt]
+                    case .all(let messages): return messages.compactMap { if case .assign(let job) = $0 { job.attempt } else { nil } }
+                    default: return nil
+                    }
+                }) else { break }
+                largest = max(largest, batch.count)
+                attempts += batch
+            }
+            #expect(attempts.count == ids.count)
+            #expect(largest > 1, "every assignment came alone")
+            let beating = heartbeats(from: worker, naming: attempts)
+            defer { beating.cancel() }
+            // When it sends every result in one message
+            worker.send(WorkerMessage.all(attempts.map { .done($0, JobOutput(resultKey: "results/\($0.jobId)", thumbnailKey: "thumbnails/\($0.jobId)")) }))
+            // Then each is recorded, the acknowledgements come several to a message, and every
+            // job is completed with its result
+            var acknowledged: Set<JobAttempt> = []
+            largest = 0
+            while acknowledged.count < ids.count {
+                guard let batch = await next(inbox, { message -> [JobAttempt]? in
+                    switch message {
+                    case .recorded(let attempt): return [attempt]
+                    case .all(let messages): return messages.compactMap { if case .recorded(let attempt) = $0 { attempt } else { nil } }
+                    default: return nil
+                    }
+                }) else { break }
+                largest = max(largest, batch.count)
+                acknowledged.formUnion(batch)
+            }
+            #expect(acknowledged == Set(attempts))
+            #expect(largest > 1, "every acknowledgement came alone")
+            for id in ids {
+                let job = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: id, userId: user))
+                #expect(job.status == .completed && job.resultKey == "results/\(id)")
+            }
+        }
+        await system.stop()
+    }
+
     @Test func aKillOfJobsBetweenBatchesLosesNoResultItAcknowledged() async throws {
         let system = try await JobSystem(workers: 0)
         let user = "device:\(UUID().uuidString.lowercased())"

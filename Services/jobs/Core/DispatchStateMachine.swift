@@ -63,11 +63,7 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
     }
 
     /// A worker's result, to be recorded.
-    public enum WorkerResult: Sendable, Equatable {
-        case done(JobOutput)
-        case failed(error: String, retryable: Bool)
-        case cancelled
-    }
+    public typealias WorkerResult = JobResult
 
     /// What a start write did.
     public enum StartOutcome: Sendable, Equatable {
@@ -148,7 +144,12 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         var awaiting: [String: Held] = [:]
         /// It said it is stopping: it gets no more jobs.
         var leaving = false
-        var free: Int { leaving ? 0 : capacity - held.count }
+        /// It takes several messages in one (`all`).
+        var batches = false
+        /// Jobs in its slots whose results are being written: it has finished them, so their
+        /// slots go to the next jobs, whose starts are written in the same transaction.
+        var finishing = 0
+        var free: Int { leaving ? 0 : capacity - held.count + finishing }
         /// Silence past this and the worker is dead; an attempt it has not named in its
         /// heartbeats for this long never reached it.
         var deadline: Duration { heartbeat * 3 }
@@ -160,8 +161,25 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
 
         /// The worker no longer holds the job.
         mutating func drop(_ jobId: String) {
+            settle(jobId)
             held[jobId] = nil
             awaiting[jobId] = nil
+        }
+
+        /// The result of the attempt it holds in a slot is being written: the slot counts as free.
+        mutating func finish(_ attempt: JobAttempt) {
+            guard var slot = held[attempt.jobId], slot.attempt == attempt.attempt, !slot.finishing else { return }
+            slot.finishing = true
+            held[attempt.jobId] = slot
+            finishing += 1
+        }
+
+        /// Its result's write is over (dropped next, or kept after a failed write: its slot
+        /// counts as taken again until the worker sends the result again).
+        mutating func settle(_ jobId: String) {
+            guard held[jobId]?.finishing == true else { return }
+            held[jobId]?.finishing = false
+            finishing -= 1
         }
 
         /// Everything it holds, slots and provider waits.
@@ -176,6 +194,8 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         var cancelAfterStart = false
         /// The provider its effect calls, for the per-provider limit.
         var provider: String? = nil
+        /// Its result is being written (`Worker.finish`).
+        var finishing = false
     }
 
     struct Delayed: Comparable, Sendable {
@@ -220,6 +240,9 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
 
     /// The id of a connected worker.
     public func workerId(_ peer: Peer) -> String? { workers[peer]?.id }
+
+    /// Whether a connected worker takes several messages in one (`DispatcherMessage.all`).
+    public func takesBatches(_ peer: Peer) -> Bool { workers[peer]?.batches ?? false }
 
     /// How long a processing job may go unheld before it is queued again: three heartbeat
     /// intervals, of this service or of the slowest worker connected, the time a worker has to
@@ -288,13 +311,21 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
     /// One message from a worker (metrics aside, which are not the state machine's business).
     public mutating func receive(_ message: WorkerMessage, from peer: Peer, now: Instant) -> [Action] {
         if case .ready(let ready) = message { return self.ready(ready, from: peer, now: now) }
+        if case .all(let messages) = message {
+            var actions: [Action] = []
+            for message in messages {
+                if case .all = message { continue }
+                actions += receive(message, from: peer, now: now)
+            }
+            return actions
+        }
         guard workers[peer] != nil else {
             // Not known (the service restarted, or it was declared dead): start over.
             return [.send(peer, .reconnect)]
         }
         workers[peer]?.lastSeen = now
         switch message {
-        case .ready, .metrics:
+        case .ready, .metrics, .all:
             return []
         case .heartbeat(let held):
             return heard(held, from: peer, now: now)
@@ -304,11 +335,11 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
             }
             return []
         case .done(let attempt, let output):
-            return record(attempt, .done(output), from: peer)
+            return record(attempt, .done(output), from: peer, now: now)
         case .failed(let attempt, let error, let retryable):
-            return record(attempt, .failed(error: error, retryable: retryable), from: peer)
+            return record(attempt, .failed(error: error, retryable: retryable), from: peer, now: now)
         case .cancelled(let attempt):
-            return record(attempt, .cancelled, from: peer)
+            return record(attempt, .cancelled, from: peer, now: now)
         case .leaving(let returned):
             return leaving(peer, returned: returned)
         case .renew(let attempt):
@@ -352,7 +383,9 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
             return [.refused(attempt, reason: reason), .send(peer, .submissionRecorded(attempt)), .send(peer, .cancel(attempt))]
         case .recorded:
             if var held = workers[peer]?.held[attempt.jobId], held.attempt == attempt.attempt {
+                workers[peer]?.settle(attempt.jobId)
                 held.provider = nil
+                held.finishing = false
                 workers[peer]?.held[attempt.jobId] = nil
                 workers[peer]?.awaiting[attempt.jobId] = held
             }
@@ -386,15 +419,22 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         worker.effects = Set(ready.effects)
         worker.heartbeat = heartbeat
         worker.lastSeen = now
+        worker.batches = ready.batches == true
         workers[peer] = worker
         var actions: [Action] = joined ? [.workerJoined(id: ready.workerId, capacity: capacity, heartbeat: heartbeat, connected: workers.count)] : []
+        if worker.batches { actions.append(.send(peer, .batches)) }
         actions += dispatch(now: now)
         return actions
     }
 
-    mutating func record(_ attempt: JobAttempt, _ result: WorkerResult, from peer: Peer) -> [Action] {
+    /// A result to write. The worker has finished the attempt, so the slot it held goes to the
+    /// next job now: its start comes out of the same event, and the owner writes it with the
+    /// result (one transaction). The worker's own capacity bounds what it runs; a result whose
+    /// write fails takes its slot back until it is sent again.
+    mutating func record(_ attempt: JobAttempt, _ result: WorkerResult, from peer: Peer, now: Instant) -> [Action] {
         guard recording.count < configuration.maxRecording, recording.insert(attempt).inserted else { return [] }
-        return [.record(peer, attempt, result)]
+        workers[peer]?.finish(attempt)
+        return [.record(peer, attempt, result)] + dispatch(now: now)
     }
 
     /// A worker's heartbeat names the attempts it holds. One assigned to it longer ago than its
@@ -475,6 +515,7 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
     /// result is durable; until then it holds the attempt and sends the result again.
     public mutating func recorded(_ attempt: JobAttempt, from peer: Peer, outcome: RecordOutcome, now: Instant) -> [Action] {
         recording.remove(attempt)
+        if workers[peer]?.held[attempt.jobId]?.attempt == attempt.attempt { workers[peer]?.settle(attempt.jobId) }
         if case .failed = outcome { return [] }
         var since: Instant?
         if let held = workers[peer]?.holds(attempt.jobId), held.attempt == attempt.attempt {

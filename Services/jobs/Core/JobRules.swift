@@ -53,6 +53,15 @@ public enum JobRules {
         return Transition(job: changed(job, now: now))
     }
 
+    /// What a worker's result does: `complete`, `fail` or `cancelled`.
+    public static func report(_ job: JobRecord, _ attempt: JobAttempt, _ result: JobResult, retry: RetryPolicy, now: Date) -> Decision {
+        switch result {
+        case .done(let output): complete(job, attempt, output: output, now: now)
+        case .failed(let error, let retryable): fail(job, attempt, error: error, retryable: retryable, retry: retry, now: now)
+        case .cancelled: cancelled(job, attempt, now: now)
+        }
+    }
+
     /// The current attempt finished: completed, quota committed.
     public static func complete(_ job: JobRecord, _ attempt: JobAttempt, output: JobOutput, now: Date) -> Decision {
         if let early = fence(job, attempt, recordedAs: { $0.status == .completed && $0.resultKey == output.resultKey }) { return early }
@@ -193,4 +202,11 @@ public enum JobRules {
         job.updatedAt = now
         return job
     }
+}
+
+/// What a worker reports of an attempt: the result the store records.
+public enum JobResult: Sendable, Equatable {
+    case done(JobOutput)
+    case failed(error: String, retryable: Bool)
+    case cancelled
 }

@@ -165,7 +165,16 @@ public actor Dispatcher {
 
     // MARK: Carrying out actions
 
+    /// The most messages sent to a worker in one (`DispatcherMessage.all`).
+    static let maxBatch = 64
+
+    /// Carries out the actions of one event. Its messages leave at the end, those to a worker
+    /// that takes batches in one (`all`), in order; its starts are written together, and so are
+    /// its results.
     private func perform(_ actions: [Machine.Action]) {
+        var outgoing = Outgoing()
+        var starts: [Machine.Start] = []
+        var results: [Report] = []
         for action in actions {
             switch action {
             case .send(let peer, .assign(var job)):
@@ -174,17 +183,17 @@ public actor Dispatcher {
                 job.traceParent = BusTracing.mark("jobs.dispatch", continuing: job.traceParent, ofKind: .producer, attributes: [
                     "photoedit.job.id": job.attempt.jobId, "photoedit.job.attempt": "\(job.attempt.attempt)", "photoedit.effect": job.effect.id,
                 ])
-                channel.send(DispatcherMessage.assign(transfers.signed(job)), to: peer)
+                outgoing.append(.assign(transfers.signed(job)), to: peer)
             case .send(let peer, let message):
-                channel.send(message, to: peer)
+                outgoing.append(message, to: peer)
             case .renew(let peer, let attempt):
                 spawn { await self.renew(attempt, for: peer) }
             case .recordSubmission(let peer, let attempt, let request):
                 spawn { await self.writeSubmission(request, of: attempt, from: peer) }
-            case .start(let starts):
-                spawn { await self.writeStarts(starts) }
+            case .start(let more):
+                starts += more
             case .record(let peer, let attempt, let result):
-                spawn { await self.write(result, of: attempt, from: peer) }
+                results.append(Report(peer: peer, attempt: attempt, result: result))
             case .requeue(let attempt, let reason, let cause):
                 spawn { await self.writeRequeue(attempt, reason: reason, cause: cause) }
             case .lookUp(let peer, let attempts):
@@ -203,57 +212,75 @@ public actor Dispatcher {
                 logger.warning("result refused", metadata: ["job": "\(attempt.jobId)", "attempt": "\(attempt.attempt)", "reason": "\(reason)"])
             }
         }
+        if !starts.isEmpty || !results.isEmpty { spawn { [starts, results] in await self.write(starts: starts, results: results) } }
+        for (peer, messages) in outgoing.byPeer {
+            if messages.count > 1, machine.takesBatches(peer) {
+                for start in stride(from: 0, to: messages.count, by: Self.maxBatch) {
+                    channel.send(DispatcherMessage.all(Array(messages[start..<min(start + Self.maxBatch, messages.count)])), to: peer)
+                }
+            } else {
+                for message in messages { channel.send(message, to: peer) }
+            }
+        }
     }
 
-    /// Writes starts concurrently, so that the group committer puts them in one transaction.
-    private func writeStarts(_ starts: [Machine.Start]) async {
-        let outcomes = await withTaskGroup(of: (Int, Machine.StartOutcome).self) { [store, failures] group in
-            for (index, start) in starts.enumerated() {
-                group.addTask {
-                    do {
-                        let started = try await store.start(start.job.jobId, now: Date())
-                        failures.recovered("start")
-                        return (index, started.map { .started($0) } ?? .gone)
-                    } catch {
-                        failures.record("start", "cannot start jobs yet; they stay queued: \(error)")
-                        return (index, .failed)
-                    }
+    /// The messages of one event, by worker, each worker's in order.
+    struct Outgoing {
+        var byPeer: [(BusChannel.Peer, [DispatcherMessage])] = []
+
+        mutating func append(_ message: DispatcherMessage, to peer: BusChannel.Peer) {
+            if let index = byPeer.firstIndex(where: { $0.0 == peer }) {
+                byPeer[index].1.append(message)
+            } else {
+                byPeer.append((peer, [message]))
+            }
+        }
+    }
+
+    /// A worker's result to write.
+    struct Report: Sendable {
+        var peer: BusChannel.Peer
+        var attempt: JobAttempt
+        var result: Machine.WorkerResult
+    }
+
+    /// Writes the starts and results of one event as one batch of the store's (one transaction
+    /// on SQLite): the results of jobs that ended with the starts of those their slots go to.
+    /// A worker whose result's write fails still holds the attempt and sends the result again
+    /// with its next heartbeat; a start that fails leaves its job queued.
+    private func write(starts: [Machine.Start], results: [Report]) async {
+        let written = await store.write(starts: starts.map(\.job.jobId), results: results.map { ($0.attempt, $0.result) }, now: Date())
+        var actions: [Machine.Action] = []
+        for (report, written) in zip(results, written.results) {
+            let outcome: Machine.RecordOutcome
+            switch written {
+            case .success(let (stored, retryAfter)):
+                failures.recovered("record")
+                switch stored {
+                case .applied(let job): outcome = .applied(job, retryAfter: retryAfter)
+                case .alreadyRecorded: outcome = .alreadyRecorded
+                case .refused(let reason): outcome = .refused(reason)
+                }
+            case .failure(let error):
+                failures.record("record", "cannot record workers' results yet; they are kept and sent again: \(error)")
+                outcome = .failed
+            }
+            actions += machine.recorded(report.attempt, from: report.peer, outcome: outcome, now: .now)
+        }
+        if !starts.isEmpty {
+            let outcomes = written.starts.map { result -> Machine.StartOutcome in
+                switch result {
+                case .success(let started):
+                    failures.recovered("start")
+                    return started.map { .started($0) } ?? .gone
+                case .failure(let error):
+                    failures.record("start", "cannot start jobs yet; they stay queued: \(error)")
+                    return .failed
                 }
             }
-            var outcomes = [Machine.StartOutcome](repeating: .failed, count: starts.count)
-            for await (index, outcome) in group { outcomes[index] = outcome }
-            return outcomes
+            actions += machine.started(Array(zip(starts, outcomes)), now: .now)
         }
-        perform(machine.started(Array(zip(starts, outcomes)), now: .now))
-    }
-
-    /// Writes a worker's result. If the write fails the worker still holds the attempt and
-    /// sends the result again with its next heartbeat.
-    private func write(_ result: Machine.WorkerResult, of attempt: JobAttempt, from peer: BusChannel.Peer) async {
-        let outcome: Machine.RecordOutcome
-        do {
-            let stored: JobReportOutcome
-            var retryAfter: Duration?
-            switch result {
-            case .done(let output):
-                stored = try await store.complete(attempt, output: output, now: Date())
-                if case .refused = stored { try await store.discardOutput(output, of: attempt, now: Date()) }
-            case .failed(let error, let retryable):
-                (stored, retryAfter) = try await store.fail(attempt, error: error, retryable: retryable, now: Date())
-            case .cancelled:
-                stored = try await store.cancelled(attempt, now: Date())
-            }
-            failures.recovered("record")
-            switch stored {
-            case .applied(let job): outcome = .applied(job, retryAfter: retryAfter)
-            case .alreadyRecorded: outcome = .alreadyRecorded
-            case .refused(let reason): outcome = .refused(reason)
-            }
-        } catch {
-            failures.record("record", "cannot record workers' results yet; they are kept and sent again: \(error)")
-            outcome = .failed
-        }
-        perform(machine.recorded(attempt, from: peer, outcome: outcome, now: .now))
+        perform(actions)
     }
 
     /// Writes the provider request an attempt submitted; the worker sends it again until it

@@ -46,6 +46,60 @@ public protocol JobsStore: Sendable {
     func discardOutput(_ output: JobOutput, of attempt: JobAttempt, now: Date) async throws
     /// At start-up: settles what was left mid-cancel; every queued job, oldest first.
     func recover(now: Date) async throws -> [JobRecord]
+
+    /// The dispatcher's writes of one event: starts of queued jobs (each as `start`) and results
+    /// of workers' attempts (each as `complete`, with a refused result's files discarded, `fail`
+    /// or `cancelled`), each on its own (one that fails leaves the others). A store may write them
+    /// in one transaction.
+    func write(starts: [String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome
+}
+
+/// What each write of a batch did, in the order asked.
+public struct JobsBatchOutcome: Sendable {
+    /// The job started (nil: it was no longer queued).
+    public var starts: [Result<JobRecord?, any Error>]
+    public var results: [Result<(JobReportOutcome, retryAfter: Duration?), any Error>]
+
+    public init(starts: [Result<JobRecord?, any Error>], results: [Result<(JobReportOutcome, retryAfter: Duration?), any Error>]) {
+        self.starts = starts
+        self.results = results
+    }
+}
+
+extension JobsStore {
+    /// Each write on its own, concurrently (a group-committing store still shares transactions).
+    public func write(starts: [String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome {
+        async let started = Self.concurrently(starts) { id in try await start(id, now: now) }
+        let recorded = await Self.concurrently(results) { attempt, result -> (JobReportOutcome, retryAfter: Duration?) in
+            switch result {
+            case .done(let output):
+                let outcome = try await complete(attempt, output: output, now: now)
+                if case .refused = outcome { try await discardOutput(output, of: attempt, now: now) }
+                return (outcome, nil)
+            case .failed(let error, let retryable):
+                return try await fail(attempt, error: error, retryable: retryable, now: now)
+            case .cancelled:
+                return (try await cancelled(attempt, now: now), nil)
+            }
+        }
+        return JobsBatchOutcome(starts: await started, results: recorded)
+    }
+
+    /// `body` for each element, concurrently; the results in order.
+    static func concurrently<Element: Sendable, Value: Sendable>(
+        _ elements: [Element], _ body: @escaping @Sendable (Element) async throws -> Value
+    ) async -> [Result<Value, any Error>] {
+        await withTaskGroup(of: (Int, Result<Value, any Error>).self) { group in
+            for (index, element) in elements.enumerated() {
+                group.addTask {
+                    do { return (index, .success(try await body(element))) } catch { return (index, .failure(error)) }
+                }
+            }
+            var results = [Result<Value, any Error>?](repeating: nil, count: elements.count)
+            for await (index, result) in group { results[index] = result }
+            return results.map { $0 ?? .failure(CancellationError()) }
+        }
+    }
 }
 
 /// A store whose workers' reports (complete, fail, requeue, cancelled) each read the job, ask

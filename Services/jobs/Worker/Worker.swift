@@ -213,6 +213,8 @@ public struct Worker: Service {
     final class Unrecorded: Sendable {
         static let maxUnrecorded = 1_024
         private let results = Mutex<[JobAttempt: WorkerMessage]>([:])
+        /// How they go out.
+        let reports = Reports()
 
         func keep(_ attempt: JobAttempt, _ result: WorkerMessage) {
             results.withLock { results in
@@ -222,6 +224,82 @@ public struct Worker: Service {
         }
         func recorded(_ attempt: JobAttempt) { results.withLock { _ = $0.removeValue(forKey: attempt) } }
         var all: [JobAttempt: WorkerMessage] { results.withLock { $0 } }
+    }
+
+    /// How results go out. To a service that takes batches (it answered `ready` with `batches`),
+    /// results that end together go in one message (`all`): the first to end yields once, so that
+    /// those ending with it join, then sends what has gathered. To one that does not, each at once.
+    final class Reports: Sendable {
+        private struct State {
+            /// The service of this connection takes `all`.
+            var batches = false
+            var pending: [WorkerMessage] = []
+            /// Someone is about to send `pending`.
+            var gathering = false
+        }
+        private let state = Mutex(State())
+
+        /// A new connection: one message at a time until its service says `batches`.
+        func connected() { state.withLock { $0 = State() } }
+        func takeBatches() { state.withLock { $0.batches = true } }
+
+        /// Sends a result now, or with the others ending with it (after a yield).
+        func send(_ result: WorkerMessage, on channel: BusChannel) async {
+            switch add(result) {
+            case .now: channel.send(result)
+            case .gather:
+                await Task.yield()
+                flush(on: channel)
+            case .joined: break
+            }
+        }
+
+        /// Sends a result without waiting (from a context that cannot): with any gathered.
+        func sendNow(_ result: WorkerMessage, on channel: BusChannel) {
+            switch add(result) {
+            case .now: channel.send(result)
+            case .gather: flush(on: channel)
+            case .joined: break
+            }
+        }
+
+        /// Sends results again (a heartbeat's, a reconnect's): in one message where the service
+        /// takes batches.
+        func resend(_ results: [WorkerMessage], on channel: BusChannel) {
+            Self.send(results, batches: state.withLock { $0.batches }, on: channel)
+        }
+
+        private enum Added { case now, gather, joined }
+
+        private func add(_ result: WorkerMessage) -> Added {
+            state.withLock { state in
+                guard state.batches else { return .now }
+                state.pending.append(result)
+                if state.gathering { return .joined }
+                state.gathering = true
+                return .gather
+            }
+        }
+
+        private func flush(on channel: BusChannel) {
+            let (results, batches) = state.withLock { state in
+                defer { state.pending = []; state.gathering = false }
+                return (state.pending, state.batches)
+            }
+            Self.send(results, batches: batches, on: channel)
+        }
+
+        static let maxBatch = 64
+
+        private static func send(_ results: [WorkerMessage], batches: Bool, on channel: BusChannel) {
+            guard batches, results.count > 1 else {
+                for result in results { channel.send(result) }
+                return
+            }
+            for start in stride(from: 0, to: results.count, by: maxBatch) {
+                channel.send(WorkerMessage.all(Array(results[start..<min(start + maxBatch, results.count)])))
+            }
+        }
     }
 
     /// Fresh URLs the jobs service sent for attempts held here (`renewed`), kept until the
@@ -348,10 +426,11 @@ public struct Worker: Service {
             try await channel.running {
                 let ready = WorkerMessage.ready(WorkerReady(
                     workerId: configuration.workerId, capacity: configuration.capacity, effects: effects,
-                    heartbeatMilliseconds: Int(configuration.heartbeat.wholeMilliseconds), prefetch: configuration.prefetch
+                    heartbeatMilliseconds: Int(configuration.heartbeat.wholeMilliseconds), prefetch: configuration.prefetch, batches: true
                 ))
+                unrecorded.reports.connected()
                 channel.send(ready)
-                for result in unrecorded.all.values { channel.send(result) }
+                unrecorded.reports.resend(Array(unrecorded.all.values), on: channel)
                 generations.submissions.resetAll()
                 logger.info("connected", metadata: [
                     "endpoint": "\(configuration.endpoint)", "capacity": "\(configuration.capacity)", "prefetch": "\(configuration.prefetch)",
@@ -373,7 +452,7 @@ public struct Worker: Service {
                             try? await Task.sleep(for: configuration.heartbeat)
                             let results = unrecorded.all
                             channel.send(WorkerMessage.heartbeat(running: running.attempts + results.keys))
-                            for result in results.values { channel.send(result) }
+                            unrecorded.reports.resend(Array(results.values), on: channel)
                             for submitted in generations.submissions.unrecorded { channel.send(submitted) }
                             if metricsSent.map({ $0.duration(to: .now) >= Self.metricsInterval }) ?? true {
                                 metricsSent = .now
@@ -408,10 +487,18 @@ public struct Worker: Service {
             renewed.deliver(attempt, transfer, held: running.contains(attempt))
         case .heartbeat:
             break
+        case .batches:
+            unrecorded.reports.takeBatches()
+        case .all(let messages):
+            for message in messages {
+                if case .all = message { continue }
+                handle(message, channel: channel, running: running, unrecorded: unrecorded, renewed: renewed, generations: generations, ready: ready)
+            }
         case .reconnect:
+            unrecorded.reports.connected()
             channel.send(ready)
             if running.isLeaving { channel.send(WorkerMessage.leaving(returned: [])) }
-            for result in unrecorded.all.values { channel.send(result) }
+            unrecorded.reports.resend(Array(unrecorded.all.values), on: channel)
             generations.submissions.resetAll()
             for submitted in generations.submissions.unrecorded { channel.send(submitted) }
         case .recorded(let attempt):
@@ -427,7 +514,9 @@ public struct Worker: Service {
                 logger.info("cancelling", metadata: ["job": "\(attempt.jobId)"])
             case .waiting:
                 logger.info("cancelled before it started", metadata: ["job": "\(attempt.jobId)"])
-                finish(attempt, with: .cancelled(attempt), channel: channel, running: running, unrecorded: unrecorded)
+                unrecorded.keep(attempt, .cancelled(attempt))
+                running.remove(attempt)
+                unrecorded.reports.sendNow(.cancelled(attempt), on: channel)
             }
         case .assign(let job):
             guard !running.isLeaving else {
@@ -492,7 +581,7 @@ public struct Worker: Service {
             return
         }
         let detached = running.isDetached(attempt)
-        finish(attempt, with: result, channel: channel, running: running, unrecorded: unrecorded)
+        await finish(attempt, with: result, channel: channel, running: running, unrecorded: unrecorded)
         if !detached, let next = running.next() { running.launch(next, on: channel) }
     }
 
@@ -516,12 +605,13 @@ public struct Worker: Service {
         }
     }
 
-    /// Sends an attempt's result, kept until the service says it is recorded.
-    private func finish(_ attempt: JobAttempt, with result: WorkerMessage, channel: BusChannel, running: Running, unrecorded: Unrecorded) {
+    /// Sends an attempt's result (with others ending at once, to a service that takes batches),
+    /// kept until the service says it is recorded.
+    private func finish(_ attempt: JobAttempt, with result: WorkerMessage, channel: BusChannel, running: Running, unrecorded: Unrecorded) async {
         // Kept before it is sent, so a `recorded` that comes at once finds it.
         unrecorded.keep(attempt, result)
-        channel.send(result)
         running.remove(attempt)
+        await unrecorded.reports.send(result, on: channel)
     }
 
     /// Runs one attempt and returns its result message. While the disk is full the attempt

@@ -125,11 +125,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
 
     /// Starts attempt `attempts + 1`: the job is processing. Nil if it is no longer queued.
     public func start(_ id: String, now: Date) async throws -> JobRecord? {
-        try await writes.perform { [self] db in
-            guard let job = try JobRows.job(db, id), let transition = JobRules.start(job, now: now) else { return nil }
-            try apply(db, transition)
-            return transition.job
-        }
+        try await writes.perform { [self] db in try startRow(db, id, now: now) }
     }
 
     /// The current attempt submitted its generation to a provider's queue: the request is kept
@@ -232,6 +228,65 @@ public struct SQLiteJobsStore: ReportingJobsStore {
                 .filter(JobRecord.Columns.status == JobStatus.queued.rawValue)
                 .order(JobRecord.Columns.createdAt)
                 .fetchAll(db)
+        }
+    }
+
+    // MARK: Batches
+
+    /// The dispatcher's writes of one event as one piece of the group committer's work: one
+    /// transaction, each write in a savepoint of its own so that one that fails leaves the others
+    /// (the whole transaction failing fails them all).
+    public func write(starts: [String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome {
+        guard !starts.isEmpty || !results.isEmpty else { return JobsBatchOutcome(starts: [], results: []) }
+        do {
+            return try await writes.perform { [self] db in
+                JobsBatchOutcome(
+                    starts: starts.map { id in Self.alone(db) { try startRow(db, id, now: now) } },
+                    results: results.map { report in Self.alone(db) { try recordRow(db, report.attempt, report.result, now: now) } }
+                )
+            }
+        } catch {
+            return JobsBatchOutcome(starts: starts.map { _ in .failure(error) }, results: results.map { _ in .failure(error) })
+        }
+    }
+
+    /// A queued job started: processing as a new attempt; nil if it is no longer queued.
+    func startRow(_ db: Database, _ id: String, now: Date) throws -> JobRecord? {
+        guard let job = try JobRows.job(db, id), let transition = JobRules.start(job, now: now) else { return nil }
+        try apply(db, transition)
+        return transition.job
+    }
+
+    /// A worker's result, as `report` writes it; a refused result's files are left to the blob
+    /// janitor (unless they are the job's own: the accepted result reported again).
+    func recordRow(_ db: Database, _ attempt: JobAttempt, _ result: JobResult, now: Date) throws -> (JobReportOutcome, retryAfter: Duration?) {
+        guard let job = try JobRows.job(db, attempt.jobId) else { return (.refused("no such job"), nil) }
+        switch JobRules.report(job, attempt, result, retry: retry, now: now) {
+        case .refuse(let reason):
+            if case .done(let output) = result {
+                let keys: [String] = [output.resultKey, output.thumbnailKey].filter { $0 != job.resultKey && $0 != job.thumbnailKey }
+                try Self.discardBlobs(db, keys, jobId: attempt.jobId, now: now)
+            }
+            return (.refused(reason), nil)
+        case .alreadyRecorded(let recorded):
+            return (.alreadyRecorded(recorded), nil)
+        case .apply(let transition):
+            try apply(db, transition)
+            return (.applied(transition.job), transition.retryAfter)
+        }
+    }
+
+    /// `body` in a savepoint: what it changed is rolled back alone if it throws.
+    static func alone<Value>(_ db: Database, _ body: () throws -> Value) -> Result<Value, any Error> {
+        var value: Value?
+        do {
+            try db.inSavepoint {
+                value = try body()
+                return .commit
+            }
+            return value.map { .success($0) } ?? .failure(CancellationError())
+        } catch {
+            return .failure(error)
         }
     }
 
