@@ -97,6 +97,29 @@ struct JobStoreTests {
         #expect(completed == 200)
     }
 
+    @Test func aWriteThatFailsInTheDispatchersBatchLeavesTheOthers() async throws {
+        // Given two queued jobs, a running one, and a row the store cannot read (an unknown status)
+        for id in ["a", "b", "running"] { _ = try await created(id) }
+        _ = try await store.start("running", now: now)
+        _ = try await created("broken")
+        try await store.database.writer.write { db in try db.execute(sql: "UPDATE job SET status = 'lost' WHERE id = 'broken'") }
+        let before = store.writeStatistics
+        // When one batch starts all three queued ones and records the running one's result
+        let outcome = await store.write(
+            starts: ["a", "broken", "b"], results: [(JobAttempt(jobId: "running", attempt: 1), .done(JobOutput(resultKey: "r", thumbnailKey: "t")))], now: now
+        )
+        // Then it took one transaction, the broken start alone failed, and everything else is written
+        #expect(store.writeStatistics.transactions - before.transactions == 1)
+        #expect(try outcome.starts[0].get()?.status == .processing && (try? outcome.starts[1].get()) == nil && outcome.starts.count == 3)
+        #expect(try outcome.starts[2].get()?.attempts == 1)
+        guard case .applied(let job) = try outcome.results[0].get().0 else { Issue.record("the result was not applied"); return }
+        #expect(job.status == .completed)
+        for (id, status) in [("a", JobStatus.processing), ("b", .processing), ("running", .completed)] {
+            #expect(try await store.job(id)?.status == status)
+        }
+        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["commit"])
+    }
+
     @Test(arguments: JobsBackend.allCases) func staleAttemptsResultIsRefused(backend: JobsBackend) async throws {
         try await withJobsStore(backend) { try await $0.staleAttemptsResultIsRefused() }
     }

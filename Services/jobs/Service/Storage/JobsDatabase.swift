@@ -7,15 +7,22 @@ import Messages
 /// quota settlements and file deletions.
 public struct JobsDatabase: Sendable {
     let writer: any DatabaseWriter
+    /// Checkpoints the WAL of a database file outside the group committer's commits; stops when
+    /// the last copy of this database is released.
+    let checkpointer: WALCheckpointer?
 
-    public init(_ writer: any DatabaseWriter) throws {
+    public init(_ writer: any DatabaseWriter, checkpointer: WALCheckpointer? = nil) throws {
         self.writer = writer
+        self.checkpointer = checkpointer
         try Self.migrator.migrate(writer)
     }
 
-    /// Opens (or creates) the file at `path`, WAL with `synchronous=FULL`.
+    /// Opens (or creates) the file at `path`, WAL with `synchronous=FULL`, checkpointed in the
+    /// background: SQLite's automatic checkpoint would run inside the group committer's commits
+    /// (2.6% of that thread's time in the noop benchmark's profile).
     public static func open(path: String) throws -> JobsDatabase {
-        try JobsDatabase(DurableDatabase.open(path: path))
+        let (pool, checkpointer) = try DurableDatabase.openWithBackgroundCheckpoints(path: path)
+        return try JobsDatabase(pool, checkpointer: checkpointer)
     }
 
     public static func inMemory() throws -> JobsDatabase { try JobsDatabase(DatabaseQueue()) }

@@ -41,7 +41,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
                 }
                 return (existing, false)
             }
-            if try Bool.fetchOne(db, sql: "SELECT 1 FROM abandoned WHERE jobId = ?", arguments: [request.jobId]) == true {
+            if try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM abandoned WHERE jobId = ?"), arguments: [request.jobId]) == true {
                 throw BusError(Jobs.ErrorCode.abandoned, "job \(request.jobId) was abandoned: its reservation was given back before it was created; send a new request", retryable: false)
             }
             let job = JobRecord(
@@ -234,13 +234,23 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     // MARK: Batches
 
     /// The dispatcher's writes of one event as one piece of the group committer's work: one
-    /// transaction, each write in a savepoint of its own so that one that fails leaves the others
-    /// (the whole transaction failing fails them all).
+    /// transaction in which a write that fails leaves the others. The writes first run one after
+    /// the other in one savepoint; if one throws, that savepoint is rolled back and they run again
+    /// each in a savepoint of its own, so that only the failing one is undone. The usual batch,
+    /// where none fails, pays for one savepoint, not one per write. The whole transaction failing
+    /// fails them all.
     public func write(starts: [String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome {
         guard !starts.isEmpty || !results.isEmpty else { return JobsBatchOutcome(starts: [], results: []) }
         do {
             return try await writes.perform { [self] db in
-                JobsBatchOutcome(
+                let together = Self.alone(db) {
+                    JobsBatchOutcome(
+                        starts: try starts.map { id in .success(try startRow(db, id, now: now)) },
+                        results: try results.map { report in .success(try recordRow(db, report.attempt, report.result, now: now)) }
+                    )
+                }
+                if case .success(let outcome) = together { return outcome }
+                return JobsBatchOutcome(
                     starts: starts.map { id in Self.alone(db) { try startRow(db, id, now: now) } },
                     results: results.map { report in Self.alone(db) { try recordRow(db, report.attempt, report.result, now: now) } }
                 )
