@@ -289,15 +289,38 @@ public struct Worker: Service {
             Self.send(results, batches: batches, on: channel)
         }
 
+        /// The most results in one message, and about the most bytes (the service takes
+        /// messages up to 1 MiB; an error's text is the only part of a result of any length).
         static let maxBatch = 64
+        static let maxBatchBytes = 256 << 10
 
         private static func send(_ results: [WorkerMessage], batches: Bool, on channel: BusChannel) {
             guard batches, results.count > 1 else {
                 for result in results { channel.send(result) }
                 return
             }
-            for start in stride(from: 0, to: results.count, by: maxBatch) {
-                channel.send(WorkerMessage.all(Array(results[start..<min(start + maxBatch, results.count)])))
+            var batch: [WorkerMessage] = []
+            var bytes = 0
+            func flush() {
+                if batch.count == 1 { channel.send(batch[0]) } else if !batch.isEmpty { channel.send(WorkerMessage.all(batch)) }
+                batch = []
+                bytes = 0
+            }
+            for result in results {
+                let size = approximateSize(result)
+                if !batch.isEmpty, batch.count == maxBatch || bytes + size > maxBatchBytes { flush() }
+                batch.append(result)
+                bytes += size
+            }
+            flush()
+        }
+
+        /// A result's size on the wire, from above: its strings plus an allowance for the rest.
+        static func approximateSize(_ result: WorkerMessage) -> Int {
+            switch result {
+            case .done(let attempt, let output): 256 + attempt.jobId.utf8.count + output.resultKey.utf8.count + output.thumbnailKey.utf8.count
+            case .failed(let attempt, let error, _): 256 + attempt.jobId.utf8.count + error.utf8.count
+            default: 1024
             }
         }
     }
@@ -658,7 +681,9 @@ public struct Worker: Service {
                 }
                 let effectError = error as? EffectError ?? EffectError("\(error)", retryable: true)
                 jobLogger.warning("failed", metadata: ["error": "\(effectError.description)", "retryable": "\(effectError.retryable)"])
-                return .failed(job.attempt, error: effectError.description, retryable: effectError.retryable || StorageErrors.mentionsOutOfSpace(effectError.description))
+                // The service keeps 1,000 characters of an error; more only weighs on the wire.
+                return .failed(job.attempt, error: String(effectError.description.prefix(4000)),
+                               retryable: effectError.retryable || StorageErrors.mentionsOutOfSpace(effectError.description))
             }
         }
     }
