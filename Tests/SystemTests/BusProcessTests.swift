@@ -23,6 +23,29 @@ struct BusProcessTests {
         }
     }
 
+    @Test func aServiceStartedWithExitWithParentStopsWhenItsParentDies() async throws {
+        // Given the fixture service started in the background by a shell that then exits, asked
+        // to exit with that shell
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        let shell = Process()
+        shell.executableURL = URL(fileURLWithPath: "/bin/sh")
+        shell.arguments = ["-c", "EXIT_WITH_PARENT=$$ \"$0\" > /dev/null 2>&1 & echo $!", ServiceProcess.binaryDirectory.appendingPathComponent("bus-fixture").path]
+        var environment = ProcessInfo.processInfo.environment
+        environment["JOBS_BIND"] = endpoint
+        environment["LOG_LEVEL"] = "warning"
+        shell.environment = environment
+        let output = Pipe()
+        shell.standardOutput = output
+        try shell.run()
+        let printed = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        let pid = try #require(Int32(printed.trimmingCharacters(in: .whitespacesAndNewlines)))
+        defer { kill(pid, SIGKILL) }
+        // Then it stops by itself (it would otherwise run on, its parent gone)
+        let deadline = ContinuousClock.now.advanced(by: .seconds(15))
+        while kill(pid, 0) == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(50)) }
+        #expect(kill(pid, 0) != 0, "the service outlived the process that started it")
+    }
+
     @Test func sigtermLetsTheRequestInProgressFinishAndExitsZero() async throws {
         // Given a service handling a request that takes 1.5 s
         let endpoint = "tcp://127.0.0.1:\(freePort())"

@@ -36,6 +36,8 @@ final class ServiceProcess: @unchecked Sendable {
         var env = ProcessInfo.processInfo.environment
         // Debug: tests read the per-request and per-job lines (request ids, job ids).
         env["LOG_LEVEL"] = env["TEST_LOG_LEVEL"] ?? "debug"
+        // A test run that crashes leaves no service behind (`ProcessExit`).
+        env["EXIT_WITH_PARENT"] = "\(getpid())"
         for (key, value) in environment { env[key] = value }
         process.environment = env
         process.standardOutput = log
