@@ -46,6 +46,20 @@ struct BusProcessTests {
         #expect(kill(pid, 0) != 0, "the service outlived the process that started it")
     }
 
+    @Test func anExitIsSeenEvenWhileAnotherProcessHoldsTheSocketFoundationWatches() async throws {
+        // Given a child that leaves a grandchild behind (which inherits the socket by which
+        // Foundation's Process learns of the child's exit) and exits with 3
+        let pidFile = FileManager.default.temporaryDirectory.appendingPathComponent("grandchild-\(UUID().uuidString)")
+        let child = try ServiceProcess("bus-fixture", wrappedBy: ["/bin/sh", "-c", "sleep 30 & echo $! > '\(pidFile.path)'; exit 3"], environment: [:])
+        defer {
+            if let text = try? String(contentsOf: pidFile, encoding: .utf8), let pid = Int32(text.trimmingCharacters(in: .whitespacesAndNewlines)) { kill(pid, SIGKILL) }
+            try? FileManager.default.removeItem(at: pidFile)
+        }
+        // Then its exit and status are seen at once, though Process still calls it running
+        let status = try await child.waitForExit(within: .seconds(5))
+        #expect(status == 3)
+    }
+
     @Test func sigtermLetsTheRequestInProgressFinishAndExitsZero() async throws {
         // Given a service handling a request that takes 1.5 s
         let endpoint = "tcp://127.0.0.1:\(freePort())"

@@ -59,10 +59,23 @@ final class ServiceProcess: @unchecked Sendable {
     func waitForExit(within limit: Duration = .seconds(10)) async throws -> Int32? {
         let deadline = ContinuousClock.now.advanced(by: limit)
         while process.isRunning {
+            if let status = Self.exitStatus(ofExited: process.processIdentifier) { return status }
             if ContinuousClock.now >= deadline { return nil }
             try await Task.sleep(for: .milliseconds(20))
         }
         return process.terminationStatus
+    }
+
+    /// The status of a child that has exited though `Process` has not noticed yet, read without
+    /// reaping it (`WNOWAIT`: `Process` reaps it when it does notice). `Process` on Linux learns of
+    /// an exit when a socket the child inherited closes, and a process spawned by another test at
+    /// the same moment can inherit that socket too and keep it open for as long as it runs
+    /// (swift-corelibs-foundation#4795): a refused service was once "running" for 20 s after it
+    /// had exited. Nil while the child runs. Like `terminationStatus`: the exit code, or the signal.
+    static func exitStatus(ofExited pid: Int32) -> Int32? {
+        var info = siginfo_t()
+        guard waitid(P_PID, id_t(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0, info._sifields._sigchld.si_pid == pid else { return nil }
+        return info._sifields._sigchld.si_status
     }
 
     /// Stops the process if it still runs: SIGTERM, then SIGKILL.
