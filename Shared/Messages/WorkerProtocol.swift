@@ -8,6 +8,9 @@ import Foundation
 /// the service's every second, a worker's at the interval it announced in `ready`; a peer silent
 /// for three of its own intervals is dead.
 
+/// The most messages either side puts in one `all`.
+public let workerProtocolMaxBatch = 64
+
 /// What a worker tells the jobs service.
 public enum WorkerMessage: Codable, Sendable, Equatable {
     case ready(WorkerReady)

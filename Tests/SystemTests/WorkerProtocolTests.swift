@@ -98,6 +98,36 @@ struct WorkerProtocolTests {
         try await system.clients.jobs.call(Jobs.get, JobReference(jobId: id, userId: user))
     }
 
+    /// Creates `count` jobs of `effect` for a new device user straight through the jobs service
+    /// (no image behind them: the effects used read none, or the worker is driven by hand).
+    func queuedJobs(_ count: Int, effect: String, in system: JobSystem) async throws -> (user: String, jobs: [String]) {
+        let user = "device:\(UUID().uuidString.lowercased())"
+        let ids = (0..<count).map { _ in UUID().uuidString.lowercased() }
+        for id in ids {
+            _ = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: id, userId: user, isPro: false, imageKey: "uploads/none/x.jpg", effectId: effect))
+        }
+        return (user, ids)
+    }
+
+    /// Takes messages, those in `all` each on its own, until `count` attempts that `pick` finds
+    /// have come (or one wait times out); the attempts, and the most that came in one message.
+    func collectAttempts(_ inbox: Inbox, count: Int, _ pick: @escaping @Sendable (DispatcherMessage) -> JobAttempt?) async -> (attempts: [JobAttempt], largest: Int) {
+        var attempts: [JobAttempt] = []
+        var largest = 0
+        while attempts.count < count {
+            guard let batch = await next(inbox, { message -> [JobAttempt]? in
+                if case .all(let messages) = message {
+                    let found = messages.compactMap(pick)
+                    return found.isEmpty ? nil : found
+                }
+                return pick(message).map { [$0] }
+            }) else { break }
+            largest = max(largest, batch.count)
+            attempts += batch
+        }
+        return (attempts, largest)
+    }
+
     @Test func aWorkerPrefetchesOneJobRunsOneAtATimeAndDropsAPrefetchedJobThatIsCancelled() async throws {
         let system = try await JobSystem(workers: 0)
         let (user, jobs) = try await slowJobs(3, in: system)
@@ -150,11 +180,7 @@ struct WorkerProtocolTests {
         // Given a worker of capacity 8 and 40 jobs of an effect that ends at once
         let system = try await JobSystem(workers: 0)
         let worker = try system.startWorker(capacity: 8)
-        let user = "device:\(UUID().uuidString.lowercased())"
-        let ids = (0..<40).map { _ in UUID().uuidString.lowercased() }
-        for id in ids {
-            _ = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: id, userId: user, isPro: false, imageKey: "uploads/none/x.jpg", effectId: "noop"))
-        }
+        let (user, ids) = try await queuedJobs(40, effect: "noop", in: system)
         try await waitUntil(within: .seconds(30)) {
             var done = 0
             for id in ids where try await system.clients.jobs.call(Jobs.get, JobReference(jobId: id, userId: user)).status == .completed { done += 1 }
@@ -170,11 +196,7 @@ struct WorkerProtocolTests {
 
     @Test func aWorkerThatTakesBatchesGetsItsAssignmentsAndAcknowledgementsInOneMessageAndSendsItsResultsInOne() async throws {
         let system = try await JobSystem(workers: 0)
-        let user = "device:\(UUID().uuidString.lowercased())"
-        let ids = (0..<20).map { _ in UUID().uuidString.lowercased() }
-        for id in ids {
-            _ = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: id, userId: user, isPro: false, imageKey: "uploads/none/x.jpg", effectId: "noop"))
-        }
+        let (user, ids) = try await queuedJobs(20, effect: "noop", in: system)
         let worker = BusChannel.connecting(system.workerEndpoint)
         try await worker.running {
             let inbox = Inbox(worker)
@@ -188,42 +210,18 @@ struct WorkerProtocolTests {
                 return nil
             }
             #expect(welcomed == true)
-            var attempts: [JobAttempt] = []
-            var largest = 0
-            while attempts.count < ids.count {
-                guard let batch = await next(inbox, { message -> [JobAttempt]? in
-                    switch message {
-                    case .assign(let job): return [job.attempt]
-                    case .all(let messages): return messages.compactMap { if case .assign(let job) = $0 { job.attempt } else { nil } }
-                    default: return nil
-                    }
-                }) else { break }
-                largest = max(largest, batch.count)
-                attempts += batch
-            }
+            let (attempts, largestAssigned) = await collectAttempts(inbox, count: ids.count) { if case .assign(let job) = $0 { job.attempt } else { nil } }
             #expect(attempts.count == ids.count)
-            #expect(largest > 1, "every assignment came alone")
+            #expect(largestAssigned > 1, "every assignment came alone")
             let beating = heartbeats(from: worker, naming: attempts)
             defer { beating.cancel() }
             // When it sends every result in one message
             worker.send(WorkerMessage.all(attempts.map { .done($0, JobOutput(resultKey: "results/\($0.jobId)", thumbnailKey: "thumbnails/\($0.jobId)")) }))
             // Then each is recorded, the acknowledgements come several to a message, and every
             // job is completed with its result
-            var acknowledged: Set<JobAttempt> = []
-            largest = 0
-            while acknowledged.count < ids.count {
-                guard let batch = await next(inbox, { message -> [JobAttempt]? in
-                    switch message {
-                    case .recorded(let attempt): return [attempt]
-                    case .all(let messages): return messages.compactMap { if case .recorded(let attempt) = $0 { attempt } else { nil } }
-                    default: return nil
-                    }
-                }) else { break }
-                largest = max(largest, batch.count)
-                acknowledged.formUnion(batch)
-            }
-            #expect(acknowledged == Set(attempts))
-            #expect(largest > 1, "every acknowledgement came alone")
+            let (acknowledged, largestRecorded) = await collectAttempts(inbox, count: ids.count) { if case .recorded(let attempt) = $0 { attempt } else { nil } }
+            #expect(Set(acknowledged) == Set(attempts))
+            #expect(largestRecorded > 1, "every acknowledgement came alone")
             for id in ids {
                 let job = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: id, userId: user))
                 #expect(job.status == .completed && job.resultKey == "results/\(id)")
@@ -234,21 +232,13 @@ struct WorkerProtocolTests {
 
     @Test func aKillOfJobsBetweenBatchesLosesNoResultItAcknowledged() async throws {
         let system = try await JobSystem(workers: 0)
-        let user = "device:\(UUID().uuidString.lowercased())"
-        let ids = (0..<200).map { _ in UUID().uuidString.lowercased() }
-        for id in ids {
-            _ = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: id, userId: user, isPro: false, imageKey: "uploads/none/x.jpg", effectId: "copy"))
-        }
+        let (user, ids) = try await queuedJobs(200, effect: "copy", in: system)
         // Given a hand-driven worker holding all 200 jobs
         let worker = BusChannel.connecting(system.workerEndpoint)
         try await worker.running {
             let inbox = Inbox(worker)
             worker.send(WorkerMessage.ready(WorkerReady(workerId: "burst", capacity: 200, effects: ["*"])))
-            var attempts: [JobAttempt] = []
-            while attempts.count < ids.count {
-                guard let attempt = await next(inbox, { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }) else { break }
-                attempts.append(attempt)
-            }
+            let (attempts, _) = await collectAttempts(inbox, count: ids.count) { if case .assign(let assignment) = $0 { assignment.attempt } else { nil } }
             #expect(attempts.count == ids.count)
             let held = attempts
             let beating = heartbeats(from: worker, naming: held)

@@ -165,9 +165,6 @@ public actor Dispatcher {
 
     // MARK: Carrying out actions
 
-    /// The most messages sent to a worker in one (`DispatcherMessage.all`).
-    static let maxBatch = 64
-
     /// Carries out the actions of one event. Its messages leave at the end, those to a worker
     /// that takes batches in one (`all`), in order; its starts are written together, and so are
     /// its results.
@@ -215,8 +212,8 @@ public actor Dispatcher {
         if !starts.isEmpty || !results.isEmpty { spawn { [starts, results] in await self.write(starts: starts, results: results) } }
         for (peer, messages) in outgoing.byPeer {
             if messages.count > 1, machine.takesBatches(peer) {
-                for start in stride(from: 0, to: messages.count, by: Self.maxBatch) {
-                    channel.send(DispatcherMessage.all(Array(messages[start..<min(start + Self.maxBatch, messages.count)])), to: peer)
+                for start in stride(from: 0, to: messages.count, by: workerProtocolMaxBatch) {
+                    channel.send(DispatcherMessage.all(Array(messages[start..<min(start + workerProtocolMaxBatch, messages.count)])), to: peer)
                 }
             } else {
                 for message in messages { channel.send(message, to: peer) }

@@ -58,29 +58,22 @@ public protocol JobsStore: Sendable {
 public struct JobsBatchOutcome: Sendable {
     /// The job started (nil: it was no longer queued).
     public var starts: [Result<JobRecord?, any Error>]
-    public var results: [Result<(JobReportOutcome, retryAfter: Duration?), any Error>]
+    public var results: [Result<(outcome: JobReportOutcome, retryAfter: Duration?), any Error>]
 
-    public init(starts: [Result<JobRecord?, any Error>], results: [Result<(JobReportOutcome, retryAfter: Duration?), any Error>]) {
+    public init(starts: [Result<JobRecord?, any Error>], results: [Result<(outcome: JobReportOutcome, retryAfter: Duration?), any Error>]) {
         self.starts = starts
         self.results = results
     }
 }
 
-extension JobsStore {
+extension ReportingJobsStore {
     /// Each write on its own, concurrently (a group-committing store still shares transactions).
     public func write(starts: [String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome {
         async let started = Self.concurrently(starts) { id in try await start(id, now: now) }
-        let recorded = await Self.concurrently(results) { attempt, result -> (JobReportOutcome, retryAfter: Duration?) in
-            switch result {
-            case .done(let output):
-                let outcome = try await complete(attempt, output: output, now: now)
-                if case .refused = outcome { try await discardOutput(output, of: attempt, now: now) }
-                return (outcome, nil)
-            case .failed(let error, let retryable):
-                return try await fail(attempt, error: error, retryable: retryable, now: now)
-            case .cancelled:
-                return (try await cancelled(attempt, now: now), nil)
-            }
+        let recorded = await Self.concurrently(results) { [retry] attempt, result in
+            let written = try await report(attempt) { job in JobRules.report(job, attempt, result, retry: retry, now: now) }
+            if case .refused = written.outcome, case .done(let output) = result { try await discardOutput(output, of: attempt, now: now) }
+            return written
         }
         return JobsBatchOutcome(starts: await started, results: recorded)
     }

@@ -289,9 +289,8 @@ public struct Worker: Service {
             Self.send(results, batches: batches, on: channel)
         }
 
-        /// The most results in one message, and about the most bytes (the service takes
-        /// messages up to 1 MiB; an error's text is the only part of a result of any length).
-        static let maxBatch = 64
+        /// About the most bytes of results in one message (the service takes messages up to
+        /// 1 MiB; an error's text is the only part of a result of any length).
         static let maxBatchBytes = 256 << 10
 
         private static func send(_ results: [WorkerMessage], batches: Bool, on channel: BusChannel) {
@@ -308,7 +307,7 @@ public struct Worker: Service {
             }
             for result in results {
                 let size = approximateSize(result)
-                if !batch.isEmpty, batch.count == maxBatch || bytes + size > maxBatchBytes { flush() }
+                if !batch.isEmpty, batch.count == workerProtocolMaxBatch || bytes + size > maxBatchBytes { flush() }
                 batch.append(result)
                 bytes += size
             }

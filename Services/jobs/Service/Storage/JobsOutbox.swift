@@ -94,7 +94,7 @@ public struct JobsHistoryFeed: Outbox {
             while let row = try rows.next() {
                 let id: String = row[0]
                 guard let job = try? JobRows.job(row) else {
-                    items.append(OutboxItem(id: HistoryFeedItem.id(jobId: id, version: row[18]), kind: .unreadable("job row"), jobId: id, attempts: row[23]))
+                    items.append(HistoryFeedItem.unreadable(jobId: id, version: row[18], attempts: row[23]))
                     continue
                 }
                 items.append(HistoryFeedItem.item(job, effectTitles: effectTitles, attempts: row[23]))
@@ -130,6 +130,11 @@ enum HistoryFeedItem {
     static func parse(_ id: String) -> (jobId: String, version: Int)? {
         guard let colon = id.firstIndex(of: ":"), let version = Int(id[..<colon]) else { return nil }
         return (String(id[id.index(after: colon)...]), version)
+    }
+
+    /// A due row this version cannot read: logged and acknowledged by the relay.
+    static func unreadable(jobId: String, version: Int, attempts: Int) -> OutboxItem<JobsOutboxKind> {
+        OutboxItem(id: id(jobId: jobId, version: version), kind: .unreadable("job row"), jobId: jobId, attempts: attempts)
     }
 
     static func item(_ job: JobRecord, effectTitles: [String: String], attempts: Int) -> OutboxItem<JobsOutboxKind> {

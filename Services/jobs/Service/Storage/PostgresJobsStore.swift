@@ -547,9 +547,8 @@ public struct PostgresJobsHistoryFeed: Outbox {
                 do {
                     items.append((due, HistoryFeedItem.item(try PostgresJobsStore.job(row), effectTitles: effectTitles, attempts: attempts)))
                 } catch {
-                    let id = try columns[0].decode(String.self)
-                    let version = try columns[18].decode(Int.self)
-                    items.append((due, OutboxItem(id: HistoryFeedItem.id(jobId: id, version: version), kind: .unreadable("job row"), jobId: id, attempts: attempts)))
+                    let item = HistoryFeedItem.unreadable(jobId: try columns[0].decode(String.self), version: try columns[18].decode(Int.self), attempts: attempts)
+                    items.append((due, item))
                 }
             }
             return items.sorted { $0.due < $1.due }.map(\.item)

@@ -221,11 +221,13 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     /// A refused result's files, unless they are the job's own (a repeated report of the accepted
     /// attempt): nothing will ever point at them.
     public func discardOutput(_ output: JobOutput, of attempt: JobAttempt, now: Date) async throws {
-        try await writes.perform { db in
-            let job = try JobRecord.fetchOne(db, key: attempt.jobId)
-            let keys = [output.resultKey, output.thumbnailKey].filter { $0 != job?.resultKey && $0 != job?.thumbnailKey }
-            try Self.discardBlobs(db, keys, jobId: attempt.jobId, now: now)
-        }
+        try await writes.perform { db in try Self.discardOutput(db, output, of: attempt, now: now) }
+    }
+
+    static func discardOutput(_ db: Database, _ output: JobOutput, of attempt: JobAttempt, now: Date) throws {
+        let job = try JobRows.job(db, attempt.jobId)
+        let keys: [String] = [output.resultKey, output.thumbnailKey].filter { $0 != job?.resultKey && $0 != job?.thumbnailKey }
+        try discardBlobs(db, keys, jobId: attempt.jobId, now: now)
     }
 
     /// On start-up: jobs left processing with a cancel asked for are cancelled. Other processing
@@ -282,22 +284,11 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     }
 
     /// A worker's result, as `report` writes it; a refused result's files are left to the blob
-    /// janitor (unless they are the job's own: the accepted result reported again).
-    func recordRow(_ db: Database, _ attempt: JobAttempt, _ result: JobResult, now: Date) throws -> (JobReportOutcome, retryAfter: Duration?) {
-        guard let job = try JobRows.job(db, attempt.jobId) else { return (.refused("no such job"), nil) }
-        switch JobRules.report(job, attempt, result, retry: retry, now: now) {
-        case .refuse(let reason):
-            if case .done(let output) = result {
-                let keys: [String] = [output.resultKey, output.thumbnailKey].filter { $0 != job.resultKey && $0 != job.thumbnailKey }
-                try Self.discardBlobs(db, keys, jobId: attempt.jobId, now: now)
-            }
-            return (.refused(reason), nil)
-        case .alreadyRecorded(let recorded):
-            return (.alreadyRecorded(recorded), nil)
-        case .apply(let transition):
-            try apply(db, transition)
-            return (.applied(transition.job), transition.retryAfter)
-        }
+    /// janitor, as `discardOutput` leaves them.
+    func recordRow(_ db: Database, _ attempt: JobAttempt, _ result: JobResult, now: Date) throws -> (outcome: JobReportOutcome, retryAfter: Duration?) {
+        let written = try reportRow(db, attempt) { [retry] job in JobRules.report(job, attempt, result, retry: retry, now: now) }
+        if case .refused = written.outcome, case .done(let output) = result { try Self.discardOutput(db, output, of: attempt, now: now) }
+        return written
     }
 
     /// `body` in a savepoint: what it changed is rolled back alone if it throws.
@@ -319,15 +310,17 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     /// Reads the job an attempt belongs to, asks the rules, and writes what they decide, in one
     /// group-committed transaction.
     public func report(_ attempt: JobAttempt, _ decide: @escaping @Sendable (JobRecord) -> JobRules.Decision) async throws -> (outcome: Outcome, retryAfter: Duration?) {
-        try await writes.perform { [self] db in
-            guard let job = try JobRows.job(db, attempt.jobId) else { return (.refused("no such job"), nil) }
-            switch decide(job) {
-            case .refuse(let reason): return (.refused(reason), nil)
-            case .alreadyRecorded(let recorded): return (.alreadyRecorded(recorded), nil)
-            case .apply(let transition):
-                try apply(db, transition)
-                return (.applied(transition.job), transition.retryAfter)
-            }
+        try await writes.perform { [self] db in try reportRow(db, attempt, decide) }
+    }
+
+    func reportRow(_ db: Database, _ attempt: JobAttempt, _ decide: (JobRecord) -> JobRules.Decision) throws -> (outcome: Outcome, retryAfter: Duration?) {
+        guard let job = try JobRows.job(db, attempt.jobId) else { return (.refused("no such job"), nil) }
+        switch decide(job) {
+        case .refuse(let reason): return (.refused(reason), nil)
+        case .alreadyRecorded(let recorded): return (.alreadyRecorded(recorded), nil)
+        case .apply(let transition):
+            try apply(db, transition)
+            return (.applied(transition.job), transition.retryAfter)
         }
     }
 
