@@ -1,6 +1,6 @@
 # One image holding every executable; compose.yaml picks the process with `command`.
 FROM swift:6.3-bookworm AS build
-RUN apt-get update && apt-get install -y --no-install-recommends libzmq3-dev libsqlite3-dev libvips-dev pkg-config \
+RUN apt-get update && apt-get install -y --no-install-recommends libzmq3-dev libsqlite3-dev libvips-dev libjpeg-dev pkg-config \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Package.swift ./

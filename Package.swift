@@ -257,7 +257,9 @@ let package = Package(
         .target(
             name: "ImageOps",
             dependencies: ["Cvips"],
-            path: "Services/jobs/ImageOps"
+            path: "Services/jobs/ImageOps",
+            // libjpeg (libjpeg62-turbo, which libvips itself uses) for JPEG thumbnails.
+            linkerSettings: [.linkedLibrary("jpeg")]
         ),
         .target(
             name: "WorkerKit",

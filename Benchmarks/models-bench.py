@@ -18,6 +18,7 @@ import http.client
 import json
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -142,10 +143,18 @@ def wait_completed(effect, count, limit):
     sys.exit(f"only {completed(effect)} of {count} {effect} jobs completed in {limit} s")
 
 
-# 2. Images through the whole system.
+# 2. Images through the whole system. With BENCH_PERF=DIR, a system-wide perf profile (call
+# graphs) of the first 8 s of it goes to DIR/images.data.
 started = time.monotonic()
+profiler = None
+if os.environ.get("BENCH_PERF"):
+    os.makedirs(os.environ["BENCH_PERF"], exist_ok=True)
+    profiler = subprocess.Popen(["perf", "record", "-q", "-a", "-g", "-F", "999", "-o", os.path.join(os.environ["BENCH_PERF"], "images.data"),
+                                 "--", "sleep", "8"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 created = parallel(images, lambda index: create("banana", index))
 images_per_s = images / (wait_completed("banana", images, 600) - started)
+if profiler:
+    profiler.wait()
 print(f"(diagnostic) {images} image jobs created in {created:.1f} s, {images / images_per_s:.1f} s to the last completion", file=sys.stderr)
 text = metrics()
 for name in ["worker_provider_request_seconds", "worker_job_duration_seconds", "jobs_run_duration_seconds", "jobs_wait_before_assignment_seconds"]:

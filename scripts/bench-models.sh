@@ -7,6 +7,7 @@
 # video jobs created at once, counting the generations in flight at the provider and the worker
 # slots held meanwhile. Ends with
 # `models: images X jobs/s (Y of the providers' ceiling)  videos in flight Z, worker slots held W`.
+# BENCH_PERF=DIR also records a perf profile of the whole machine during the image jobs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IMAGES=${BENCH_MODEL_IMAGES:-1000}

@@ -83,6 +83,20 @@ int imageops_enhance(const char *input, const char *output, double fidelity, dou
 }
 
 int imageops_thumbnail(const char *input, const char *output, int size, char *error, size_t error_size) {
+    /* A JPEG is read into memory for the quicker path (the pixel limit was checked before). */
+    gchar *contents = NULL;
+    gsize length = 0;
+    if (g_file_get_contents(input, &contents, &length, NULL)) {
+        void *thumbnail = NULL;
+        size_t thumbnail_length = 0;
+        int made = imageops_thumbnail_jpeg(contents, length, size, &thumbnail, &thumbnail_length);
+        g_free(contents);
+        if (made == 0) {
+            gboolean written = g_file_set_contents(output, thumbnail, (gssize) thumbnail_length, NULL);
+            g_free(thumbnail);
+            if (written) return 0;
+        }
+    }
     VipsImage *out = NULL;
     if (vips_thumbnail(input, &out, size, "height", size, "crop", VIPS_INTERESTING_CENTRE, NULL) != 0) {
         return fail(error, error_size);
@@ -111,6 +125,11 @@ int imageops_probe_buffer(const void *data, size_t length, int *width, int *heig
 }
 
 int imageops_thumbnail_buffer(const void *data, size_t length, int size, void **out, size_t *out_length, char *error, size_t error_size) {
+    if (imageops_thumbnail_jpeg(data, length, size, out, out_length) == 0) return 0;
+    return imageops_thumbnail_buffer_vips(data, length, size, out, out_length, error, error_size);
+}
+
+int imageops_thumbnail_buffer_vips(const void *data, size_t length, int size, void **out, size_t *out_length, char *error, size_t error_size) {
     VipsImage *thumbnail = NULL;
     if (vips_thumbnail_buffer((void *) data, length, &thumbnail, size, "height", size, "crop", VIPS_INTERESTING_CENTRE, NULL) != 0) {
         return fail(error, error_size);
@@ -125,6 +144,20 @@ int imageops_jpeg_buffer(const void *data, size_t length, void **out, size_t *ou
     if (!image) return fail(error, error_size);
     int rc = vips_jpegsave_buffer(image, out, out_length, NULL);
     g_object_unref(image);
+    return rc == 0 ? 0 : fail(error, error_size);
+}
+
+int imageops_mean_difference(const void *a, size_t a_length, const void *b, size_t b_length, double *difference, char *error, size_t error_size) {
+    VipsObject *scope = VIPS_OBJECT(vips_image_new());
+    VipsImage **t = (VipsImage **) vips_object_local_array(scope, 5);
+    int rc = !(t[0] = vips_image_new_from_buffer(a, a_length, "", NULL)) || !(t[1] = vips_image_new_from_buffer(b, b_length, "", NULL));
+    if (rc == 0 && (t[0]->Xsize != t[1]->Xsize || t[0]->Ysize != t[1]->Ysize || t[0]->Bands != t[1]->Bands)) {
+        g_object_unref(scope);
+        if (error && error_size > 0) snprintf(error, error_size, "the images differ in size or bands");
+        return -1;
+    }
+    if (rc == 0) rc = vips_subtract(t[0], t[1], &t[2], NULL) || vips_abs(t[2], &t[3], NULL) || vips_avg(t[3], difference, NULL);
+    g_object_unref(scope);
     return rc == 0 ? 0 : fail(error, error_size);
 }
 

@@ -16,7 +16,7 @@ int imageops_apply(const char *input, const char *output, const char *effect, do
  * original, 1: fully enhanced), then resized by `scale`. */
 int imageops_enhance(const char *input, const char *output, double fidelity, double scale, char *error, size_t error_size);
 
-/* Writes a `size`x`size` centre-cropped thumbnail of `input` to `output`. */
+/* Writes a `size`x`size` centre-cropped JPEG thumbnail of `input` to `output`. */
 int imageops_thumbnail(const char *input, const char *output, int size, char *error, size_t error_size);
 
 /* Reads an image's width and height. */
@@ -29,5 +29,16 @@ int imageops_probe_buffer(const void *data, size_t length, int *width, int *heig
 int imageops_thumbnail_buffer(const void *data, size_t length, int size, void **out, size_t *out_length, char *error, size_t error_size);
 int imageops_jpeg_buffer(const void *data, size_t length, void **out, size_t *out_length, char *error, size_t error_size);
 void imageops_free(void *pointer);
+
+/* The two ways the thumbnails above are made. A plain JPEG's (YCbCr or grayscale, no ICC
+ * profile, at least `size` pixels on its shorter side) is made with libjpeg alone, 0 with a JPEG
+ * in `out`; anything else answers IMAGEOPS_NOT_HANDLED (JPEGThumbnail.c says why). Every other
+ * image, and any the first refuses, is made with libvips. */
+enum { IMAGEOPS_NOT_HANDLED = 1 };
+int imageops_thumbnail_jpeg(const void *data, size_t length, int size, void **out, size_t *out_length);
+int imageops_thumbnail_buffer_vips(const void *data, size_t length, int size, void **out, size_t *out_length, char *error, size_t error_size);
+
+/* The mean absolute difference of two images of the same size, per pixel and band (0 to 255). */
+int imageops_mean_difference(const void *a, size_t a_length, const void *b, size_t b_length, double *difference, char *error, size_t error_size);
 
 #endif
