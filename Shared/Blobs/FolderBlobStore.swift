@@ -48,13 +48,16 @@ public struct FolderBlobStore: BlobStore {
         _ = try? await Self.blocking { try? FileManager.default.removeItem(at: file) }
     }
 
+    /// The bytes go to a staging file first (a link to a staged file, or written), so the key
+    /// never shows half a blob; then the staging file is linked (`ifAbsent`: of two writers
+    /// exactly one wins) or renamed to the key, and the metadata written beside it. Plain system
+    /// calls: this runs for every upload and every worker's output, and Foundation's file calls
+    /// cost more than the writes (an fsync per atomic write, a directory walk per create).
     public func put(_ key: String, from source: BlobSource, metadata: BlobMetadata, ifAbsent: Bool) async throws {
         let target = try path(key)
+        let staged = stagingFile()
         try await Self.blocking {
-            try FileManager.default.createDirectory(at: target.deletingLastPathComponent(), withIntermediateDirectories: true)
-            // The bytes go to a staging file first, so the key never shows half a blob.
-            let staged = stagingFile()
-            defer { try? FileManager.default.removeItem(at: staged) }
+            defer { unlink(staged.path) }
             switch source {
             case .file(let file):
                 if link(file.path, staged.path) != 0 { try FileManager.default.copyItem(at: file, to: staged) }
@@ -63,24 +66,53 @@ public struct FolderBlobStore: BlobStore {
             }
             var stored = metadata
             stored.size = Self.size(staged)
+            let storedData = try Self.metadataData(stored)
             if ifAbsent {
-                // A hard link made exclusively: of two writers exactly one wins. Until the
-                // metadata is written the blob reads as absent.
-                guard link(staged.path, target.path) == 0 else {
-                    let code = errno
-                    if code == EEXIST { throw BlobError.exists }
-                    throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EIO)
-                }
+                // Until the metadata is written the blob reads as absent.
+                try Self.creatingFolders(of: target) { link(staged.path, target.path) }
                 do {
-                    try Self.metadataData(stored).write(to: Self.metadataFile(target), options: .atomic)
+                    try Self.writeMetadata(storedData, of: target)
                 } catch {
-                    try? FileManager.default.removeItem(at: target)
+                    unlink(target.path)
                     throw error
                 }
             } else {
-                guard rename(staged.path, target.path) == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
-                try Self.metadataData(stored).write(to: Self.metadataFile(target), options: .atomic)
+                try Self.creatingFolders(of: target) { rename(staged.path, target.path) }
+                try Self.writeMetadata(storedData, of: target)
             }
+        }
+    }
+
+    /// Runs `call` (a link or rename to `target`); where the folder is missing, makes it and
+    /// runs it again. `EEXIST` is `BlobError.exists`.
+    static func creatingFolders(of target: URL, _ call: () -> Int32) throws {
+        var rc = call()
+        if rc != 0, errno == ENOENT {
+            try FileManager.default.createDirectory(at: target.deletingLastPathComponent(), withIntermediateDirectories: true)
+            rc = call()
+        }
+        guard rc == 0 else {
+            let code = errno
+            if code == EEXIST { throw BlobError.exists }
+            throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EIO)
+        }
+    }
+
+    /// Writes the metadata beside `target` through a temporary file renamed into place, so a
+    /// reader sees all of it or none. Not synced, as the blob's bytes are not: after a crash of
+    /// the machine a blob can be lost, never half-described.
+    static func writeMetadata(_ data: Data, of target: URL) throws {
+        let file = metadataFile(target).path
+        let temporary = file + ".\(UInt32.random(in: 0...UInt32.max))"
+        let descriptor = Glibc.open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
+        guard descriptor >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+        let written = data.withUnsafeBytes { Glibc.write(descriptor, $0.baseAddress, $0.count) }
+        let code = errno
+        close(descriptor)
+        guard written == data.count, rename(temporary, file) == 0 else {
+            let failure = written == data.count ? errno : (written < 0 ? code : ENOSPC)
+            unlink(temporary)
+            throw POSIXError(POSIXErrorCode(rawValue: failure) ?? .EIO)
         }
     }
 
@@ -171,10 +203,14 @@ public struct FolderBlobStore: BlobStore {
 
     static func metadataFile(_ target: URL) -> URL { target.appendingPathExtension("meta.json") }
 
-    static func metadataData(_ metadata: BlobMetadata) throws -> Data {
+    static let metadataEncoder = {
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601
-        return try encoder.encode(metadata)
+        return encoder
+    }()
+
+    static func metadataData(_ metadata: BlobMetadata) throws -> Data {
+        try metadataEncoder.encode(metadata)
     }
 
     static func readMetadata(_ target: URL) -> BlobMetadata? {
@@ -185,7 +221,8 @@ public struct FolderBlobStore: BlobStore {
     }
 
     static func size(_ file: URL) -> Int {
-        ((try? FileManager.default.attributesOfItem(atPath: file.path))?[.size] as? Int) ?? 0
+        var status = stat()
+        return stat(file.path, &status) == 0 ? Int(status.st_size) : 0
     }
 
     /// Runs file work on NIO's blocking pool, off the cooperative one.

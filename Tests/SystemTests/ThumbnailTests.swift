@@ -1,6 +1,8 @@
 import Foundation
+import Blobs
 import ImageOps
 import Testing
+@testable import WorkerKit
 
 /// Thumbnails: a plain JPEG's is made with libjpeg alone (`imageops_thumbnail_jpeg`), every other
 /// image's with libvips; both must give the same picture, EXIF orientation included.
@@ -158,5 +160,28 @@ struct ThumbnailTests {
         for cut in stride(from: 200, to: Self.photo.count, by: 1_500) {
             _ = quick(Self.photo.prefix(cut))
         }
+    }
+}
+
+/// A model's answer is measured before it is decoded, as an upload is.
+@Suite("A model's image")
+struct ModelImageCheckTests {
+    /// A PNG header saying `width` x `height`, and nothing after it.
+    static func pngHeader(width: UInt32, height: UInt32) -> Data {
+        var bytes: [UInt8] = [0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0, 0, 0, 13] + Array("IHDR".utf8)
+        for value in [width, height] { bytes += [UInt8(value >> 24), UInt8(value >> 16 & 0xFF), UInt8(value >> 8 & 0xFF), UInt8(value & 0xFF)] }
+        return Data(bytes + [8, 2, 0, 0, 0, 0, 0, 0, 0])
+    }
+
+    @Test func anImageBombFromAModelIsRefusedFromItsHeaderAndAPhotoIsMeasured() async throws {
+        let runner = EffectRunner(scratch: FileManager.default.temporaryDirectory, maxPixels: 50_000_000)
+        let refusal = await #expect(throws: EffectError.self) {
+            try await runner.checkSize(Self.pngHeader(width: 100_000, height: 100_000), what: "the model's image")
+        }
+        #expect(refusal?.description == "the model's image is 100000x100000, over the limit of 50000000 pixels")
+        #expect(refusal?.retryable == false)
+        #expect(try await runner.checkSize(ThumbnailTests.photo, what: "the model's image") == ImageSize(width: 640, height: 480))
+        // Not an image at all: libvips says so.
+        await #expect(throws: EffectError.self) { try await runner.checkSize(Data("not an image".utf8), what: "the model's image") }
     }
 }

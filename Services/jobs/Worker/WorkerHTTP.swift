@@ -9,9 +9,14 @@ import Tracing
 /// each request is a client span of its own instead, with the method, the server and the path
 /// only, and carries the span's `traceparent`, so the gateway's file routes join the trace.
 enum WorkerHTTP {
-    /// `HTTPClient.shared`'s settings (redirects, decompression, timeouts, pool), without tracing.
+    /// `HTTPClient.shared`'s settings (redirects, decompression, timeouts), without tracing, and
+    /// with up to `connectionsPerHost` connections to one host instead of 8: a model job holds
+    /// one to its provider while it waits, and stores its result and thumbnail at once, so 8
+    /// made the jobs of a worker of capacity 8 queue for connections to the store.
+    static let connectionsPerHost = 64
     static let client: HTTPClient = {
         var configuration = HTTPClient.Configuration.singletonConfiguration
+        configuration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = connectionsPerHost
         configuration.tracing.tracer = nil
         return HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: configuration)
     }()
