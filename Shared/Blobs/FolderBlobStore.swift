@@ -99,8 +99,9 @@ public struct FolderBlobStore: BlobStore {
     }
 
     /// Writes the metadata beside `target` through a temporary file renamed into place, so a
-    /// reader sees all of it or none. Not synced, as the blob's bytes are not: after a crash of
-    /// the machine a blob can be lost, never half-described.
+    /// reader sees all of it or none. Not synced, as the blob's bytes never were: a crash of the
+    /// machine (not of the process) can lose a blob written in its last seconds, which then reads
+    /// as absent (no metadata) or is served at the size its file has.
     static func writeMetadata(_ data: Data, of target: URL) throws {
         let file = metadataFile(target).path
         let temporary = file + ".\(UInt32.random(in: 0...UInt32.max))"
