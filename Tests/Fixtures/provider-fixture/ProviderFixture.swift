@@ -231,15 +231,14 @@ struct ProviderFixture: Sendable {
             return Self.googleError(403, "PERMISSION_DENIED", "Method doesn't allow unregistered callers.")
         }
         let body = try await request.body.collect(upTo: 100 << 20)
-        guard let object = try? JSONSerialization.jsonObject(with: Data(buffer: body)) as? [String: Any],
-              let contents = object["contents"] as? [[String: Any]], let parts = contents.first?["parts"] as? [[String: Any]] else {
+        guard let ask = try? JSONDecoder().decode(GeminiAsk.self, from: Data(buffer: body)), let parts = ask.contents.first?.parts else {
             state.reject("gemini: body is not {contents: [{parts}]}")
             return Self.googleError(400, "INVALID_ARGUMENT", "Invalid JSON payload received.")
         }
-        let prompt = parts.compactMap { $0["text"] as? String }.joined(separator: " ")
-        let inline = parts.compactMap { ($0["inline_data"] ?? $0["inlineData"]) as? [String: Any] }.first
-        guard !prompt.isEmpty, let inline, let mime = (inline["mime_type"] ?? inline["mimeType"]) as? String,
-              let data = (inline["data"] as? String).flatMap({ Data(base64Encoded: $0) }), Self.sniff(data) == mime else {
+        let prompt = parts.compactMap(\.text).joined(separator: " ")
+        let inline = parts.compactMap { $0.inline_data ?? $0.inlineData }.first
+        guard !prompt.isEmpty, let inline, let mime = inline.mime_type ?? inline.mimeType, let encoded = inline.data,
+              let data = Data(base64Encoded: encoded), Self.sniff(data) == mime else {
             state.reject("gemini: parts need a text and an inline_data image whose mime_type matches its bytes")
             return Self.googleError(400, "INVALID_ARGUMENT", "Unable to process input image.")
         }
@@ -250,13 +249,28 @@ struct ProviderFixture: Sendable {
         if prompt.contains("unsafe") {
             return Self.json(.ok, ["promptFeedback": ["blockReason": "SAFETY"], "usageMetadata": ["promptTokenCount": 10]])
         }
-        return Self.json(.ok, [
-            "candidates": [[
-                "content": ["role": "model", "parts": [["text": "Here is your edit."], ["inlineData": ["mimeType": mime, "data": data.base64EncodedString()]]]],
-                "finishReason": "STOP", "index": 0,
-            ]],
-            "modelVersion": String(call.dropLast(":generateContent".count)),
-        ])
+        // The image sent comes back: its base64 (checked above, and which needs no escaping in
+        // JSON) is put into the answer as it came, not decoded and encoded again.
+        let model = String(call.dropLast(":generateContent".count).filter { $0.isLetter || $0.isNumber || "-._".contains($0) })
+        let answer = #"{"candidates":[{"content":{"role":"model","parts":[{"text":"Here is your edit."},{"inlineData":{"mimeType":"\#(mime)","data":""#
+            + encoded + #""}}]},"finishReason":"STOP","index":0}],"modelVersion":"\#(model)"}"#
+        return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: answer)))
+    }
+
+    /// The fields of a Gemini request that the fixture checks; it ignores the others.
+    struct GeminiAsk: Decodable {
+        struct Content: Decodable { var parts: [Part] }
+        struct Part: Decodable {
+            var text: String?
+            var inline_data: Inline?
+            var inlineData: Inline?
+        }
+        struct Inline: Decodable {
+            var mime_type: String?
+            var mimeType: String?
+            var data: String?
+        }
+        var contents: [Content]
     }
 
     /// OpenAI: `POST /v1/images/edits`, multipart.

@@ -66,8 +66,16 @@ struct GeminiAdapter: Sendable {
         var promptFeedback: Feedback?
     }
 
+    /// JSON allows `/` unescaped, and the image's base64 is full of them: escaping each made the
+    /// body bigger and slower to write.
+    static let encoder = {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .withoutEscapingSlashes
+        return encoder
+    }()
+
     func edit(_ image: Data, contentType: String, prompt: String, call: ProviderCall) async throws -> ModelOutput {
-        let body = try JSONEncoder().encode(Ask(
+        let body = try Self.encoder.encode(Ask(
             contents: [.init(parts: [.init(text: prompt), .init(inline_data: .init(mime_type: contentType, data: image.base64EncodedString()))])],
             generationConfig: .init(responseModalities: ["TEXT", "IMAGE"])
         ))
