@@ -123,6 +123,23 @@ struct ThumbnailTests {
             #expect(size(made) == (200, 200))
             #expect(try difference(made, vips(image)) < 3, "\(file.lastPathComponent)")
         }
+        // Portrait and landscape images, not multiples of the blocks: the rows above the square
+        // are skipped, and its columns cropped from inside a block (517x301 is decoded at 6/8,
+        // 388x226, in blocks of 12 columns: the square starts 9 columns into one). Drawn as PPMs
+        // in gradients, steep across (a crop shifted by a column shows), made JPEGs by libvips.
+        for (width, height) in [(301, 517), (517, 301)] {
+            var ppm = [UInt8]("P6\n\(width) \(height)\n255\n".utf8)
+            for y in 0..<height {
+                for x in 0..<width { ppm += [UInt8(abs(x % 100 - 50) * 5), UInt8(y * 255 / height), UInt8((x + 2 * y) * 255 / (width + 2 * height))] }
+            }
+            let image = try made { out, length, error in
+                ppm.withUnsafeBytes { imageops_jpeg_buffer($0.baseAddress, $0.count, &out, &length, &error, error.count) }
+            }
+            #expect(size(image) == (width, height))
+            let made = try #require(quick(image), "\(width)x\(height)")
+            let difference = try difference(made, vips(image))
+            #expect(difference < 3, "\(width)x\(height): \(difference)")
+        }
         // The file path takes it as well.
         let written = folder.appendingPathComponent("thumbnail.jpg")
         #expect(imageops_thumbnail(large.path, written.path, 200, &error, error.count) == 0)

@@ -9,7 +9,8 @@
  * operations and threads for each image, a fixed cost of about 5 ms per thumbnail on the machine
  * this was measured on (a 640x480 photo; the decoding and resampling themselves are a tenth of
  * that), which made thumbnails the largest share of an image model's job. Here libjpeg decodes
- * at the smallest of its DCT scales (n/8) that still covers `size` pixels, the centre square is
+ * the centre square alone at the smallest of its DCT scales (n/8) that still covers `size`
+ * pixels (libjpeg-turbo's jpeg_crop_scanline and jpeg_skip_scanlines), the square is
  * averaged down to `size` x `size` (each output pixel the exact area it covers), the EXIF
  * orientation is applied, and libjpeg encodes at quality 75 (libvips' default).
  *
@@ -195,22 +196,28 @@ int imageops_thumbnail_jpeg(const void *data, size_t length, int size, void **ou
     int side = width < height ? width : height;
     if (side < size) longjmp(failure.jump, 1);
     int left = (width - side) / 2, top = (height - side) / 2;
-    /* Only the rows of the centre square are kept, each averaged across as it is decoded. */
-    w->pixels = malloc((size_t) width * (size_t) bands);
+    /* Only the centre square is decoded: libjpeg widens the columns asked for to its blocks
+     * (`left` then falls `offset` pixels into a decoded row) and skips the rows above. */
+    JDIMENSION first_column = (JDIMENSION) left, columns = (JDIMENSION) side;
+    jpeg_crop_scanline(&w->decoder, &first_column, &columns);
+    int offset = left - (int) first_column;
+    if ((int) columns < offset + side) longjmp(failure.jump, 1);
+    if (jpeg_skip_scanlines(&w->decoder, (JDIMENSION) top) != (JDIMENSION) top) longjmp(failure.jump, 1);
+    /* Each row is averaged across as it is decoded. */
+    w->pixels = malloc((size_t) columns * (size_t) bands);
     w->rows = malloc(sizeof(unsigned short) * (size_t) side * (size_t) size * (size_t) bands);
     w->square = malloc((size_t) size * (size_t) size * (size_t) bands);
     w->sums = malloc(sizeof(unsigned) * (size_t) size * (size_t) bands);
     if (!w->pixels || !w->rows || !w->square || !w->sums || make_weights(&w->across, side, size) != 0 || make_weights(&w->down, side, size) != 0) {
         longjmp(failure.jump, 1);
     }
-    while (w->decoder.output_scanline < (unsigned) height) {
+    while (w->decoder.output_scanline < (unsigned) (top + side)) {
         int y = (int) w->decoder.output_scanline;
         JSAMPROW row = w->pixels;
-        jpeg_read_scanlines(&w->decoder, &row, 1);
-        if (y < top || y >= top + side) continue;
+        if (jpeg_read_scanlines(&w->decoder, &row, 1) != 1) longjmp(failure.jump, 1);
         unsigned short *averaged = w->rows + (size_t) (y - top) * (size_t) size * (size_t) bands;
         for (int x = 0; x < size; x++) {
-            const unsigned char *source = w->pixels + (size_t) (left + w->across.first[x]) * (size_t) bands;
+            const unsigned char *source = w->pixels + (size_t) (offset + w->across.first[x]) * (size_t) bands;
             const int *weight = w->across.weight + x * w->across.span;
             /* Three sums at once for colour (the common case), one for gray. */
             unsigned total[3] = {0, 0, 0};
@@ -227,7 +234,8 @@ int imageops_thumbnail_jpeg(const void *data, size_t length, int size, void **ou
             for (int c = 0; c < bands; c++) averaged[bands * x + c] = (unsigned short) ((total[c] + (1 << (FIX - 9))) >> (FIX - 8));
         }
     }
-    jpeg_finish_decompress(&w->decoder);
+    /* The rows below the square are never read. */
+    jpeg_abort_decompress(&w->decoder);
     for (int y = 0; y < size; y++) {
         const int *weight = w->down.weight + y * w->down.span;
         /* Row by row, so that the inner loop runs along memory. */
