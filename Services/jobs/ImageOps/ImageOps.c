@@ -1,4 +1,5 @@
 #include "ImageOps.h"
+#include <pthread.h>
 #include <string.h>
 #include <vips/vips.h>
 
@@ -12,11 +13,25 @@ static int fail(char *error, size_t error_size) {
     return -1;
 }
 
+/* VIPS_INIT is not safe to call from two threads at once: the second returns while the first
+ * is still registering libvips' operations, and its caller's next call finds no such operation.
+ * So the first caller starts libvips under a lock, and every other waits for it. */
+static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
+static int started = 0, start_result = 0;
+
 int imageops_start(const char *program, int threads) {
-    if (VIPS_INIT(program) != 0) return -1;
-    vips_concurrency_set(threads > 0 ? threads : 1);
-    vips_cache_set_max(0);
-    return 0;
+    pthread_mutex_lock(&start_lock);
+    if (!started) {
+        started = 1;
+        start_result = VIPS_INIT(program) != 0 ? -1 : 0;
+        if (start_result == 0) {
+            vips_concurrency_set(threads > 0 ? threads : 1);
+            vips_cache_set_max(0);
+        }
+    }
+    int result = start_result;
+    pthread_mutex_unlock(&start_lock);
+    return result;
 }
 
 int imageops_apply(const char *input, const char *output, const char *effect, double amount, char *error, size_t error_size) {

@@ -5,7 +5,8 @@
 /* Thin, non-variadic wrappers over the libvips calls the workers use (Swift cannot call C
  * variadic functions). Each returns 0 on success, or -1 with a message in `error`. */
 
-/* Starts libvips once per process; `threads` bounds its worker threads. */
+/* Starts libvips once per process (the first call; safe from any thread); `threads` bounds its
+ * worker threads. */
 int imageops_start(const char *program, int threads);
 
 /* Applies `effect` (grayscale, blur, sharpen, upscale) from `input` to `output`
