@@ -254,6 +254,10 @@ let package = Package(
             pkgConfig: "vips",
             providers: [.apt(["libvips-dev"])]
         ),
+        .systemLibrary(
+            name: "CXattr",
+            path: "Shared/CXattr"
+        ),
         .target(
             name: "ImageOps",
             dependencies: ["Cvips"],
@@ -289,6 +293,7 @@ let package = Package(
             name: "Blobs",
             dependencies: [
                 "Messages",
+                "CXattr",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -473,7 +478,7 @@ let package = Package(
             name: "SystemTests",
             dependencies: [
                 "TestSupport", .product(name: "PostgresNIO", package: "postgres-nio"),
-                "Bus", "Messages", "ZeroMQ", "ServiceKit", "GatewayApp", "AppAttest", "QuotaService", "JobsService", "HistoryService", "WorkerKit", "JobsCore", "ImageOps", "Blobs",
+                "Bus", "Messages", "ZeroMQ", "ServiceKit", "GatewayApp", "AppAttest", "QuotaService", "JobsService", "HistoryService", "WorkerKit", "JobsCore", "ImageOps", "Blobs", "CXattr",
                 "PhotoEditKit",
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Hummingbird", package: "hummingbird"),

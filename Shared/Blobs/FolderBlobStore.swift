@@ -1,8 +1,11 @@
+import CXattr
 import Foundation
 import NIOCore
 import NIOPosix
 
-/// Blobs as files under a folder, metadata in a `.meta.json` file beside each: the embedded
+/// Blobs as files under a folder, each one's metadata (owner, type, time) in an extended attribute
+/// of its file (`user.photoedit.blob`), or, on a file system without user attributes and for
+/// blobs written before they were used, in a `.meta.json` file beside it: the embedded
 /// default. Its presigned URLs are the gateway's own signed routes (`PUBLIC_BASE_URL`,
 /// `URL_SIGNING_SECRET`): `GET /files/<key>`, `PUT /api/v1/uploads/<key>` for the app's uploads
 /// and `PUT /files/<key>` for the workers' results. Every file call runs on NIO's blocking
@@ -49,10 +52,12 @@ public struct FolderBlobStore: BlobStore {
     }
 
     /// The bytes go to a staging file first (a link to a staged file, or written), so the key
-    /// never shows half a blob; then the staging file is linked (`ifAbsent`: of two writers
-    /// exactly one wins) or renamed to the key, and the metadata written beside it. Plain system
-    /// calls: this runs for every upload and every worker's output, and Foundation's file calls
-    /// cost more than the writes (an fsync per atomic write, a directory walk per create).
+    /// never shows half a blob; the metadata is attached to that file, then it is linked
+    /// (`ifAbsent`: of two writers exactly one wins) or renamed to the key, so the blob appears
+    /// with its metadata at once. Plain system calls: this runs for every upload and every
+    /// worker's output, and Foundation's file calls cost more than the writes (an fsync per
+    /// atomic write, a directory walk per create); one file per blob, not two, since creating a
+    /// file is what costs most here (docs/jobs.md).
     public func put(_ key: String, from source: BlobSource, metadata: BlobMetadata, ifAbsent: Bool) async throws {
         let target = try path(key)
         let staged = stagingFile()
@@ -67,18 +72,25 @@ public struct FolderBlobStore: BlobStore {
             var stored = metadata
             stored.size = Self.size(staged)
             let storedData = try Self.metadataData(stored)
+            let attached = try Self.attachMetadata(storedData, to: staged.path)
             if ifAbsent {
-                // Until the metadata is written the blob reads as absent.
                 try Self.creatingFolders(of: target) { link(staged.path, target.path) }
+                guard !attached else { return }
+                // Without attributes the blob reads as absent until its metadata file is written.
                 do {
-                    try Self.writeMetadata(storedData, of: target)
+                    try Self.writeMetadataFile(storedData, of: target)
                 } catch {
                     unlink(target.path)
                     throw error
                 }
             } else {
                 try Self.creatingFolders(of: target) { rename(staged.path, target.path) }
-                try Self.writeMetadata(storedData, of: target)
+                if attached {
+                    // A metadata file of the key's earlier blob would no longer describe it.
+                    unlink(Self.metadataFile(target).path)
+                } else {
+                    try Self.writeMetadataFile(storedData, of: target)
+                }
             }
         }
     }
@@ -98,12 +110,24 @@ public struct FolderBlobStore: BlobStore {
         }
     }
 
-    /// Writes the metadata beside `target` through a temporary file renamed into place, so a
-    /// reader sees all of it or none. Not synced, as the blob's bytes never were: a crash of the
-    /// machine (not of the process) can lose a blob written in its last seconds, which then reads
-    /// as absent (no metadata) or is served at the size its file has.
-    static func writeMetadata(_ data: Data, of target: URL) throws {
-        let file = metadataFile(target).path
+    /// The extended attribute that holds a blob's metadata (JSON, as the metadata file does).
+    static let metadataAttribute = "user.photoedit.blob"
+
+    /// Attaches the metadata to the file at `path`; false where the file system keeps no user
+    /// attributes (the caller then writes the metadata file).
+    static func attachMetadata(_ data: Data, to path: String) throws -> Bool {
+        let rc = data.withUnsafeBytes { setxattr(path, metadataAttribute, $0.baseAddress, $0.count, 0) }
+        if rc == 0 { return true }
+        let code = errno
+        if code == ENOTSUP || code == EPERM { return false }
+        throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EIO)
+    }
+
+    /// Writes the metadata file beside `target` through a temporary file renamed into place, so
+    /// a reader sees all of it or none. Not synced, as the blob's bytes never were: a crash of
+    /// the machine (not of the process) can lose a blob written in its last seconds, which then
+    /// reads as absent (no metadata) or is served at the size its file has.
+    static func writeMetadataFile(_ data: Data, of target: URL) throws {        let file = metadataFile(target).path
         let temporary = file + ".\(UInt32.random(in: 0...UInt32.max))"
         let descriptor = Glibc.open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
         guard descriptor >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
@@ -128,7 +152,7 @@ public struct FolderBlobStore: BlobStore {
                 throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
             }
             let file = OpenFile(descriptor)
-            guard let metadata = Self.readMetadata(target) else { throw BlobError.notFound }
+            guard let metadata = Self.readMetadata(target, descriptor: descriptor) else { throw BlobError.notFound }
             var status = stat()
             guard fstat(descriptor, &status) == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
             var stored = metadata
@@ -214,11 +238,23 @@ public struct FolderBlobStore: BlobStore {
         try metadataEncoder.encode(metadata)
     }
 
-    static func readMetadata(_ target: URL) -> BlobMetadata? {
-        guard let data = try? Data(contentsOf: metadataFile(target)) else { return nil }
+    static let metadataDecoder = {
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .iso8601
-        return try? decoder.decode(BlobMetadata.self, from: data)
+        return decoder
+    }()
+
+    /// A blob's metadata: its file's attribute (read through `descriptor` when the file is open,
+    /// so that it describes those bytes), or else its metadata file; nil if it has neither.
+    static func readMetadata(_ target: URL, descriptor: Int32? = nil) -> BlobMetadata? {
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let count = buffer.withUnsafeMutableBytes { bytes in
+            if let descriptor { return fgetxattr(descriptor, metadataAttribute, bytes.baseAddress, bytes.count) }
+            return getxattr(target.path, metadataAttribute, bytes.baseAddress, bytes.count)
+        }
+        if count > 0 { return try? metadataDecoder.decode(BlobMetadata.self, from: Data(buffer[0..<count])) }
+        guard let data = try? Data(contentsOf: metadataFile(target)) else { return nil }
+        return try? metadataDecoder.decode(BlobMetadata.self, from: data)
     }
 
     static func size(_ file: URL) -> Int {

@@ -1,4 +1,5 @@
 import Blobs
+import CXattr
 import Foundation
 import HTTPTypes
 import Hummingbird
@@ -34,6 +35,39 @@ struct FolderBlobStoreTests {
         #expect(try await store.head("results/j/1.jpg") == nil)
         await #expect(throws: BlobError.notFound) { try await store.open("results/j/1.jpg") }
         await #expect(throws: BlobError.invalidKey) { try await store.open("../etc/passwd") }
+    }
+
+    @Test func aBlobsMetadataTravelsOnItsFileAndOldMetadataFilesStillRead() async throws {
+        let (store, root) = try await Self.store()
+        defer { try? FileManager.default.removeItem(at: root) }
+        let data = Self.bytes(1_000)
+        let written = BlobMetadata(owner: "u", contentType: "image/jpeg", createdAt: Date(timeIntervalSince1970: 1_800_000_000))
+        try await store.put("results/j/1.jpg", from: .bytes(data), metadata: written, ifAbsent: true)
+        // One file: the metadata is the file's attribute, not a second file beside it.
+        let file = root.appendingPathComponent("results/j/1.jpg")
+        #expect(!FileManager.default.fileExists(atPath: file.path + ".meta.json"))
+        #expect(getxattr(file.path, "user.photoedit.blob", nil, 0) > 0)
+        var expected = written
+        expected.size = 1_000
+        #expect(try await store.head("results/j/1.jpg") == expected)
+        #expect(try await store.open("results/j/1.jpg").metadata == expected)
+        // Replaced (not ifAbsent): the new metadata, and a metadata file of the old blob is gone.
+        try Data("{}".utf8).write(to: URL(fileURLWithPath: file.path + ".meta.json"))
+        try await store.put("results/j/1.jpg", from: .bytes(Self.bytes(10)), metadata: BlobMetadata(owner: "v", contentType: "image/png"), ifAbsent: false)
+        #expect(try await store.head("results/j/1.jpg")?.owner == "v")
+        #expect(!FileManager.default.fileExists(atPath: file.path + ".meta.json"))
+        // A blob written before attributes were used: its file and a .meta.json beside it.
+        let old = root.appendingPathComponent("results/k/1.jpg")
+        try FileManager.default.createDirectory(at: old.deletingLastPathComponent(), withIntermediateDirectories: true)
+        try Data(repeating: 7, count: 300).write(to: old)
+        try Data(#"{"owner":"w","contentType":"image/jpeg","size":300,"createdAt":"2026-01-01T00:00:00Z"}"#.utf8)
+            .write(to: URL(fileURLWithPath: old.path + ".meta.json"))
+        #expect(try await store.head("results/k/1.jpg")?.owner == "w")
+        #expect(try await store.bytes(of: "results/k/1.jpg") == ByteBuffer(bytes: [UInt8](repeating: 7, count: 300)))
+        #expect(try await store.list(prefix: "results/", modifiedBefore: Date().addingTimeInterval(60), limit: 10).sorted() == ["results/j/1.jpg", "results/k/1.jpg"])
+        try await store.delete("results/k/1.jpg")
+        #expect(try await store.head("results/k/1.jpg") == nil)
+        #expect(!FileManager.default.fileExists(atPath: old.path + ".meta.json"))
     }
 
     @Test func aBlobDeletedWhileItIsReadIsReadWhole() async throws {
