@@ -201,16 +201,19 @@ struct BusReplicaTests {
     @Test func callsSpreadOverReplicasAndARetrySafeCallSurvivesTheDeathOfOne() async throws {
         let endpoints = ["tcp://127.0.0.1:\(freePort())", "tcp://127.0.0.1:\(freePort())"]
         let replicas = try endpoints.map { try ServiceProcess("bus-fixture", environment: ["JOBS_BIND": $0]) }
-        try await withBusClient(.init(endpoint: endpoints.joined(separator: ","), defaultTimeout: .seconds(10))) { client in
+        try await withBusClient(.init(endpoint: endpoints.joined(separator: ","), defaultTimeout: .seconds(20))) { client in
             // Both replicas answer, each in turn
             try await waitUntil {
                 var seen = Set<Int32>()
                 for _ in 0..<8 { if let pid = try? await client.call(FixtureMethods.replica, 0) { seen.insert(pid) } }
                 return seen == Set(replicas.map(\.pid))
             }
-            // When one dies (kill -9) with calls in flight at both
-            let calls = (0..<20).map { _ in Task { try await client.call(FixtureMethods.replica, 1500) } }
-            try await waitUntil { replicas[0].output.contains("replica call") && replicas[1].output.contains("ms=1500") && replicas[0].output.contains("ms=1500") }
+            // When one dies (kill -9) with calls in flight at both. The calls take 5 s, so that
+            // none can finish at the replica about to die before it is killed: with 1.5 s, the
+            // full suite's load once made the wait below outlast them, and the dying replica
+            // answered some itself.
+            let calls = (0..<20).map { _ in Task { try await client.call(FixtureMethods.replica, 5000) } }
+            try await waitUntil { replicas[0].output.contains("replica call") && replicas[1].output.contains("ms=5000") && replicas[0].output.contains("ms=5000") }
             replicas[0].signal(SIGKILL)
             // Then every call is answered, by the one alive
             for call in calls { #expect(try await call.value == replicas[1].pid) }
