@@ -57,7 +57,9 @@ public enum BlobStoreKind: String, Sendable {
 
 /// What `put` stores.
 public enum BlobSource: Sendable {
-    /// The bytes of a local file (left where it is).
+    /// The bytes of a local file, handed over: it is left where it is, but the folder store
+    /// makes the blob a link to it when it can (one file system, no copy) and puts the blob's
+    /// metadata on it, so the caller neither changes nor reuses it (a staged upload).
     case file(URL)
     /// Bytes in memory.
     case bytes(ByteBuffer)

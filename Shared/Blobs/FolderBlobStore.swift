@@ -127,7 +127,8 @@ public struct FolderBlobStore: BlobStore {
     /// a reader sees all of it or none. Not synced, as the blob's bytes never were: a crash of
     /// the machine (not of the process) can lose a blob written in its last seconds, which then
     /// reads as absent (no metadata) or is served at the size its file has.
-    static func writeMetadataFile(_ data: Data, of target: URL) throws {        let file = metadataFile(target).path
+    static func writeMetadataFile(_ data: Data, of target: URL) throws {
+        let file = metadataFile(target).path
         let temporary = file + ".\(UInt32.random(in: 0...UInt32.max))"
         let descriptor = Glibc.open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
         guard descriptor >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
