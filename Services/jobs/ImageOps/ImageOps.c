@@ -1,5 +1,6 @@
 #include "ImageOps.h"
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <vips/vips.h>
 
@@ -97,11 +98,22 @@ int imageops_enhance(const char *input, const char *output, double fidelity, dou
     return rc == 0 ? 0 : fail(error, error_size);
 }
 
+/* Whether the file at `path` starts as a JPEG does (FF D8 FF). */
+static int starts_as_jpeg(const char *path) {
+    unsigned char head[3] = {0, 0, 0};
+    FILE *file = fopen(path, "rb");
+    if (!file) return 0;
+    size_t read = fread(head, 1, sizeof head, file);
+    fclose(file);
+    return read == sizeof head && head[0] == 0xFF && head[1] == 0xD8 && head[2] == 0xFF;
+}
+
 int imageops_thumbnail(const char *input, const char *output, int size, char *error, size_t error_size) {
-    /* A JPEG is read into memory for the quicker path (the pixel limit was checked before). */
+    /* A JPEG is read into memory for the quicker path (the pixel limit was checked before);
+     * any other image is left to libvips unread. */
     gchar *contents = NULL;
     gsize length = 0;
-    if (g_file_get_contents(input, &contents, &length, NULL)) {
+    if (starts_as_jpeg(input) && g_file_get_contents(input, &contents, &length, NULL)) {
         void *thumbnail = NULL;
         size_t thumbnail_length = 0;
         int made = imageops_thumbnail_jpeg(contents, length, size, &thumbnail, &thumbnail_length);
