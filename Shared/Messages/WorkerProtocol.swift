@@ -56,6 +56,10 @@ public enum DispatcherMessage: Codable, Sendable, Equatable {
     case submissionRecorded(JobAttempt)
     /// The provider's webhook came for this attempt's request: ask the provider now.
     case poke(JobAttempt)
+    /// In answer to `leaving`: the service sends this worker no more jobs. Assignments it sent
+    /// before arrive before this (one connection keeps its order), so a stopping worker that has
+    /// heard it has heard every job it must run or give back, and may go.
+    case leaveNoted
     /// In answer to a `ready` that announced `batches`: this service takes `WorkerMessage.all`,
     /// and may send `all`.
     case batches

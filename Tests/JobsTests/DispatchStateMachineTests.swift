@@ -362,8 +362,9 @@ struct DispatchStateMachineTests {
         #expect(harness.assigned("w").map(\.jobId) == ["j1", "j2"])
         // When it says it is stopping, giving back j2 which it has not started
         harness.from("w", .leaving(returned: [JobAttempt(jobId: "j2", attempt: 1)]))
-        // Then j2 is queued again at once, and nothing more goes to the worker
+        // Then j2 is queued again at once, the worker hears that nothing more comes, and nothing does
         #expect(harness.lost == [.returned])
+        #expect(harness.messages("w").last == .leaveNoted)
         #expect(harness.rows["j2"]?.status == .queued && harness.rows["j2"]?.lastError?.contains("stopped before running it") == true)
         #expect(harness.assigned("w").count == 2 && harness.machine.queuedCount == 2)
         // And the job it runs is still recorded when it ends, and still nothing more goes to it
@@ -376,6 +377,25 @@ struct DispatchStateMachineTests {
         harness.ready("v", capacity: 2)
         #expect(harness.assigned("v").map(\.jobId) == ["j2", "j3"])
         #expect(harness.assigned("v").first?.attempt == 2)
+    }
+
+    @Test func aStartWrittenWhileItsWorkerLeavesIsQueuedAgainNotSentAfterTheWorkerHeardNothingMoreComes() {
+        var harness = Harness()
+        harness.holdWrites = true
+        for index in 1...2 { harness.create("j\(index)") }
+        harness.ready("w", capacity: 1, prefetch: 1)
+        #expect(harness.pending.count == 1)
+        // When the worker says it is stopping while the starts of its two jobs are being written
+        harness.from("w", .leaving(returned: []))
+        #expect(harness.messages("w") == [.leaveNoted])
+        harness.holdWrites = false
+        harness.flush()
+        // Then neither goes to it: both are queued again, as given back, for the next worker
+        #expect(harness.messages("w") == [.leaveNoted])
+        #expect(harness.lost == [.returned, .returned])
+        #expect(harness.rows["j1"]?.status == .queued && harness.rows["j2"]?.status == .queued)
+        harness.ready("v", capacity: 2)
+        #expect(Set(harness.assigned("v").map(\.jobId)) == ["j1", "j2"])
     }
 
     @Test func theWritesOfJobsHandedOutTogetherGoInOneAction() {

@@ -277,4 +277,6 @@ final class ProviderLoad: Sendable {
     func begin() { state.withLock { $0.now += 1; $0.most = max($0.most, $0.now) } }
     func end() { state.withLock { $0.now -= 1 } }
     var most: Int { state.withLock { $0.most } }
+    /// Calls being answered now.
+    var now: Int { state.withLock { $0.now } }
 }

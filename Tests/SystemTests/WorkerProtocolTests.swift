@@ -157,11 +157,11 @@ struct WorkerProtocolTests {
         let system = try await JobSystem(workers: 0)
         let (user, jobs) = try await slowJobs(2, in: system)
         func job(_ id: String) async throws -> JobRecord { try await self.job(id, of: user, in: system) }
-        // Given a worker running the first job with the second prefetched
+        // Given a worker running the first job (it is at the provider) with the second prefetched
         let worker = try system.startWorker(capacity: 1)
         try await waitUntil {
             let (first, second) = (try await job(jobs[0]), try await job(jobs[1]))
-            return first.status == .processing && second.status == .processing
+            return first.status == .processing && second.status == .processing && system.providerLoad.now == 1
         }
         // When it is told to stop
         worker.signal(SIGTERM)
@@ -173,6 +173,37 @@ struct WorkerProtocolTests {
         let first = try await job(jobs[0])
         #expect(first.status == .completed && first.attempts == 1, "the worker said: \(worker.output.suffix(4000))")
         #expect(!system.services.processes[.jobs]!.output.contains("worker lost"))
+        await system.stop()
+    }
+
+    @Test func aWorkerStoppedAsItConnectsGivesBackTheJobsSentMeanwhileAndWaitsForNoneToBeDeclaredLost() async throws {
+        let system = try await JobSystem(workers: 0)
+        let (user, jobs) = try await slowJobs(2, in: system)
+        func job(_ id: String) async throws -> JobRecord { try await self.job(id, of: user, in: system) }
+        // Given a worker that says `ready` and then, told to stop, `leaving`, while the jobs
+        // service is paused: the service hears both at once, and its assignments cross the
+        // worker's leaving (the race a fresh-clone CI run once met by chance)
+        let jobsService = system.services.processes[.jobs]!
+        jobsService.signal(SIGSTOP)
+        let worker = try system.startWorker(capacity: 1)
+        try await waitUntil { worker.output.contains("connected") }
+        worker.signal(SIGTERM)
+        try await waitUntil { worker.output.contains("stopping") }
+        jobsService.signal(SIGCONT)
+        // Then the worker waits for the service's answer, gives back what came, and exits cleanly
+        #expect(try await worker.waitForExit(within: .seconds(15)) == 0)
+        // And both jobs are queued again at once, saying why; neither waits for the worker to be
+        // declared lost (three heartbeats of silence)
+        try await waitUntil(within: .seconds(2)) {
+            for id in jobs where try await job(id).status != .queued { return false }
+            return true
+        }
+        for id in jobs {
+            let record = try await job(id)
+            #expect(record.attempts == 1 && record.lastError?.contains("stopped before running it") == true, "\(record)")
+        }
+        #expect(!jobsService.output.contains("worker lost"), "\(jobsService.output.suffix(3000))")
+        #expect(!worker.output.contains("without the jobs service's answer"))
         await system.stop()
     }
 

@@ -396,8 +396,10 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
     /// A worker is stopping: no more jobs for it; the prefetched ones it gives back are queued
     /// again at once (fenced in the store like any requeue), and those it runs stay held until
     /// their results come.
+    /// The worker hears `leaveNoted` after these actions: nothing is sent to it after that (a
+    /// start being written for it meanwhile is queued again when written, see `started`).
     mutating func leaving(_ peer: Peer, returned: [JobAttempt]) -> [Action] {
-        guard let worker = workers[peer] else { return [] }
+        guard let worker = workers[peer] else { return [.send(peer, .leaveNoted)] }
         workers[peer]?.leaving = true
         var actions: [Action] = []
         for attempt in returned where worker.holds(attempt.jobId)?.attempt == attempt.attempt {
@@ -405,7 +407,7 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
             progress[attempt.jobId] = nil
             actions.append(.requeue(attempt, reason: "worker \(worker.id) stopped before running it", cause: .returned))
         }
-        return actions
+        return actions + [.send(peer, .leaveNoted)]
     }
 
     mutating func ready(_ ready: WorkerReady, from peer: Peer, now: Instant) -> [Action] {
@@ -497,6 +499,13 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
                     // The worker was lost meanwhile (or the effect is gone from the catalogue).
                     workers[peer]?.drop(jobId)
                     actions.append(.requeue(attempt, reason: "worker lost before assignment", cause: .workerLost))
+                    continue
+                }
+                if let worker = workers[peer], worker.leaving {
+                    // It said it is stopping while this start was written, and has heard that
+                    // nothing more comes: the job goes back to the queue, not to a worker gone.
+                    workers[peer]?.drop(jobId)
+                    actions.append(.requeue(attempt, reason: "worker \(worker.id) stopped before running it", cause: .returned))
                     continue
                 }
                 workers[peer]?.held[jobId] = Held(attempt: job.attempts, since: now, provider: held?.provider)

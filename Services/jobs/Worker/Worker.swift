@@ -118,6 +118,12 @@ public struct Worker: Service {
         /// must find it there, or the attempt would be held for ever.
         func add(_ attempt: JobAttempt) { tasks.withLock { $0[attempt] = CancelSignal() } }
         var isLeaving: Bool { queue.withLock { $0.leaving } }
+        /// Whether the service answered `leaving` (on this connection): no job comes after that.
+        private let leaveNoted = Mutex(false)
+        var isLeaveNoted: Bool {
+            get { leaveNoted.withLock { $0 } }
+            set { leaveNoted.withLock { $0 = newValue } }
+        }
         /// The worker is stopping: the prefetched jobs that have not started are dropped and
         /// returned, to be given back; so are the generations waiting on a provider (their tasks
         /// stop without cancelling the provider's request, which the job's next attempt, on
@@ -509,6 +515,8 @@ public struct Worker: Service {
             renewed.deliver(attempt, transfer, held: running.contains(attempt))
         case .heartbeat:
             break
+        case .leaveNoted:
+            running.isLeaveNoted = true
         case .batches:
             unrecorded.reports.takeBatches()
         case .all(let messages):
@@ -519,7 +527,11 @@ public struct Worker: Service {
         case .reconnect:
             unrecorded.reports.connected()
             channel.send(ready)
-            if running.isLeaving { channel.send(WorkerMessage.leaving(returned: [])) }
+            if running.isLeaving {
+                // A service that forgot this worker must hear it again, and answer again.
+                running.isLeaveNoted = false
+                channel.send(WorkerMessage.leaving(returned: []))
+            }
             unrecorded.reports.resend(Array(unrecorded.all.values), on: channel)
             generations.submissions.resetAll()
             for submitted in generations.submissions.unrecorded { channel.send(submitted) }
@@ -554,15 +566,20 @@ public struct Worker: Service {
 
     /// Stopping (SIGTERM): tells the service to send no more jobs, gives back the prefetched ones
     /// that have not started, finishes the running ones and waits for their results to be
-    /// recorded (at most three heartbeat intervals after the last one ends), so that a worker
-    /// scaled down loses no work and leaves no job waiting for it to be declared dead.
+    /// recorded and for the service's `leaveNoted` (at most three heartbeat intervals after the
+    /// last one ends), so that a worker scaled down loses no work and leaves no job waiting for
+    /// it to be declared dead. Jobs assigned before the service heard `leaving` arrive before its
+    /// answer, and are given back as they come (`handle`).
     private func leave(channel: BusChannel, running: Running, unrecorded: Unrecorded) async {
         let returned = running.leave()
         channel.send(WorkerMessage.leaving(returned: returned))
         logger.info("stopping", metadata: ["running": "\(running.count)", "given-back": "\(returned.count)"])
         await running.untilEmpty()
         let deadline = ContinuousClock.now.advanced(by: configuration.heartbeat * 3)
-        while !unrecorded.all.isEmpty, ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(20)) }
+        while !unrecorded.all.isEmpty || !running.isLeaveNoted, ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+        if !running.isLeaveNoted { logger.warning("stopping without the jobs service's answer; jobs sent meanwhile wait to be declared lost") }
     }
 
     /// A worker's long generations: provider requests to report, and webhook pokes.
