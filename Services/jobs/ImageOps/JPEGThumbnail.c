@@ -81,7 +81,9 @@ static int make_weights(struct weights *w, int from, int to) {
     w->span = (int) scale + 2;
     w->first = malloc(sizeof(int) * (size_t) to);
     w->count = malloc(sizeof(int) * (size_t) to);
-    w->weight = malloc(sizeof(int) * (size_t) to * (size_t) w->span);
+    /* Zeroed: an output covering fewer than `span` samples has weight 0 for the rest, so that
+     * the pass across can take `span` samples for every output (see `average_across`). */
+    w->weight = calloc((size_t) to * (size_t) w->span, sizeof(int));
     if (!w->first || !w->count || !w->weight) return -1;
     for (int i = 0; i < to; i++) {
         double start = i * scale, end = (i + 1) * scale;
@@ -109,6 +111,35 @@ static void free_weights(struct weights *w) {
     free(w->first);
     free(w->count);
     free(w->weight);
+}
+
+/* One decoded row averaged across to `size` outputs, 8 bits of fraction kept (at most 255 << 8:
+ * the weights sum to 1 << FIX). Every output takes `taps` samples (`across.span`; the weights
+ * past an output's own samples are 0, and the row is padded so that reading them is safe): a
+ * trip count that is the same for every output, known to the compiler in the common cases,
+ * instead of each output's own count, whose mispredicted branches cost more than the sums. */
+static inline __attribute__((always_inline)) void average_across(const unsigned char *pixels, const struct weights *across, int size, int bands, int taps,
+                                                                 unsigned short *averaged) {
+    for (int x = 0; x < size; x++) {
+        const unsigned char *source = pixels + (size_t) across->first[x] * (size_t) bands;
+        const int *weight = across->weight + x * taps;
+        if (bands == 3) {
+            unsigned r = 0, g = 0, b = 0;
+            for (int k = 0; k < taps; k++, source += 3) {
+                unsigned share = (unsigned) weight[k];
+                r += source[0] * share;
+                g += source[1] * share;
+                b += source[2] * share;
+            }
+            averaged[3 * x] = (unsigned short) ((r + (1 << (FIX - 9))) >> (FIX - 8));
+            averaged[3 * x + 1] = (unsigned short) ((g + (1 << (FIX - 9))) >> (FIX - 8));
+            averaged[3 * x + 2] = (unsigned short) ((b + (1 << (FIX - 9))) >> (FIX - 8));
+        } else {
+            unsigned total = 0;
+            for (int k = 0; k < taps; k++) total += source[k] * (unsigned) weight[k];
+            averaged[x] = (unsigned short) ((total + (1 << (FIX - 9))) >> (FIX - 8));
+        }
+    }
 }
 
 /* Output pixel (x, y) of the displayed image, from the stored square `n` x `n` by EXIF orientation. */
@@ -204,7 +235,8 @@ int imageops_thumbnail_jpeg(const void *data, size_t length, int size, void **ou
     if ((int) columns < offset + side) longjmp(failure.jump, 1);
     if (jpeg_skip_scanlines(&w->decoder, (JDIMENSION) top) != (JDIMENSION) top) longjmp(failure.jump, 1);
     /* Each row is averaged across as it is decoded. */
-    w->pixels = malloc((size_t) columns * (size_t) bands);
+    /* Padded by `span` pixels, zeroed: the last outputs read that far (with weight 0). */
+    w->pixels = calloc(((size_t) columns + (size_t) side / (size_t) size + 2) * (size_t) bands, 1);
     w->rows = malloc(sizeof(unsigned short) * (size_t) side * (size_t) size * (size_t) bands);
     w->square = malloc((size_t) size * (size_t) size * (size_t) bands);
     w->sums = malloc(sizeof(unsigned) * (size_t) size * (size_t) bands);
@@ -216,23 +248,11 @@ int imageops_thumbnail_jpeg(const void *data, size_t length, int size, void **ou
         JSAMPROW row = w->pixels;
         if (jpeg_read_scanlines(&w->decoder, &row, 1) != 1) longjmp(failure.jump, 1);
         unsigned short *averaged = w->rows + (size_t) (y - top) * (size_t) size * (size_t) bands;
-        for (int x = 0; x < size; x++) {
-            const unsigned char *source = w->pixels + (size_t) (offset + w->across.first[x]) * (size_t) bands;
-            const int *weight = w->across.weight + x * w->across.span;
-            /* Three sums at once for colour (the common case), one for gray. */
-            unsigned total[3] = {0, 0, 0};
-            if (bands == 3) {
-                for (int k = 0; k < w->across.count[x]; k++, source += 3) {
-                    total[0] += source[0] * (unsigned) weight[k];
-                    total[1] += source[1] * (unsigned) weight[k];
-                    total[2] += source[2] * (unsigned) weight[k];
-                }
-            } else {
-                for (int k = 0; k < w->across.count[x]; k++) total[0] += source[k] * (unsigned) weight[k];
-            }
-            /* 8 bits of fraction kept: at most 255 << 8 (the weights sum to 1 << FIX). */
-            for (int c = 0; c < bands; c++) averaged[bands * x + c] = (unsigned short) ((total[c] + (1 << (FIX - 9))) >> (FIX - 8));
-        }
+        const unsigned char *square_row = w->pixels + (size_t) offset * (size_t) bands;
+        /* A shrink by less than 2 (every scale but the last, 1/8) takes 2 or 3 samples. */
+        if (bands == 3 && w->across.span == 3) average_across(square_row, &w->across, size, 3, 3, averaged);
+        else if (bands == 1 && w->across.span == 3) average_across(square_row, &w->across, size, 1, 3, averaged);
+        else average_across(square_row, &w->across, size, bands, w->across.span, averaged);
     }
     /* The rows below the square are never read. */
     jpeg_abort_decompress(&w->decoder);
