@@ -67,7 +67,7 @@ public struct FolderBlobStore: BlobStore {
             case .file(let file):
                 if link(file.path, staged.path) != 0 { try FileManager.default.copyItem(at: file, to: staged) }
             case .bytes(let buffer):
-                try Data(buffer.readableBytesView).write(to: staged)
+                try Self.write(buffer, to: staged.path)
             }
             var stored = metadata
             stored.size = Self.size(staged)
@@ -91,6 +91,24 @@ public struct FolderBlobStore: BlobStore {
                 } else {
                     try Self.writeMetadataFile(storedData, of: target)
                 }
+            }
+        }
+    }
+
+    /// Writes `buffer` to a new file at `path` (not synced, as no blob's bytes are).
+    static func write(_ buffer: ByteBuffer, to path: String) throws {
+        let descriptor = Glibc.open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
+        guard descriptor >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+        defer { close(descriptor) }
+        try buffer.withUnsafeReadableBytes { bytes in
+            var done = 0
+            while done < bytes.count {
+                let wrote = Glibc.write(descriptor, bytes.baseAddress! + done, bytes.count - done)
+                if wrote < 0 {
+                    if errno == EINTR { continue }
+                    throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
+                }
+                done += wrote
             }
         }
     }

@@ -1,4 +1,5 @@
 import Blobs
+@testable import GatewayApp
 import Foundation
 import HTTPTypes
 import Hummingbird
@@ -155,7 +156,10 @@ struct UploadAbuseTests {
         await system.stop()
     }
 
-    @Test func aClientThatGoesAwayMidUploadIsCountedAndStoresNothingAndIsNoStorageFailure() async throws {
+    /// Both ways a body is received: a small one (the photo) in memory, one over 1 MiB streamed
+    /// to a staging file.
+    @Test(arguments: [false, true])
+    func aClientThatGoesAwayMidUploadIsCountedAndStoresNothingAndIsNoStorageFailure(large: Bool) async throws {
         let system = try await JobSystem(workers: 0)
         let (gateway, port) = try await ClientLibraryTests.gateway(system)
         // Given a presigned upload URL
@@ -168,7 +172,8 @@ struct UploadAbuseTests {
         let url = try #require(object["uploadUrl"] as? String)
         let key = try #require(object["imageKey"] as? String)
         // When the client sends a tenth of the image it announced and goes away
-        let image = try Data(contentsOf: JobSystem.fixture)
+        var image = try Data(contentsOf: JobSystem.fixture)
+        if large { image += Data(repeating: 0, count: UploadProblems.inMemoryBodyLimit) }
         let upload = try RawConnection(port: port)
         upload.send("PUT \(JobSystem.path(url)) HTTP/1.1\r\nHost: g\r\nContent-Type: image/jpeg\r\nContent-Length: \(image.count)\r\n\r\n")
         upload.send(Array(image.prefix(image.count / 10)))

@@ -6,6 +6,7 @@ import Hummingbird
 import Logging
 import Messages
 import Metrics
+import Synchronization
 
 /// Uploads through presigned, expiring URLs: the object store's own with the S3 store (the app's
 /// `PUT` never reaches the gateway; the checks run at job creation), or the gateway's signed
@@ -23,6 +24,8 @@ struct UploadsController<Context: GatewayRequestContext>: Sendable {
     let failures: FailureLog
     /// Refuse a presign with the quota 429 when the user has no edit left (the app's "blocks at 0").
     let requireQuota: Bool
+    /// The bytes of bodies being taken in memory, for all requests at once (`receive`).
+    let inMemory = ByteBudget(bytes: 64 << 20)
 
     struct PresignRequest: Decodable {
         var filename: String
@@ -90,14 +93,14 @@ struct UploadsController<Context: GatewayRequestContext>: Sendable {
             throw UploadProblems.tooLarge(maxBytes)
         }
         guard try await storing({ try await folder.head(key) }) == nil else { throw Self.alreadyUploaded }
-        let (staged, counter) = try await receive(request.body, limit: maxBytes, into: folder, context: context)
-        return try await Self.consuming(staged, of: folder) {
-            try await adopt(staged, counter: counter, as: key, owner: owner, contentType: contentType, into: folder)
+        let (received, counter) = try await receive(request, limit: maxBytes, into: folder, context: context)
+        return try await consuming(received, of: folder) {
+            try await adopt(received.source, counter: counter, as: key, owner: owner, contentType: contentType, into: folder)
         }
     }
 
     /// The checks of a received upload's bytes, then the put, once.
-    func adopt(_ staged: URL, counter: ByteCounter, as key: String, owner: String, contentType: String, into folder: FolderBlobStore) async throws -> Response {
+    func adopt(_ source: BlobSource, counter: ByteCounter, as key: String, owner: String, contentType: String, into folder: FolderBlobStore) async throws -> Response {
         let head = counter.head
         guard let sniffed = ImageSniffer.contentType(of: Array(head.prefix(16))), sniffed == contentType else {
             throw UploadProblems.notAnImage(contentType)
@@ -105,7 +108,7 @@ struct UploadsController<Context: GatewayRequestContext>: Sendable {
         try UploadProblems.checkPixels(head, contentType: contentType, maxPixels: maxPixels)
         let size = ImageSize.read(head, contentType: contentType) ?? ImageSize(width: 0, height: 0)
         do {
-            try await folder.put(key, from: .file(staged), metadata: BlobMetadata(owner: owner, contentType: contentType), ifAbsent: true)
+            try await folder.put(key, from: source, metadata: BlobMetadata(owner: owner, contentType: contentType), ifAbsent: true)
         } catch BlobError.exists {
             throw Self.alreadyUploaded
         } catch {
@@ -126,10 +129,10 @@ struct UploadsController<Context: GatewayRequestContext>: Sendable {
         else {
             throw Problem(.forbidden, detail: "The write URL is invalid or has expired (or Content-Type differs from the one signed).")
         }
-        let (staged, _) = try await receive(request.body, limit: UploadProblems.maxOutputBytes, into: folder, context: context)
-        return try await Self.consuming(staged, of: folder) {
+        let (received, _) = try await receive(request, limit: UploadProblems.maxOutputBytes, into: folder, context: context)
+        return try await consuming(received, of: folder) {
             do {
-                try await folder.put(key, from: .file(staged), metadata: BlobMetadata(owner: owner, contentType: contentType))
+                try await folder.put(key, from: received.source, metadata: BlobMetadata(owner: owner, contentType: contentType))
             } catch {
                 throw storageProblem(error) ?? error
             }
@@ -137,39 +140,80 @@ struct UploadsController<Context: GatewayRequestContext>: Sendable {
         }
     }
 
-    /// Runs `body`, then removes the staging file `staged` (off the cooperative pool), whether
-    /// `body` throws or not.
-    static func consuming(_ staged: URL, of folder: FolderBlobStore, _ body: () async throws -> Response) async throws -> Response {
+    /// A request body as received: in memory, or in a staging file of the store.
+    enum Received {
+        /// The bytes, holding `bytes` of the gateway's in-memory budget until `consuming` ends.
+        case memory(ByteBuffer, bytes: Int)
+        case file(URL)
+
+        var source: BlobSource {
+            switch self {
+            case .memory(let buffer, _): .bytes(buffer)
+            case .file(let url): .file(url)
+            }
+        }
+    }
+
+    /// Runs `body`, then lets go of what was received, whether `body` throws or not: the memory
+    /// goes back to the budget; the staging file is removed (off the cooperative pool).
+    func consuming(_ received: Received, of folder: FolderBlobStore, _ body: () async throws -> Response) async throws -> Response {
+        func release() async {
+            switch received {
+            case .memory(_, let bytes): inMemory.give(bytes)
+            case .file(let staged): await folder.discard(staged)
+            }
+        }
         do {
             let response = try await body()
-            await folder.discard(staged)
+            await release()
             return response
         } catch {
-            await folder.discard(staged)
+            await release()
             throw error
         }
     }
 
-    /// Streams a request body into a staging file of the store (413 past `limit`); a client that
-    /// goes away meanwhile is a client abort, not a storage failure.
-    func receive(_ body: RequestBody, limit: Int, into folder: FolderBlobStore, context: Context) async throws -> (URL, ByteCounter) {
-        let staged = folder.stagingFile()
+    /// Receives a request body (413 past `limit`); a client that goes away meanwhile is a client
+    /// abort, not a storage failure. A body that says by its Content-Length that it is at most
+    /// `UploadProblems.inMemoryBodyLimit` (a worker's output, most often: a thumbnail, an edited photo) is taken
+    /// in memory while the gateway's budget for such bodies lasts, and then stored in one
+    /// blocking call; any other is streamed into a staging file, a blocking call per part and
+    /// three more to open, close and remove it, which cost more than the writing for a small
+    /// file (docs/jobs.md).
+    func receive(_ request: Request, limit: Int, into folder: FolderBlobStore, context: Context) async throws -> (Received, ByteCounter) {
         let counter = ByteCounter()
+        if let length = request.headers[.contentLength].flatMap({ Int($0) }), length <= min(limit, UploadProblems.inMemoryBodyLimit), inMemory.take(length) {
+            var buffer = ByteBuffer()
+            buffer.reserveCapacity(length)
+            do {
+                for try await part in LimitedBody(base: request.body, limit: limit, counter: counter) { buffer.writeImmutableBuffer(part) }
+            } catch {
+                inMemory.give(length)
+                throw receiveFailure(error, counter: counter, limit: limit, context: context)
+            }
+            return (.memory(buffer, bytes: length), counter)
+        }
+        let staged = folder.stagingFile()
         do {
-            try await FileIO().writeFile(contents: LimitedBody(base: body, limit: limit, counter: counter), path: staged.path, context: context)
+            try await FileIO().writeFile(contents: LimitedBody(base: request.body, limit: limit, counter: counter), path: staged.path, context: context)
         } catch {
             await folder.discard(staged)
-            // The limit is checked on the bytes received, whatever error the file writer wrapped it in.
-            if counter.count > limit { throw UploadProblems.tooLarge(limit) }
-            if !counter.finished, !StorageErrors.isOutOfSpace(error) {
-                // The body ended early: the client went away (or sent less than it said).
-                Counter(label: "gateway_uploads_aborted_total").increment()
-                context.logger.debug("upload abandoned by the client", metadata: ["received": "\(counter.count)", "error": "\(error)"])
-                throw Problem(.badRequest, detail: "The upload ended before its body did.", extensions: ["code": .string("upload_incomplete")])
-            }
-            throw storageProblem(error) ?? error
+            throw receiveFailure(error, counter: counter, limit: limit, context: context)
         }
-        return (staged, counter)
+        return (.file(staged), counter)
+    }
+
+    /// What a failed receive answers.
+    func receiveFailure(_ error: any Error, counter: ByteCounter, limit: Int, context: Context) -> any Error {
+        // The limit is checked on the bytes received, whatever error the file writer wrapped it in.
+        if counter.count > limit { return UploadProblems.tooLarge(limit) }
+        if !counter.finished, !StorageErrors.isOutOfSpace(error) {
+            // The body ended early: the client went away (or sent less than it said).
+            Counter(label: "gateway_uploads_aborted_total").increment()
+            context.logger.debug("upload abandoned by the client", metadata: ["received": "\(counter.count)", "error": "\(error)"])
+            return Problem(.badRequest, detail: "The upload ended before its body did.", extensions: ["code": .string("upload_incomplete")])
+        }
+        return storageProblem(error) ?? error
     }
 
     static var alreadyUploaded: Problem { Problem(
@@ -228,6 +272,24 @@ struct UploadsController<Context: GatewayRequestContext>: Sendable {
 
 /// An upload went past its size limit.
 struct UploadTooLarge: Error {}
+
+/// A count of bytes shared by all requests: taken while it lasts, given back after.
+final class ByteBudget: Sendable {
+    private let left: Mutex<Int>
+
+    init(bytes: Int) { left = Mutex(bytes) }
+
+    /// Takes `bytes` if that many are left.
+    func take(_ bytes: Int) -> Bool {
+        left.withLock { left in
+            guard bytes <= left else { return false }
+            left -= bytes
+            return true
+        }
+    }
+
+    func give(_ bytes: Int) { left.withLock { $0 += bytes } }
+}
 
 struct Uploaded: Encodable {
     var imageKey: String

@@ -70,6 +70,8 @@ enum UploadProblems {
     static let headerBytes = 256 << 10
     /// The largest output a worker may write through the folder store's `PUT /files/...`.
     static let maxOutputBytes = 64 << 20
+    /// The largest body the gateway takes in memory rather than streaming it to a staging file.
+    static let inMemoryBodyLimit = 1 << 20
 
     static func tooLarge(_ maxBytes: Int) -> Problem {
         Problem(.contentTooLarge, detail: "Uploads are limited to \(maxBytes) bytes.",
