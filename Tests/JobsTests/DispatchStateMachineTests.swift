@@ -298,6 +298,30 @@ struct DispatchStateMachineTests {
         #expect(harness.assigned("w").last == JobAttempt(jobId: "b2", attempt: 1))
     }
 
+    @Test func aJobWhoseModelAnsweredGivesItsSlotAndItsProviderPlaceToTheNext() {
+        var harness = Harness(catalog: Self.models, providerLimits: ["gemini": 1])
+        for index in 1...3 { harness.create("b\(index)", effect: "banana") }
+        harness.ready("w", capacity: 1)
+        #expect(harness.assigned("w") == [JobAttempt(jobId: "b1", attempt: 1)])
+        // A stale attempt's answer, or one for a job the worker does not hold, changes nothing
+        harness.from("w", .answered(JobAttempt(jobId: "b1", attempt: 2)))
+        harness.from("w", .answered(JobAttempt(jobId: "b3", attempt: 1)))
+        #expect(harness.assigned("w").count == 1)
+        // When b1's model answered, b2 takes the slot and the provider's one place at once
+        harness.from("w", .answered(JobAttempt(jobId: "b1", attempt: 1)))
+        #expect(harness.assigned("w") == [JobAttempt(jobId: "b1", attempt: 1), JobAttempt(jobId: "b2", attempt: 1)])
+        #expect(harness.machine.activeByProvider() == ["gemini": 1])
+        // The same answer again hands out nothing more
+        harness.from("w", .answered(JobAttempt(jobId: "b1", attempt: 1)))
+        #expect(harness.assigned("w").count == 2)
+        // And b1's result is recorded as any other, which frees no second slot
+        harness.from("w", done("b1", 1))
+        #expect(harness.rows["b1"]?.status == .completed && harness.messages("w").contains(.recorded(JobAttempt(jobId: "b1", attempt: 1))))
+        #expect(harness.assigned("w").count == 2 && harness.machine.queuedCount == 1)
+        harness.from("w", done("b2", 1))
+        #expect(harness.assigned("w").last == JobAttempt(jobId: "b3", attempt: 1))
+    }
+
     // MARK: Assignment
 
     @Test func aWorkerGetsUpToItsCapacityAndTheNextJobWhenOneIsRecorded() {

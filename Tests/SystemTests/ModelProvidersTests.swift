@@ -6,6 +6,7 @@ import Hummingbird
 import HummingbirdTesting
 import Messages
 import NIOCore
+import Synchronization
 import Testing
 @testable import WorkerKit
 import NIOHTTP1
@@ -259,6 +260,45 @@ struct ModelProvidersTests {
         #expect(most == 2, "the most gemini requests at once: \(most)")
         #expect((stats["rateLimited"] as? [String: Int])?.values.contains(3) == true)
         #expect((stats["rejected"] as? [String])?.isEmpty == true)
+        await models.stop()
+    }
+
+    @Test func anImageModelsSlotGoesToTheNextJobOnceTheModelAnswered() async throws {
+        // Given one worker of capacity 1 that prefetches nothing, a model that takes 1 s, and
+        // two jobs
+        let models = try await ModelSystem(imageMilliseconds: 1000, workers: 1, capacity: 1)
+        let guest = JobSystem.guest(UUID())
+        let ids = Mutex<[String]>([])
+        try await models.system.gateway { client in
+            let key = try await JobSystem.upload(client, as: guest)
+            for index in 0..<2 {
+                let (status, body) = try await Self.create(client, guest, key: key, effect: "nano-banana", prompt: "edit \(index)")
+                #expect(status == .accepted)
+                try ids.withLock { $0.append(try #require(body["jobId"] as? String)) }
+            }
+        }
+        let (first, second) = ids.withLock { ($0[0], $0[1]) }
+        let user = JobSystem.userId(ofGuest: guest)
+        func status(_ id: String) async throws -> JobStatus {
+            try await models.system.clients.jobs.call(Jobs.get, JobReference(jobId: id, userId: user)).status
+        }
+        // When the first is at the model, and the gateway its result is written through is paused
+        try await waitUntil { ((try await models.stats())["inFlight"] as? [String: Int])?["gemini"] == 1 }
+        let store = try #require(models.system.replica)
+        store.signal(SIGSTOP)
+        // Then once the model answered, the second job has the slot while the first is still
+        // writing its result (before, the slot was held until the result was recorded)
+        try await waitUntil(within: .seconds(10)) {
+            let (one, two) = (try await status(first), try await status(second))
+            return one == .processing && two == .processing
+        }
+        // And both complete once the writes go through
+        store.signal(SIGCONT)
+        try await waitUntil(within: .seconds(20)) {
+            let (one, two) = (try await status(first), try await status(second))
+            return one == .completed && two == .completed
+        }
+        #expect(((try await models.stats())["maxInFlight"] as? [String: Int])?["gemini"] == 1)
         await models.stop()
     }
 

@@ -146,8 +146,9 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         var leaving = false
         /// It takes several messages in one (`all`).
         var batches = false
-        /// Jobs in its slots whose results are being written: it has finished them, so their
-        /// slots go to the next jobs, whose starts are written in the same transaction.
+        /// Jobs in its slots whose results are being written, or whose models answered (the
+        /// worker said `answered`): it has finished with their slots, which go to the next jobs
+        /// (a result's in the same transaction as their starts).
         var finishing = 0
         var free: Int { leaving ? 0 : capacity - held.count + finishing }
         /// Silence past this and the worker is dead; an attempt it has not named in its
@@ -166,7 +167,8 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
             awaiting[jobId] = nil
         }
 
-        /// The result of the attempt it holds in a slot is being written: the slot counts as free.
+        /// The attempt it holds in a slot needs the slot no more (its result is being written, or
+        /// its model answered): the slot counts as free.
         mutating func finish(_ attempt: JobAttempt) {
             guard var slot = held[attempt.jobId], slot.attempt == attempt.attempt, !slot.finishing else { return }
             slot.finishing = true
@@ -342,6 +344,12 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
             return record(attempt, .cancelled, from: peer, now: now)
         case .leaving(let returned):
             return leaving(peer, returned: returned)
+        case .answered(let attempt):
+            // Only for an attempt in one of the worker's slots under its current number.
+            guard let held = workers[peer]?.held[attempt.jobId], held.attempt == attempt.attempt, !held.finishing else { return [] }
+            workers[peer]?.finish(attempt)
+            workers[peer]?.held[attempt.jobId]?.provider = nil
+            return dispatch(now: now)
         case .renew(let attempt):
             // Only for an attempt the worker holds under its current number.
             guard workers[peer]?.holds(attempt.jobId)?.attempt == attempt.attempt else { return [] }

@@ -49,11 +49,15 @@ public struct EffectRunner: Sendable {
         /// Whether a cancellation is the worker stopping and handing the generation over (the
         /// provider's request goes on) rather than the user's cancel (it is cancelled there too).
         public var handedOff: @Sendable () -> Bool
+        /// An image model answered: what is left of the job (checking the answer, its thumbnail,
+        /// the two writes) calls no provider, so the job's place goes to the next one now.
+        public var answered: @Sendable () -> Void
         public init(submitted: @escaping @Sendable (ProviderRequest) -> Void, wait: @escaping @Sendable (Duration) async throws -> Void,
-                    handedOff: @escaping @Sendable () -> Bool = { false }) {
+                    handedOff: @escaping @Sendable () -> Bool = { false }, answered: @escaping @Sendable () -> Void = {}) {
             self.submitted = submitted
             self.wait = wait
             self.handedOff = handedOff
+            self.answered = answered
         }
         /// No one to tell; polls at the interval.
         public static let none = GenerationHooks(submitted: { _ in }, wait: { try await Task.sleep(for: $0) })

@@ -112,6 +112,28 @@ public struct Worker: Service {
         /// Whether the attempt gave its place back (so its end frees none).
         func isDetached(_ attempt: JobAttempt) -> Bool { detached.withLock { $0.contains(attempt) } }
 
+        /// Attempts of image models whose providers answered: they finish (check, thumbnail,
+        /// store) without a place, which went to the next job. Unlike a detached generation, a
+        /// stopping worker finishes them. At most `capacity` at once: past that a job keeps its
+        /// place to the end, so slow writes hold the worker back instead of piling up.
+        private let released = Mutex<Set<JobAttempt>>([])
+
+        /// The attempt's provider answered: its place goes to the next waiting job (returned, to
+        /// launch), if any waits; otherwise one more job may start when it comes. Once per
+        /// attempt; false (and no job) if it keeps its place.
+        func release(_ attempt: JobAttempt) -> (released: Bool, next: JobAssignment?) {
+            let first = released.withLock { set -> Bool in
+                guard set.count < capacity, !set.contains(attempt), !detached.withLock({ $0.contains(attempt) }),
+                      tasks.withLock({ $0.index(forKey: attempt) != nil }) else { return false }
+                set.insert(attempt)
+                return true
+            }
+            return first ? (true, next()) : (false, nil)
+        }
+
+        /// Whether the attempt's place went to the next job when its provider answered.
+        func isReleased(_ attempt: JobAttempt) -> Bool { released.withLock { $0.contains(attempt) } }
+
         var attempts: [JobAttempt] { tasks.withLock { Array($0.keys) } }
         var count: Int { tasks.withLock { $0.count } }
         /// Holds `attempt` before its task starts: a task that ends at once (and removes it)
@@ -170,6 +192,7 @@ public struct Worker: Service {
             }
             cancelled.withLock { _ = $0.remove(attempt) }
             detached.withLock { _ = $0.remove(attempt) }
+            released.withLock { _ = $0.remove(attempt) }
             handedOff.withLock { _ = $0.remove(attempt) }
             if empty { wakeEmptyWaiters() }
         }
@@ -601,7 +624,13 @@ public struct Worker: Service {
                 if let next = running.detach(attempt).next { running.launch(next, on: channel) }
             },
             wait: { interval in try await generations.pokes.wait(attempt, interval) },
-            handedOff: { running.isHandedOff(attempt) }
+            handedOff: { running.isHandedOff(attempt) },
+            answered: {
+                let (released, next) = running.release(attempt)
+                guard released else { return }
+                channel.send(WorkerMessage.answered(attempt))
+                if let next { running.launch(next, on: channel) }
+            }
         )
         let signal = running.cancelSignal(attempt)
         // The run joins the job's trace (its dispatch); the provider's and the store's HTTP calls
@@ -619,9 +648,9 @@ public struct Worker: Service {
             running.remove(attempt)
             return
         }
-        let detached = running.isDetached(attempt)
+        let placeGivenBack = running.isDetached(attempt) || running.isReleased(attempt)
         await finish(attempt, with: result, channel: channel, running: running, unrecorded: unrecorded)
-        if !detached, let next = running.next() { running.launch(next, on: channel) }
+        if !placeGivenBack, let next = running.next() { running.launch(next, on: channel) }
     }
 
     /// Runs the attempt until it ends or its cancel signal comes, whichever is first; the other

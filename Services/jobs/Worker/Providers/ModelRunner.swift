@@ -19,6 +19,7 @@ extension EffectRunner {
         _ = try await checkSize(input, what: "the input image")
         progress(0.1)
         let made = try await generate(job, input: input, hooks: hooks, progress: progress)
+        hooks.answered()
         guard let type = ImageSniffer.contentType(of: Array(made.bytes.prefix(16))) else {
             throw EffectError("the model did not answer with an image", retryable: false)
         }
