@@ -34,10 +34,11 @@ public enum WorkerMessage: Codable, Sendable, Equatable {
     /// request durably and stops counting the job against the worker's slots (the worker waits
     /// on it without one). Sent again with every heartbeat until `submissionRecorded`.
     case submitted(JobAttempt, ProviderRequest)
-    /// The attempt's image model answered: the rest of the job (checking the answer, its
-    /// thumbnail, the writes) calls no provider, so the service counts it against neither the
-    /// worker's slots nor the provider's limit, and hands the slot to the next job. At most once
-    /// per attempt, and for no more attempts at once than the worker's capacity.
+    /// The attempt's image model (a provider's, or a `remote` endpoint) answered: the rest of the
+    /// job (checking the answer, its thumbnail, the writes) calls no model, so the service counts
+    /// it against neither the worker's slots nor the provider's limit, and hands the slot to the
+    /// next job. At most once per attempt, and for no more attempts at once than the worker's
+    /// capacity.
     case answered(JobAttempt)
     /// Several messages in one, handled in order (results that ended together, say): sent only
     /// to a service that answered `ready` with `batches`. Never nested.

@@ -207,6 +207,31 @@ struct WorkerProtocolTests {
         await system.stop()
     }
 
+    @Test func aRemoteEffectsSlotGoesToTheNextJobOnceItsEndpointAnswered() async throws {
+        let system = try await JobSystem(workers: 0)
+        let (user, jobs) = try await slowJobs(2, in: system)
+        func status(_ id: String) async throws -> JobStatus { try await job(id, of: user, in: system).status }
+        // Given a worker of capacity 1 that prefetches nothing, its first job at the endpoint
+        // (3 s), and the gateway its result is written through paused
+        try system.startWorker(capacity: 1, extra: ["WORKER_PREFETCH": "0"])
+        try await waitUntil { system.providerLoad.now == 1 }
+        let store = try #require(system.replica)
+        store.signal(SIGSTOP)
+        // Then once the endpoint answered, the second job has the slot while the first still writes
+        try await waitUntil(within: .seconds(10)) {
+            let (first, second) = (try await status(jobs[0]), try await status(jobs[1]))
+            return first == .processing && second == .processing
+        }
+        // And both complete, one at a time at the endpoint
+        store.signal(SIGCONT)
+        try await waitUntil(within: .seconds(20)) {
+            let (first, second) = (try await status(jobs[0]), try await status(jobs[1]))
+            return first == .completed && second == .completed
+        }
+        #expect(system.providerLoad.most == 1)
+        await system.stop()
+    }
+
     @Test func jobsThatEndAtOnceLeaveTheWorkerHoldingNothing() async throws {
         // Given a worker of capacity 8 and 40 jobs of an effect that ends at once
         let system = try await JobSystem(workers: 0)

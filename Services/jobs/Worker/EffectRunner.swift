@@ -49,8 +49,9 @@ public struct EffectRunner: Sendable {
         /// Whether a cancellation is the worker stopping and handing the generation over (the
         /// provider's request goes on) rather than the user's cancel (it is cancelled there too).
         public var handedOff: @Sendable () -> Bool
-        /// An image model answered: what is left of the job (checking the answer, its thumbnail,
-        /// the two writes) calls no provider, so the job's place goes to the next one now.
+        /// An image model (a provider's, or the operator's `remote` endpoint) answered: what is
+        /// left of the job (checking the answer, its thumbnail, the two writes) calls no model,
+        /// so the job's place goes to the next one now.
         public var answered: @Sendable () -> Void
         public init(submitted: @escaping @Sendable (ProviderRequest) -> Void, wait: @escaping @Sendable (Duration) async throws -> Void,
                     handedOff: @escaping @Sendable () -> Bool = { false }, answered: @escaping @Sendable () -> Void = {}) {
@@ -110,6 +111,9 @@ public struct EffectRunner: Sendable {
             try await blocking { try FileManager.default.copyItem(at: input, to: result) }
         case "remote":
             try await remote(job, imageURL: urls.inputURL, to: result)
+            // The operator's endpoint answered: as with a provider's image model, the rest of
+            // the job needs no slot.
+            hooks.answered()
         case "gemini", "openai", "fal":
             try await videoModel(job, input: input, to: result, hooks: hooks, progress: progress)
         case _ where job.effect.id == "auto-enhance":
