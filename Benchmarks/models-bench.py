@@ -136,10 +136,13 @@ def create(effect, index):
 def wait_completed(effect, count, limit):
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        if completed(effect) >= count:
+        done = completed(effect)
+        if done >= count:
             return time.monotonic()
-        # Each look is a scrape of every process: not too often, or it is what is measured.
-        time.sleep(0.5)
+        # Each look is a scrape of every process: not too often, or it is what is measured. But
+        # the end is the time of the look that sees it, so near the end the looks come every
+        # 50 ms (a 0.5 s pace alone would add up to half a second to a 4 s run: 10% of its rate).
+        time.sleep(0.05 if done >= 0.95 * count else 0.5)
     sys.exit(f"only {completed(effect)} of {count} {effect} jobs completed in {limit} s")
 
 
