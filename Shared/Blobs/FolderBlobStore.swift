@@ -97,19 +97,25 @@ public struct FolderBlobStore: BlobStore {
 
     /// Writes `buffer` to a new file at `path` (not synced, as no blob's bytes are).
     static func write(_ buffer: ByteBuffer, to path: String) throws {
+        try buffer.withUnsafeReadableBytes { try createFile(path, with: $0) }
+    }
+
+    /// Creates the file at `path` (which must not exist) holding `bytes`, all of them: again
+    /// after a short write or a signal. A file left half written is removed.
+    static func createFile(_ path: String, with bytes: UnsafeRawBufferPointer) throws {
         let descriptor = Glibc.open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
         guard descriptor >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
         defer { close(descriptor) }
-        try buffer.withUnsafeReadableBytes { bytes in
-            var done = 0
-            while done < bytes.count {
-                let wrote = Glibc.write(descriptor, bytes.baseAddress! + done, bytes.count - done)
-                if wrote < 0 {
-                    if errno == EINTR { continue }
-                    throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
-                }
-                done += wrote
+        var done = 0
+        while done < bytes.count {
+            let wrote = Glibc.write(descriptor, bytes.baseAddress! + done, bytes.count - done)
+            if wrote < 0 {
+                let code = errno
+                if code == EINTR { continue }
+                unlink(path)
+                throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EIO)
             }
+            done += wrote
         }
     }
 
@@ -148,13 +154,9 @@ public struct FolderBlobStore: BlobStore {
     static func writeMetadataFile(_ data: Data, of target: URL) throws {
         let file = metadataFile(target).path
         let temporary = file + ".\(UInt32.random(in: 0...UInt32.max))"
-        let descriptor = Glibc.open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
-        guard descriptor >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
-        let written = data.withUnsafeBytes { Glibc.write(descriptor, $0.baseAddress, $0.count) }
-        let code = errno
-        close(descriptor)
-        guard written == data.count, rename(temporary, file) == 0 else {
-            let failure = written == data.count ? errno : (written < 0 ? code : ENOSPC)
+        try data.withUnsafeBytes { try createFile(temporary, with: $0) }
+        guard rename(temporary, file) == 0 else {
+            let failure = errno
             unlink(temporary)
             throw POSIXError(POSIXErrorCode(rawValue: failure) ?? .EIO)
         }
