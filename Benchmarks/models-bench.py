@@ -4,7 +4,8 @@
 1. ceiling: the provider fixture alone, asked for Gemini edits CONCURRENCY at once (the request
    the worker's adapter sends), for IMAGES requests: the rate the provider servers allow.
 2. images: IMAGES jobs of the Gemini-priced model through the gateway, from creation to the last
-   completed: jobs per second.
+   completed: jobs per second. Meanwhile the Gemini requests in flight at the fixture are
+   sampled every 20 ms; their mean per half second goes to stderr (how full the 16 places are).
 3. videos: VIDEOS jobs of the fal video model created at once; sampled every 0.5 s until all
    completed: the most generations in flight at the provider, and the jobs service's count of
    worker slots held at that moment.
@@ -154,8 +155,29 @@ if os.environ.get("BENCH_PERF"):
     os.makedirs(os.environ["BENCH_PERF"], exist_ok=True)
     profiler = subprocess.Popen(["perf", "record", "-q", "-a", "-g", "-F", "999", "-o", os.path.join(os.environ["BENCH_PERF"], "images.data"),
                                  "--", "sleep", "8"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+in_flight = []  # (seconds since the start, Gemini requests in flight at the fixture)
+sampling = threading.Event()
+
+
+def sample_in_flight():
+    while not sampling.is_set():
+        _, body = call(fixture, "GET", "/_fixture/stats")
+        in_flight.append((time.monotonic() - started, json.loads(body)["inFlight"].get("gemini", 0)))
+        time.sleep(0.02)
+
+
+in_flight_thread = threading.Thread(target=sample_in_flight)
+in_flight_thread.start()
 created = parallel(images, lambda index: create("banana", index))
-images_per_s = images / (wait_completed("banana", images, 600) - started)
+finished = wait_completed("banana", images, 600)
+images_per_s = images / (finished - started)
+sampling.set()
+in_flight_thread.join()
+buckets = {}
+for at, count in in_flight:
+    buckets.setdefault(int(at / 0.5), []).append(count)
+print("(diagnostic) Gemini requests in flight at the fixture, mean per half second: "
+      + " ".join("%.1f" % (sum(v) / len(v)) for _, v in sorted(buckets.items())), file=sys.stderr)
 if profiler:
     profiler.wait()
 print(f"(diagnostic) {images} image jobs created in {created:.1f} s, {images / images_per_s:.1f} s to the last completion", file=sys.stderr)

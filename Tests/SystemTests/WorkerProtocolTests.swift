@@ -153,6 +153,28 @@ struct WorkerProtocolTests {
         await system.stop()
     }
 
+    @Test func aPrefetchedJobFetchesItsInputWhileTheJobBeforeItHoldsThePlace() async throws {
+        let system = try await JobSystem(workers: 0)
+        let (user, jobs) = try await slowJobs(2, in: system)
+        func job(_ id: String) async throws -> JobRecord { try await self.job(id, of: user, in: system) }
+        // Given a worker of one place that prefetches one, with the first job at the endpoint
+        // (three seconds)
+        try system.startWorker(capacity: 1)
+        try await waitUntil { system.providerLoad.now == 1 }
+        // Then the second job, prefetched, has its input fetched and checked (its progress 0.1,
+        // reported once that is done) while the first still holds the place
+        try await waitUntil(within: .seconds(2)) { try await job(jobs[1]).progress >= 0.1 }
+        #expect(try await job(jobs[0]).status == .processing)
+        #expect(system.providerLoad.now == 1)
+        // And it reaches the endpoint only after the first, which was assigned before it
+        try await waitUntil(within: .seconds(20)) {
+            let (first, second) = (try await job(jobs[0]), try await job(jobs[1]))
+            return first.status == .completed && second.status == .completed
+        }
+        #expect(system.providerLoad.most == 1)
+        await system.stop()
+    }
+
     @Test func aWorkerStoppedWithSIGTERMFinishesItsJobAndGivesBackTheOneItPrefetched() async throws {
         let system = try await JobSystem(workers: 0)
         let (user, jobs) = try await slowJobs(2, in: system)

@@ -53,12 +53,18 @@ public struct EffectRunner: Sendable {
         /// left of the job (checking the answer, its thumbnail, the two writes) calls no model,
         /// so the job's place goes to the next one now.
         public var answered: @Sendable () -> Void
+        /// Waits for one of the worker's places, once the job's input is fetched and checked:
+        /// a prefetched job downloads its input while it waits, and its place is spent on the
+        /// work. Throws if the job is cancelled or given back meanwhile.
+        public var place: @Sendable () async throws -> Void
         public init(submitted: @escaping @Sendable (ProviderRequest) -> Void, wait: @escaping @Sendable (Duration) async throws -> Void,
-                    handedOff: @escaping @Sendable () -> Bool = { false }, answered: @escaping @Sendable () -> Void = {}) {
+                    handedOff: @escaping @Sendable () -> Bool = { false }, answered: @escaping @Sendable () -> Void = {},
+                    place: @escaping @Sendable () async throws -> Void = {}) {
             self.submitted = submitted
             self.wait = wait
             self.handedOff = handedOff
             self.answered = answered
+            self.place = place
         }
         /// No one to tell; polls at the interval.
         public static let none = GenerationHooks(submitted: { _ in }, wait: { try await Task.sleep(for: $0) })
@@ -75,6 +81,7 @@ public struct EffectRunner: Sendable {
         if job.effect.processor == "noop" {
             // For benchmarks of the queue itself, configured through JOBS_EFFECTS only (never in
             // the catalogue): no file is read or written; the keys name nothing.
+            try await hooks.place()
             return JobOutput(resultKey: "noop/\(job.attempt.jobId)", thumbnailKey: "noop/\(job.attempt.jobId)")
         }
         if job.effect.kind == .image, Self.providers.contains(job.effect.processor) {
@@ -106,6 +113,7 @@ public struct EffectRunner: Sendable {
         let thumbnail = folder.appendingPathComponent("thumbnail.jpg")
         let size = try await checkSize(input)
         progress(0.1)
+        try await hooks.place()
         switch job.effect.processor {
         case "copy":
             try await blocking { try FileManager.default.copyItem(at: input, to: result) }

@@ -64,9 +64,11 @@ public struct Worker: Service {
         let channel: BusChannel
     }
 
-    /// Jobs held now, by attempt: those running and those prefetched, waiting for one of the
-    /// `capacity` places to run. Jobs to start go through `launches` to the task group of
-    /// `Worker.run`, which runs each in a task of its own.
+    /// Jobs held now, by attempt: those running and those prefetched. Each held job runs in a task
+    /// of its own (of `Worker.run`'s group, through `launches`) from the moment it is assigned:
+    /// it fetches and checks its input, then waits for one of the `capacity` places
+    /// (`takePlace`) for its work. So a prefetched job's download is done by the time a place
+    /// frees, and a place is spent on the work, not on moving the input.
     final class Running: Sendable {
         let capacity: Int
         /// Attempts held, each with the signal that cancels it.
@@ -77,9 +79,33 @@ public struct Worker: Service {
         /// the prefetched and the generations waiting on providers).
         let launches: AsyncStream<Launch>
         private let launchInput: AsyncStream<Launch>.Continuation
-        /// Prefetched assignments in the order they came, how many run now, and whether the
-        /// worker is stopping (it takes no more).
-        private let queue = Mutex<(waiting: Deque<JobAssignment>, active: Int, leaving: Bool)>(([], 0, false))
+
+        struct Places {
+            /// Attempts in a place now: at most `capacity`.
+            var placed: Set<JobAttempt> = []
+            /// Held attempts that have not had a place yet, in the order they were assigned:
+            /// places go in this order (the service's), so a job whose input came first does not
+            /// overtake one assigned before it.
+            var unplaced: Deque<JobAttempt> = []
+            /// Those of them asking for a place (their input ready), each resumed when it has one
+            /// (or thrown out).
+            var asking: [JobAttempt: CheckedContinuation<Void, any Error>] = [:]
+            /// The worker is stopping: no job takes a place any more.
+            var leaving = false
+
+            /// Gives free places to the first unplaced jobs, as long as they are asking; returns
+            /// those to resume.
+            mutating func grant(capacity: Int) -> [CheckedContinuation<Void, any Error>] {
+                var granted: [CheckedContinuation<Void, any Error>] = []
+                while !leaving, placed.count < capacity, let first = unplaced.first, let waiter = asking.removeValue(forKey: first) {
+                    unplaced.removeFirst()
+                    placed.insert(first)
+                    granted.append(waiter)
+                }
+                return granted
+            }
+        }
+        private let places = Mutex(Places())
         /// Attempts whose generations wait in a provider's queue: they gave their place back.
         private let detached = Mutex<Set<JobAttempt>>([])
         /// The most of those at once; past it a generation keeps its place while it waits.
@@ -98,18 +124,61 @@ public struct Worker: Service {
         /// The signal that cancels `attempt`, while it is held.
         func cancelSignal(_ attempt: JobAttempt) -> CancelSignal? { tasks.withLock { $0[attempt] } }
 
-        /// The attempt waits on a provider now: its place goes to the next waiting job (returned,
-        /// to launch), unless `maxDetached` wait so already. False if it keeps its place.
-        func detach(_ attempt: JobAttempt) -> (detached: Bool, next: JobAssignment?) {
+        /// Returns once `attempt` has one of the places: when one is free and every job assigned
+        /// before it has one. Throws if the job is cancelled meanwhile or handed back as the
+        /// worker stops. A job that gave its place on already (and asks again only as it tries
+        /// its work again, waiting for disk space) goes on at once.
+        func takePlace(_ attempt: JobAttempt) async throws {
+            let capacity = capacity
+            try await withTaskCancellationHandler {
+                try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                    // Whoever takes the continuation out of `asking` resumes it, once: a freed
+                    // place (`grant`), the worker stopping (`leave`) or the task's cancellation.
+                    enum Now { case taken, refused, asked([CheckedContinuation<Void, any Error>]) }
+                    let now = places.withLock { places -> Now in
+                        guard places.unplaced.contains(attempt) else { return .taken }
+                        if Task.isCancelled || places.leaving { return .refused }
+                        places.asking[attempt] = continuation
+                        return .asked(places.grant(capacity: capacity))
+                    }
+                    switch now {
+                    case .taken: continuation.resume()
+                    case .refused: continuation.resume(throwing: CancellationError())
+                    case .asked(let granted): for waiter in granted { waiter.resume() }
+                    }
+                }
+            } onCancel: {
+                let waiter = places.withLock { $0.asking.removeValue(forKey: attempt) }
+                waiter?.resume(throwing: CancellationError())
+            }
+        }
+
+        /// `attempt` no longer needs its place (if it has one), or it ended without one: the
+        /// next jobs in line that ask get the places free.
+        private func leavePlace(_ attempt: JobAttempt) {
+            let (granted, orphan) = places.withLock { places -> ([CheckedContinuation<Void, any Error>], CheckedContinuation<Void, any Error>?) in
+                places.placed.remove(attempt)
+                if let index = places.unplaced.firstIndex(of: attempt) { places.unplaced.remove(at: index) }
+                let orphan = places.asking.removeValue(forKey: attempt)
+                return (places.grant(capacity: capacity), orphan)
+            }
+            orphan?.resume(throwing: CancellationError())
+            for waiter in granted { waiter.resume() }
+        }
+
+        /// The attempt waits on a provider now: its place goes to the next job, unless
+        /// `maxDetached` wait so already. False if it keeps its place.
+        func detach(_ attempt: JobAttempt) -> Bool {
             let detached = self.detached.withLock { set -> Bool in
-                guard !set.contains(attempt), set.count < maxDetached, tasks.withLock({ $0.index(forKey: attempt) != nil }) else { return false }
+                guard !set.contains(attempt), set.count < maxDetached, places.withLock({ $0.placed.contains(attempt) }) else { return false }
                 set.insert(attempt)
                 return true
             }
-            return detached ? (true, next()) : (false, nil)
+            if detached { leavePlace(attempt) }
+            return detached
         }
 
-        /// Whether the attempt gave its place back (so its end frees none).
+        /// Whether the attempt gave its place back while it waited on a provider.
         func isDetached(_ attempt: JobAttempt) -> Bool { detached.withLock { $0.contains(attempt) } }
 
         /// Attempts of image models whose providers answered: they finish (check, thumbnail,
@@ -118,74 +187,57 @@ public struct Worker: Service {
         /// place to the end, so slow writes hold the worker back instead of piling up.
         private let released = Mutex<Set<JobAttempt>>([])
 
-        /// The attempt's provider answered: its place goes to the next waiting job (returned, to
-        /// launch), if any waits; otherwise one more job may start when it comes. Once per
-        /// attempt; false (and no job) if it keeps its place.
-        func release(_ attempt: JobAttempt) -> (released: Bool, next: JobAssignment?) {
+        /// The attempt's provider answered: its place goes to the next job. Once per attempt;
+        /// false if it keeps its place.
+        func release(_ attempt: JobAttempt) -> Bool {
             let first = released.withLock { set -> Bool in
-                guard set.count < capacity, !set.contains(attempt), !detached.withLock({ $0.contains(attempt) }),
-                      tasks.withLock({ $0.index(forKey: attempt) != nil }) else { return false }
+                guard set.count < capacity, !set.contains(attempt), places.withLock({ $0.placed.contains(attempt) }) else { return false }
                 set.insert(attempt)
                 return true
             }
-            return first ? (true, next()) : (false, nil)
+            if first { leavePlace(attempt) }
+            return first
         }
-
-        /// Whether the attempt's place went to the next job when its provider answered.
-        func isReleased(_ attempt: JobAttempt) -> Bool { released.withLock { $0.contains(attempt) } }
 
         var attempts: [JobAttempt] { tasks.withLock { Array($0.keys) } }
         var count: Int { tasks.withLock { $0.count } }
-        /// Holds `attempt` before its task starts: a task that ends at once (and removes it)
+        /// Holds `attempt` (assigned, to be launched): a task that ends at once (and removes it)
         /// must find it there, or the attempt would be held for ever.
-        func add(_ attempt: JobAttempt) { tasks.withLock { $0[attempt] = CancelSignal() } }
-        var isLeaving: Bool { queue.withLock { $0.leaving } }
+        func hold(_ attempt: JobAttempt) {
+            tasks.withLock { $0[attempt] = CancelSignal() }
+            places.withLock { $0.unplaced.append(attempt) }
+        }
+        var isLeaving: Bool { places.withLock { $0.leaving } }
         /// Whether the service answered `leaving` (on this connection): no job comes after that.
         private let leaveNoted = Mutex(false)
         var isLeaveNoted: Bool {
             get { leaveNoted.withLock { $0 } }
             set { leaveNoted.withLock { $0 = newValue } }
         }
-        /// The worker is stopping: the prefetched jobs that have not started are dropped and
-        /// returned, to be given back; so are the generations waiting on a provider (their tasks
-        /// stop without cancelling the provider's request, which the job's next attempt, on
-        /// another worker, waits on).
+        /// The worker is stopping: the held jobs that have not had a place are given back (their
+        /// tasks stop, and end without a result), and so are the generations waiting on a
+        /// provider (their tasks stop without cancelling the provider's request, which the job's
+        /// next attempt, on another worker, waits on). Returns their attempts.
         func leave() -> [JobAttempt] {
-            let returned = queue.withLock { queue -> [JobAttempt] in
-                queue.leaving = true
-                defer { queue.waiting.removeAll() }
-                return queue.waiting.map(\.attempt)
+            let (unplaced, asking) = places.withLock { places -> ([JobAttempt], [CheckedContinuation<Void, any Error>]) in
+                places.leaving = true
+                defer { places.asking.removeAll() }
+                return (Array(places.unplaced), Array(places.asking.values))
             }
-            for attempt in returned { remove(attempt) }
-            let handed = detached.withLock { Array($0) }
+            let handed = unplaced + detached.withLock { Array($0) }
             handedOff.withLock { $0.formUnion(handed) }
+            for waiter in asking { waiter.resume(throwing: CancellationError()) }
             for attempt in handed { cancelSignal(attempt)?.fire() }
-            return returned + handed
+            return handed
         }
 
-        /// Generations given back as the worker stops: they end without a result.
+        /// Jobs given back as the worker stops: they end without a result.
         private let handedOff = Mutex<Set<JobAttempt>>([])
         func isHandedOff(_ attempt: JobAttempt) -> Bool { handedOff.withLock { $0.contains(attempt) } }
-        /// `job` if it may run now (fewer than `capacity` run); otherwise it waits its turn.
-        func admit(_ job: JobAssignment) -> JobAssignment? {
-            queue.withLock { queue in
-                guard queue.active < capacity else {
-                    queue.waiting.append(job)
-                    return nil
-                }
-                queue.active += 1
-                return job
-            }
-        }
-        /// A job stopped running: the next waiting one, if any, runs in its place.
-        func next() -> JobAssignment? {
-            queue.withLock { queue in
-                if let job = queue.waiting.popFirst() { return job }
-                queue.active -= 1
-                return nil
-            }
-        }
+        /// The attempt ended: it is no longer held, and its place, if it still had one, goes to
+        /// the next job.
         func remove(_ attempt: JobAttempt) {
+            leavePlace(attempt)
             let empty = tasks.withLock { tasks in
                 _ = tasks.removeValue(forKey: attempt)
                 return tasks.isEmpty
@@ -219,19 +271,14 @@ public struct Worker: Service {
         func contains(_ attempt: JobAttempt) -> Bool { tasks.withLock { $0.index(forKey: attempt) != nil } }
 
         enum Cancel { case notHeld, running, waiting }
-        /// Cancels `attempt`: a running one is told through its task; a waiting one is dropped
-        /// before it starts.
+        /// Cancels `attempt` through its task, which ends with the cancel as its result; `waiting`
+        /// if it had not had a place yet.
         func cancel(_ attempt: JobAttempt) -> Cancel {
-            let dropped = queue.withLock { queue -> Bool in
-                guard let index = queue.waiting.firstIndex(where: { $0.attempt == attempt }) else { return false }
-                queue.waiting.remove(at: index)
-                return true
-            }
-            if dropped { return .waiting }
             guard let signal = cancelSignal(attempt) else { return .notHeld }
+            let waiting = places.withLock { $0.unplaced.contains(attempt) }
             cancelled.withLock { _ = $0.insert(attempt) }
             signal.fire()
-            return .running
+            return waiting ? .waiting : .running
         }
         func wasCancelled(_ attempt: JobAttempt) -> Bool { cancelled.withLock { $0.contains(attempt) } }
     }
@@ -570,10 +617,8 @@ public struct Worker: Service {
             case .running:
                 logger.info("cancelling", metadata: ["job": "\(attempt.jobId)"])
             case .waiting:
+                // Its task ends at once, with the cancel as its result.
                 logger.info("cancelled before it started", metadata: ["job": "\(attempt.jobId)"])
-                unrecorded.keep(attempt, .cancelled(attempt))
-                running.remove(attempt)
-                unrecorded.reports.sendNow(.cancelled(attempt), on: channel)
             }
         case .assign(let job):
             guard !running.isLeaving else {
@@ -582,8 +627,8 @@ public struct Worker: Service {
                 return
             }
             guard !running.contains(job.attempt) else { return }
-            running.add(job.attempt)
-            if let admitted = running.admit(job) { running.launch(admitted, on: channel) }
+            running.hold(job.attempt)
+            running.launch(job, on: channel)
         }
     }
 
@@ -611,25 +656,27 @@ public struct Worker: Service {
         let pokes: Pokes
     }
 
-    /// Runs a job (in its own task of `run`'s group); when it ends, the next prefetched job starts
-    /// (or, for a generation that gave its place back while it waited on a provider, started
-    /// already). A cancel (`Running.cancel`, or the hand-off as the worker stops) fires the job's
+    /// Runs a job (in its own task of `run`'s group, from its assignment): it takes a place once
+    /// its input is ready (`place`), and gives it to the next job when it ends, or earlier when
+    /// its image model answered or its generation waits in a provider's queue. A cancel (`Running.cancel`, or the hand-off as the worker stops) fires the job's
     /// signal, which cancels its work.
     private func runJob(_ job: JobAssignment, channel: BusChannel, running: Running, unrecorded: Unrecorded, renewed: Renewed, generations: Generations) async {
         let attempt = job.attempt
+        let placed = PlaceClock()
         let hooks = EffectRunner.GenerationHooks(
             submitted: { request in
                 generations.submissions.submitted(attempt, request)
                 channel.send(WorkerMessage.submitted(attempt, request))
-                if let next = running.detach(attempt).next { running.launch(next, on: channel) }
+                _ = running.detach(attempt)
             },
             wait: { interval in try await generations.pokes.wait(attempt, interval) },
             handedOff: { running.isHandedOff(attempt) },
             answered: {
-                let (released, next) = running.release(attempt)
-                guard released else { return }
-                channel.send(WorkerMessage.answered(attempt))
-                if let next { running.launch(next, on: channel) }
+                if running.release(attempt) { channel.send(WorkerMessage.answered(attempt)) }
+            },
+            place: {
+                try await running.takePlace(attempt)
+                placed.start()
             }
         )
         let signal = running.cancelSignal(attempt)
@@ -640,6 +687,7 @@ public struct Worker: Service {
         ]) {
             await executeUnlessCancelled(job, signal: signal, channel: channel, running: running, renewed: renewed, hooks: hooks)
         }
+        placed.end(job.effect.id, result)
         renewed.forget(attempt)
         generations.submissions.forget(attempt)
         generations.pokes.forget(attempt)
@@ -648,9 +696,7 @@ public struct Worker: Service {
             running.remove(attempt)
             return
         }
-        let placeGivenBack = running.isDetached(attempt) || running.isReleased(attempt)
         await finish(attempt, with: result, channel: channel, running: running, unrecorded: unrecorded)
-        if !placeGivenBack, let next = running.next() { running.launch(next, on: channel) }
     }
 
     /// Runs the attempt until it ends or its cancel signal comes, whichever is first; the other
@@ -690,12 +736,7 @@ public struct Worker: Service {
         jobLogger[metadataKey: "job"] = "\(job.attempt.jobId)"
         jobLogger[metadataKey: "attempt"] = "\(job.attempt.attempt)"
         jobLogger.debug("started", metadata: ["effect": "\(job.effect.id)"])
-        let started = ContinuousClock.now
-        WorkerMetrics.inProgress.increment()
-        defer { WorkerMetrics.inProgress.decrement() }
-        let result = await attempt(job, channel: channel, running: running, renewed: renewed, hooks: hooks, logger: jobLogger, started: started)
-        WorkerMetrics.finished(job.effect.id, result, after: started.duration(to: .now))
-        return result
+        return await attempt(job, channel: channel, running: running, renewed: renewed, hooks: hooks, logger: jobLogger, started: .now)
     }
 
     private func attempt(_ job: JobAssignment, channel: BusChannel, running: Running, renewed: Renewed, hooks: EffectRunner.GenerationHooks,
@@ -749,6 +790,28 @@ extension Worker {
             if let transfer = usable(renewed.latest(job.attempt)) { return transfer }
         }
         throw EffectError("the job's URLs expired and the jobs service sent no fresh ones", retryable: true)
+    }
+}
+
+/// When a job took its place: from then to its end it is in progress (`worker_jobs_in_progress`)
+/// and its run time (`worker_job_duration_seconds`) counts; the wait of a prefetched job for a
+/// place does not. A job that never had a place (cancelled or given back first) counts as neither.
+final class PlaceClock: Sendable {
+    private let taken = Mutex<ContinuousClock.Instant?>(nil)
+
+    func start() {
+        let first = taken.withLock { taken -> Bool in
+            guard taken == nil else { return false }
+            taken = .now
+            return true
+        }
+        if first { WorkerMetrics.inProgress.increment() }
+    }
+
+    func end(_ effect: String, _ result: WorkerMessage) {
+        guard let taken = taken.withLock({ $0 }) else { return }
+        WorkerMetrics.inProgress.decrement()
+        WorkerMetrics.finished(effect, result, after: taken.duration(to: .now))
     }
 }
 

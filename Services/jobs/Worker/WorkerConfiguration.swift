@@ -9,8 +9,9 @@ public struct WorkerConfiguration: Sendable {
     public var endpoint: String
     /// Jobs run at once (`WORKER_CAPACITY`, default 1; see docs/jobs.md for why).
     public var capacity: Int
-    /// Jobs taken beyond those and kept waiting, so the next is in hand when one ends
-    /// (`WORKER_PREFETCH`, default 1, at most 64).
+    /// Jobs taken beyond those and kept waiting, their inputs fetched, so the next is in hand
+    /// when a place frees (`WORKER_PREFETCH`, at most 64; default one per four places, rounded
+    /// up: 1 for the default capacity of 1, 2 for 8).
     public var prefetch: Int
     /// This worker's name in logs (`WORKER_ID`, default host and pid).
     public var workerId: String
@@ -42,7 +43,7 @@ public struct WorkerConfiguration: Sendable {
     public init(environment: Environment) throws {
         endpoint = environment.string("JOBS_WORKER_ENDPOINT", default: "tcp://127.0.0.1:7104")
         capacity = min(64, max(1, try environment.int("WORKER_CAPACITY", default: 1)))
-        prefetch = min(64, max(0, try environment.int("WORKER_PREFETCH", default: 1)))
+        prefetch = min(64, max(0, try environment.int("WORKER_PREFETCH", default: (capacity + 3) / 4)))
         workerId = environment.string("WORKER_ID", default: "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)")
         scratchDirectory = environment.string("WORKER_SCRATCH_DIR", default: FileManager.default.temporaryDirectory.appendingPathComponent("photoedit-worker-\(ProcessInfo.processInfo.processIdentifier)").path)
         heartbeat = .milliseconds(max(50, try environment.int("WORKER_HEARTBEAT_MS", default: 1000)))

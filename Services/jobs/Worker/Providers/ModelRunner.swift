@@ -18,6 +18,7 @@ extension EffectRunner {
         let input = try await fetch(urls.inputURL)
         _ = try await checkSize(input, what: "the input image")
         progress(0.1)
+        try await hooks.place()
         let made = try await generate(job, input: input, hooks: hooks, progress: progress)
         hooks.answered()
         guard let type = ImageSniffer.contentType(of: Array(made.bytes.prefix(16))) else {
