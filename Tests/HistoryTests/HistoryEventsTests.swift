@@ -88,3 +88,32 @@ struct HistoryEventsTests {
         }
     }
 }
+
+@Suite("History's database file")
+struct HistoryDatabaseFileTests {
+    @Test func itsLogIsCopiedIntoTheDatabaseFileInTheBackgroundNotInsideTheCommitsThatApplyEvents() async throws {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("history-wal-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let path = folder.appendingPathComponent("history.sqlite").path
+        let database = try HistoryDatabase.open(path: path)
+        let size = { (try? FileManager.default.attributesOfItem(atPath: path)[.size] as? Int) ?? 0 }
+        let before = size()
+        // Given 1,000 jobs' events applied, about 2 MB of log: less than SQLite's automatic
+        // checkpoint inside a commit waits for (1,000 pages, 4 MB)
+        for batch in 0..<5 {
+            let events = (0..<200).map { index in
+                Events.job("j-\(batch)-\(index)", user: "u\(index % 50)", prompt: String(repeating: "a long prompt ", count: 40))
+            }
+            #expect(try await database.applyJobEvents(events) == 200)
+        }
+        // Then the database file grows to hold them: copied from the log by the checkpointer
+        let deadline = ContinuousClock.now.advanced(by: .seconds(10))
+        while size() < before + 1_000_000, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        let log = (try? FileManager.default.attributesOfItem(atPath: path + "-wal")[.size] as? Int) ?? 0
+        #expect(size() >= before + 1_000_000, "the database file is \(size()) bytes, \(before) before; the log \(log)")
+        #expect(try await database.page(ListHistory(userId: "u1")).totalCount == 20)
+    }
+}

@@ -10,6 +10,9 @@ import Storage
 /// transaction each.
 public struct HistoryDatabase: Sendable {
     private let writer: any DatabaseWriter
+    /// Checkpoints the WAL of a database file outside the writer's commits (those that apply
+    /// jobs' events come continuously); stops when the last copy of this database is released.
+    private let checkpointer: WALCheckpointer?
     /// Mints and opens page cursors and changes tokens; its key lives in the database.
     public let signer: TokenSigner
     /// A search of a user with at most this many items reads their items one by one; a longer
@@ -17,17 +20,20 @@ public struct HistoryDatabase: Sendable {
     public let scanUpTo: Int
 
     /// A database on `writer`, whose connections were prepared with `prepare(_:)`.
-    public init(_ writer: any DatabaseWriter, scanUpTo: Int = 10_000) throws {
+    public init(_ writer: any DatabaseWriter, scanUpTo: Int = 10_000, checkpointer: WALCheckpointer? = nil) throws {
         self.writer = writer
+        self.checkpointer = checkpointer
         self.scanUpTo = scanUpTo
         try Self.migrator.migrate(writer)
         let key = try writer.read { db in try Data.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'tokenKey'") }
         signer = TokenSigner(key: Array(key ?? Data()))
     }
 
-    /// Opens (or creates) the file at `path`, WAL with `synchronous=FULL`.
+    /// Opens (or creates) the file at `path`, WAL with `synchronous=FULL`, checkpointed in the
+    /// background as jobs' and quota's are.
     public static func open(path: String) throws -> HistoryDatabase {
-        try HistoryDatabase(DurableDatabase.open(path: path, prepare: prepare))
+        let (pool, checkpointer) = try DurableDatabase.openWithBackgroundCheckpoints(path: path, prepare: prepare)
+        return try HistoryDatabase(pool, checkpointer: checkpointer)
     }
 
     /// A database in memory, for tests.
