@@ -15,10 +15,11 @@ public struct WorkerConfiguration: Sendable {
     public var prefetch: Int
     /// This worker's name in logs (`WORKER_ID`, default host and pid).
     public var workerId: String
-    /// Where the worker keeps a job's input and outputs while it runs (`WORKER_SCRATCH_DIR`,
-    /// default a folder of its own under the system's temporary folder). Nothing is shared: the
-    /// input comes and the outputs go through the presigned URLs of the job's assignment.
-    public var scratchDirectory: String
+    /// Where the worker keeps a job's input and outputs while it runs (`WORKER_SCRATCH_DIR`; nil
+    /// for the default, a folder of its own under the system's temporary folder, swept when its
+    /// worker is gone: `ScratchFolder`). Nothing is shared: the input comes and the outputs go
+    /// through the presigned URLs of the job's assignment.
+    public var scratchDirectory: String?
     /// Heartbeat interval (`WORKER_HEARTBEAT_MS`, default 1000); the jobs service is presumed
     /// dead after three silent intervals.
     public var heartbeat: Duration
@@ -45,7 +46,8 @@ public struct WorkerConfiguration: Sendable {
         capacity = min(64, max(1, try environment.int("WORKER_CAPACITY", default: 1)))
         prefetch = min(64, max(0, try environment.int("WORKER_PREFETCH", default: (capacity + 3) / 4)))
         workerId = environment.string("WORKER_ID", default: "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)")
-        scratchDirectory = environment.string("WORKER_SCRATCH_DIR", default: FileManager.default.temporaryDirectory.appendingPathComponent("photoedit-worker-\(ProcessInfo.processInfo.processIdentifier)").path)
+        let scratch = environment.string("WORKER_SCRATCH_DIR", default: "")
+        scratchDirectory = scratch.isEmpty ? nil : scratch
         heartbeat = .milliseconds(max(50, try environment.int("WORKER_HEARTBEAT_MS", default: 1000)))
         logLevel = try environment.logLevel()
         logFormat = try environment.logFormat()

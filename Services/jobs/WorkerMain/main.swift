@@ -13,8 +13,10 @@ await ProcessExit.run("worker") {
     let logger = Logger(label: configuration.workerId)
     ProcessMetrics.bootstrap()
     EffectRunner.startImageLibrary()
+    let scratch = try ScratchFolder.claim(path: configuration.scratchDirectory, logger: logger)
+    defer { scratch.release() }
     let runner = EffectRunner(
-        scratch: URL(fileURLWithPath: configuration.scratchDirectory), maxPixels: configuration.maxPixels,
+        scratch: scratch.url, maxPixels: configuration.maxPixels,
         providers: try ProviderSettings(environment: Environment())
     )
     let worker = Worker(
