@@ -45,9 +45,12 @@ final class ServiceProcess: @unchecked Sendable {
         try process.run()
     }
 
-    /// A test that throws half-way leaves no process behind.
+    /// A test that throws half-way leaves no process behind; nor does any test leave its log
+    /// (a failing test prints what it needs of it; a run that crashes never gets here and keeps
+    /// them all).
     deinit {
         if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        try? FileManager.default.removeItem(at: logURL)
     }
 
     var pid: Int32 { process.processIdentifier }
