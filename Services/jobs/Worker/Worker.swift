@@ -757,7 +757,9 @@ public struct Worker: Service {
                 jobLogger.debug("done", metadata: ["duration": "\(started.duration(to: .now))"])
                 return .done(job.attempt, output)
             } catch {
-                if running.wasCancelled(job.attempt) { return .cancelled(job.attempt) }
+                // Cancelled, or given back as the worker stops (a prefetched job, a generation
+                // waiting on a provider): nothing failed.
+                if running.wasCancelled(job.attempt) || running.isHandedOff(job.attempt) { return .cancelled(job.attempt) }
                 if StorageErrors.isOutOfSpace(error) || (error as? EffectError).map({ StorageErrors.mentionsOutOfSpace($0.description) }) == true,
                    started.duration(to: .now) + pause < configuration.storageWait {
                     jobLogger.warning("the disk is full; waiting for space", metadata: ["retry-in": "\(pause)"])
