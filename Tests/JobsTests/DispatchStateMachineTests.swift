@@ -401,6 +401,12 @@ struct DispatchStateMachineTests {
         harness.ready("v", capacity: 2)
         #expect(harness.assigned("v").map(\.jobId) == ["j2", "j3"])
         #expect(harness.assigned("v").first?.attempt == 2)
+        // And once it goes quiet, holding nothing, it has left: not lost
+        harness.advance(.seconds(4))
+        harness.from("v", .heartbeat(running: [JobAttempt(jobId: "j2", attempt: 2), JobAttempt(jobId: "j3", attempt: 1)]))
+        harness.tick()
+        #expect(harness.notes.contains { if case .workerLeft("w", 1) = $0 { true } else { false } })
+        #expect(!harness.notes.contains { if case .workerLost = $0 { true } else { false } })
     }
 
     @Test func aStartWrittenWhileItsWorkerLeavesIsQueuedAgainNotSentAfterTheWorkerHeardNothingMoreComes() {

@@ -44,6 +44,9 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         /// once and those it prefetches) or was lost, with the count of workers now.
         case workerJoined(id: String, capacity: Int, heartbeat: Duration, connected: Int)
         case workerLost(id: String, jobs: Int, connected: Int)
+        /// For logs and metrics: a worker that said `leaving` went quiet holding nothing (a
+        /// clean scale-down, not a loss).
+        case workerLeft(id: String, connected: Int)
         /// For metrics: a result was recorded; the job is in its new state, and had been running
         /// since then (nil if not known).
         case finished(JobRecord, runningSince: Instant?)
@@ -571,7 +574,10 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         var actions: [Action] = []
         for (peer, worker) in workers where worker.lastSeen.duration(to: now) > worker.deadline {
             workers[peer] = nil
-            actions.append(.workerLost(id: worker.id, jobs: worker.held.count + worker.awaiting.count, connected: workers.count))
+            let jobs = worker.held.count + worker.awaiting.count
+            actions.append(worker.leaving && jobs == 0
+                ? .workerLeft(id: worker.id, connected: workers.count)
+                : .workerLost(id: worker.id, jobs: jobs, connected: workers.count))
             for (jobId, held) in worker.everything where held.attempt > 0 {
                 progress[jobId] = nil
                 actions.append(.requeue(JobAttempt(jobId: jobId, attempt: held.attempt), reason: "worker \(worker.id) was lost", cause: .workerLost))

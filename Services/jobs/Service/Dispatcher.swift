@@ -201,6 +201,9 @@ public actor Dispatcher {
             case .workerLost(let id, let jobs, let connected):
                 JobsMetrics.workersConnected.record(connected)
                 logger.warning("worker lost", metadata: ["worker": "\(id)", "jobs": "\(jobs)"])
+            case .workerLeft(let id, let connected):
+                JobsMetrics.workersConnected.record(connected)
+                logger.info("worker left", metadata: ["worker": "\(id)"])
             case .finished(let job, let since):
                 JobsMetrics.finished(job, runningSince: since, provider: catalog.provider(of: job.effectId))
             case .firstAssignment(let job):
