@@ -21,6 +21,19 @@ public struct OutboxItem<Kind: Sendable>: Sendable {
     }
 }
 
+/// An entry whose delivery failed, to be tried again at `at` with `attempts` counted.
+public struct OutboxRetry: Sendable, Equatable {
+    public var id: String
+    public var attempts: Int
+    public var at: Date
+
+    public init(id: String, attempts: Int, at: Date) {
+        self.id = id
+        self.attempts = attempts
+        self.at = at
+    }
+}
+
 /// What a relay needs of an outbox: the entries due, oldest first, and what became of them.
 /// Each service's database implements it for each of its outboxes.
 public protocol Outbox<Kind>: Sendable {
@@ -29,8 +42,10 @@ public protocol Outbox<Kind>: Sendable {
     func due(now: Date, limit: Int) async throws -> [OutboxItem<Kind>]
     /// The receiver has them: they leave the outbox.
     func acknowledge(_ ids: [String]) async throws
-    /// A delivery failed: tried again at `at`, with `attempts` counted.
-    func retry(_ id: String, attempts: Int, at: Date) async throws
+    /// Deliveries failed: each entry is tried again at its `at`, with its `attempts` counted.
+    /// All in one write: a round that fails as a whole (its receiver down) puts back a whole
+    /// batch, which one by one cost a transaction and an fsync each.
+    func retry(_ entries: [OutboxRetry]) async throws
 }
 
 /// What a producer needs of its outbox's relay: to say there is something to deliver now.
@@ -145,18 +160,18 @@ public struct OutboxRelay<Box: Outbox>: Service, OutboxWaker {
         guard !due.isEmpty else { return (0, 0) }
         let outcomes = await deliver(due)
         var delivered: [String] = []
-        var retried = 0
+        var retried: [OutboxRetry] = []
         for (item, outcome) in zip(due, outcomes) {
             switch outcome {
             case .delivered:
                 delivered.append(item.id)
             case .retry:
-                retried += 1
                 let attempts = item.attempts + 1
-                try await outbox.retry(item.id, attempts: attempts, at: now.addingTimeInterval(OutboxBackoff.delay(afterAttempts: attempts)))
+                retried.append(OutboxRetry(id: item.id, attempts: attempts, at: now.addingTimeInterval(OutboxBackoff.delay(afterAttempts: attempts))))
             }
         }
+        if !retried.isEmpty { try await outbox.retry(retried) }
         if !delivered.isEmpty { try await outbox.acknowledge(delivered) }
-        return (delivered.count, retried)
+        return (delivered.count, retried.count)
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import HistoryService
 import Messages
+import ServiceKit
 import Testing
 
 /// Events for tests: a job as jobs would emit it at a version.
@@ -81,9 +82,19 @@ struct HistoryEventsTests {
             _ = try await database.applyJobEvents([Events.job("j1"), Events.job("j2")])
             _ = try await database.deleteItem("j1", userId: "u1", now: Date())
             #expect(try await database.deleteItem("j1", userId: "u1", now: Date()) == nil)
-            let due = try await database.purges.due(now: Date().addingTimeInterval(1), limit: 10)
+            let now = Date()
+            let due = try await database.purges.due(now: now.addingTimeInterval(1), limit: 10)
             #expect(due.map(\.jobId) == ["j1"])
-            try await database.purges.acknowledge(["j1"])
+            // A purge jobs did not take waits its turn, its attempts counted
+            _ = try await database.deleteItem("j2", userId: "u1", now: now)
+            try await database.purges.retry([
+                OutboxRetry(id: "j1", attempts: 2, at: now.addingTimeInterval(60)), OutboxRetry(id: "j2", attempts: 1, at: now.addingTimeInterval(30)),
+            ])
+            #expect(try await database.purges.due(now: now.addingTimeInterval(20), limit: 10).isEmpty)
+            #expect(try await database.purges.due(now: now.addingTimeInterval(40), limit: 10).map { "\($0.jobId) \($0.attempts)" } == ["j2 1"])
+            let both = try await database.purges.due(now: now.addingTimeInterval(70), limit: 10)
+            #expect(both.map { "\($0.jobId) \($0.attempts)" } == ["j2 1", "j1 2"])
+            try await database.purges.acknowledge(both.map(\.id))
             #expect(try await database.pendingPurgeCount() == 0)
         }
     }

@@ -3,6 +3,7 @@ import GRDB
 import JobsCore
 @testable import JobsService
 import Messages
+import ServiceKit
 import Synchronization
 import Testing
 
@@ -187,6 +188,10 @@ struct JobStoreTests {
         #expect(try await migrated.counts().outbox == ["quota": 1, "history": 1])
     }
 
+    @Test(arguments: JobsBackend.allCases) func aRoundOfFailedDeliveriesIsPutBackInOneWriteEachEntryWithItsOwnBackoff(backend: JobsBackend) async throws {
+        try await withJobsStore(backend) { try await $0.aRoundOfFailedDeliveriesIsPutBackInOneWriteEachEntryWithItsOwnBackoff() }
+    }
+
     @Test(arguments: JobsBackend.allCases) func historyHearsEachJobsCurrentVersionFromItsRow(backend: JobsBackend) async throws {
         try await withJobsStore(backend) { try await $0.historyHearsEachJobsCurrentVersionFromItsRow() }
     }
@@ -272,6 +277,34 @@ extension JobsStoreHarness {
         #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["release"])
     }
 
+    func aRoundOfFailedDeliveriesIsPutBackInOneWriteEachEntryWithItsOwnBackoff() async throws {
+        // Given three jobs cancelled while queued (a release of quota each) and their events for
+        // history, with both receivers down
+        for index in 1...3 {
+            _ = try await created("job-\(index)")
+            _ = try await store.cancel("job-\(index)", userId: "alice", now: now)
+        }
+        func failedRound<Box: Outbox>(_ outbox: Box) async throws -> (delivered: Int, retried: Int) {
+            try await OutboxRelay("test", outbox: outbox, logger: quietLogger) { items in items.map { _ in .retry } }.relayDue(now: now.addingTimeInterval(1))
+        }
+        // When a round fails as a whole
+        #expect(try await failedRound(settlements) == (0, 3))
+        #expect(try await failedRound(history) == (0, 3))
+        // Then every entry waits out its first backoff (1 s) with one attempt counted
+        #expect(try await settlements.due(now: now.addingTimeInterval(1.5), limit: 10).isEmpty)
+        #expect(try await history.due(now: now.addingTimeInterval(1.5), limit: 10).isEmpty)
+        let items = try await settlements.due(now: now.addingTimeInterval(2.5), limit: 10)
+        #expect(items.map(\.attempts) == [1, 1, 1])
+        #expect(try await history.due(now: now.addingTimeInterval(2.5), limit: 10).map(\.attempts) == [1, 1, 1])
+        // And entries put back together keep their own counts and times
+        try await settlements.retry(items.enumerated().map { index, item in
+            OutboxRetry(id: item.id, attempts: 5 + index, at: now.addingTimeInterval(Double(10 * (index + 1))))
+        })
+        let rows = try await outbox().filter { $0.topic == "quota" }
+        #expect(rows.map(\.attempts) == [5, 6, 7])
+        #expect(zip(rows, [10.0, 20, 30]).allSatisfy { abs($0.nextAttemptAt.timeIntervalSince(now) - $1) < 0.01 }, "\(rows.map(\.nextAttemptAt))")
+    }
+
     func historyHearsEachJobsCurrentVersionFromItsRow() async throws {
         // A created job is due for history, as it is
         _ = try await created()
@@ -294,7 +327,7 @@ extension JobsStoreHarness {
         #expect(due.map(\.event.job.version) == [3] && due.first?.event.job.status == .completed && due.first?.event.effectTitle == "Original")
         #expect(try await store.counts().outbox["history"] == 1)
         // A failed delivery waits out its backoff, its attempts counted
-        try await history.retry(try #require(due.first?.id), attempts: 1, at: now.addingTimeInterval(60))
+        try await history.retry([OutboxRetry(id: try #require(due.first?.id), attempts: 1, at: now.addingTimeInterval(60))])
         #expect(try await dueForHistory().isEmpty)
         let later = try await history.due(now: now.addingTimeInterval(61), limit: 10)
         #expect(later.map(\.attempts) == [1])

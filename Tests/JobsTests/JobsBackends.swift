@@ -28,7 +28,7 @@ func withJobsStore<T>(_ backend: JobsBackend, _ body: (JobsStoreHarness) async t
     switch backend {
     case .sqlite:
         let store = SQLiteJobsStore(database: try JobsDatabase.inMemory(), retry: retry, effectTitles: titles)
-        return try await body(JobsStoreHarness(store: store, history: JobsHistoryFeed(store: store), outbox: {
+        return try await body(JobsStoreHarness(store: store, history: JobsHistoryFeed(store: store), settlements: JobsOutbox(database: store.database, topic: "quota"), outbox: {
             try await store.database.writer.read { try OutboxEntry.order(Column("id")).fetchAll($0) }
         }))
     case .postgres:
@@ -36,7 +36,10 @@ func withJobsStore<T>(_ backend: JobsBackend, _ body: (JobsStoreHarness) async t
         try await PostgresPool.migrate(location, service: "jobs", PostgresJobsStore.migrations, logger: quietLogger)
         return try await TestPostgres.withDatabase(location) { database in
             let store = PostgresJobsStore(database: database, retry: retry, effectTitles: titles, logger: quietLogger)
-            return try await body(JobsStoreHarness(store: store, history: PostgresJobsHistoryFeed(store: store), outbox: { try await PostgresOutboxRows.all(database) }))
+            return try await body(JobsStoreHarness(
+                store: store, history: PostgresJobsHistoryFeed(store: store), settlements: PostgresJobsOutbox(store: store, topic: "quota"),
+                outbox: { try await PostgresOutboxRows.all(database) }
+            ))
         }
     }
 }
@@ -61,6 +64,8 @@ struct JobsStoreHarness {
     let store: any JobsStore
     /// History's events, as the relay reads them.
     let history: any Outbox<JobsOutboxKind>
+    /// Quota's settlements, as their relay reads them.
+    let settlements: any Outbox<JobsOutboxKind>
     let outbox: () async throws -> [OutboxEntry]
     let now = Date()
 

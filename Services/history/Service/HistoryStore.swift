@@ -37,7 +37,8 @@ public protocol HistoryStore: Sendable {
     /// Jobs acknowledged the purges: they leave the outbox.
     func purgesAcknowledged(_ jobIds: [String]) async throws
     /// The purge failed: try again at `retryAt`.
-    func purgeFailed(_ jobId: String, attempts: Int, retryAt: Date) async throws
+    /// Purges jobs did not acknowledge (ids are job ids): each tried again at its `at`.
+    func purgesFailed(_ entries: [OutboxRetry]) async throws
 }
 
 extension HistoryStore {
@@ -61,5 +62,5 @@ public struct PurgeOutbox: Outbox {
 
     public func due(now: Date, limit: Int) async throws -> [OutboxItem<PendingPurge>] { try await store.duePurges(now: now, limit: limit) }
     public func acknowledge(_ ids: [String]) async throws { try await store.purgesAcknowledged(ids) }
-    public func retry(_ id: String, attempts: Int, at: Date) async throws { try await store.purgeFailed(id, attempts: attempts, retryAt: at) }
+    public func retry(_ entries: [OutboxRetry]) async throws { try await store.purgesFailed(entries) }
 }

@@ -96,9 +96,10 @@ extension HistoryDatabase {
     }
 
     /// The purge failed: try again at `retryAt`.
-    public func purgeFailed(_ jobId: String, attempts: Int, retryAt: Date) async throws {
+    public func purgesFailed(_ entries: [OutboxRetry]) async throws {
         try await write { db in
-            try db.execute(sql: "UPDATE purge SET attempts = ?, nextAttemptAt = ? WHERE jobId = ?", arguments: [attempts, retryAt.milliseconds, jobId])
+            let statement = try db.cachedStatement(sql: "UPDATE purge SET attempts = ?, nextAttemptAt = ? WHERE jobId = ?")
+            for entry in entries { try statement.execute(arguments: [entry.attempts, entry.at.milliseconds, entry.id]) }
         }
     }
 

@@ -381,11 +381,17 @@ public struct PostgresHistoryStore: HistoryStore {
         }
     }
 
-    public func purgeFailed(_ jobId: String, attempts: Int, retryAt: Date) async throws {
+    public func purgesFailed(_ entries: [OutboxRetry]) async throws {
+        guard !entries.isEmpty else { return }
+        let jobIds = entries.map(\.id), attempts = entries.map(\.attempts), times = entries.map { Int64($0.at.milliseconds) }
         let logger = logger
         try await database.connection { db in
             _ = try await db.query(
-                "UPDATE history_purge SET attempts = \(attempts), next_attempt_at = \(retryAt.milliseconds) WHERE job_id = \(jobId)", logger: logger
+                """
+                UPDATE history_purge p SET attempts = a.attempts, next_attempt_at = a.at
+                FROM unnest(\(jobIds)::text[], \(attempts)::bigint[], \(times)::bigint[]) AS a(id, attempts, at) WHERE p.job_id = a.id
+                """,
+                logger: logger
             )
         }
     }

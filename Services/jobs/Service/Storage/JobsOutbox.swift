@@ -47,9 +47,10 @@ public struct JobsOutbox: Outbox {
         try await database.writer.write { db in _ = try OutboxEntry.deleteAll(db, keys: keys) }
     }
 
-    public func retry(_ id: String, attempts: Int, at: Date) async throws {
+    public func retry(_ entries: [OutboxRetry]) async throws {
         try await database.writer.write { db in
-            try db.execute(sql: "UPDATE outbox SET attempts = ?, nextAttemptAt = ? WHERE id = ?", arguments: [attempts, StoredDate.text(at), id])
+            let statement = try db.cachedStatement(sql: "UPDATE outbox SET attempts = ?, nextAttemptAt = ? WHERE id = ?")
+            for entry in entries { try statement.execute(arguments: [entry.attempts, StoredDate.text(entry.at), entry.id]) }
         }
     }
 
@@ -112,13 +113,13 @@ public struct JobsHistoryFeed: Outbox {
         }
     }
 
-    public func retry(_ id: String, attempts: Int, at: Date) async throws {
-        guard let (jobId, version) = HistoryFeedItem.parse(id) else { return }
+    public func retry(_ entries: [OutboxRetry]) async throws {
         try await database.writer.write { db in
-            try db.execute(
-                sql: "UPDATE job SET historyAttempts = ?, historyDueAt = ? WHERE id = ? AND version = ?",
-                arguments: [attempts, StoredDate.text(at), jobId, version]
-            )
+            let statement = try db.cachedStatement(sql: "UPDATE job SET historyAttempts = ?, historyDueAt = ? WHERE id = ? AND version = ?")
+            for entry in entries {
+                guard let (jobId, version) = HistoryFeedItem.parse(entry.id) else { continue }
+                try statement.execute(arguments: [entry.attempts, StoredDate.text(entry.at), jobId, version])
+            }
         }
     }
 }

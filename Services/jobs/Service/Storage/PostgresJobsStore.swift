@@ -495,12 +495,18 @@ public struct PostgresJobsOutbox: Outbox {
         try await database.connection { db in _ = try await db.query("DELETE FROM jobs_outbox WHERE id = ANY(\(keys))", logger: logger) }
     }
 
-    public func retry(_ id: String, attempts: Int, at: Date) async throws {
-        guard let key = Int64(id) else { return }
+    public func retry(_ entries: [OutboxRetry]) async throws {
+        let readable = entries.compactMap { entry in Int64(entry.id).map { (key: $0, entry: entry) } }
+        guard !readable.isEmpty else { return }
+        let keys = readable.map(\.key), attempts = readable.map { $0.entry.attempts }, times = readable.map { $0.entry.at.timeIntervalSince1970 }
         let logger = logger
         try await database.connection { db in
             _ = try await db.query(
-                "UPDATE jobs_outbox SET attempts = \(attempts), next_attempt_at = \(at.timeIntervalSince1970) WHERE id = \(key)", logger: logger
+                """
+                UPDATE jobs_outbox o SET attempts = a.attempts, next_attempt_at = a.at
+                FROM unnest(\(keys)::bigint[], \(attempts)::bigint[], \(times)::float8[]) AS a(id, attempts, at) WHERE o.id = a.id
+                """,
+                logger: logger
             )
         }
     }
@@ -570,14 +576,18 @@ public struct PostgresJobsHistoryFeed: Outbox {
         }
     }
 
-    public func retry(_ id: String, attempts: Int, at: Date) async throws {
-        guard let (jobId, version) = HistoryFeedItem.parse(id) else { return }
+    public func retry(_ entries: [OutboxRetry]) async throws {
+        let readable = entries.compactMap { entry in HistoryFeedItem.parse(entry.id).map { (item: $0, entry: entry) } }
+        guard !readable.isEmpty else { return }
+        let jobIds = readable.map(\.item.jobId), versions = readable.map { Int64($0.item.version) }
+        let attempts = readable.map { $0.entry.attempts }, times = readable.map { $0.entry.at.timeIntervalSince1970 }
         let logger = logger
         try await database.connection { db in
             _ = try await db.query(
                 """
-                UPDATE jobs_job SET history_attempts = \(attempts), history_due_at = \(at.timeIntervalSince1970)
-                WHERE id = \(jobId) AND version = \(version)
+                UPDATE jobs_job j SET history_attempts = a.attempts, history_due_at = a.at
+                FROM unnest(\(jobIds)::text[], \(versions)::bigint[], \(attempts)::bigint[], \(times)::float8[]) AS a(id, version, attempts, at)
+                WHERE j.id = a.id AND j.version = a.version
                 """,
                 logger: logger
             )
