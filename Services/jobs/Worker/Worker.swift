@@ -178,9 +178,6 @@ public struct Worker: Service {
             return detached
         }
 
-        /// Whether the attempt gave its place back while it waited on a provider.
-        func isDetached(_ attempt: JobAttempt) -> Bool { detached.withLock { $0.contains(attempt) } }
-
         /// Attempts of image models whose providers answered: they finish (check, thumbnail,
         /// store) without a place, which went to the next job. Unlike a detached generation, a
         /// stopping worker finishes them. At most `capacity` at once: past that a job keeps its
@@ -658,8 +655,9 @@ public struct Worker: Service {
 
     /// Runs a job (in its own task of `run`'s group, from its assignment): it takes a place once
     /// its input is ready (`place`), and gives it to the next job when it ends, or earlier when
-    /// its image model answered or its generation waits in a provider's queue. A cancel (`Running.cancel`, or the hand-off as the worker stops) fires the job's
-    /// signal, which cancels its work.
+    /// its image model answered or its generation waits in a provider's queue. A cancel
+    /// (`Running.cancel`, or the hand-off as the worker stops) fires the job's signal, which
+    /// cancels its work.
     private func runJob(_ job: JobAssignment, channel: BusChannel, running: Running, unrecorded: Unrecorded, renewed: Renewed, generations: Generations) async {
         let attempt = job.attempt
         let placed = PlaceClock()
