@@ -1,5 +1,7 @@
 import Foundation
+import Logging
 import Testing
+import WorkerKit
 
 @Suite("Worker scratch folders")
 struct WorkerScratchTests {
@@ -50,6 +52,24 @@ struct WorkerScratchTests {
         #expect(try await worker.waitForExit(within: .seconds(10)) == 0)
         #expect(!exists(own))
         #expect(exists(running) && exists(elsewhere))
+    }
+
+    @Test func aWorkerFindingAFolderOfItsOwnNameLeftBehindEmptiesIt() throws {
+        // Given the folder a worker of the same pid left when it was killed (a container's worker
+        // restarted as pid 1 again), with a job's half-written files in it
+        let temporary = FileManager.default.temporaryDirectory.appendingPathComponent("scratch-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: temporary) }
+        let pid = try deadPid()
+        let left = temporary.appendingPathComponent("photoedit-worker-\(pid)/job-1-abcd")
+        try FileManager.default.createDirectory(at: left, withIntermediateDirectories: true)
+        try Data("half an image".utf8).write(to: left.appendingPathComponent("input.jpg"))
+        // When a worker of that pid claims it
+        let scratch = try ScratchFolder.claim(path: nil, parent: temporary, pid: pid, logger: Logger(label: "test"))
+        // Then it is its folder, locked, with nothing of the last worker's jobs in it
+        #expect(scratch.url.lastPathComponent == "photoedit-worker-\(pid)")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: scratch.url.path) == [".lock"])
+        scratch.release()
+        #expect(!FileManager.default.fileExists(atPath: scratch.url.path))
     }
 
     @Test func aFolderTheOperatorNamesIsNeitherSweptNorRemoved() async throws {

@@ -18,26 +18,30 @@ public final class ScratchFolder: Sendable {
     /// The default folders' names, before the pid.
     public static let prefix = "photoedit-worker-"
 
-    /// The default folder of this process.
-    public static var defaultURL: URL {
-        FileManager.default.temporaryDirectory.appendingPathComponent("\(prefix)\(ProcessInfo.processInfo.processIdentifier)")
-    }
-
-    /// Creates the folder at `path` (the operator's), or the default one, locked, after sweeping
-    /// the default folders of workers that are gone.
-    public static func claim(path: String?, logger: Logger) throws -> ScratchFolder {
+    /// Creates the folder at `path` (the operator's), or the default one (in `parent`, named for
+    /// `pid`: this process's, but for tests), locked, after sweeping the default folders of
+    /// workers that are gone.
+    public static func claim(
+        path: String?, parent: URL = FileManager.default.temporaryDirectory, pid: Int32 = ProcessInfo.processInfo.processIdentifier,
+        logger: Logger
+    ) throws -> ScratchFolder {
         if let path {
             let url = URL(fileURLWithPath: path)
             try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
             return ScratchFolder(url: url, lock: -1)
         }
-        let url = defaultURL
+        let url = parent.appendingPathComponent("\(prefix)\(pid)")
         try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
         let lock = open(url.appendingPathComponent(".lock").path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         guard lock >= 0, flock(lock, LOCK_EX | LOCK_NB) == 0 else {
             let reason = String(cString: strerror(errno))
             if lock >= 0 { close(lock) }
             throw EffectError("cannot lock the scratch folder \(url.path): \(reason)", retryable: false)
+        }
+        // A folder of this name already there was left by a process of this pid that is gone
+        // (a container's worker restarted, pid 1 again): its jobs' files go.
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: url.path)) ?? [] where name != ".lock" {
+            try? FileManager.default.removeItem(at: url.appendingPathComponent(name))
         }
         let swept = sweep(in: url.deletingLastPathComponent(), except: url.lastPathComponent)
         if swept > 0 { logger.info("removed the scratch folders of workers that are gone", metadata: ["folders": "\(swept)"]) }
