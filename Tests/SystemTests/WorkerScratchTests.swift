@@ -44,9 +44,12 @@ struct WorkerScratchTests {
         let own = temporary.appendingPathComponent("photoedit-worker-\(worker.pid)")
         func exists(_ url: URL) -> Bool { FileManager.default.fileExists(atPath: url.path) }
         // Then the folders of the workers that are gone are removed, the others kept
-        try await waitUntil { !exists(killed) && !exists(older) && exists(own.appendingPathComponent(".lock")) }
+        // (and says so: the line comes after the removals, so it is waited for too)
+        try await waitUntil {
+            !exists(killed) && !exists(older) && exists(own.appendingPathComponent(".lock"))
+                && worker.output.contains("removed the scratch folders of workers that are gone")
+        }
         #expect(exists(running) && exists(elsewhere) && exists(unrelated))
-        #expect(worker.output.contains("removed the scratch folders of workers that are gone"))
         // And when it stops, its own folder goes with it
         worker.signal(SIGTERM)
         #expect(try await worker.waitForExit(within: .seconds(10)) == 0)

@@ -171,12 +171,15 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         }
 
         /// The attempt it holds in a slot needs the slot no more (its result is being written, or
-        /// its model answered): the slot counts as free.
-        mutating func finish(_ attempt: JobAttempt) {
-            guard var slot = held[attempt.jobId], slot.attempt == attempt.attempt, !slot.finishing else { return }
+        /// its model answered): the slot counts as free. False if it holds no such slot (another
+        /// attempt, or one finishing already).
+        @discardableResult
+        mutating func finish(_ attempt: JobAttempt) -> Bool {
+            guard var slot = held[attempt.jobId], slot.attempt == attempt.attempt, !slot.finishing else { return false }
             slot.finishing = true
             held[attempt.jobId] = slot
             finishing += 1
+            return true
         }
 
         /// Its result's write is over (dropped next, or kept after a failed write: its slot
@@ -349,8 +352,7 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
             return leaving(peer, returned: returned)
         case .answered(let attempt):
             // Only for an attempt in one of the worker's slots under its current number.
-            guard let held = workers[peer]?.held[attempt.jobId], held.attempt == attempt.attempt, !held.finishing else { return [] }
-            workers[peer]?.finish(attempt)
+            guard workers[peer]?.finish(attempt) == true else { return [] }
             workers[peer]?.held[attempt.jobId]?.provider = nil
             return dispatch(now: now)
         case .renew(let attempt):

@@ -11,6 +11,11 @@ import Logging
 /// neither swept nor removed. All of this is blocking file work, done as the process starts and
 /// ends, before and after its services run.
 public final class ScratchFolder: Sendable {
+    /// The worker cannot start: its scratch folder cannot be claimed.
+    public struct ScratchFolderError: Error, CustomStringConvertible {
+        public var description: String
+    }
+
     public let url: URL
     /// The open, locked `.lock` file of a folder of our own naming; -1 for the operator's folder.
     private let lock: Int32
@@ -36,7 +41,7 @@ public final class ScratchFolder: Sendable {
         guard lock >= 0, flock(lock, LOCK_EX | LOCK_NB) == 0 else {
             let reason = String(cString: strerror(errno))
             if lock >= 0 { close(lock) }
-            throw EffectError("cannot lock the scratch folder \(url.path): \(reason)", retryable: false)
+            throw ScratchFolderError(description: "cannot lock the scratch folder \(url.path): \(reason)")
         }
         // A folder of this name already there was left by a process of this pid that is gone
         // (a container's worker restarted, pid 1 again): its jobs' files go.
