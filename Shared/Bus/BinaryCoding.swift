@@ -30,7 +30,13 @@ public enum BinaryCoding {
 
     /// Encodes `value`.
     public static func encode<T: Encodable>(_ value: T) throws -> [UInt8] {
-        let writer = BinaryWriter()
+        try encode(value, direct: true)
+    }
+
+    /// Encodes `value`; with `direct` false, the messages written by hand (`BinaryDirectCodable`)
+    /// go through their `Codable` form instead, which the tests compare them with.
+    static func encode<T: Encodable>(_ value: T, direct: Bool) throws -> [UInt8] {
+        let writer = BinaryWriter(direct: direct)
         try writer.encodeValue(value, codingPath: [])
         writer.close(downTo: 0)
         if let error = writer.error { throw error }
@@ -39,7 +45,12 @@ public enum BinaryCoding {
 
     /// Decodes a `T` from `bytes`, which must hold exactly one value.
     public static func decode<T: Decodable>(_ type: T.Type, from bytes: [UInt8]) throws -> T {
-        let reader = BinaryReader(bytes)
+        try decode(type, from: bytes, direct: true)
+    }
+
+    /// Decodes a `T`; with `direct` false, as `encode(_:direct:)`.
+    static func decode<T: Decodable>(_ type: T.Type, from bytes: [UInt8], direct: Bool) throws -> T {
+        let reader = BinaryReader(bytes, direct: direct)
         let end = try reader.valueEnd(at: 0, limit: bytes.count, codingPath: [])
         guard end == bytes.count else {
             throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "\(bytes.count - end) bytes after the value"))
@@ -57,8 +68,13 @@ final class BinaryWriter {
     var bytes: [UInt8] = []
     private var open: [Int] = []
     var error: (any Error)?
+    /// Whether messages written by hand (`BinaryDirectCodable`) write themselves.
+    let direct: Bool
 
-    init() { bytes.reserveCapacity(256) }
+    init(direct: Bool = true) {
+        self.direct = direct
+        bytes.reserveCapacity(256)
+    }
 
     var depth: Int { open.count }
 
@@ -105,6 +121,7 @@ final class BinaryWriter {
         if T.self == Data.self { return writeBytes(value as! Data) }
         // As `Date`'s own `Codable` writes it: seconds since 2001 as a double.
         if T.self == Date.self { return write((value as! Date).timeIntervalSinceReferenceDate) }
+        if direct, let message = value as? any BinaryDirectCodable { return encodeDirect(message) }
         if let dictionary = value as? any BinaryStringKeyedDictionary {
             return try dictionary.encodeBinary(self, codingPath: codingPath())
         }
@@ -393,8 +410,13 @@ struct DictionaryKey: CodingKey {
 /// the enclosing value, so garbage gives a `DecodingError`, never a trap.
 final class BinaryReader {
     let bytes: [UInt8]
+    /// Whether messages written by hand (`BinaryDirectCodable`) read themselves.
+    let direct: Bool
 
-    init(_ bytes: [UInt8]) { self.bytes = bytes }
+    init(_ bytes: [UInt8], direct: Bool = true) {
+        self.bytes = bytes
+        self.direct = direct
+    }
 
     func corrupt(_ codingPath: [any CodingKey], _ description: String) -> DecodingError {
         .dataCorrupted(.init(codingPath: codingPath, debugDescription: description))
@@ -519,6 +541,9 @@ final class BinaryReader {
         if T.self == Data.self { return try decodeData(at: offset, limit: limit, codingPath: codingPath()) as! T }
         if T.self == Date.self {
             return Date(timeIntervalSinceReferenceDate: try decodeDouble(at: offset, limit: limit, codingPath: codingPath())) as! T
+        }
+        if direct, let message = T.self as? any BinaryDirectCodable.Type {
+            return try decodeDirect(message, at: offset, limit: limit, depth: depth, parentPath: codingPath(), name: nil) as! T
         }
         if let dictionary = T.self as? any BinaryStringKeyedDictionary.Type {
             return try dictionary.decodeBinary(self, at: offset, limit: limit, depth: depth, codingPath: codingPath()) as! T

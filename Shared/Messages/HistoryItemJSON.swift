@@ -88,6 +88,26 @@ public struct RenderedHistoryPage: Codable, Sendable, Equatable {
         public var month: String
         public var title: String
         public var items: [Int]
+
+        public init(month: String, title: String, items: [Int]) {
+            self.month = month
+            self.title = title
+            self.items = items
+        }
+    }
+
+    public init(
+        heads: [String], statuses: [HistoryStatus], resultKeys: [String], thumbnailKeys: [String], totalCount: Int, hasMore: Bool,
+        nextCursor: String?, sections: [Section]?
+    ) {
+        self.heads = heads
+        self.statuses = statuses
+        self.resultKeys = resultKeys
+        self.thumbnailKeys = thumbnailKeys
+        self.totalCount = totalCount
+        self.hasMore = hasMore
+        self.nextCursor = nextCursor
+        self.sections = sections
     }
 
     /// `page` with its items written.

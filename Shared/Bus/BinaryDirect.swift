@@ -1,0 +1,497 @@
+import Foundation
+import Messages
+
+/// A message on a hot path that writes and reads its `BinaryCoding` form by hand, in exactly the
+/// bytes its `Codable` form gives (its fields' names in declaration order, an absent optional left
+/// out; read in any order, unknown fields skipped), so a peer may use either path and the tests
+/// hold the two to the same bytes and values.
+///
+/// Why: Codable's generic containers look up type metadata for every container and every value
+/// (`_swift_getGenericMetadata`, `KeyedDecodingContainer`'s box), which was most of the cost of
+/// decoding a `QuotaStatus` in the gateway's `users/me` (perf: 6-7% of the machine, the largest
+/// share of the gateway's own code). Only the few messages every request carries are written
+/// this way (docs/bus.md); the rest stay plain `Codable`.
+protocol BinaryDirectCodable: Codable {
+    func writeBinary(_ fields: inout BinaryFieldWriter)
+    init(binary fields: BinaryFieldReader) throws
+}
+
+// MARK: - Writing
+
+/// Writes one keyed container's fields: a name, then its value as `BinaryWriter` writes it.
+struct BinaryFieldWriter {
+    let writer: BinaryWriter
+
+    /// A field's name. Every value written after one closes the containers it opened (as
+    /// `encodeValue` and `encodeDirect` do), so the container is still the innermost open one.
+    @inline(__always) private func key(_ name: StaticString) {
+        writer.writeVarint(UInt64(name.utf8CodeUnitCount))
+        writer.bytes.append(contentsOf: UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
+    }
+
+    mutating func write(_ name: StaticString, _ value: String) { key(name); writer.write(value) }
+    mutating func write(_ name: StaticString, _ value: Int) { key(name); writer.write(Int64(value)) }
+    mutating func write(_ name: StaticString, _ value: Bool) { key(name); writer.write(value) }
+    mutating func write(_ name: StaticString, _ value: Double) { key(name); writer.write(value) }
+    /// As `Date`'s own `Codable` writes it: seconds since 2001 as a double.
+    mutating func write(_ name: StaticString, _ value: Date) { key(name); writer.write(value.timeIntervalSinceReferenceDate) }
+
+    // Optionals as `encodeIfPresent` writes them: nothing when nil.
+    mutating func write(_ name: StaticString, _ value: String?) { if let value { write(name, value) } }
+    mutating func write(_ name: StaticString, _ value: Int?) { if let value { write(name, value) } }
+    mutating func write(_ name: StaticString, _ value: Bool?) { if let value { write(name, value) } }
+    mutating func write(_ name: StaticString, _ value: Date?) { if let value { write(name, value) } }
+
+    /// An enum with `String` raw values, as its synthesized `Codable` writes it: the raw value.
+    mutating func write<T: RawRepresentable>(raw name: StaticString, _ value: T) where T.RawValue == String {
+        write(name, value.rawValue)
+    }
+
+    /// Strings, and enums with `String` raw values, in an array.
+    mutating func write(_ name: StaticString, _ values: [String]) { write(name, values, \.self) }
+    mutating func write<T: RawRepresentable>(raw name: StaticString, _ values: [T]) where T.RawValue == String {
+        write(name, values, \.rawValue)
+    }
+
+    private mutating func write<T>(_ name: StaticString, _ values: [T], _ text: KeyPath<T, String>) {
+        key(name)
+        let depth = writer.depth
+        writer.openContainer(.array)
+        for value in values { writer.write(value[keyPath: text]) }
+        writer.close(downTo: depth)
+    }
+
+    /// A nested message written by hand.
+    mutating func write<T: BinaryDirectCodable>(_ name: StaticString, _ value: T) {
+        key(name)
+        writer.encodeDirect(value)
+    }
+
+    /// Any other optional value, through its `Codable` form; nothing when nil.
+    mutating func write<T: Encodable>(_ name: StaticString, _ value: T?) { if let value { write(name, value) } }
+
+    /// Any other value, through its `Codable` form.
+    mutating func write<T: Encodable>(_ name: StaticString, _ value: T) {
+        key(name)
+        do {
+            try writer.encodeValue(value, codingPath: [DictionaryKey("\(name)")])
+        } catch {
+            if writer.error == nil { writer.error = error }
+        }
+    }
+}
+
+extension BinaryWriter {
+    /// Writes `value`'s keyed container through its own `writeBinary`.
+    func encodeDirect<T: BinaryDirectCodable>(_ value: T) {
+        let depth = self.depth
+        openContainer(.keyed)
+        var fields = BinaryFieldWriter(writer: self)
+        value.writeBinary(&fields)
+        close(downTo: depth)
+    }
+}
+
+// MARK: - Reading
+
+/// The fields of one keyed container, read in the order they were written.
+struct BinaryFieldReader {
+    let reader: BinaryReader
+    let body: Range<Int>
+    /// The depth of the values inside (the container's own plus one), as `BinaryKeyedDecoder`'s.
+    let depth: Int
+    /// The path to the container: its parent's, and the field that holds it (nil at the top or
+    /// under a `Codable` value). Kept apart so that a path is built only for an error.
+    let parentPath: [any CodingKey]
+    let name: Range<Int>?
+
+    var codingPath: [any CodingKey] {
+        guard let name else { return parentPath }
+        return parentPath + [DictionaryKey(String(decoding: reader.bytes[name], as: UTF8.self))]
+    }
+
+    /// Calls `read` with each field's name and value; a name the message does not know is for the
+    /// caller to skip (a field added by a newer peer).
+    @inline(__always) func forEach(_ read: (BinaryFieldName, BinaryFieldValue) throws -> Void) throws {
+        var position = body.lowerBound
+        while position < body.upperBound {
+            let name = try reader.run(at: position, limit: body.upperBound, codingPath: codingPath)
+            let end = try reader.valueEnd(at: name.upperBound, limit: body.upperBound, codingPath: codingPath)
+            try reader.bytes.withUnsafeBytes { bytes in
+                try read(BinaryFieldName(bytes: UnsafeRawBufferPointer(rebasing: bytes[name])), BinaryFieldValue(fields: self, name: name, offset: name.upperBound, limit: end))
+            }
+            position = end
+        }
+    }
+
+    /// `value`, or the error `Codable` gives for a field that is not there.
+    func required<T>(_ value: T?, _ name: StaticString) throws -> T {
+        guard let value else {
+            let key = DictionaryKey("\(name)")
+            throw DecodingError.keyNotFound(key, .init(codingPath: codingPath, debugDescription: "no value for '\(key.stringValue)'"))
+        }
+        return value
+    }
+}
+
+/// A field's name, matched against the message's names in a `switch` (`case "userId":`).
+struct BinaryFieldName {
+    let bytes: UnsafeRawBufferPointer
+
+    @inline(__always) static func ~= (pattern: StaticString, name: BinaryFieldName) -> Bool {
+        pattern.utf8CodeUnitCount == name.bytes.count
+            && (name.bytes.isEmpty || memcmp(pattern.utf8Start, name.bytes.baseAddress!, name.bytes.count) == 0)
+    }
+}
+
+/// One field's value, read as the message's type for it; a value of another type is the same
+/// `DecodingError` the `Codable` path gives.
+struct BinaryFieldValue {
+    let fields: BinaryFieldReader
+    /// Where the field's name is in the bytes.
+    let name: Range<Int>
+    let offset: Int
+    let limit: Int
+
+    private var reader: BinaryReader { fields.reader }
+
+    /// The field's path, for errors only.
+    var codingPath: [any CodingKey] {
+        fields.codingPath + [DictionaryKey(String(decoding: reader.bytes[name], as: UTF8.self))]
+    }
+
+    var isNil: Bool { reader.bytes[offset] == BinaryCoding.Tag.null.rawValue }
+
+    func string() throws -> String { try reader.decodeString(at: offset, limit: limit, codingPath: codingPath) }
+    func int() throws -> Int { try reader.decodeInteger(Int.self, at: offset, limit: limit, codingPath: codingPath) }
+    func bool() throws -> Bool { try reader.decodeBool(at: offset, limit: limit, codingPath: codingPath) }
+    func double() throws -> Double { try reader.decodeDouble(at: offset, limit: limit, codingPath: codingPath) }
+    func date() throws -> Date {
+        Date(timeIntervalSinceReferenceDate: try reader.decodeDouble(at: offset, limit: limit, codingPath: codingPath))
+    }
+
+    // Optionals as `decodeIfPresent` reads them: nil for a nil value as for a missing field.
+    func optionalString() throws -> String? { isNil ? nil : try string() }
+    func optionalInt() throws -> Int? { isNil ? nil : try int() }
+    func optionalBool() throws -> Bool? { isNil ? nil : try bool() }
+    func optionalDate() throws -> Date? { isNil ? nil : try date() }
+
+    /// An enum with `String` raw values, from its raw value.
+    func raw<T: RawRepresentable>(_ type: T.Type) throws -> T where T.RawValue == String {
+        let text = try string()
+        guard let value = T(rawValue: text) else {
+            throw DecodingError.dataCorrupted(.init(codingPath: codingPath, debugDescription: "Cannot initialize \(T.self) from invalid String value \(text)"))
+        }
+        return value
+    }
+
+    /// An array of strings.
+    func strings() throws -> [String] {
+        var strings: [String] = []
+        try forEachElement { offset, end in strings.append(try reader.decodeString(at: offset, limit: end, codingPath: codingPath)) }
+        return strings
+    }
+
+    /// An array of enums with `String` raw values.
+    func raws<T: RawRepresentable>(_ type: T.Type) throws -> [T] where T.RawValue == String {
+        try strings().map { text in
+            guard let value = T(rawValue: text) else {
+                throw DecodingError.dataCorrupted(.init(codingPath: codingPath, debugDescription: "Cannot initialize \(T.self) from invalid String value \(text)"))
+            }
+            return value
+        }
+    }
+
+    private func forEachElement(_ read: (Int, Int) throws -> Void) throws {
+        let tag = try reader.tag(at: offset, limit: limit, codingPath: codingPath)
+        guard tag == .array else { throw reader.typeMismatch([Any].self, tag, codingPath) }
+        let body = try reader.containerBody(at: offset, limit: limit, codingPath: codingPath)
+        var position = body.lowerBound
+        while position < body.upperBound {
+            let end = try reader.valueEnd(at: position, limit: body.upperBound, codingPath: codingPath)
+            try read(position, end)
+            position = end
+        }
+    }
+
+    /// A nested message read by hand.
+    func decode<T: BinaryDirectCodable>(_ type: T.Type) throws -> T {
+        try reader.decodeDirect(type, at: offset, limit: limit, depth: fields.depth, parentPath: fields.codingPath, name: name)
+    }
+
+    /// Any other value, through its `Codable` form.
+    func decode<T: Decodable>(_ type: T.Type) throws -> T {
+        try reader.decodeValue(type, at: offset, limit: limit, depth: fields.depth, codingPath: codingPath)
+    }
+}
+
+extension BinaryReader {
+    /// Reads a `T` from the keyed container at `offset` through its own `init(binary:)`; the
+    /// container is the field `name` of a container at `parentPath`, or the value at `parentPath`.
+    func decodeDirect<T: BinaryDirectCodable>(
+        _ type: T.Type, at offset: Int, limit: Int, depth: Int, parentPath: [any CodingKey], name: Range<Int>?
+    ) throws -> T {
+        let fields = BinaryFieldReader(reader: self, body: offset..<offset, depth: depth + 1, parentPath: parentPath, name: name)
+        let tag = try tag(at: offset, limit: limit, codingPath: fields.codingPath)
+        guard tag == .keyed else { throw typeMismatch(T.self, tag, fields.codingPath) }
+        guard depth < BinaryCoding.maxDepth else { throw corrupt(fields.codingPath, "nested deeper than \(BinaryCoding.maxDepth)") }
+        let body = try containerBody(at: offset, limit: limit, codingPath: fields.codingPath)
+        return try T(binary: BinaryFieldReader(reader: self, body: body, depth: depth + 1, parentPath: parentPath, name: name))
+    }
+}
+
+// MARK: - The messages of every request
+
+extension UserReference: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("userId", userId)
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var userId: String?
+        try fields.forEach { name, value in
+            switch name {
+            case "userId": userId = try value.string()
+            default: break
+            }
+        }
+        self.init(userId: try fields.required(userId, "userId"))
+    }
+}
+
+extension QuotaWindow: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("name", name)
+        fields.write("limit", limit)
+        fields.write("used", used)
+        fields.write("remaining", remaining)
+        fields.write("startsAt", startsAt)
+        fields.write("resetsAt", resetsAt)
+        fields.write("nominalSeconds", nominalSeconds)
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var name: String?, limit: Int?, used: Int?, remaining: Int?, startsAt: Date?, resetsAt: Date?, nominalSeconds: Int?
+        try fields.forEach { field, value in
+            switch field {
+            case "name": name = try value.string()
+            case "limit": limit = try value.optionalInt()
+            case "used": used = try value.int()
+            case "remaining": remaining = try value.optionalInt()
+            case "startsAt": startsAt = try value.date()
+            case "resetsAt": resetsAt = try value.date()
+            case "nominalSeconds": nominalSeconds = try value.int()
+            default: break
+            }
+        }
+        self.init(
+            name: try fields.required(name, "name"), limit: limit, used: try fields.required(used, "used"), remaining: remaining,
+            startsAt: try fields.required(startsAt, "startsAt"), resetsAt: try fields.required(resetsAt, "resetsAt"),
+            nominalSeconds: try fields.required(nominalSeconds, "nominalSeconds")
+        )
+    }
+}
+
+extension QuotaStatus: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("userId", userId)
+        fields.write("plan", plan)
+        fields.write("isPro", isPro)
+        fields.write("timeZone", timeZone)
+        fields.write("daily", daily)
+        fields.write("monthly", monthly)
+        fields.write("retentionDays", retentionDays)
+        fields.write("planEndsAt", planEndsAt)
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var userId: String?, plan: String?, isPro: Bool?, timeZone: String?, daily: QuotaWindow?, monthly: QuotaWindow?
+        var retentionDays: Int?, planEndsAt: Date?
+        try fields.forEach { name, value in
+            switch name {
+            case "userId": userId = try value.string()
+            case "plan": plan = try value.string()
+            case "isPro": isPro = try value.bool()
+            case "timeZone": timeZone = try value.optionalString()
+            case "daily": daily = try value.decode(QuotaWindow.self)
+            case "monthly": monthly = try value.decode(QuotaWindow.self)
+            case "retentionDays": retentionDays = try value.int()
+            case "planEndsAt": planEndsAt = try value.optionalDate()
+            default: break
+            }
+        }
+        self.init(
+            userId: try fields.required(userId, "userId"), plan: try fields.required(plan, "plan"), isPro: try fields.required(isPro, "isPro"),
+            timeZone: timeZone, daily: try fields.required(daily, "daily"), monthly: try fields.required(monthly, "monthly"),
+            retentionDays: try fields.required(retentionDays, "retentionDays"), planEndsAt: planEndsAt
+        )
+    }
+}
+
+extension ReserveQuota: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("userId", userId)
+        fields.write("jobId", jobId)
+        fields.write("cost", cost)
+        fields.write("network", network)
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var userId: String?, jobId: String?, cost: Int?, network: String?
+        try fields.forEach { name, value in
+            switch name {
+            case "userId": userId = try value.string()
+            case "jobId": jobId = try value.string()
+            case "cost": cost = try value.int()
+            case "network": network = try value.optionalString()
+            default: break
+            }
+        }
+        self.init(userId: try fields.required(userId, "userId"), jobId: try fields.required(jobId, "jobId"), cost: try fields.required(cost, "cost"), network: network)
+    }
+}
+
+extension QuotaDecision: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("admitted", admitted)
+        fields.write("jobId", jobId)
+        fields.write("status", status)
+        fields.write("violated", violated)
+        fields.write("retryAt", retryAt)
+        fields.write("networkRemaining", networkRemaining)
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var admitted: Bool?, jobId: String?, status: QuotaStatus?, violated: [String]?, retryAt: Date?, networkRemaining: Int?
+        try fields.forEach { name, value in
+            switch name {
+            case "admitted": admitted = try value.bool()
+            case "jobId": jobId = try value.string()
+            case "status": status = try value.decode(QuotaStatus.self)
+            case "violated": violated = try value.strings()
+            case "retryAt": retryAt = try value.optionalDate()
+            case "networkRemaining": networkRemaining = try value.optionalInt()
+            default: break
+            }
+        }
+        self.init(
+            admitted: try fields.required(admitted, "admitted"), jobId: try fields.required(jobId, "jobId"),
+            status: try fields.required(status, "status"), violated: try fields.required(violated, "violated"),
+            retryAt: retryAt, networkRemaining: networkRemaining
+        )
+    }
+}
+
+// MARK: - Jobs and history pages
+
+extension JobRecord: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("id", id)
+        fields.write("userId", userId)
+        fields.write("isPro", isPro)
+        fields.write("imageKey", imageKey)
+        fields.write("effectId", effectId)
+        fields.write("parameters", parameters)
+        fields.write("prompt", prompt)
+        fields.write(raw: "status", status)
+        fields.write("progress", progress)
+        fields.write("attempts", attempts)
+        fields.write("maxAttempts", maxAttempts)
+        fields.write("lastError", lastError)
+        fields.write("resultKey", resultKey)
+        fields.write("thumbnailKey", thumbnailKey)
+        fields.write("createdAt", createdAt)
+        fields.write("updatedAt", updatedAt)
+        fields.write("startedAt", startedAt)
+        fields.write("finishedAt", finishedAt)
+        fields.write("version", version)
+        fields.write("cancelRequested", cancelRequested)
+        fields.write("credits", credits)
+        fields.write("submission", submission)
+        fields.write("traceParent", traceParent)
+    }
+
+    /// As `init(from:)`: `cancelRequested` defaults to false and `credits` to `Jobs.defaultCredits`.
+    init(binary fields: BinaryFieldReader) throws {
+        var id: String?, userId: String?, isPro: Bool?, imageKey: String?, effectId: String?, parameters: [String: Double]?
+        var prompt: String?, status: JobStatus?, progress: Double?, attempts: Int?, maxAttempts: Int?, lastError: String?
+        var resultKey: String?, thumbnailKey: String?, createdAt: Date?, updatedAt: Date?, startedAt: Date?, finishedAt: Date?
+        var version: Int?, cancelRequested: Bool?, credits: Int?, submission: ProviderRequest?, traceParent: String?
+        try fields.forEach { name, value in
+            switch name {
+            case "id": id = try value.string()
+            case "userId": userId = try value.string()
+            case "isPro": isPro = try value.bool()
+            case "imageKey": imageKey = try value.string()
+            case "effectId": effectId = try value.string()
+            case "parameters": parameters = try value.decode([String: Double].self)
+            case "prompt": prompt = try value.optionalString()
+            case "status": status = try value.raw(JobStatus.self)
+            case "progress": progress = try value.double()
+            case "attempts": attempts = try value.int()
+            case "maxAttempts": maxAttempts = try value.int()
+            case "lastError": lastError = try value.optionalString()
+            case "resultKey": resultKey = try value.optionalString()
+            case "thumbnailKey": thumbnailKey = try value.optionalString()
+            case "createdAt": createdAt = try value.date()
+            case "updatedAt": updatedAt = try value.date()
+            case "startedAt": startedAt = try value.optionalDate()
+            case "finishedAt": finishedAt = try value.optionalDate()
+            case "version": version = try value.int()
+            case "cancelRequested": cancelRequested = try value.optionalBool()
+            case "credits": credits = try value.optionalInt()
+            case "submission": submission = value.isNil ? nil : try value.decode(ProviderRequest.self)
+            case "traceParent": traceParent = try value.optionalString()
+            default: break
+            }
+        }
+        self.init(
+            id: try fields.required(id, "id"), userId: try fields.required(userId, "userId"), isPro: try fields.required(isPro, "isPro"),
+            imageKey: try fields.required(imageKey, "imageKey"), effectId: try fields.required(effectId, "effectId"),
+            parameters: try fields.required(parameters, "parameters"), prompt: prompt, status: try fields.required(status, "status"),
+            progress: try fields.required(progress, "progress"), attempts: try fields.required(attempts, "attempts"),
+            maxAttempts: try fields.required(maxAttempts, "maxAttempts"), lastError: lastError, resultKey: resultKey,
+            thumbnailKey: thumbnailKey, createdAt: try fields.required(createdAt, "createdAt"),
+            updatedAt: try fields.required(updatedAt, "updatedAt"), startedAt: startedAt, finishedAt: finishedAt,
+            version: try fields.required(version, "version"), cancelRequested: cancelRequested ?? false,
+            credits: credits ?? Jobs.defaultCredits, submission: submission, traceParent: traceParent
+        )
+    }
+}
+
+extension RenderedHistoryPage: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("heads", heads)
+        fields.write(raw: "statuses", statuses)
+        fields.write("resultKeys", resultKeys)
+        fields.write("thumbnailKeys", thumbnailKeys)
+        fields.write("totalCount", totalCount)
+        fields.write("hasMore", hasMore)
+        fields.write("nextCursor", nextCursor)
+        fields.write("sections", sections)
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var heads: [String]?, statuses: [HistoryStatus]?, resultKeys: [String]?, thumbnailKeys: [String]?, totalCount: Int?
+        var hasMore: Bool?, nextCursor: String?, sections: [Section]?
+        try fields.forEach { name, value in
+            switch name {
+            case "heads": heads = try value.strings()
+            case "statuses": statuses = try value.raws(HistoryStatus.self)
+            case "resultKeys": resultKeys = try value.strings()
+            case "thumbnailKeys": thumbnailKeys = try value.strings()
+            case "totalCount": totalCount = try value.int()
+            case "hasMore": hasMore = try value.bool()
+            case "nextCursor": nextCursor = try value.optionalString()
+            case "sections": sections = value.isNil ? nil : try value.decode([Section].self)
+            default: break
+            }
+        }
+        self.init(
+            heads: try fields.required(heads, "heads"), statuses: try fields.required(statuses, "statuses"),
+            resultKeys: try fields.required(resultKeys, "resultKeys"), thumbnailKeys: try fields.required(thumbnailKeys, "thumbnailKeys"),
+            totalCount: try fields.required(totalCount, "totalCount"), hasMore: try fields.required(hasMore, "hasMore"),
+            nextCursor: nextCursor, sections: sections
+        )
+    }
+}

@@ -1,0 +1,227 @@
+import Foundation
+import Messages
+import Testing
+
+@testable import Bus
+
+/// The messages that write and read their binary form by hand (`BinaryDirectCodable`) against
+/// their `Codable` form in the same coding: the same bytes, the same values, and the same
+/// tolerance of added, missing, reordered and wrong fields.
+@Suite("Binary coding: messages written by hand")
+struct BinaryDirectTests {
+    private static let instant = Date(timeIntervalSince1970: 1_795_000_000.125)
+
+    private static func window(_ name: String, limit: Int?, used: Int) -> QuotaWindow {
+        QuotaWindow(
+            name: name, limit: limit, used: used, remaining: limit.map { max(0, $0 - used) },
+            startsAt: instant, resetsAt: instant.addingTimeInterval(86_400), nominalSeconds: 86_400
+        )
+    }
+
+    private static let statuses: [QuotaStatus] = [
+        QuotaStatus(
+            userId: "user-1", plan: "free", isPro: false, timeZone: nil,
+            daily: window("daily", limit: 20, used: 3), monthly: window("monthly", limit: 600, used: 40)
+        ),
+        QuotaStatus(
+            userId: "ü-☃︎-2", plan: "pro", isPro: true, timeZone: "Europe/Berlin",
+            daily: window("daily", limit: 500, used: 500), monthly: window("monthly", limit: nil, used: Int.max),
+            retentionDays: 365, planEndsAt: instant.addingTimeInterval(-0.5)
+        ),
+        QuotaStatus(
+            userId: "", plan: "", isPro: false, timeZone: "",
+            daily: window("", limit: nil, used: Int.min), monthly: window("monthly", limit: -1, used: 0), retentionDays: 0
+        ),
+    ]
+
+    private static let decisions: [QuotaDecision] = statuses.flatMap { status in
+        [
+            QuotaDecision(admitted: true, jobId: "job-1", status: status, violated: [], retryAt: nil),
+            QuotaDecision(admitted: false, jobId: "", status: status, violated: ["daily", "network"], retryAt: instant, networkRemaining: 0),
+        ]
+    }
+
+    private static let reservations = [
+        ReserveQuota(userId: "user-1", jobId: "job-1"),
+        ReserveQuota(userId: "guest-2", jobId: "job-2", cost: 25, network: "v4:203.0.113.0/24"),
+    ]
+
+    private static let jobs: [JobRecord] = [
+        JobRecord(
+            id: "job-1", userId: "user-1", isPro: false, imageKey: "uploads/user-1/a.jpg", effectId: "copy", parameters: [:],
+            prompt: nil, status: .queued, progress: 0, attempts: 0, maxAttempts: 3, lastError: nil, resultKey: nil, thumbnailKey: nil,
+            createdAt: instant, updatedAt: instant, startedAt: nil, finishedAt: nil, version: 1
+        ),
+        JobRecord(
+            id: "job-2", userId: "user-2", isPro: true, imageKey: "uploads/user-2/b.png", effectId: "video-zoom",
+            parameters: ["strength": 0.75, "seed": -3], prompt: "a \"storm\" at sea", status: .failed, progress: 0.5, attempts: 3,
+            maxAttempts: 3, lastError: "provider said no", resultKey: "results/job-2.mp4", thumbnailKey: "thumbnails/job-2.jpg",
+            createdAt: instant, updatedAt: instant.addingTimeInterval(9.5), startedAt: instant.addingTimeInterval(1),
+            finishedAt: instant.addingTimeInterval(9.5), version: 7, cancelRequested: true, credits: 25,
+            submission: ProviderRequest(
+                provider: "fal", requestId: "r-1", statusURL: "https://queue.fal.run/x/status", responseURL: "https://queue.fal.run/x",
+                cancelURL: nil, submittedAt: instant
+            ),
+            traceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        ),
+    ]
+
+    private static let pages: [RenderedHistoryPage] = [
+        RenderedHistoryPage(heads: [], statuses: [], resultKeys: [], thumbnailKeys: [], totalCount: 0, hasMore: false, nextCursor: nil, sections: nil),
+        RenderedHistoryPage(
+            heads: [#"{"id":"a","prompt":"é"#, #"{"id":"b""#], statuses: [.completed, .failed], resultKeys: ["results/a.jpg", ""],
+            thumbnailKeys: ["thumbnails/a.jpg", ""], totalCount: 90, hasMore: true, nextCursor: "eyJ0IjoxfQ",
+            sections: [.init(month: "2026-11", title: "November 2026", items: [0, 1]), .init(month: "2026-10", title: "", items: [])]
+        ),
+    ]
+
+    /// Both ways: the hand-written bytes are the `Codable` bytes, and each path reads the other's.
+    private func expectSameAsCodable<T: BinaryDirectCodable & Equatable>(_ value: T) throws {
+        let direct = try BinaryCoding.encode(value, direct: true)
+        let codable = try BinaryCoding.encode(value, direct: false)
+        #expect(direct == codable, "\(T.self) written by hand differs from its Codable form: \(value)")
+        #expect(try BinaryCoding.decode(T.self, from: codable, direct: true) == value)
+        #expect(try BinaryCoding.decode(T.self, from: direct, direct: false) == value)
+        // JSON, which a client may choose, is untouched.
+        #expect(try JSONDecoder().decode(T.self, from: JSONEncoder().encode(value)) == value)
+    }
+
+    @Test func everyMessageWrittenByHandHasItsCodableBytesAndValues() throws {
+        for status in Self.statuses {
+            try expectSameAsCodable(status)
+            try expectSameAsCodable(status.daily)
+            try expectSameAsCodable(status.monthly)
+            try expectSameAsCodable(UserReference(userId: status.userId))
+        }
+        for decision in Self.decisions { try expectSameAsCodable(decision) }
+        for reservation in Self.reservations { try expectSameAsCodable(reservation) }
+        for job in Self.jobs { try expectSameAsCodable(job) }
+        for page in Self.pages { try expectSameAsCodable(page) }
+        // Inside a message that stays Codable (the admin's usage view), and as a dictionary's values.
+        let usage = UserUsage(status: Self.statuses[1], charges: [])
+        #expect(try BinaryCoding.encode(usage, direct: true) == BinaryCoding.encode(usage, direct: false))
+        #expect(try BinaryCoding.decode(UserUsage.self, from: BinaryCoding.encode(usage)) == usage)
+        let byName = ["a": Self.statuses[0].daily, "b": Self.statuses[1].monthly]
+        #expect(try BinaryCoding.decode([String: QuotaWindow].self, from: BinaryCoding.encode(byName, direct: false)) == byName)
+    }
+
+    /// A window as a newer peer might send it: its fields in another order, a field added (a
+    /// container, skipped whole), and the optionals written as nil instead of left out.
+    private struct ReorderedWindow: Encodable {
+        var nominalSeconds: Int
+        var added: [String: [Int]]
+        var resetsAt: Date
+        var startsAt: Date
+        var remaining: Int?
+        var used: Int
+        var limit: Int?
+        var name: String
+
+        func encode(to encoder: any Encoder) throws {
+            enum Keys: String, CodingKey { case nominalSeconds, added, resetsAt, startsAt, remaining, used, limit, name }
+            var container = encoder.container(keyedBy: Keys.self)
+            try container.encode(nominalSeconds, forKey: .nominalSeconds)
+            try container.encode(added, forKey: .added)
+            try container.encode(resetsAt, forKey: .resetsAt)
+            try container.encode(startsAt, forKey: .startsAt)
+            try container.encode(remaining, forKey: .remaining)
+            try container.encode(used, forKey: .used)
+            try container.encode(limit, forKey: .limit)
+            try container.encode(name, forKey: .name)
+        }
+    }
+
+    @Test func fieldsInAnyOrderAddedOrNilReadAsCodableReadsThem() throws {
+        let sent = ReorderedWindow(
+            nominalSeconds: 2_592_000, added: ["k": [1, 2, 3]], resetsAt: Self.instant, startsAt: Self.instant.addingTimeInterval(-60),
+            remaining: nil, used: 7, limit: nil, name: "monthly"
+        )
+        let bytes = try BinaryCoding.encode(sent)
+        let direct = try BinaryCoding.decode(QuotaWindow.self, from: bytes, direct: true)
+        #expect(direct == (try BinaryCoding.decode(QuotaWindow.self, from: bytes, direct: false)))
+        #expect(direct == QuotaWindow(name: "monthly", limit: nil, used: 7, remaining: nil, startsAt: sent.startsAt, resetsAt: sent.resetsAt, nominalSeconds: 2_592_000))
+    }
+
+    @Test func aMissingOrWronglyTypedFieldIsTheErrorCodableGives() throws {
+        struct Partial: Encodable { var name = "daily"; var limit = 3; var remaining = 1; var startsAt = Date(); var resetsAt = Date(); var nominalSeconds = 1 }
+        for direct in [true, false] {
+            do {
+                _ = try BinaryCoding.decode(QuotaWindow.self, from: BinaryCoding.encode(Partial()), direct: direct)
+                Issue.record("decoded a window without 'used'")
+            } catch DecodingError.keyNotFound(let key, _) {
+                #expect(key.stringValue == "used")
+            }
+        }
+        // A nested window missing a field: the error names the path down to it.
+        struct StatusWithPartial: Encodable {
+            var userId = "u", plan = "free", isPro = false, daily = Partial(), monthly = Partial(), retentionDays = 30
+        }
+        do {
+            _ = try BinaryCoding.decode(QuotaStatus.self, from: BinaryCoding.encode(StatusWithPartial()))
+            Issue.record("decoded a status whose windows lack 'used'")
+        } catch DecodingError.keyNotFound(let key, let context) {
+            #expect(key.stringValue == "used")
+            #expect(context.codingPath.map(\.stringValue) == ["daily"])
+        }
+        // A string where a number goes, and nil where a value is required.
+        struct WrongType: Encodable { var userId = 42 }
+        struct NilRequired: Encodable {
+            var userId: String? = nil
+            func encode(to encoder: any Encoder) throws {
+                enum Keys: CodingKey { case userId }
+                var container = encoder.container(keyedBy: Keys.self)
+                try container.encodeNil(forKey: .userId)
+            }
+        }
+        for direct in [true, false] {
+            #expect(throws: DecodingError.self) { try BinaryCoding.decode(UserReference.self, from: BinaryCoding.encode(WrongType()), direct: direct) }
+            #expect(throws: DecodingError.self) { try BinaryCoding.decode(UserReference.self, from: BinaryCoding.encode(NilRequired()), direct: direct) }
+            #expect(throws: DecodingError.self) { try BinaryCoding.decode(QuotaStatus.self, from: BinaryCoding.encode(["userId"]), direct: direct) }
+        }
+    }
+
+    @Test func aJobWrittenBeforePricesAndCancelsReadsWithTheirDefaults() throws {
+        // A job as an older jobs service wrote it: no `credits`, no `cancelRequested`.
+        struct OldJob: Encodable {
+            var id = "job-old", userId = "u", isPro = false, imageKey = "k", effectId = "copy", parameters: [String: Double] = [:]
+            var status = "completed", progress = 1.0, attempts = 1, maxAttempts = 3, createdAt = Date(), updatedAt = Date(), version = 4
+        }
+        let bytes = try BinaryCoding.encode(OldJob())
+        let direct = try BinaryCoding.decode(JobRecord.self, from: bytes, direct: true)
+        #expect(direct == (try BinaryCoding.decode(JobRecord.self, from: bytes, direct: false)))
+        #expect(direct.credits == Jobs.defaultCredits && !direct.cancelRequested && direct.status == .completed)
+        // A status this version does not know is an error either way, not a guess.
+        var unknown = OldJob()
+        unknown.status = "paused"
+        for path in [true, false] {
+            #expect(throws: DecodingError.self) { try BinaryCoding.decode(JobRecord.self, from: BinaryCoding.encode(unknown), direct: path) }
+        }
+    }
+
+    @Test func garbageNeverCrashesAMessageWrittenByHand() throws {
+        var generator = SystemRandomNumberGenerator()
+        let valid = try BinaryCoding.encode(Self.decisions[3])
+        for length in 0..<valid.count {
+            #expect(throws: DecodingError.self) { try BinaryCoding.decode(QuotaDecision.self, from: Array(valid.prefix(length))) }
+        }
+        for _ in 0..<5000 {
+            var bytes = valid
+            for _ in 0..<Int.random(in: 1...4, using: &generator) {
+                bytes[Int.random(in: 0..<bytes.count, using: &generator)] = UInt8.random(in: 0...255, using: &generator)
+            }
+            _ = try? BinaryCoding.decode(QuotaDecision.self, from: bytes)
+            let random = (0..<Int.random(in: 0...80, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) }
+            _ = try? BinaryCoding.decode(QuotaStatus.self, from: random)
+        }
+        for valid in [try BinaryCoding.encode(Self.jobs[1]), try BinaryCoding.encode(Self.pages[1])] {
+            for _ in 0..<3000 {
+                var bytes = valid
+                for _ in 0..<Int.random(in: 1...4, using: &generator) {
+                    bytes[Int.random(in: 0..<bytes.count, using: &generator)] = UInt8.random(in: 0...255, using: &generator)
+                }
+                _ = try? BinaryCoding.decode(JobRecord.self, from: bytes)
+                _ = try? BinaryCoding.decode(RenderedHistoryPage.self, from: bytes)
+            }
+        }
+    }
+}
