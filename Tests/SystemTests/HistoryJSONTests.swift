@@ -185,4 +185,54 @@ struct HistoryJSONTests {
         var refused = HistoryJSON(links: links)
         #expect(throws: BusError.self) { try refused.page(broken) }
     }
+
+    /// `exp` and `sig` of a `/files` URL.
+    private static func grant(_ url: String) throws -> (expires: Int, signature: String) {
+        let items = try #require(URLComponents(string: url)?.queryItems)
+        let expires = try #require(items.first { $0.name == "exp" }?.value.flatMap(Int.init))
+        return (expires, try #require(items.first { $0.name == "sig" }?.value))
+    }
+
+    @Test func aBlobHasOneURLAllMinuteValidAtLeastTheLifetimeAndAtMostAMinuteMore() async throws {
+        let (links, root) = try await Self.links()
+        defer { try? FileManager.default.removeItem(at: root) }
+        let signer = URLSigner(secret: "history-json-test")
+        let start = Date(timeIntervalSince1970: 1_795_000_020)  // a minute's start
+        var byWindow: [Int: String] = [:]
+        for offset in stride(from: 0.0, to: 300, by: 7.25) {
+            let now = start.addingTimeInterval(offset)
+            let url = try #require(links.url("results/job-1.jpg", now: now))
+            let (expires, signature) = try Self.grant(url)
+            let left = Double(expires) - now.timeIntervalSince1970
+            #expect(left >= 900 && left <= 960, "\(url) at \(now) is valid \(left) s")
+            #expect(signer.verify(signature: signature, method: "GET", key: "results/job-1.jpg", owner: "", contentType: "", expires: expires, now: now))
+            // The same URL within a minute, whoever asks; another the next minute.
+            let window = Int(offset) / 60
+            if let earlier = byWindow[window] { #expect(url == earlier) }
+            byWindow[window] = url
+        }
+        #expect(Set(byWindow.values).count == byWindow.count)
+        #expect(byWindow.count == 5)
+        // Another blob's URL is its own.
+        #expect(links.url("results/job-2.jpg", now: start) != links.url("results/job-1.jpg", now: start))
+    }
+
+    @Test func signedURLsAreRememberedForTheirWindowAndBounded() {
+        let signed = SignedURLs(capacity: 3)
+        signed.remember("u1", of: "a", in: 10)
+        signed.remember("u2", of: "b", in: 10)
+        #expect(signed.url(of: "a", in: 10) == "u1" && signed.url(of: "b", in: 10) == "u2")
+        // Not in another window, and a late request of the window before does not bring it back.
+        #expect(signed.url(of: "a", in: 11) == nil)
+        signed.remember("u1'", of: "a", in: 11)
+        #expect(signed.url(of: "a", in: 11) == "u1'" && signed.url(of: "b", in: 11) == nil && signed.count == 1)
+        signed.remember("old", of: "c", in: 10)
+        #expect(signed.url(of: "c", in: 10) == nil && signed.url(of: "c", in: 11) == nil && signed.count == 1)
+        // Never more than its capacity.
+        for index in 0..<10 {
+            signed.remember("u\(index)", of: "k\(index)", in: 11)
+            #expect(signed.count <= 3)
+        }
+        #expect(signed.url(of: "k9", in: 11) == "u9")
+    }
 }

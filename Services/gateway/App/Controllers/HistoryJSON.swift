@@ -4,9 +4,9 @@ import Messages
 
 /// The History routes' bodies (a page, one item, the changes feed), written straight into the
 /// response's bytes: a page's items arrive from history already written up to their URLs
-/// (`history.page`), and the gateway only adds what it alone can, each blob's download URL, signed
-/// once per response however often its item appears (a page grouped by month lists each item
-/// twice). No `JSONEncoder`, no date formatter.
+/// (`history.page`), and the gateway only adds what it alone can, each blob's download URL (signed
+/// once a minute however often it appears, `DownloadLinks`; a page grouped by month lists each
+/// item twice). No `JSONEncoder`, no date formatter.
 ///
 /// The shape is the app's `HistoryItem` and page, as `JSONEncoder` with sorted keys wrote them
 /// before (`HistoryJSONTests`): keys in sorted order, absent values left out, dates in ISO 8601
@@ -14,7 +14,6 @@ import Messages
 struct HistoryJSON {
     private let links: DownloadLinks
     private let now: Date
-    private var urls: [String: String] = [:]
     private var out: JSONBytes
 
     init(links: DownloadLinks, now: Date = Date(), capacity: Int = 1024) {
@@ -118,12 +117,9 @@ struct HistoryJSON {
         out.raw("]")
     }
 
-    /// `key`'s download URL, signed once per response; none for no key.
-    private mutating func url(_ key: String?) -> String? {
+    /// `key`'s download URL (the same all minute, `DownloadLinks`); none for no key.
+    private func url(_ key: String?) -> String? {
         guard let key, !key.isEmpty else { return nil }
-        if let url = urls[key] { return url }
-        let url = links.url(key, now: now)
-        urls[key] = url
-        return url
+        return links.url(key, now: now)
     }
 }
