@@ -386,7 +386,7 @@ extension Dictionary: BinaryStringKeyedDictionary where Key == String, Value: Co
         var position = body.lowerBound
         while position < body.upperBound {
             let keyRange = try reader.run(at: position, limit: body.upperBound, codingPath: codingPath)
-            guard let key = String(validating: reader.bytes[keyRange], as: UTF8.self) else { throw reader.corrupt(codingPath, "key is not UTF-8") }
+            guard let key = utf8String(reader.bytes, keyRange) else { throw reader.corrupt(codingPath, "key is not UTF-8") }
             let end = try reader.valueEnd(at: keyRange.upperBound, limit: body.upperBound, codingPath: codingPath)
             result[key] = try reader.decodeValue(Value.self, at: keyRange.upperBound, limit: end, depth: depth + 1, codingPath: codingPath + [DictionaryKey(key)])
             position = end
@@ -491,7 +491,7 @@ final class BinaryReader {
         let tag = try tag(at: offset, limit: limit, codingPath: codingPath())
         guard tag == .string else { throw typeMismatch(String.self, tag, codingPath()) }
         let range = try run(at: offset + 1, limit: limit, codingPath: codingPath())
-        guard let string = String(validating: bytes[range], as: UTF8.self) else { throw corrupt(codingPath(), "string is not UTF-8") }
+        guard let string = utf8String(bytes, range) else { throw corrupt(codingPath(), "string is not UTF-8") }
         return string
     }
 
@@ -626,7 +626,7 @@ final class BinaryKeyedDecoder<Key: CodingKey>: KeyedDecodingContainerProtocol {
     }
 
     var allKeys: [Key] {
-        entries.compactMap { entry in String(validating: reader.bytes[entry.key], as: UTF8.self).flatMap(Key.init(stringValue:)) }
+        entries.compactMap { entry in utf8String(reader.bytes, entry.key).flatMap(Key.init(stringValue:)) }
     }
 
     @inline(__always) private func matches(_ index: Int, _ key: inout String) -> Bool {
@@ -864,4 +864,22 @@ struct BinarySingleValueDecoder: SingleValueDecodingContainer {
     func decode<T: Decodable>(_ type: T.Type) throws -> T {
         try reader.decodeValue(type, at: offset, limit: limit, depth: depth, codingPath: codingPath)
     }
+}
+
+// MARK: - UTF-8
+
+/// The string of `bytes`, or nil when they are not UTF-8. `String(validating:as:)` is generic over
+/// its sequence and looked up type metadata on every call (2% of the machine decoding history
+/// pages, perf); `String(decoding:as:)` of a buffer is specialised but repairs what is not
+/// UTF-8, so a string that is not its bytes again was repaired, and is refused.
+func utf8String(_ bytes: UnsafeBufferPointer<UInt8>) -> String? {
+    guard let base = bytes.baseAddress, !bytes.isEmpty else { return "" }
+    var string = String(decoding: bytes, as: UTF8.self)
+    let same = string.withUTF8 { utf8 in utf8.count == bytes.count && memcmp(utf8.baseAddress!, base, bytes.count) == 0 }
+    return same ? string : nil
+}
+
+/// The string of `bytes[range]`, or nil when they are not UTF-8.
+func utf8String(_ bytes: [UInt8], _ range: Range<Int>) -> String? {
+    bytes.withUnsafeBufferPointer { buffer in utf8String(UnsafeBufferPointer(rebasing: buffer[range])) }
 }

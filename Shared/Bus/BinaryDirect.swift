@@ -48,17 +48,24 @@ struct BinaryFieldWriter {
     }
 
     /// Strings, and enums with `String` raw values, in an array.
-    mutating func write(_ name: StaticString, _ values: [String]) { write(name, values, \.self) }
-    mutating func write<T: RawRepresentable>(raw name: StaticString, _ values: [T]) where T.RawValue == String {
-        write(name, values, \.rawValue)
+    mutating func write(_ name: StaticString, _ values: [String]) {
+        let depth = openArray(name)
+        for value in values { writer.write(value) }
+        writer.close(downTo: depth)
     }
 
-    private mutating func write<T>(_ name: StaticString, _ values: [T], _ text: KeyPath<T, String>) {
+    mutating func write<T: RawRepresentable>(raw name: StaticString, _ values: [T]) where T.RawValue == String {
+        let depth = openArray(name)
+        for value in values { writer.write(value.rawValue) }
+        writer.close(downTo: depth)
+    }
+
+    /// Writes `name` and opens an array; the depth to close it down to.
+    private mutating func openArray(_ name: StaticString) -> Int {
         key(name)
         let depth = writer.depth
         writer.openContainer(.array)
-        for value in values { writer.write(value[keyPath: text]) }
-        writer.close(downTo: depth)
+        return depth
     }
 
     /// A nested message written by hand.

@@ -108,9 +108,9 @@ enum WireFormat {
             }
             contextBytes = bytes[index..<index + contextCount]
         }
-        guard let method = String(validating: methodBytes, as: UTF8.self),
-              let trace = String(validating: traceBytes, as: UTF8.self),
-              let context = String(validating: contextBytes, as: UTF8.self)
+        guard let method = utf8String(bytes, methodBytes.indices),
+              let trace = utf8String(bytes, traceBytes.indices),
+              let context = utf8String(bytes, contextBytes.indices)
         else {
             return .failure(.malformed(requestId: requestId, reason: "method, trace id or trace context is not UTF-8"))
         }

@@ -43,9 +43,15 @@ public struct JSONBytes {
     /// rest, slashes and non-ASCII included, as it is.
     public mutating func string(_ value: String) {
         bytes.append(UInt8(ascii: "\""))
-        // Most text needs no escape: copied whole.
-        if !value.utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {
-            bytes.append(contentsOf: value.utf8)
+        // Most text needs no escape: looked through and copied whole from its UTF-8 buffer (the
+        // generic `utf8.contains` took 4% of the machine writing history pages).
+        var value = value
+        let copied = value.withUTF8 { utf8 in
+            for byte in utf8 where byte < 0x20 || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") { return false }
+            bytes.append(contentsOf: utf8)
+            return true
+        }
+        if copied {
             bytes.append(UInt8(ascii: "\""))
             return
         }

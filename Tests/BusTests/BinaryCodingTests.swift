@@ -142,6 +142,25 @@ struct BinaryCodingTests {
         #expect(throws: DecodingError.self) { try BinaryCoding.decode(Int.self, from: BinaryCoding.encode(1) + [0]) }
     }
 
+    @Test func textThatIsNotUTF8IsRefusedAndEveryOtherTextReadsAsItself() throws {
+        let samples: [[UInt8]] = [
+            [], Array("plain".utf8), Array("é ü ☃︎ 𝄞 🧑‍🎨".utf8), [0x00, 0x7F],
+            [0x80], [0xC0, 0xAF], [0xE2, 0x82], [0xED, 0xA0, 0x80], [0xFF], [0xF4, 0x90, 0x80, 0x80], Array("ok".utf8) + [0xC3],
+            [0xEF, 0xBF, 0xBD],  // U+FFFD itself, which a repair would also produce
+        ]
+        for sample in samples {
+            let expected = String(validating: sample, as: UTF8.self)
+            #expect(utf8String(sample, 0..<sample.count) == expected, "\(sample)")
+            // As a string value and as a key of the binary form.
+            let value = [BinaryCoding.Tag.string.rawValue, UInt8(sample.count)] + sample
+            let decoded = try? BinaryCoding.decode(String.self, from: value)
+            #expect(decoded == expected, "\(sample)")
+            let size = UInt32(1 + sample.count + 1)
+            let keyed = [BinaryCoding.Tag.keyed.rawValue, UInt8(size), 0, 0, 0, UInt8(sample.count)] + sample + [BinaryCoding.Tag.null.rawValue]
+            #expect((try? BinaryCoding.decode([String: String?].self, from: keyed))?.keys.first == expected, "\(sample)")
+        }
+    }
+
     @Test func isSmallerThanJSON() throws {
         var value = Everything()
         value.infinity = 1e300  // JSON has no infinity
