@@ -502,3 +502,150 @@ extension RenderedHistoryPage: BinaryDirectCodable {
         )
     }
 }
+
+// MARK: - Job creation and the worker protocol's assignments
+
+extension CreateJob: BinaryDirectCodable {
+    /// As its `Codable` form: `traceParent` is set by the jobs service, never sent.
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("jobId", jobId)
+        fields.write("userId", userId)
+        fields.write("isPro", isPro)
+        fields.write("imageKey", imageKey)
+        fields.write("effectId", effectId)
+        fields.write("parameters", parameters)
+        fields.write("prompt", prompt)
+        fields.write("credits", credits)
+    }
+
+    /// As `init(from:)`: `credits` defaults to `Jobs.defaultCredits`.
+    init(binary fields: BinaryFieldReader) throws {
+        var jobId: String?, userId: String?, isPro: Bool?, imageKey: String?, effectId: String?, parameters: [String: Double]?
+        var prompt: String?, credits: Int?
+        try fields.forEach { name, value in
+            switch name {
+            case "jobId": jobId = try value.string()
+            case "userId": userId = try value.string()
+            case "isPro": isPro = try value.bool()
+            case "imageKey": imageKey = try value.string()
+            case "effectId": effectId = try value.string()
+            case "parameters": parameters = try value.decode([String: Double].self)
+            case "prompt": prompt = try value.optionalString()
+            case "credits": credits = try value.optionalInt()
+            default: break
+            }
+        }
+        self.init(
+            jobId: try fields.required(jobId, "jobId"), userId: try fields.required(userId, "userId"), isPro: try fields.required(isPro, "isPro"),
+            imageKey: try fields.required(imageKey, "imageKey"), effectId: try fields.required(effectId, "effectId"),
+            parameters: try fields.required(parameters, "parameters"), prompt: prompt, credits: credits ?? Jobs.defaultCredits
+        )
+    }
+}
+
+extension JobAttempt: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("jobId", jobId)
+        fields.write("attempt", attempt)
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var jobId: String?, attempt: Int?
+        try fields.forEach { name, value in
+            switch name {
+            case "jobId": jobId = try value.string()
+            case "attempt": attempt = try value.int()
+            default: break
+            }
+        }
+        self.init(jobId: try fields.required(jobId, "jobId"), attempt: try fields.required(attempt, "attempt"))
+    }
+}
+
+extension PresignedWrite: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("key", key)
+        fields.write("url", url)
+        fields.write("headers", headers)
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var key: String?, url: String?, headers: [String: String]?
+        try fields.forEach { name, value in
+            switch name {
+            case "key": key = try value.string()
+            case "url": url = try value.string()
+            case "headers": headers = try value.decode([String: String].self)
+            default: break
+            }
+        }
+        self.init(key: try fields.required(key, "key"), url: try fields.required(url, "url"), headers: try fields.required(headers, "headers"))
+    }
+}
+
+extension JobTransfer: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("inputURL", inputURL)
+        fields.write("result", result)
+        fields.write("thumbnail", thumbnail)
+        fields.write("expiresAt", expiresAt)
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var inputURL: String?, result: PresignedWrite?, thumbnail: PresignedWrite?, expiresAt: Date?
+        try fields.forEach { name, value in
+            switch name {
+            case "inputURL": inputURL = try value.string()
+            case "result": result = try value.decode(PresignedWrite.self)
+            case "thumbnail": thumbnail = try value.decode(PresignedWrite.self)
+            case "expiresAt": expiresAt = try value.date()
+            default: break
+            }
+        }
+        self.init(
+            inputURL: try fields.required(inputURL, "inputURL"), result: try fields.required(result, "result"),
+            thumbnail: try fields.required(thumbnail, "thumbnail"), expiresAt: try fields.required(expiresAt, "expiresAt")
+        )
+    }
+}
+
+extension JobAssignment: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("attempt", attempt)
+        fields.write("userId", userId)
+        fields.write("imageKey", imageKey)
+        fields.write("effect", effect)
+        fields.write("parameters", parameters)
+        fields.write("prompt", prompt)
+        fields.write("transfer", transfer)
+        fields.write("submission", submission)
+        fields.write("callbackURL", callbackURL)
+        fields.write("traceParent", traceParent)
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var attempt: JobAttempt?, userId: String?, imageKey: String?, effect: EffectDescription?, parameters: [String: Double]?
+        var prompt: String?, transfer: JobTransfer?, submission: ProviderRequest?, callbackURL: String?, traceParent: String?
+        try fields.forEach { name, value in
+            switch name {
+            case "attempt": attempt = try value.decode(JobAttempt.self)
+            case "userId": userId = try value.string()
+            case "imageKey": imageKey = try value.string()
+            case "effect": effect = try value.decode(EffectDescription.self)
+            case "parameters": parameters = try value.decode([String: Double].self)
+            case "prompt": prompt = try value.optionalString()
+            case "transfer": transfer = value.isNil ? nil : try value.decode(JobTransfer.self)
+            case "submission": submission = value.isNil ? nil : try value.decode(ProviderRequest.self)
+            case "callbackURL": callbackURL = try value.optionalString()
+            case "traceParent": traceParent = try value.optionalString()
+            default: break
+            }
+        }
+        self.init(
+            attempt: try fields.required(attempt, "attempt"), userId: try fields.required(userId, "userId"),
+            imageKey: try fields.required(imageKey, "imageKey"), effect: try fields.required(effect, "effect"),
+            parameters: try fields.required(parameters, "parameters"), prompt: prompt, transfer: transfer, submission: submission,
+            callbackURL: callbackURL, traceParent: traceParent
+        )
+    }
+}

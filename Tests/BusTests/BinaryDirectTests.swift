@@ -75,6 +75,34 @@ struct BinaryDirectTests {
         ),
     ]
 
+    private static let assignments: [JobAssignment] = [
+        JobAssignment(
+            attempt: JobAttempt(jobId: "job-1", attempt: 1), userId: "user-1", imageKey: "uploads/user-1/a.jpg",
+            effect: EffectDescription(id: "noop", title: "Nothing"), parameters: [:], prompt: nil
+        ),
+        JobAssignment(
+            attempt: JobAttempt(jobId: "job-2", attempt: 3), userId: "user-2", imageKey: "uploads/user-2/b.png",
+            effect: EffectDescription(
+                id: "blur", title: "Blur", parameters: [.init(name: "radius", minimum: 0, maximum: 10, defaultValue: 2)], processor: "remote",
+                endpoint: "http://127.0.0.1:9/infer"
+            ),
+            parameters: ["radius": 4], prompt: "soft",
+            transfer: JobTransfer(
+                inputURL: "http://gateway/files/uploads/user-2/b.png?exp=1&sig=s",
+                result: PresignedWrite(key: "results/job-2.png", url: "http://gateway/files/results/job-2.png?owner=o&exp=1&sig=t", headers: ["Content-Type": "image/png"]),
+                thumbnail: PresignedWrite(key: "thumbnails/job-2.jpg", url: "http://gateway/files/thumbnails/job-2.jpg", headers: [:]),
+                expiresAt: instant
+            ),
+            submission: ProviderRequest(provider: "fal", requestId: "r", statusURL: "s", responseURL: "r", cancelURL: "c", submittedAt: instant),
+            callbackURL: "http://gateway/api/v1/providers/fal/webhook?job=job-2", traceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        ),
+    ]
+
+    private static let creations = [
+        CreateJob(jobId: "job-1", userId: "user-1", isPro: false, imageKey: "uploads/user-1/a.jpg", effectId: "copy"),
+        CreateJob(jobId: "job-2", userId: "user-2", isPro: true, imageKey: "k", effectId: "blur", parameters: ["radius": 1.5], prompt: "p", credits: 25),
+    ]
+
     /// Both ways: the hand-written bytes are the `Codable` bytes, and each path reads the other's.
     private func expectSameAsCodable<T: BinaryDirectCodable & Equatable>(_ value: T) throws {
         let direct = try BinaryCoding.encode(value, direct: true)
@@ -97,6 +125,22 @@ struct BinaryDirectTests {
         for reservation in Self.reservations { try expectSameAsCodable(reservation) }
         for job in Self.jobs { try expectSameAsCodable(job) }
         for page in Self.pages { try expectSameAsCodable(page) }
+        for assignment in Self.assignments {
+            try expectSameAsCodable(assignment)
+            try expectSameAsCodable(assignment.attempt)
+            if let transfer = assignment.transfer { try expectSameAsCodable(transfer) }
+        }
+        for creation in Self.creations { try expectSameAsCodable(creation) }
+        // A creation's trace is the jobs service's to set: never sent, either way.
+        var traced = Self.creations[0]
+        traced.traceParent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        #expect(try BinaryCoding.encode(traced, direct: true) == BinaryCoding.encode(Self.creations[0], direct: false))
+        // Inside the worker protocol's messages, which stay Codable.
+        let messages: [DispatcherMessage] = [.all(Self.assignments.map { .assign($0) } + [.cancel(JobAttempt(jobId: "j", attempt: 2)), .heartbeat])]
+        for message in messages {
+            #expect(try BinaryCoding.encode(message, direct: true) == BinaryCoding.encode(message, direct: false))
+            #expect(try BinaryCoding.decode(DispatcherMessage.self, from: BinaryCoding.encode(message)) == message)
+        }
         // Inside a message that stays Codable (the admin's usage view), and as a dictionary's values.
         let usage = UserUsage(status: Self.statuses[1], charges: [])
         #expect(try BinaryCoding.encode(usage, direct: true) == BinaryCoding.encode(usage, direct: false))
