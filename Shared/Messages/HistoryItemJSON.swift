@@ -113,11 +113,16 @@ public struct RenderedHistoryPage: Codable, Sendable, Equatable {
     /// `page` with its items written.
     public init(_ page: HistoryPage) {
         var heads: [String] = [], statuses: [HistoryStatus] = [], results: [String] = [], thumbnails: [String] = []
+        heads.reserveCapacity(page.items.count)
+        statuses.reserveCapacity(page.items.count)
+        results.reserveCapacity(page.items.count)
+        thumbnails.reserveCapacity(page.items.count)
+        // Where each item is, for the month sections alone.
         var index: [String: Int] = [:]
         for item in page.items {
             var out = JSONBytes(capacity: 512)
             item.writeHead(&out)
-            index[item.jobId] = heads.count
+            if page.sections != nil { index[item.jobId] = heads.count }
             heads.append(String(decoding: out.bytes, as: UTF8.self))
             statuses.append(item.appStatus)
             results.append(item.linkedKeys.result ?? "")
