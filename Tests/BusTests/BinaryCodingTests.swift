@@ -59,6 +59,15 @@ private struct Version2: Codable, Equatable {
     var extra: Everything.Inner
 }
 
+/// `bytes` with one to four of them replaced at random.
+func corrupted(_ bytes: [UInt8], using generator: inout some RandomNumberGenerator) -> [UInt8] {
+    var bytes = bytes
+    for _ in 0..<Int.random(in: 1...4, using: &generator) {
+        bytes[Int.random(in: 0..<bytes.count, using: &generator)] = UInt8.random(in: 0...255, using: &generator)
+    }
+    return bytes
+}
+
 private struct Recursive: Codable {
     var children: [Recursive]
 }
@@ -184,11 +193,7 @@ struct BinaryCodingTests {
         }
         // Random corruption of a valid value: an error or a value, never a trap.
         for _ in 0..<5000 {
-            var bytes = valid
-            for _ in 0..<Int.random(in: 1...4, using: &generator) {
-                bytes[Int.random(in: 0..<bytes.count, using: &generator)] = UInt8.random(in: 0...255, using: &generator)
-            }
-            _ = try? BinaryCoding.decode(Everything.self, from: bytes)
+            _ = try? BinaryCoding.decode(Everything.self, from: corrupted(valid, using: &generator))
         }
     }
 

@@ -249,20 +249,13 @@ struct BinaryDirectTests {
             #expect(throws: DecodingError.self) { try BinaryCoding.decode(QuotaDecision.self, from: Array(valid.prefix(length))) }
         }
         for _ in 0..<5000 {
-            var bytes = valid
-            for _ in 0..<Int.random(in: 1...4, using: &generator) {
-                bytes[Int.random(in: 0..<bytes.count, using: &generator)] = UInt8.random(in: 0...255, using: &generator)
-            }
-            _ = try? BinaryCoding.decode(QuotaDecision.self, from: bytes)
+            _ = try? BinaryCoding.decode(QuotaDecision.self, from: corrupted(valid, using: &generator))
             let random = (0..<Int.random(in: 0...80, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) }
             _ = try? BinaryCoding.decode(QuotaStatus.self, from: random)
         }
         for valid in [try BinaryCoding.encode(Self.jobs[1]), try BinaryCoding.encode(Self.pages[1])] {
             for _ in 0..<3000 {
-                var bytes = valid
-                for _ in 0..<Int.random(in: 1...4, using: &generator) {
-                    bytes[Int.random(in: 0..<bytes.count, using: &generator)] = UInt8.random(in: 0...255, using: &generator)
-                }
+                let bytes = corrupted(valid, using: &generator)
                 _ = try? BinaryCoding.decode(JobRecord.self, from: bytes)
                 _ = try? BinaryCoding.decode(RenderedHistoryPage.self, from: bytes)
             }
