@@ -112,7 +112,9 @@ struct BinaryFieldReader {
     let parentPath: [any CodingKey]
     let name: Range<Int>?
 
-    var codingPath: [any CodingKey] {
+    var codingPath: [any CodingKey] { Self.codingPath(reader, parentPath, name) }
+
+    static func codingPath(_ reader: BinaryReader, _ parentPath: [any CodingKey], _ name: Range<Int>?) -> [any CodingKey] {
         guard let name else { return parentPath }
         return parentPath + [DictionaryKey(String(decoding: reader.bytes[name], as: UTF8.self))]
     }
@@ -185,11 +187,7 @@ struct BinaryFieldValue {
 
     /// An enum with `String` raw values, from its raw value.
     func raw<T: RawRepresentable>(_ type: T.Type) throws -> T where T.RawValue == String {
-        let text = try string()
-        guard let value = T(rawValue: text) else {
-            throw DecodingError.dataCorrupted(.init(codingPath: codingPath, debugDescription: "Cannot initialize \(T.self) from invalid String value \(text)"))
-        }
-        return value
+        try value(T.self, of: string())
     }
 
     /// An array of strings.
@@ -201,12 +199,15 @@ struct BinaryFieldValue {
 
     /// An array of enums with `String` raw values.
     func raws<T: RawRepresentable>(_ type: T.Type) throws -> [T] where T.RawValue == String {
-        try strings().map { text in
-            guard let value = T(rawValue: text) else {
-                throw DecodingError.dataCorrupted(.init(codingPath: codingPath, debugDescription: "Cannot initialize \(T.self) from invalid String value \(text)"))
-            }
-            return value
+        try strings().map { text in try value(T.self, of: text) }
+    }
+
+    /// The case of `text`, or the error `Codable` gives for a raw value no case has.
+    private func value<T: RawRepresentable>(_ type: T.Type, of text: String) throws -> T where T.RawValue == String {
+        guard let value = T(rawValue: text) else {
+            throw DecodingError.dataCorrupted(.init(codingPath: codingPath, debugDescription: "Cannot initialize \(T.self) from invalid String value \(text)"))
         }
+        return value
     }
 
     private func forEachElement(_ read: (Int, Int) throws -> Void) throws {
@@ -238,11 +239,11 @@ extension BinaryReader {
     func decodeDirect<T: BinaryDirectCodable>(
         _ type: T.Type, at offset: Int, limit: Int, depth: Int, parentPath: [any CodingKey], name: Range<Int>?
     ) throws -> T {
-        let fields = BinaryFieldReader(reader: self, body: offset..<offset, depth: depth + 1, parentPath: parentPath, name: name)
-        let tag = try tag(at: offset, limit: limit, codingPath: fields.codingPath)
-        guard tag == .keyed else { throw typeMismatch(T.self, tag, fields.codingPath) }
-        guard depth < BinaryCoding.maxDepth else { throw corrupt(fields.codingPath, "nested deeper than \(BinaryCoding.maxDepth)") }
-        let body = try containerBody(at: offset, limit: limit, codingPath: fields.codingPath)
+        func path() -> [any CodingKey] { BinaryFieldReader.codingPath(self, parentPath, name) }
+        let tag = try tag(at: offset, limit: limit, codingPath: path())
+        guard tag == .keyed else { throw typeMismatch(T.self, tag, path()) }
+        guard depth < BinaryCoding.maxDepth else { throw corrupt(path(), "nested deeper than \(BinaryCoding.maxDepth)") }
+        let body = try containerBody(at: offset, limit: limit, codingPath: path())
         return try T(binary: BinaryFieldReader(reader: self, body: body, depth: depth + 1, parentPath: parentPath, name: name))
     }
 }
