@@ -74,6 +74,9 @@ struct BinaryFieldWriter {
         writer.encodeDirect(value)
     }
 
+    /// A nested message written by hand, or nothing when nil.
+    mutating func write<T: BinaryDirectCodable>(_ name: StaticString, _ value: T?) { if let value { write(name, value) } }
+
     /// Any other optional value, through its `Codable` form; nothing when nil.
     mutating func write<T: Encodable>(_ name: StaticString, _ value: T?) { if let value { write(name, value) } }
 
@@ -165,9 +168,7 @@ struct BinaryFieldValue {
     private var reader: BinaryReader { fields.reader }
 
     /// The field's path, for errors only.
-    var codingPath: [any CodingKey] {
-        fields.codingPath + [DictionaryKey(String(decoding: reader.bytes[name], as: UTF8.self))]
-    }
+    var codingPath: [any CodingKey] { BinaryFieldReader.codingPath(reader, fields.codingPath, name) }
 
     var isNil: Bool { reader.bytes[offset] == BinaryCoding.Tag.null.rawValue }
 
@@ -231,6 +232,10 @@ struct BinaryFieldValue {
     func decode<T: Decodable>(_ type: T.Type) throws -> T {
         try reader.decodeValue(type, at: offset, limit: limit, depth: fields.depth, codingPath: codingPath)
     }
+
+    // Optional values as `decodeIfPresent` reads them, by hand or through `Codable`.
+    func optional<T: BinaryDirectCodable>(_ type: T.Type) throws -> T? { isNil ? nil : try decode(type) }
+    func optional<T: Decodable>(_ type: T.Type) throws -> T? { isNil ? nil : try decode(type) }
 }
 
 extension BinaryReader {
@@ -448,7 +453,7 @@ extension JobRecord: BinaryDirectCodable {
             case "version": version = try value.int()
             case "cancelRequested": cancelRequested = try value.optionalBool()
             case "credits": credits = try value.optionalInt()
-            case "submission": submission = value.isNil ? nil : try value.decode(ProviderRequest.self)
+            case "submission": submission = try value.optional(ProviderRequest.self)
             case "traceParent": traceParent = try value.optionalString()
             default: break
             }
@@ -491,7 +496,7 @@ extension RenderedHistoryPage: BinaryDirectCodable {
             case "totalCount": totalCount = try value.int()
             case "hasMore": hasMore = try value.bool()
             case "nextCursor": nextCursor = try value.optionalString()
-            case "sections": sections = value.isNil ? nil : try value.decode([Section].self)
+            case "sections": sections = try value.optional([Section].self)
             default: break
             }
         }
@@ -635,8 +640,8 @@ extension JobAssignment: BinaryDirectCodable {
             case "effect": effect = try value.decode(EffectDescription.self)
             case "parameters": parameters = try value.decode([String: Double].self)
             case "prompt": prompt = try value.optionalString()
-            case "transfer": transfer = value.isNil ? nil : try value.decode(JobTransfer.self)
-            case "submission": submission = value.isNil ? nil : try value.decode(ProviderRequest.self)
+            case "transfer": transfer = try value.optional(JobTransfer.self)
+            case "submission": submission = try value.optional(ProviderRequest.self)
             case "callbackURL": callbackURL = try value.optionalString()
             case "traceParent": traceParent = try value.optionalString()
             default: break
