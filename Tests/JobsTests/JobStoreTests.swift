@@ -121,6 +121,23 @@ struct JobStoreTests {
         #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["commit"])
     }
 
+    @Test func aBatchThatStartsAJobAndRecordsItsResultReadsItsOwnStart() async throws {
+        // Given a queued job
+        _ = try await created("quick")
+        // When one batch starts it and records its first attempt's result (the batch's jobs are
+        // read once as it begins)
+        let outcome = await store.write(
+            starts: ["quick"], results: [(JobAttempt(jobId: "quick", attempt: 1), .done(JobOutput(resultKey: "r", thumbnailKey: "t")))], now: now
+        )
+        // Then the result is applied to the job as the start left it, and the job is completed
+        #expect(try outcome.starts[0].get()?.status == .processing)
+        guard case .applied(let job) = try outcome.results[0].get().0 else { Issue.record("the result was not applied: \(outcome.results)"); return }
+        #expect(job.status == .completed && job.attempts == 1)
+        let stored = try await store.job("quick")
+        #expect(stored?.status == .completed && stored?.attempts == 1 && stored?.resultKey == "r")
+        #expect(try await outbox().filter { $0.topic == "quota" }.map(\.kind) == ["commit"])
+    }
+
     @Test(arguments: JobsBackend.allCases) func staleAttemptsResultIsRefused(backend: JobsBackend) async throws {
         try await withJobsStore(backend) { try await $0.staleAttemptsResultIsRefused() }
     }

@@ -20,6 +20,24 @@ public enum JobRows {
         return try job(row)
     }
 
+    /// The jobs of these ids that exist, in one statement.
+    static func jobs(_ db: Database, _ ids: [String]) throws -> [JobRecord] {
+        guard !ids.isEmpty else { return [] }
+        let rows = try Row.fetchCursor(
+            db.cachedStatement(sql: "SELECT \(columns) FROM job WHERE id IN (SELECT value FROM json_each(?))"),
+            arguments: [try jsonArray(ids)]
+        )
+        var jobs: [JobRecord] = []
+        jobs.reserveCapacity(ids.count)
+        while let row = try rows.next() { jobs.append(try job(row)) }
+        return jobs
+    }
+
+    /// Ids as a JSON array, for `json_each`.
+    static func jsonArray(_ ids: [String]) throws -> String {
+        String(decoding: try JSONEncoder().encode(ids), as: UTF8.self)
+    }
+
     static func job(_ row: Row) throws -> JobRecord {
         let status: String = row[7]
         guard let state = JobStatus(rawValue: status) else {

@@ -35,8 +35,9 @@ public struct SQLiteJobsStore: ReportingJobsStore {
 
     public func create(_ request: CreateJob, effectId: String, parameters: [String: Double], now: Date) async throws -> (job: JobRecord, created: Bool) {
         try await writes.perform { [retry] db in
-            if let existing = try JobRows.job(db, request.jobId) {
-                guard existing.userId == request.userId else {
+            // A new id (the usual case) is told by one column, without reading a whole row.
+            if let owner = try String.fetchOne(db.cachedStatement(sql: "SELECT userId FROM job WHERE id = ?"), arguments: [request.jobId]) {
+                guard owner == request.userId, let existing = try JobRows.job(db, request.jobId) else {
                     throw BusError(.conflict, "job id \(request.jobId) belongs to another user")
                 }
                 return (existing, false)
@@ -86,20 +87,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     /// reads them: GRDB's `Codable` records cost most of a watch's time).
     public func jobs(_ ids: [String]) async throws -> [JobRecord] {
         guard !ids.isEmpty else { return [] }
-        return try await database.writer.read { db in
-            let rows = try Row.fetchCursor(
-                db.cachedStatement(sql: "SELECT \(JobRows.columns) FROM job WHERE id IN (SELECT value FROM json_each(?))"),
-                arguments: [try Self.jsonArray(ids)]
-            )
-            var jobs: [JobRecord] = []
-            while let row = try rows.next() { jobs.append(try JobRows.job(row)) }
-            return jobs
-        }
-    }
-
-    /// Ids as a JSON array, for `json_each`.
-    static func jsonArray(_ ids: [String]) throws -> String {
-        String(decoding: try JSONEncoder().encode(ids), as: UTF8.self)
+        return try await database.writer.read { db in try JobRows.jobs(db, ids) }
     }
 
     /// The states of the jobs of these ids that exist, in one read of four columns.
@@ -108,7 +96,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
         return try await database.writer.read { db in
             let rows = try Row.fetchCursor(
                 db.cachedStatement(sql: "SELECT id, userId, version, status, progress FROM job WHERE id IN (SELECT value FROM json_each(?))"),
-                arguments: [try Self.jsonArray(ids)]
+                arguments: [try JobRows.jsonArray(ids)]
             )
             var states: [String: State] = [:]
             while let row = try rows.next() {
@@ -260,9 +248,10 @@ public struct SQLiteJobsStore: ReportingJobsStore {
         do {
             return try await writes.perform { [self] db in
                 let together = Self.alone(db) {
-                    JobsBatchOutcome(
-                        starts: try starts.map { id in .success(try startRow(db, id, now: now)) },
-                        results: try results.map { report in .success(try recordRow(db, report.attempt, report.result, now: now)) }
+                    let batch = try BatchJobs(db, ids: starts + results.map(\.attempt.jobId))
+                    return JobsBatchOutcome(
+                        starts: try starts.map { id in .success(try startRow(db, id, now: now, batch: batch)) },
+                        results: try results.map { report in .success(try recordRow(db, report.attempt, report.result, now: now, batch: batch)) }
                     )
                 }
                 if case .success(let outcome) = together { return outcome }
@@ -277,18 +266,59 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     }
 
     /// A queued job started: processing as a new attempt; nil if it is no longer queued.
-    func startRow(_ db: Database, _ id: String, now: Date) throws -> JobRecord? {
-        guard let job = try JobRows.job(db, id), let transition = JobRules.start(job, now: now) else { return nil }
+    func startRow(_ db: Database, _ id: String, now: Date, batch: BatchJobs? = nil) throws -> JobRecord? {
+        guard let job = try batch?.job(db, id) ?? JobRows.job(db, id), let transition = JobRules.start(job, now: now) else { return nil }
         try apply(db, transition)
+        batch?.changed(transition.job)
         return transition.job
     }
 
     /// A worker's result, as `report` writes it; a refused result's files are left to the blob
     /// janitor, as `discardOutput` leaves them.
-    func recordRow(_ db: Database, _ attempt: JobAttempt, _ result: JobResult, now: Date) throws -> (outcome: JobReportOutcome, retryAfter: Duration?) {
-        let written = try reportRow(db, attempt) { [retry] job in JobRules.report(job, attempt, result, retry: retry, now: now) }
+    func recordRow(_ db: Database, _ attempt: JobAttempt, _ result: JobResult, now: Date, batch: BatchJobs? = nil) throws
+        -> (outcome: JobReportOutcome, retryAfter: Duration?) {
+        let written = try reportRow(db, attempt, batch: batch) { [retry] job in JobRules.report(job, attempt, result, retry: retry, now: now) }
         if case .refused = written.outcome, case .done(let output) = result { try Self.discardOutput(db, output, of: attempt, now: now) }
         return written
+    }
+
+    /// The jobs of one batch, read in one statement as it starts and kept as its changes write
+    /// them: a batch of starts and results pays for one read, not one a job. (GRDB builds an index
+    /// of a statement's column names each time it steps one into rows: for a job's 23 columns,
+    /// about as much as the rest of its read; perf of `bench-jobs` showed the reads at 5% of the
+    /// machine.) Only for the batch's first try: if that is rolled back, each write reads again.
+    final class BatchJobs {
+        private var jobs: [String: JobRecord] = [:]
+        private let ids: Set<String>
+
+        /// A row that does not read as a job is left out, to be read (and fail) on its own.
+        init(_ db: Database, ids: [String]) throws {
+            var ids = Set(ids)
+            let rows = try Row.fetchCursor(
+                db.cachedStatement(sql: "SELECT \(JobRows.columns) FROM job WHERE id IN (SELECT value FROM json_each(?))"),
+                arguments: [try JobRows.jsonArray(Array(ids))]
+            )
+            while let row = try rows.next() {
+                do {
+                    let job = try JobRows.job(row)
+                    jobs[job.id] = job
+                } catch {
+                    ids.remove(row[0])
+                }
+            }
+            self.ids = ids
+        }
+
+        /// The job as the batch last wrote it; nil if there is none. An id the batch did not
+        /// read is read now.
+        func job(_ db: Database, _ id: String) throws -> JobRecord? {
+            ids.contains(id) ? jobs[id] : try JobRows.job(db, id)
+        }
+
+        /// A write of the batch changed the job's row to `job`.
+        func changed(_ job: JobRecord) {
+            if ids.contains(job.id) { jobs[job.id] = job }
+        }
     }
 
     /// `body` in a savepoint: what it changed is rolled back alone if it throws.
@@ -313,13 +343,15 @@ public struct SQLiteJobsStore: ReportingJobsStore {
         try await writes.perform { [self] db in try reportRow(db, attempt, decide) }
     }
 
-    func reportRow(_ db: Database, _ attempt: JobAttempt, _ decide: (JobRecord) -> JobRules.Decision) throws -> (outcome: Outcome, retryAfter: Duration?) {
-        guard let job = try JobRows.job(db, attempt.jobId) else { return (.refused("no such job"), nil) }
+    func reportRow(_ db: Database, _ attempt: JobAttempt, batch: BatchJobs? = nil, _ decide: (JobRecord) -> JobRules.Decision) throws
+        -> (outcome: Outcome, retryAfter: Duration?) {
+        guard let job = try batch?.job(db, attempt.jobId) ?? JobRows.job(db, attempt.jobId) else { return (.refused("no such job"), nil) }
         switch decide(job) {
         case .refuse(let reason): return (.refused(reason), nil)
         case .alreadyRecorded(let recorded): return (.alreadyRecorded(recorded), nil)
         case .apply(let transition):
             try apply(db, transition)
+            batch?.changed(transition.job)
             return (.applied(transition.job), transition.retryAfter)
         }
     }
