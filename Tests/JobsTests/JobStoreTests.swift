@@ -146,6 +146,18 @@ struct JobStoreTests {
         try await withJobsStore(backend) { try await $0.retryableFailuresRetryUntilAttemptsRunOutThenRelease() }
     }
 
+    @Test func jobsOfManyIdsAreReadInOneStatementWhateverTheIdsHold() async throws {
+        // Given jobs whose ids hold what JSON escapes (the ids go to SQLite as a JSON array)
+        let ids = ["plain", "with \"quotes\"", "back\\slash", "line\nbreak", "é and 😀", "tab\there", "\u{01}"]
+        for id in ids { _ = try await created(id) }
+        // When they are read together with ids that have no job
+        let read = try await store.jobs(ids + ["missing", "also \"missing\""])
+        // Then each job is read once, and nothing else
+        #expect(Set(read.map(\.id)) == Set(ids) && read.count == ids.count)
+        let array = JobRows.jsonArray(ids)
+        #expect(try JSONDecoder().decode([String].self, from: Data(array.utf8)) == ids)
+    }
+
     @Test func rowsWrittenByHandReadBackAsRecordsAndTheOtherWayRound() async throws {
         // Given one job written as a GRDB record (as rows from before were) and one by JobRows,
         // with every optional field set and dates with milliseconds (exact in binary, so equal after the round trip)

@@ -96,7 +96,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
         return try await database.writer.read { db in
             let rows = try Row.fetchCursor(
                 db.cachedStatement(sql: "SELECT id, userId, version, status, progress FROM job WHERE id IN (SELECT value FROM json_each(?))"),
-                arguments: [try JobRows.jsonArray(ids)]
+                arguments: [JobRows.jsonArray(ids)]
             )
             var states: [String: State] = [:]
             while let row = try rows.next() {
@@ -296,7 +296,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
             var ids = Set(ids)
             let rows = try Row.fetchCursor(
                 db.cachedStatement(sql: "SELECT \(JobRows.columns) FROM job WHERE id IN (SELECT value FROM json_each(?))"),
-                arguments: [try JobRows.jsonArray(Array(ids))]
+                arguments: [JobRows.jsonArray(Array(ids))]
             )
             while let row = try rows.next() {
                 do {
