@@ -60,6 +60,25 @@ struct BinaryFieldWriter {
         writer.close(downTo: depth)
     }
 
+    /// Messages written by hand, in an array.
+    mutating func write<T: BinaryDirectCodable>(_ name: StaticString, _ values: [T]) {
+        let depth = openArray(name)
+        for value in values { writer.encodeDirect(value) }
+        writer.close(downTo: depth)
+    }
+
+    /// A keyed container of the fields `body` writes: an enum case and its associated values, as
+    /// Swift's synthesized `Codable` writes them (`{"case": {"_0": value, "label": value}}`, and
+    /// an empty container for a case without values).
+    mutating func nested(_ name: StaticString, _ body: (inout BinaryFieldWriter) -> Void = { _ in }) {
+        key(name)
+        let depth = writer.depth
+        writer.openContainer(.keyed)
+        var fields = BinaryFieldWriter(writer: writer)
+        body(&fields)
+        writer.close(downTo: depth)
+    }
+
     /// Writes `name` and opens an array; the depth to close it down to.
     private mutating func openArray(_ name: StaticString) -> Int {
         key(name)
@@ -209,6 +228,43 @@ struct BinaryFieldValue {
             throw DecodingError.dataCorrupted(.init(codingPath: codingPath, debugDescription: "Cannot initialize \(T.self) from invalid String value \(text)"))
         }
         return value
+    }
+
+    /// Messages written by hand, in an array.
+    func array<T: BinaryDirectCodable>(_ type: T.Type) throws -> [T] {
+        var values: [T] = []
+        var index = 0
+        let path = codingPath
+        try forEachElement { offset, end in
+            values.append(try reader.decodeDirect(T.self, at: offset, limit: end, depth: fields.depth + 1, parentPath: path + [IndexKey(index)], name: nil))
+            index += 1
+        }
+        return values
+    }
+
+    /// The fields of a keyed container: an enum case's associated values.
+    func keyed() throws -> BinaryFieldReader {
+        let tag = try reader.tag(at: offset, limit: limit, codingPath: codingPath)
+        guard tag == .keyed else { throw reader.typeMismatch([String: Any].self, tag, codingPath) }
+        guard fields.depth < BinaryCoding.maxDepth else { throw reader.corrupt(codingPath, "nested deeper than \(BinaryCoding.maxDepth)") }
+        let body = try reader.containerBody(at: offset, limit: limit, codingPath: codingPath)
+        return BinaryFieldReader(reader: reader, body: body, depth: fields.depth + 1, parentPath: fields.codingPath, name: name)
+    }
+
+    /// `value`, once the field is read as a keyed container: an enum case without associated
+    /// values (its container is empty; fields a newer peer added are ignored).
+    func without<T>(_ value: T) throws -> T {
+        _ = try keyed()
+        return value
+    }
+
+    /// The one field `name` of a keyed container, read by `read`: an enum case with one
+    /// associated value.
+    func single<T>(_ name: StaticString, _ read: (BinaryFieldValue) throws -> T) throws -> T {
+        let inner = try keyed()
+        var value: T?
+        try inner.forEach { field, found in if name ~= field { value = try read(found) } }
+        return try inner.required(value, name)
     }
 
     private func forEachElement(_ read: (Int, Int) throws -> Void) throws {
@@ -653,5 +709,215 @@ extension JobAssignment: BinaryDirectCodable {
             parameters: try fields.required(parameters, "parameters"), prompt: prompt, transfer: transfer, submission: submission,
             callbackURL: callbackURL, traceParent: traceParent
         )
+    }
+}
+
+extension JobOutput: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("resultKey", resultKey)
+        fields.write("thumbnailKey", thumbnailKey)
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var resultKey: String?, thumbnailKey: String?
+        try fields.forEach { name, value in
+            switch name {
+            case "resultKey": resultKey = try value.string()
+            case "thumbnailKey": thumbnailKey = try value.string()
+            default: break
+            }
+        }
+        self.init(resultKey: try fields.required(resultKey, "resultKey"), thumbnailKey: try fields.required(thumbnailKey, "thumbnailKey"))
+    }
+}
+
+// MARK: - The worker protocol's messages
+
+/// An enum's case, as its synthesized `Codable` reads it: exactly one key of a known case
+/// (unknown keys are not its cases, and are left out), or a type mismatch.
+private struct EnumCase<Value> {
+    var value: Value?
+    var count = 0
+
+    mutating func found(_ value: Value) {
+        self.value = value
+        count += 1
+    }
+
+    func value(of type: Any.Type, _ fields: BinaryFieldReader) throws -> Value {
+        guard count == 1, let value else {
+            throw DecodingError.typeMismatch(type, .init(codingPath: fields.codingPath, debugDescription: "Invalid number of keys found, expected one."))
+        }
+        return value
+    }
+}
+
+extension WorkerMessage: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        switch self {
+        case .ready(let ready): fields.nested("ready") { $0.write("_0", ready) }
+        case .heartbeat(let running): fields.nested("heartbeat") { $0.write("running", running) }
+        case .progress(let attempt, let fraction):
+            fields.nested("progress") {
+                $0.write("_0", attempt)
+                $0.write("fraction", fraction)
+            }
+        case .done(let attempt, let output):
+            fields.nested("done") {
+                $0.write("_0", attempt)
+                $0.write("_1", output)
+            }
+        case .failed(let attempt, let error, let retryable):
+            fields.nested("failed") {
+                $0.write("_0", attempt)
+                $0.write("error", error)
+                $0.write("retryable", retryable)
+            }
+        case .cancelled(let attempt): fields.nested("cancelled") { $0.write("_0", attempt) }
+        case .metrics(let text): fields.nested("metrics") { $0.write("_0", text) }
+        case .leaving(let returned): fields.nested("leaving") { $0.write("returned", returned) }
+        case .renew(let attempt): fields.nested("renew") { $0.write("_0", attempt) }
+        case .submitted(let attempt, let request):
+            fields.nested("submitted") {
+                $0.write("_0", attempt)
+                $0.write("_1", request)
+            }
+        case .answered(let attempt): fields.nested("answered") { $0.write("_0", attempt) }
+        case .all(let messages): fields.nested("all") { $0.write("_0", messages) }
+        }
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var message = EnumCase<WorkerMessage>()
+        try fields.forEach { name, value in
+            switch name {
+            case "ready": message.found(.ready(try value.single("_0") { try $0.decode(WorkerReady.self) }))
+            case "heartbeat": message.found(.heartbeat(running: try value.single("running") { try $0.array(JobAttempt.self) }))
+            case "progress":
+                let inner = try value.keyed()
+                var attempt: JobAttempt?, fraction: Double?
+                try inner.forEach { name, value in
+                    switch name {
+                    case "_0": attempt = try value.decode(JobAttempt.self)
+                    case "fraction": fraction = try value.double()
+                    default: break
+                    }
+                }
+                message.found(.progress(try inner.required(attempt, "_0"), fraction: try inner.required(fraction, "fraction")))
+            case "done":
+                let inner = try value.keyed()
+                var attempt: JobAttempt?, output: JobOutput?
+                try inner.forEach { name, value in
+                    switch name {
+                    case "_0": attempt = try value.decode(JobAttempt.self)
+                    case "_1": output = try value.decode(JobOutput.self)
+                    default: break
+                    }
+                }
+                message.found(.done(try inner.required(attempt, "_0"), try inner.required(output, "_1")))
+            case "failed":
+                let inner = try value.keyed()
+                var attempt: JobAttempt?, error: String?, retryable: Bool?
+                try inner.forEach { name, value in
+                    switch name {
+                    case "_0": attempt = try value.decode(JobAttempt.self)
+                    case "error": error = try value.string()
+                    case "retryable": retryable = try value.bool()
+                    default: break
+                    }
+                }
+                message.found(.failed(
+                    try inner.required(attempt, "_0"), error: try inner.required(error, "error"), retryable: try inner.required(retryable, "retryable")
+                ))
+            case "cancelled": message.found(.cancelled(try value.single("_0") { try $0.decode(JobAttempt.self) }))
+            case "metrics": message.found(.metrics(try value.single("_0") { try $0.string() }))
+            case "leaving": message.found(.leaving(returned: try value.single("returned") { try $0.array(JobAttempt.self) }))
+            case "renew": message.found(.renew(try value.single("_0") { try $0.decode(JobAttempt.self) }))
+            case "submitted":
+                let inner = try value.keyed()
+                var attempt: JobAttempt?, request: ProviderRequest?
+                try inner.forEach { name, value in
+                    switch name {
+                    case "_0": attempt = try value.decode(JobAttempt.self)
+                    case "_1": request = try value.decode(ProviderRequest.self)
+                    default: break
+                    }
+                }
+                message.found(.submitted(try inner.required(attempt, "_0"), try inner.required(request, "_1")))
+            case "answered": message.found(.answered(try value.single("_0") { try $0.decode(JobAttempt.self) }))
+            case "all": message.found(.all(try value.single("_0") { try $0.array(WorkerMessage.self) }))
+            default: break
+            }
+        }
+        self = try message.value(of: WorkerMessage.self, fields)
+    }
+}
+
+extension DispatcherMessage: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        switch self {
+        case .assign(let assignment): fields.nested("assign") { $0.write("_0", assignment) }
+        case .cancel(let attempt): fields.nested("cancel") { $0.write("_0", attempt) }
+        case .heartbeat: fields.nested("heartbeat")
+        case .reconnect: fields.nested("reconnect")
+        case .refused(let attempt, let reason):
+            fields.nested("refused") {
+                $0.write("_0", attempt)
+                $0.write("reason", reason)
+            }
+        case .recorded(let attempt): fields.nested("recorded") { $0.write("_0", attempt) }
+        case .renewed(let attempt, let transfer):
+            fields.nested("renewed") {
+                $0.write("_0", attempt)
+                $0.write("_1", transfer)
+            }
+        case .submissionRecorded(let attempt): fields.nested("submissionRecorded") { $0.write("_0", attempt) }
+        case .poke(let attempt): fields.nested("poke") { $0.write("_0", attempt) }
+        case .leaveNoted: fields.nested("leaveNoted")
+        case .batches: fields.nested("batches")
+        case .all(let messages): fields.nested("all") { $0.write("_0", messages) }
+        }
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var message = EnumCase<DispatcherMessage>()
+        try fields.forEach { name, value in
+            switch name {
+            case "assign": message.found(.assign(try value.single("_0") { try $0.decode(JobAssignment.self) }))
+            case "cancel": message.found(.cancel(try value.single("_0") { try $0.decode(JobAttempt.self) }))
+            case "heartbeat": message.found(try value.without(.heartbeat))
+            case "reconnect": message.found(try value.without(.reconnect))
+            case "refused":
+                let inner = try value.keyed()
+                var attempt: JobAttempt?, reason: String?
+                try inner.forEach { name, value in
+                    switch name {
+                    case "_0": attempt = try value.decode(JobAttempt.self)
+                    case "reason": reason = try value.string()
+                    default: break
+                    }
+                }
+                message.found(.refused(try inner.required(attempt, "_0"), reason: try inner.required(reason, "reason")))
+            case "recorded": message.found(.recorded(try value.single("_0") { try $0.decode(JobAttempt.self) }))
+            case "renewed":
+                let inner = try value.keyed()
+                var attempt: JobAttempt?, transfer: JobTransfer?
+                try inner.forEach { name, value in
+                    switch name {
+                    case "_0": attempt = try value.decode(JobAttempt.self)
+                    case "_1": transfer = try value.decode(JobTransfer.self)
+                    default: break
+                    }
+                }
+                message.found(.renewed(try inner.required(attempt, "_0"), try inner.required(transfer, "_1")))
+            case "submissionRecorded": message.found(.submissionRecorded(try value.single("_0") { try $0.decode(JobAttempt.self) }))
+            case "poke": message.found(.poke(try value.single("_0") { try $0.decode(JobAttempt.self) }))
+            case "leaveNoted": message.found(try value.without(.leaveNoted))
+            case "batches": message.found(try value.without(.batches))
+            case "all": message.found(.all(try value.single("_0") { try $0.array(DispatcherMessage.self) }))
+            default: break
+            }
+        }
+        self = try message.value(of: DispatcherMessage.self, fields)
     }
 }

@@ -103,6 +103,31 @@ struct BinaryDirectTests {
         CreateJob(jobId: "job-2", userId: "user-2", isPro: true, imageKey: "k", effectId: "blur", parameters: ["radius": 1.5], prompt: "p", credits: 25),
     ]
 
+    private static let attempt = JobAttempt(jobId: "job-7", attempt: 2)
+    private static let submission = ProviderRequest(provider: "fal", requestId: "r", statusURL: "s", responseURL: "r", cancelURL: nil, submittedAt: instant)
+
+    private static let workerMessages: [WorkerMessage] = [
+        .ready(WorkerReady(workerId: "w-1", capacity: 8, effects: ["copy", "blur"], heartbeatMilliseconds: 1000, prefetch: 2, batches: true)),
+        .ready(WorkerReady(workerId: "w-old", capacity: 1, effects: [])),
+        .heartbeat(running: []),
+        .heartbeat(running: [attempt, JobAttempt(jobId: "job-8", attempt: 1)]),
+        .progress(attempt, fraction: 0.25),
+        .done(attempt, JobOutput(resultKey: "results/u/j.jpg", thumbnailKey: "thumbnails/u/j.jpg")),
+        .failed(attempt, error: "the model answered 500", retryable: true),
+        .failed(attempt, error: "", retryable: false),
+        .cancelled(attempt),
+        .metrics("# TYPE worker_jobs_total counter\nworker_jobs_total 3\n"),
+        .leaving(returned: [attempt]),
+        .renew(attempt),
+        .submitted(attempt, submission),
+        .answered(attempt),
+    ]
+
+    private static let dispatcherMessages: [DispatcherMessage] = assignments.map { .assign($0) } + [
+        .cancel(attempt), .heartbeat, .reconnect, .refused(attempt, reason: "a stale attempt"), .recorded(attempt),
+        .renewed(attempt, assignments.compactMap(\.transfer)[0]), .submissionRecorded(attempt), .poke(attempt), .leaveNoted, .batches,
+    ]
+
     /// Both ways: the hand-written bytes are the `Codable` bytes, and each path reads the other's.
     private func expectSameAsCodable<T: BinaryDirectCodable & Equatable>(_ value: T) throws {
         let direct = try BinaryCoding.encode(value, direct: true)
@@ -135,12 +160,10 @@ struct BinaryDirectTests {
         var traced = Self.creations[0]
         traced.traceParent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
         #expect(try BinaryCoding.encode(traced, direct: true) == BinaryCoding.encode(Self.creations[0], direct: false))
-        // Inside the worker protocol's messages, which stay Codable.
-        let messages: [DispatcherMessage] = [.all(Self.assignments.map { .assign($0) } + [.cancel(JobAttempt(jobId: "j", attempt: 2)), .heartbeat])]
-        for message in messages {
-            #expect(try BinaryCoding.encode(message, direct: true) == BinaryCoding.encode(message, direct: false))
-            #expect(try BinaryCoding.decode(DispatcherMessage.self, from: BinaryCoding.encode(message)) == message)
-        }
+        // The worker protocol's messages, every case, alone and in batches.
+        for message in Self.workerMessages + [.all(Self.workerMessages), .all([])] { try expectSameAsCodable(message) }
+        for message in Self.dispatcherMessages + [.all(Self.dispatcherMessages), .all([])] { try expectSameAsCodable(message) }
+        try expectSameAsCodable(JobOutput(resultKey: "results/u/j.jpg", thumbnailKey: "thumbnails/u/j.jpg"))
         // Inside a message that stays Codable (the admin's usage view), and as a dictionary's values.
         let usage = UserUsage(status: Self.statuses[1], charges: [])
         #expect(try BinaryCoding.encode(usage, direct: true) == BinaryCoding.encode(usage, direct: false))
@@ -242,6 +265,40 @@ struct BinaryDirectTests {
         }
     }
 
+    @Test func aWorkerProtocolMessageOfNoCaseOrTwoIsTheErrorCodableGives() throws {
+        struct Cases: Encodable {
+            var names: [String]
+            func encode(to encoder: any Encoder) throws {
+                var container = encoder.container(keyedBy: DictionaryKey.self)
+                for name in names { _ = container.nestedContainer(keyedBy: DictionaryKey.self, forKey: DictionaryKey(name)) }
+            }
+        }
+        for names in [[], ["unknownCase"], ["heartbeat", "reconnect"]] {
+            for direct in [true, false] {
+                #expect {
+                    try BinaryCoding.decode(DispatcherMessage.self, from: BinaryCoding.encode(Cases(names: names)), direct: direct)
+                } throws: { error in
+                    guard case DecodingError.typeMismatch(let type, _) = error else { return false }
+                    return type == DispatcherMessage.self
+                }
+            }
+        }
+        // A known case among unknown ones is that case (a newer peer's cases are not counted)
+        #expect(try BinaryCoding.decode(DispatcherMessage.self, from: BinaryCoding.encode(Cases(names: ["newer", "heartbeat"]))) == .heartbeat)
+        // A case's values must be a keyed container; a missing value is the key Codable names
+        for direct in [true, false] {
+            #expect(throws: DecodingError.self) {
+                try BinaryCoding.decode(DispatcherMessage.self, from: BinaryCoding.encode(["heartbeat": 1]), direct: direct)
+            }
+            #expect {
+                try BinaryCoding.decode(WorkerMessage.self, from: BinaryCoding.encode(Cases(names: ["done"])), direct: direct)
+            } throws: { error in
+                guard case DecodingError.keyNotFound(let key, let context) = error else { return false }
+                return key.stringValue == "_0" && context.codingPath.map(\.stringValue) == ["done"]
+            }
+        }
+    }
+
     @Test func garbageNeverCrashesAMessageWrittenByHand() throws {
         var generator = SystemRandomNumberGenerator()
         let valid = try BinaryCoding.encode(Self.decisions[3])
@@ -252,6 +309,13 @@ struct BinaryDirectTests {
             _ = try? BinaryCoding.decode(QuotaDecision.self, from: corrupted(valid, using: &generator))
             let random = (0..<Int.random(in: 0...80, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) }
             _ = try? BinaryCoding.decode(QuotaStatus.self, from: random)
+        }
+        for valid in [try BinaryCoding.encode(WorkerMessage.all(Self.workerMessages)), try BinaryCoding.encode(DispatcherMessage.all(Self.dispatcherMessages))] {
+            for _ in 0..<3000 {
+                let bytes = corrupted(valid, using: &generator)
+                _ = try? BinaryCoding.decode(WorkerMessage.self, from: bytes)
+                _ = try? BinaryCoding.decode(DispatcherMessage.self, from: bytes)
+            }
         }
         for valid in [try BinaryCoding.encode(Self.jobs[1]), try BinaryCoding.encode(Self.pages[1])] {
             for _ in 0..<3000 {
