@@ -267,6 +267,18 @@ struct BinaryFieldValue {
         return try inner.required(value, name)
     }
 
+    /// The fields `first` and `second` of a keyed container, each read by its function: an enum
+    /// case with two associated values.
+    func pair<A, B>(_ first: StaticString, _ readFirst: (BinaryFieldValue) throws -> A,
+                    _ second: StaticString, _ readSecond: (BinaryFieldValue) throws -> B) throws -> (A, B) {
+        let inner = try keyed()
+        var a: A?, b: B?
+        try inner.forEach { field, found in
+            if first ~= field { a = try readFirst(found) } else if second ~= field { b = try readSecond(found) }
+        }
+        return (try inner.required(a, first), try inner.required(b, second))
+    }
+
     private func forEachElement(_ read: (Int, Int) throws -> Void) throws {
         let tag = try reader.tag(at: offset, limit: limit, codingPath: codingPath)
         guard tag == .array else { throw reader.typeMismatch([Any].self, tag, codingPath) }
@@ -794,27 +806,11 @@ extension WorkerMessage: BinaryDirectCodable {
             case "ready": message.found(.ready(try value.single("_0") { try $0.decode(WorkerReady.self) }))
             case "heartbeat": message.found(.heartbeat(running: try value.single("running") { try $0.array(JobAttempt.self) }))
             case "progress":
-                let inner = try value.keyed()
-                var attempt: JobAttempt?, fraction: Double?
-                try inner.forEach { name, value in
-                    switch name {
-                    case "_0": attempt = try value.decode(JobAttempt.self)
-                    case "fraction": fraction = try value.double()
-                    default: break
-                    }
-                }
-                message.found(.progress(try inner.required(attempt, "_0"), fraction: try inner.required(fraction, "fraction")))
+                let (attempt, fraction) = try value.pair("_0", { try $0.decode(JobAttempt.self) }, "fraction", { try $0.double() })
+                message.found(.progress(attempt, fraction: fraction))
             case "done":
-                let inner = try value.keyed()
-                var attempt: JobAttempt?, output: JobOutput?
-                try inner.forEach { name, value in
-                    switch name {
-                    case "_0": attempt = try value.decode(JobAttempt.self)
-                    case "_1": output = try value.decode(JobOutput.self)
-                    default: break
-                    }
-                }
-                message.found(.done(try inner.required(attempt, "_0"), try inner.required(output, "_1")))
+                let (attempt, output) = try value.pair("_0", { try $0.decode(JobAttempt.self) }, "_1", { try $0.decode(JobOutput.self) })
+                message.found(.done(attempt, output))
             case "failed":
                 let inner = try value.keyed()
                 var attempt: JobAttempt?, error: String?, retryable: Bool?
@@ -834,16 +830,8 @@ extension WorkerMessage: BinaryDirectCodable {
             case "leaving": message.found(.leaving(returned: try value.single("returned") { try $0.array(JobAttempt.self) }))
             case "renew": message.found(.renew(try value.single("_0") { try $0.decode(JobAttempt.self) }))
             case "submitted":
-                let inner = try value.keyed()
-                var attempt: JobAttempt?, request: ProviderRequest?
-                try inner.forEach { name, value in
-                    switch name {
-                    case "_0": attempt = try value.decode(JobAttempt.self)
-                    case "_1": request = try value.decode(ProviderRequest.self)
-                    default: break
-                    }
-                }
-                message.found(.submitted(try inner.required(attempt, "_0"), try inner.required(request, "_1")))
+                let (attempt, request) = try value.pair("_0", { try $0.decode(JobAttempt.self) }, "_1", { try $0.decode(ProviderRequest.self) })
+                message.found(.submitted(attempt, request))
             case "answered": message.found(.answered(try value.single("_0") { try $0.decode(JobAttempt.self) }))
             case "all": message.found(.all(try value.single("_0") { try $0.array(WorkerMessage.self) }))
             default: break
@@ -888,28 +876,12 @@ extension DispatcherMessage: BinaryDirectCodable {
             case "heartbeat": message.found(try value.without(.heartbeat))
             case "reconnect": message.found(try value.without(.reconnect))
             case "refused":
-                let inner = try value.keyed()
-                var attempt: JobAttempt?, reason: String?
-                try inner.forEach { name, value in
-                    switch name {
-                    case "_0": attempt = try value.decode(JobAttempt.self)
-                    case "reason": reason = try value.string()
-                    default: break
-                    }
-                }
-                message.found(.refused(try inner.required(attempt, "_0"), reason: try inner.required(reason, "reason")))
+                let (attempt, reason) = try value.pair("_0", { try $0.decode(JobAttempt.self) }, "reason", { try $0.string() })
+                message.found(.refused(attempt, reason: reason))
             case "recorded": message.found(.recorded(try value.single("_0") { try $0.decode(JobAttempt.self) }))
             case "renewed":
-                let inner = try value.keyed()
-                var attempt: JobAttempt?, transfer: JobTransfer?
-                try inner.forEach { name, value in
-                    switch name {
-                    case "_0": attempt = try value.decode(JobAttempt.self)
-                    case "_1": transfer = try value.decode(JobTransfer.self)
-                    default: break
-                    }
-                }
-                message.found(.renewed(try inner.required(attempt, "_0"), try inner.required(transfer, "_1")))
+                let (attempt, transfer) = try value.pair("_0", { try $0.decode(JobAttempt.self) }, "_1", { try $0.decode(JobTransfer.self) })
+                message.found(.renewed(attempt, transfer))
             case "submissionRecorded": message.found(.submissionRecorded(try value.single("_0") { try $0.decode(JobAttempt.self) }))
             case "poke": message.found(.poke(try value.single("_0") { try $0.decode(JobAttempt.self) }))
             case "leaveNoted": message.found(try value.without(.leaveNoted))

@@ -22,15 +22,20 @@ public enum JobRows {
 
     /// The jobs of these ids that exist, in one statement.
     static func jobs(_ db: Database, _ ids: [String]) throws -> [JobRecord] {
-        guard !ids.isEmpty else { return [] }
+        var jobs: [JobRecord] = []
+        jobs.reserveCapacity(ids.count)
+        try forEachRow(db, ids) { jobs.append(try job($0)) }
+        return jobs
+    }
+
+    /// Calls `body` with the row of each job of these ids that exists, read in one statement.
+    static func forEachRow(_ db: Database, _ ids: [String], _ body: (Row) throws -> Void) throws {
+        guard !ids.isEmpty else { return }
         let rows = try Row.fetchCursor(
             db.cachedStatement(sql: "SELECT \(columns) FROM job WHERE id IN (SELECT value FROM json_each(?))"),
             arguments: [jsonArray(ids)]
         )
-        var jobs: [JobRecord] = []
-        jobs.reserveCapacity(ids.count)
-        while let row = try rows.next() { jobs.append(try job(row)) }
-        return jobs
+        while let row = try rows.next() { try body(row) }
     }
 
     /// Ids as a JSON array, for `json_each` (written straight, without an encoder: every batch

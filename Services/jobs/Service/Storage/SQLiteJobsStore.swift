@@ -288,17 +288,13 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     /// about as much as the rest of its read; perf of `bench-jobs` showed the reads at 5% of the
     /// machine.) Only for the batch's first try: if that is rolled back, each write reads again.
     final class BatchJobs {
-        private var jobs: [String: JobRecord] = [:]
+        private var jobs: [String: JobRecord]
         private let ids: Set<String>
 
         /// A row that does not read as a job is left out, to be read (and fail) on its own.
         init(_ db: Database, ids: [String]) throws {
-            var ids = Set(ids)
-            let rows = try Row.fetchCursor(
-                db.cachedStatement(sql: "SELECT \(JobRows.columns) FROM job WHERE id IN (SELECT value FROM json_each(?))"),
-                arguments: [JobRows.jsonArray(Array(ids))]
-            )
-            while let row = try rows.next() {
+            var ids = Set(ids), jobs: [String: JobRecord] = [:]
+            try JobRows.forEachRow(db, Array(ids)) { row in
                 do {
                     let job = try JobRows.job(row)
                     jobs[job.id] = job
@@ -307,6 +303,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
                 }
             }
             self.ids = ids
+            self.jobs = jobs
         }
 
         /// The job as the batch last wrote it; nil if there is none. An id the batch did not
