@@ -743,6 +743,66 @@ extension JobOutput: BinaryDirectCodable {
     }
 }
 
+extension WatchJobs.Seen: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("jobId", jobId)
+        fields.write("userId", userId)
+        fields.write("version", version)
+        fields.write("progress", progress)
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var jobId: String?, userId: String?, version: Int?, progress: Double?
+        try fields.forEach { name, value in
+            switch name {
+            case "jobId": jobId = try value.string()
+            case "userId": userId = try value.string()
+            case "version": version = try value.int()
+            case "progress": progress = try value.double()
+            default: break
+            }
+        }
+        self.init(
+            jobId: try fields.required(jobId, "jobId"), userId: try fields.required(userId, "userId"),
+            version: try fields.required(version, "version"), progress: try fields.required(progress, "progress")
+        )
+    }
+}
+
+/// The gateway's job streams ask `jobs.watch` for their jobs every few hundred milliseconds.
+extension WatchJobs: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("jobs", jobs)
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var jobs: [Seen]?
+        try fields.forEach { name, value in
+            if case "jobs" = name { jobs = try value.array(Seen.self) }
+        }
+        self.init(jobs: try fields.required(jobs, "jobs"))
+    }
+}
+
+extension WatchedJobs: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("changed", changed)
+        fields.write("gone", gone)
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var changed: [JobRecord]?, gone: [String]?
+        try fields.forEach { name, value in
+            switch name {
+            case "changed": changed = try value.array(JobRecord.self)
+            case "gone": gone = try value.strings()
+            default: break
+            }
+        }
+        self.init(changed: try fields.required(changed, "changed"), gone: try fields.required(gone, "gone"))
+    }
+}
+
 // MARK: - The worker protocol's messages
 
 /// An enum's case, as its synthesized `Codable` reads it: exactly one key of a known case

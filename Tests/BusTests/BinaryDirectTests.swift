@@ -164,6 +164,10 @@ struct BinaryDirectTests {
         for message in Self.workerMessages + [.all(Self.workerMessages), .all([])] { try expectSameAsCodable(message) }
         for message in Self.dispatcherMessages + [.all(Self.dispatcherMessages), .all([])] { try expectSameAsCodable(message) }
         try expectSameAsCodable(JobOutput(resultKey: "results/u/j.jpg", thumbnailKey: "thumbnails/u/j.jpg"))
+        // The job streams' watch, both ways.
+        let seen = [WatchJobs.Seen(jobId: "job-1", userId: "user-1", version: 3, progress: 0.5), WatchJobs.Seen(jobId: "j", userId: "u", version: 1, progress: 0)]
+        for request in [WatchJobs(jobs: seen), WatchJobs(jobs: [])] { try expectSameAsCodable(request) }
+        for answer in [WatchedJobs(changed: Self.jobs, gone: ["gone-1", "gone-2"]), WatchedJobs(changed: [], gone: [])] { try expectSameAsCodable(answer) }
         // Inside a message that stays Codable (the admin's usage view), and as a dictionary's values.
         let usage = UserUsage(status: Self.statuses[1], charges: [])
         #expect(try BinaryCoding.encode(usage, direct: true) == BinaryCoding.encode(usage, direct: false))
