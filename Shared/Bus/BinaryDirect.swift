@@ -778,7 +778,10 @@ extension WatchJobs: BinaryDirectCodable {
     init(binary fields: BinaryFieldReader) throws {
         var jobs: [Seen]?
         try fields.forEach { name, value in
-            if case "jobs" = name { jobs = try value.array(Seen.self) }
+            switch name {
+            case "jobs": jobs = try value.array(Seen.self)
+            default: break
+            }
         }
         self.init(jobs: try fields.required(jobs, "jobs"))
     }
