@@ -543,7 +543,7 @@ final class BinaryReader {
             return Date(timeIntervalSinceReferenceDate: try decodeDouble(at: offset, limit: limit, codingPath: codingPath())) as! T
         }
         if direct, let message = T.self as? any BinaryDirectCodable.Type {
-            return try decodeDirect(message, at: offset, limit: limit, depth: depth, parentPath: codingPath(), name: nil) as! T
+            return try decodeDirect(message, at: offset, limit: limit, depth: depth, codingPath: codingPath()) as! T
         }
         if let dictionary = T.self as? any BinaryStringKeyedDictionary.Type {
             return try dictionary.decodeBinary(self, at: offset, limit: limit, depth: depth, codingPath: codingPath()) as! T

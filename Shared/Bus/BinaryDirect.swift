@@ -129,17 +129,11 @@ struct BinaryFieldReader {
     let body: Range<Int>
     /// The depth of the values inside (the container's own plus one), as `BinaryKeyedDecoder`'s.
     let depth: Int
-    /// The path to the container: its parent's, and the field that holds it (nil at the top or
-    /// under a `Codable` value). Kept apart so that a path is built only for an error.
-    let parentPath: [any CodingKey]
-    let name: Range<Int>?
-
-    var codingPath: [any CodingKey] { Self.codingPath(reader, parentPath, name) }
-
-    static func codingPath(_ reader: BinaryReader, _ parentPath: [any CodingKey], _ name: Range<Int>?) -> [any CodingKey] {
-        guard let name else { return parentPath }
-        return parentPath + [DictionaryKey(String(decoding: reader.bytes[name], as: UTF8.self))]
-    }
+    /// The path to the container, for errors: the whole path for a message read at the top or
+    /// under a `Codable` value; empty for one nested in a message read by hand, whose enclosing
+    /// reads put their part of the path in front of an error as it passes (`withPath`), so that
+    /// no path is built unless one is thrown.
+    let codingPath: [any CodingKey]
 
     /// Calls `read` with each field's name and value; a name the message does not know is for the
     /// caller to skip (a field added by a newer peer).
@@ -187,7 +181,7 @@ struct BinaryFieldValue {
     private var reader: BinaryReader { fields.reader }
 
     /// The field's path, for errors only.
-    var codingPath: [any CodingKey] { BinaryFieldReader.codingPath(reader, fields.codingPath, name) }
+    var codingPath: [any CodingKey] { fields.codingPath + [DictionaryKey(String(decoding: reader.bytes[name], as: UTF8.self))] }
 
     var isNil: Bool { reader.bytes[offset] == BinaryCoding.Tag.null.rawValue }
 
@@ -234,49 +228,51 @@ struct BinaryFieldValue {
     func array<T: BinaryDirectCodable>(_ type: T.Type) throws -> [T] {
         var values: [T] = []
         var index = 0
-        let path = codingPath
         try forEachElement { offset, end in
-            values.append(try reader.decodeDirect(T.self, at: offset, limit: end, depth: fields.depth + 1, parentPath: path + [IndexKey(index)], name: nil))
+            values.append(try withPath(codingPath + [IndexKey(index)]) {
+                try reader.decodeDirect(T.self, at: offset, limit: end, depth: fields.depth + 1, codingPath: [])
+            })
             index += 1
         }
         return values
     }
 
-    /// The fields of a keyed container: an enum case's associated values.
-    func keyed() throws -> BinaryFieldReader {
+    /// `read` with the fields of a keyed container: an enum case's associated values.
+    func keyed<T>(_ read: (BinaryFieldReader) throws -> T) throws -> T {
         let tag = try reader.tag(at: offset, limit: limit, codingPath: codingPath)
         guard tag == .keyed else { throw reader.typeMismatch([String: Any].self, tag, codingPath) }
         guard fields.depth < BinaryCoding.maxDepth else { throw reader.corrupt(codingPath, "nested deeper than \(BinaryCoding.maxDepth)") }
         let body = try reader.containerBody(at: offset, limit: limit, codingPath: codingPath)
-        return BinaryFieldReader(reader: reader, body: body, depth: fields.depth + 1, parentPath: fields.codingPath, name: name)
+        return try withPath(codingPath) { try read(BinaryFieldReader(reader: reader, body: body, depth: fields.depth + 1, codingPath: [])) }
     }
 
     /// `value`, once the field is read as a keyed container: an enum case without associated
     /// values (its container is empty; fields a newer peer added are ignored).
     func without<T>(_ value: T) throws -> T {
-        _ = try keyed()
-        return value
+        try keyed { _ in value }
     }
 
     /// The one field `name` of a keyed container, read by `read`: an enum case with one
     /// associated value.
     func single<T>(_ name: StaticString, _ read: (BinaryFieldValue) throws -> T) throws -> T {
-        let inner = try keyed()
-        var value: T?
-        try inner.forEach { field, found in if name ~= field { value = try read(found) } }
-        return try inner.required(value, name)
+        try keyed { inner in
+            var value: T?
+            try inner.forEach { field, found in if name ~= field { value = try read(found) } }
+            return try inner.required(value, name)
+        }
     }
 
     /// The fields `first` and `second` of a keyed container, each read by its function: an enum
     /// case with two associated values.
     func pair<A, B>(_ first: StaticString, _ readFirst: (BinaryFieldValue) throws -> A,
                     _ second: StaticString, _ readSecond: (BinaryFieldValue) throws -> B) throws -> (A, B) {
-        let inner = try keyed()
-        var a: A?, b: B?
-        try inner.forEach { field, found in
-            if first ~= field { a = try readFirst(found) } else if second ~= field { b = try readSecond(found) }
+        try keyed { inner in
+            var a: A?, b: B?
+            try inner.forEach { field, found in
+                if first ~= field { a = try readFirst(found) } else if second ~= field { b = try readSecond(found) }
+            }
+            return (try inner.required(a, first), try inner.required(b, second))
         }
-        return (try inner.required(a, first), try inner.required(b, second))
     }
 
     private func forEachElement(_ read: (Int, Int) throws -> Void) throws {
@@ -293,7 +289,7 @@ struct BinaryFieldValue {
 
     /// A nested message read by hand.
     func decode<T: BinaryDirectCodable>(_ type: T.Type) throws -> T {
-        try reader.decodeDirect(type, at: offset, limit: limit, depth: fields.depth, parentPath: fields.codingPath, name: name)
+        try withPath(codingPath) { try reader.decodeDirect(type, at: offset, limit: limit, depth: fields.depth, codingPath: []) }
     }
 
     /// Any other value, through its `Codable` form.
@@ -306,18 +302,35 @@ struct BinaryFieldValue {
     func optional<T: Decodable>(_ type: T.Type) throws -> T? { isNil ? nil : try decode(type) }
 }
 
+/// `body`, with `prefix` (evaluated only then) put in front of the path of a `DecodingError` it
+/// throws: how a nested read's error gets its whole path without any path being built for the
+/// reads that succeed.
+func withPath<T>(_ prefix: @autoclosure () -> [any CodingKey], _ body: () throws -> T) throws -> T {
+    do {
+        return try body()
+    } catch let error as DecodingError {
+        func context(_ context: DecodingError.Context) -> DecodingError.Context {
+            DecodingError.Context(codingPath: prefix() + context.codingPath, debugDescription: context.debugDescription, underlyingError: context.underlyingError)
+        }
+        switch error {
+        case .typeMismatch(let type, let found): throw DecodingError.typeMismatch(type, context(found))
+        case .valueNotFound(let type, let found): throw DecodingError.valueNotFound(type, context(found))
+        case .keyNotFound(let key, let found): throw DecodingError.keyNotFound(key, context(found))
+        case .dataCorrupted(let found): throw DecodingError.dataCorrupted(context(found))
+        @unknown default: throw error
+        }
+    }
+}
+
 extension BinaryReader {
     /// Reads a `T` from the keyed container at `offset` through its own `init(binary:)`; the
-    /// container is the field `name` of a container at `parentPath`, or the value at `parentPath`.
-    func decodeDirect<T: BinaryDirectCodable>(
-        _ type: T.Type, at offset: Int, limit: Int, depth: Int, parentPath: [any CodingKey], name: Range<Int>?
-    ) throws -> T {
-        func path() -> [any CodingKey] { BinaryFieldReader.codingPath(self, parentPath, name) }
-        let tag = try tag(at: offset, limit: limit, codingPath: path())
-        guard tag == .keyed else { throw typeMismatch(T.self, tag, path()) }
-        guard depth < BinaryCoding.maxDepth else { throw corrupt(path(), "nested deeper than \(BinaryCoding.maxDepth)") }
-        let body = try containerBody(at: offset, limit: limit, codingPath: path())
-        return try T(binary: BinaryFieldReader(reader: self, body: body, depth: depth + 1, parentPath: parentPath, name: name))
+    /// container is at `codingPath` (empty when the caller puts the path in front of errors).
+    func decodeDirect<T: BinaryDirectCodable>(_ type: T.Type, at offset: Int, limit: Int, depth: Int, codingPath: [any CodingKey]) throws -> T {
+        let tag = try tag(at: offset, limit: limit, codingPath: codingPath)
+        guard tag == .keyed else { throw typeMismatch(T.self, tag, codingPath) }
+        guard depth < BinaryCoding.maxDepth else { throw corrupt(codingPath, "nested deeper than \(BinaryCoding.maxDepth)") }
+        let body = try containerBody(at: offset, limit: limit, codingPath: codingPath)
+        return try T(binary: BinaryFieldReader(reader: self, body: body, depth: depth + 1, codingPath: codingPath))
     }
 }
 
@@ -724,6 +737,72 @@ extension JobAssignment: BinaryDirectCodable {
     }
 }
 
+extension EffectDescription.Parameter: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("name", name)
+        fields.write("minimum", minimum)
+        fields.write("maximum", maximum)
+        fields.write("defaultValue", defaultValue)
+    }
+
+    init(binary fields: BinaryFieldReader) throws {
+        var name: String?, minimum: Double?, maximum: Double?, defaultValue: Double?
+        try fields.forEach { field, value in
+            switch field {
+            case "name": name = try value.string()
+            case "minimum": minimum = try value.double()
+            case "maximum": maximum = try value.double()
+            case "defaultValue": defaultValue = try value.double()
+            default: break
+            }
+        }
+        self.init(
+            name: try fields.required(name, "name"), minimum: try fields.required(minimum, "minimum"),
+            maximum: try fields.required(maximum, "maximum"), defaultValue: try fields.required(defaultValue, "defaultValue")
+        )
+    }
+}
+
+/// In every assignment: through `Codable` it was about 40% of decoding one.
+extension EffectDescription: BinaryDirectCodable {
+    func writeBinary(_ fields: inout BinaryFieldWriter) {
+        fields.write("id", id)
+        fields.write("title", title)
+        fields.write("parameters", parameters)
+        fields.write("processor", processor)
+        fields.write("endpoint", endpoint)
+        fields.write("credits", credits)
+        fields.write(raw: "kind", kind)
+        fields.write("model", model)
+        fields.write("timeoutSeconds", timeoutSeconds)
+    }
+
+    /// As `init(from:)`: every field but `id` may be missing (or nil), and has its default.
+    init(binary fields: BinaryFieldReader) throws {
+        var id: String?, title: String?, parameters: [Parameter]?, processor: String?, endpoint: String?, credits: Int?
+        var kind: MediaKind?, model: String?, timeoutSeconds: Int?
+        try fields.forEach { name, value in
+            switch name {
+            case "id": id = try value.string()
+            case "title": title = try value.optionalString()
+            case "parameters": parameters = value.isNil ? nil : try value.array(Parameter.self)
+            case "processor": processor = try value.optionalString()
+            case "endpoint": endpoint = try value.optionalString()
+            case "credits": credits = try value.optionalInt()
+            case "kind": kind = value.isNil ? nil : try value.raw(MediaKind.self)
+            case "model": model = try value.optionalString()
+            case "timeoutSeconds": timeoutSeconds = try value.optionalInt()
+            default: break
+            }
+        }
+        let required = try fields.required(id, "id")
+        self.init(
+            id: required, title: title ?? required, parameters: parameters ?? [], processor: processor ?? "vips", endpoint: endpoint,
+            credits: credits ?? Jobs.defaultCredits, kind: kind ?? .image, model: model, timeoutSeconds: timeoutSeconds
+        )
+    }
+}
+
 extension JobOutput: BinaryDirectCodable {
     func writeBinary(_ fields: inout BinaryFieldWriter) {
         fields.write("resultKey", resultKey)
@@ -875,19 +954,20 @@ extension WorkerMessage: BinaryDirectCodable {
                 let (attempt, output) = try value.pair("_0", { try $0.decode(JobAttempt.self) }, "_1", { try $0.decode(JobOutput.self) })
                 message.found(.done(attempt, output))
             case "failed":
-                let inner = try value.keyed()
-                var attempt: JobAttempt?, error: String?, retryable: Bool?
-                try inner.forEach { name, value in
-                    switch name {
-                    case "_0": attempt = try value.decode(JobAttempt.self)
-                    case "error": error = try value.string()
-                    case "retryable": retryable = try value.bool()
-                    default: break
+                message.found(try value.keyed { inner in
+                    var attempt: JobAttempt?, error: String?, retryable: Bool?
+                    try inner.forEach { name, value in
+                        switch name {
+                        case "_0": attempt = try value.decode(JobAttempt.self)
+                        case "error": error = try value.string()
+                        case "retryable": retryable = try value.bool()
+                        default: break
+                        }
                     }
-                }
-                message.found(.failed(
-                    try inner.required(attempt, "_0"), error: try inner.required(error, "error"), retryable: try inner.required(retryable, "retryable")
-                ))
+                    return .failed(
+                        try inner.required(attempt, "_0"), error: try inner.required(error, "error"), retryable: try inner.required(retryable, "retryable")
+                    )
+                })
             case "cancelled": message.found(.cancelled(try value.single("_0") { try $0.decode(JobAttempt.self) }))
             case "metrics": message.found(.metrics(try value.single("_0") { try $0.string() }))
             case "leaving": message.found(.leaving(returned: try value.single("returned") { try $0.array(JobAttempt.self) }))

@@ -154,6 +154,17 @@ struct BinaryDirectTests {
             try expectSameAsCodable(assignment)
             try expectSameAsCodable(assignment.attempt)
             if let transfer = assignment.transfer { try expectSameAsCodable(transfer) }
+            try expectSameAsCodable(assignment.effect)
+            for parameter in assignment.effect.parameters { try expectSameAsCodable(parameter) }
+        }
+        try expectSameAsCodable(EffectDescription(
+            id: "veo", title: "Video", processor: "fal", credits: 40, kind: .video, model: "fal-ai/veo3.1/image-to-video", timeoutSeconds: 600
+        ))
+        // An effect as an operator writes it, with only its id (or nils): each path fills the same defaults.
+        for written in [try BinaryCoding.encode(["id": "sharpen"]), try BinaryCoding.encode(["id": "sharpen", "title": nil, "kind": nil] as [String: String?])] {
+            let direct = try BinaryCoding.decode(EffectDescription.self, from: written, direct: true)
+            #expect(direct == (try BinaryCoding.decode(EffectDescription.self, from: written, direct: false)))
+            #expect(direct == EffectDescription(id: "sharpen", title: "sharpen"))
         }
         for creation in Self.creations { try expectSameAsCodable(creation) }
         // A creation's trace is the jobs service's to set: never sent, either way.
@@ -301,6 +312,42 @@ struct BinaryDirectTests {
                 return key.stringValue == "_0" && context.codingPath.map(\.stringValue) == ["done"]
             }
         }
+    }
+
+    /// Any shape of keyed containers, arrays and strings, to write what no message would.
+    private indirect enum Tree: Encodable {
+        case keyed([String: Tree]), list([Tree]), text(String)
+
+        func encode(to encoder: any Encoder) throws {
+            var container = encoder.singleValueContainer()
+            switch self {
+            case .keyed(let fields): try container.encode(fields)
+            case .list(let values): try container.encode(values)
+            case .text(let text): try container.encode(text)
+            }
+        }
+    }
+
+    @Test func anErrorDeepInsideMessagesReadByHandHasTheWholePathCodableGives() throws {
+        // Given a batch whose second message is a cancel naming an attempt without its number
+        let empty = Tree.keyed([:])
+        let broken = Tree.keyed(["all": .keyed(["_0": .list([
+            .keyed(["heartbeat": empty]),
+            .keyed(["cancel": .keyed(["_0": .keyed(["jobId": .text("j")])])]),
+        ])])])
+        let bytes = try BinaryCoding.encode(broken)
+        // Then both paths name the same key at the same path
+        var paths: [[String]] = []
+        for direct in [true, false] {
+            #expect {
+                try BinaryCoding.decode(DispatcherMessage.self, from: bytes, direct: direct)
+            } throws: { error in
+                guard case DecodingError.keyNotFound(let key, let context) = error, key.stringValue == "attempt" else { return false }
+                paths.append(context.codingPath.map(\.stringValue))
+                return true
+            }
+        }
+        #expect(paths.count == 2 && paths[0] == paths[1] && paths[0] == ["all", "_0", "1", "cancel", "_0"], "\(paths)")
     }
 
     @Test func garbageNeverCrashesAMessageWrittenByHand() throws {
