@@ -10,7 +10,11 @@
 #   postgres-server.sh stop DIR         stop what was started for DIR (fast shutdown)
 #
 # PostgreSQL will not run as root: as root, the server runs as the `postgres` user the package
-# made, and DIR is handed to it. fsync stays on: the tests check durability.
+# made, and DIR is handed to it. fsync stays on (the chaos checks kill it and count what it kept),
+# except with POSTGRES_THROWAWAY=1, what `scripts/with-postgres.sh` (the tests' server) sets:
+# fsync, synchronous_commit and full_page_writes off, as a server whose data is thrown away after
+# the run may have them (databases made and migrated by the hundred cost no flushes). The
+# services' own PostgreSQL and `make run`'s never take it.
 set -euo pipefail
 
 die() { echo "postgres-server: $*" >&2; exit 1; }
@@ -55,8 +59,10 @@ if [ ! -f "$dir/data/PG_VERSION" ]; then
     fresh=1
 fi
 bind=${POSTGRES_BIND:-127.0.0.1}
+settings="-c fsync=on"
+[ "${POSTGRES_THROWAWAY:-0}" = 1 ] && settings="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
 as_owner "$pg/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
-    -o "-p $port -k $dir -c listen_addresses=$bind -c max_connections=200 -c fsync=on" start >/dev/null \
+    -o "-p $port -k $dir -c listen_addresses=$bind -c max_connections=${POSTGRES_MAX_CONNECTIONS:-200} $settings" start >/dev/null \
     || { tail -20 "$dir/postgres.log" >&2; die "the server did not start"; }
 password=$(cat "$dir/password" 2>/dev/null || as_owner cat "$dir/password")
 if [ -n "${fresh:-}" ]; then

@@ -233,24 +233,31 @@ public final class PostgresPool: Service, Sendable {
 
     /// Applies the migrations, then runs `then` on the same connection (what a store reads once
     /// at start), all within `limit`.
+    ///
+    /// A server that is down or does not answer is tried again until `limit` has passed. The wait
+    /// for a connection goes through `connection(limit:)`, so it is never cancelled: cancelling a
+    /// waiting lease of postgres-nio's pool races with its registration there, and the loser
+    /// may wait for a connection for ever. (The migration's wait was cancelled by a timer, and by
+    /// a caller that threw: the test run that hung on a fresh machine stood still in a test whose
+    /// two replicas migrate together, `async let`, the second cancelled as the first threw.)
     public static func migrate<T: Sendable>(
         _ location: PostgresLocation, service: String, _ migrations: [PostgresMigration], within limit: Duration = .seconds(20), logger: Logger,
         then: @escaping @Sendable (PostgresConnection) async throws -> T
     ) async throws -> T {
         try await PostgresPool(location: location, maximumConnections: 1, logger: logger).running { database in
-            // The pool keeps trying a server that does not answer: the start gives up after `limit`.
-            try await withThrowingTaskGroup(of: T?.self) { group in
-                group.addTask {
-                    try await database.migrate(service: service, migrations)
-                    return try await database.client.withConnection(then)
-                }
-                group.addTask {
-                    try await Task.sleep(for: limit)
+            let deadline = ContinuousClock.now.advanced(by: limit)
+            while true {
+                do {
+                    return try await database.connection(limit: ContinuousClock.now.duration(to: deadline)) { connection in
+                        try await migrate(connection, service: service, migrations, logger: logger)
+                        return try await then(connection)
+                    }
+                } catch is PostgresUnavailable where ContinuousClock.now < deadline {
+                    // Down, or too busy to give a connection yet: again, until the limit.
+                    try await Task.sleep(for: PostgresOutage.probeEvery)
+                } catch is PostgresUnavailable, is PostgresOperationTimedOut {
                     throw PostgresLocationError(description: "\(location) did not answer within \(limit)")
                 }
-                defer { group.cancelAll() }
-                guard let result = try await group.next(), let result else { throw CancellationError() }
-                return result
             }
         }
     }
@@ -369,43 +376,48 @@ public final class PostgresPool: Service, Sendable {
     /// under an advisory lock: replicas starting together wait for the first, which migrates,
     /// and then find nothing left to do.
     public func migrate(service: String, _ migrations: [PostgresMigration]) async throws {
-        try await client.withConnection { connection in
-            let lock = "photoedit-migrations"
-            try await connection.query("SELECT pg_advisory_lock(hashtext(\(lock)))", logger: logger)
-            do {
-                try await connection.query("""
-                    CREATE TABLE IF NOT EXISTS schema_migration (
-                        service text NOT NULL, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(),
-                        PRIMARY KEY (service, name))
-                    """, logger: logger)
-                var applied = Set<String>()
-                for try await name in try await connection.query(
-                    "SELECT name FROM schema_migration WHERE service = \(service)", logger: logger
-                ).decode(String.self) {
-                    applied.insert(name)
-                }
-                for migration in migrations where !applied.contains(migration.name) {
-                    try await connection.query("BEGIN", logger: logger)
-                    do {
-                        for statement in migration.statements {
-                            try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger)
-                        }
-                        try await connection.query(
-                            "INSERT INTO schema_migration (service, name) VALUES (\(service), \(migration.name))", logger: logger
-                        )
-                        try await connection.query("COMMIT", logger: logger)
-                    } catch {
-                        _ = try? await connection.query("ROLLBACK", logger: logger)
-                        throw error
-                    }
-                    logger.info("database migrated", metadata: ["service": "\(service)", "migration": "\(migration.name)"])
-                }
-            } catch {
-                _ = try? await connection.query("SELECT pg_advisory_unlock(hashtext(\(lock)))", logger: logger)
-                throw error
-            }
-            try await connection.query("SELECT pg_advisory_unlock(hashtext(\(lock)))", logger: logger)
+        try await connection(limit: .seconds(60)) { [logger] connection in
+            try await Self.migrate(connection, service: service, migrations, logger: logger)
         }
+    }
+
+    /// `migrate(service:_:)` on `connection`.
+    static func migrate(_ connection: PostgresConnection, service: String, _ migrations: [PostgresMigration], logger: Logger) async throws {
+        let lock = "photoedit-migrations"
+        try await connection.query("SELECT pg_advisory_lock(hashtext(\(lock)))", logger: logger)
+        do {
+            try await connection.query("""
+                CREATE TABLE IF NOT EXISTS schema_migration (
+                    service text NOT NULL, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(),
+                    PRIMARY KEY (service, name))
+                """, logger: logger)
+            var applied = Set<String>()
+            for try await name in try await connection.query(
+                "SELECT name FROM schema_migration WHERE service = \(service)", logger: logger
+            ).decode(String.self) {
+                applied.insert(name)
+            }
+            for migration in migrations where !applied.contains(migration.name) {
+                try await connection.query("BEGIN", logger: logger)
+                do {
+                    for statement in migration.statements {
+                        try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger)
+                    }
+                    try await connection.query(
+                        "INSERT INTO schema_migration (service, name) VALUES (\(service), \(migration.name))", logger: logger
+                    )
+                    try await connection.query("COMMIT", logger: logger)
+                } catch {
+                    _ = try? await connection.query("ROLLBACK", logger: logger)
+                    throw error
+                }
+                logger.info("database migrated", metadata: ["service": "\(service)", "migration": "\(migration.name)"])
+            }
+        } catch {
+            _ = try? await connection.query("SELECT pg_advisory_unlock(hashtext(\(lock)))", logger: logger)
+            throw error
+        }
+        try await connection.query("SELECT pg_advisory_unlock(hashtext(\(lock)))", logger: logger)
     }
 
     /// How a transaction sees others.

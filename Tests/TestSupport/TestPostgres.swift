@@ -27,8 +27,12 @@ public enum TestPostgres {
         let name = "t_" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "")
         var logger = Logger(label: "test.postgres")
         logger.logLevel = .warning
+        // Through the pool's own lease, which is never cancelled (see `PostgresPool`), with a
+        // bound no loaded machine comes near: the test fails with the database's name, never hangs.
         try await PostgresPool(location: location, maximumConnections: 1, logger: logger).running { admin in
-            try await admin.client.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)"), logger: logger)
+            try await admin.connection(limit: .seconds(120)) { [logger] db in
+                try await db.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)"), logger: logger)
+            }
         }
         location.database = name
         return location
