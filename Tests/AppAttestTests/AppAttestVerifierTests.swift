@@ -10,7 +10,7 @@ import X509
 /// at commit aabfb4b2fd38ddf254295afad86c40d864565885 (copied unchanged into `Fixtures/`). Its
 /// credential certificate is valid for three days from 2020-11-21, so the checks run at a time
 /// inside them, passed in.
-@Suite("App Attest verifier")
+@Suite("App Attest verifier", .timeLimit(.minutes(5)))
 struct AppAttestVerifierTests {
     struct Sample: Decodable {
         let attestationBase64: String

@@ -6,6 +6,7 @@ import Testing
 /// (formerly in the AWS General Reference; `aws-sig-v4-test-suite`, each case's `.req` and
 /// `.authz`), and the S3 examples of "Authenticating Requests: Using the Authorization Header"
 /// and "... Using Query Parameters" in the S3 API reference.
+@Suite(.timeLimit(.minutes(5)))
 struct SigV4Tests {
     /// The test suite's credentials, region, service and time (20150830T123600Z).
     static let suite = SigV4(

@@ -72,7 +72,7 @@ private struct Recursive: Codable {
     var children: [Recursive]
 }
 
-@Suite("Binary coding")
+@Suite("Binary coding", .timeLimit(.minutes(5)))
 struct BinaryCodingTests {
     @Test func everyShapeRoundTrips() throws {
         let value = Everything()

@@ -7,7 +7,7 @@ import Testing
 /// The messages that write and read their binary form by hand (`BinaryDirectCodable`) against
 /// their `Codable` form in the same coding: the same bytes, the same values, and the same
 /// tolerance of added, missing, reordered and wrong fields.
-@Suite("Binary coding: messages written by hand")
+@Suite("Binary coding: messages written by hand", .timeLimit(.minutes(5)))
 struct BinaryDirectTests {
     private static let instant = Date(timeIntervalSince1970: 1_795_000_000.125)
 

@@ -5,7 +5,7 @@ import ZeroMQ
 
 @testable import Bus
 
-@Suite("Bus failures")
+@Suite("Bus failures", .timeLimit(.minutes(5)))
 struct BusFailureTests {
     @Test func requestToAStoppedServiceTimesOutWithinItsDeadline() async throws {
         // Given nothing listening on the endpoint
@@ -177,7 +177,7 @@ private func sendMalformedMessages(endpoint: String) async throws -> [UInt64: St
     return replies
 }
 
-@Suite("Bus with CURVE")
+@Suite("Bus with CURVE", .timeLimit(.minutes(5)))
 struct BusCurveTests {
     @Test func curveServerAnswersCallersWithItsKeyAndNoOneElse() async throws {
         // Given a service bound with a CURVE secret key

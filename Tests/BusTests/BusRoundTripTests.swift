@@ -4,7 +4,7 @@ import Testing
 
 @testable import Bus
 
-@Suite("Bus round trips")
+@Suite("Bus round trips", .timeLimit(.minutes(5)))
 struct BusRoundTripTests {
     @Test func requestOverInprocGetsItsReply() async throws {
         // Given a server on an inproc endpoint

@@ -31,7 +31,7 @@ func onEventLoop<T: Sendable>(
     }.value
 }
 
-@Suite("Bus calls from event loops")
+@Suite("Bus calls from event loops", .timeLimit(.minutes(5)))
 struct EventLoopLaneTests {
     @Test func callsOnEventLoopsGoThroughEachLoopsOwnSocket() async throws {
         try await withEventLoops(2) { loops in
@@ -164,7 +164,7 @@ struct EventLoopLaneTests {
     }
 }
 
-@Suite("Bus calls from an event loop that shuts down first")
+@Suite("Bus calls from an event loop that shuts down first", .timeLimit(.minutes(5)))
 struct EventLoopLaneShutdownTests {
     @Test func aClientOutlivingTheLoopOfItsLaneStillStops() async throws {
         let endpoint = uniqueInproc()

@@ -3,7 +3,7 @@ import TestSupport
 
 @testable import Bus
 
-@Suite("Wire format")
+@Suite("Wire format", .timeLimit(.minutes(5)))
 struct WireFormatTests {
     @Test func requestHeaderRoundTrips() {
         let header = WireFormat.RequestHeader(encoding: .binary, requestId: 0xDEAD_BEEF_0102, deadlineMilliseconds: 1_795_000_000_123, method: "quota.reserve", traceId: "abc-123")

@@ -3,7 +3,7 @@ import HistoryService
 import Messages
 import Testing
 
-@Suite("History changes feed")
+@Suite("History changes feed", .timeLimit(.minutes(5)))
 struct HistoryChangesTests {
     @Test(arguments: HistoryBackend.allCases) func changesSinceATokenIncludeUpsertsAndDeletions(backend: HistoryBackend) async throws {
         // Given a client that has caught up

@@ -24,7 +24,7 @@ enum Events {
     }
 }
 
-@Suite("History events")
+@Suite("History events", .timeLimit(.minutes(5)))
 struct HistoryEventsTests {
     @Test(arguments: HistoryBackend.allCases) func aReplayedEventChangesNothing(backend: HistoryBackend) async throws {
         // Given an item at version 2
@@ -100,7 +100,7 @@ struct HistoryEventsTests {
     }
 }
 
-@Suite("History's database file")
+@Suite("History's database file", .timeLimit(.minutes(5)))
 struct HistoryDatabaseFileTests {
     @Test func itsLogIsCopiedIntoTheDatabaseFileInTheBackgroundNotInsideTheCommitsThatApplyEvents() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("history-wal-\(UUID().uuidString)")

@@ -4,7 +4,7 @@ import HistoryService
 import Messages
 import Testing
 
-@Suite("History pages and search")
+@Suite("History pages and search", .timeLimit(.minutes(5)))
 struct HistoryPagingTests {
     /// `count` completed items of `u1`, one a minute, the newest last.
     func fill(_ database: any HistoryStore, _ count: Int) async throws {

@@ -8,7 +8,7 @@ import TestSupport
 
 /// Two history replicas over one PostgreSQL database: two stores with pools of their own, each
 /// keyed and migrated as a process does it at start.
-@Suite("History replicas on PostgreSQL")
+@Suite("History replicas on PostgreSQL", .timeLimit(.minutes(5)))
 struct HistoryReplicaStoreTests {
     func withReplicas<T>(_ body: (PostgresHistoryStore, PostgresHistoryStore) async throws -> T) async throws -> T {
         let location = try await TestPostgres.freshDatabase()

@@ -4,7 +4,7 @@ import HistoryService
 import Messages
 import Testing
 
-@Suite("History rules")
+@Suite("History rules", .timeLimit(.minutes(5)))
 struct HistoryRulesTests {
     @Test func monthsAreCutInTheUsersTimeZone() throws {
         // 2025-11-30T23:30Z is 08:30 on December 1st in Tokyo.

@@ -3,7 +3,7 @@ import HistoryCore
 import Messages
 import Testing
 
-@Suite("Signed tokens")
+@Suite("Signed tokens", .timeLimit(.minutes(5)))
 struct TokenTests {
     @Test func base64URLRoundTripsEveryByteWithoutPlusSlashOrPadding() throws {
         for length in 0..<40 {

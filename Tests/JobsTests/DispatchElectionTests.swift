@@ -7,7 +7,7 @@ import Testing
 import TestSupport
 
 /// The dispatcher's lease on PostgreSQL, with two replicas' elections over one database.
-@Suite("Dispatch election on PostgreSQL")
+@Suite("Dispatch election on PostgreSQL", .timeLimit(.minutes(5)))
 struct DispatchElectionTests {
     func withElections<T>(ttl: Duration, _ body: (PostgresJobsStore, DispatchElection, DispatchElection) async throws -> T) async throws -> T {
         let location = try await TestPostgres.freshDatabase()

@@ -7,7 +7,7 @@ import Testing
 /// variable the test moves. Writes the machine asks for are carried out by `Harness` on rows in
 /// memory with the same `JobRules` the store uses, held back when a test wants to act while one
 /// is in flight.
-@Suite("Dispatch state machine")
+@Suite("Dispatch state machine", .timeLimit(.minutes(5)))
 struct DispatchStateMachineTests {
     typealias Machine = DispatchStateMachine<String>
 

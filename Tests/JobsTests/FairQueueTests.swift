@@ -1,7 +1,7 @@
 import JobsCore
 import Testing
 
-@Suite("Fair queue")
+@Suite("Fair queue", .timeLimit(.minutes(5)))
 struct FairQueueTests {
     func job(_ user: String, _ index: Int, pro: Bool = false, effect: String = "copy") -> QueuedJob {
         QueuedJob(jobId: "\(user)-\(index)", userId: user, isPro: pro, effectId: effect)

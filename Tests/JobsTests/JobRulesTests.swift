@@ -3,7 +3,7 @@ import JobsCore
 import Messages
 import Testing
 
-@Suite("Job rules")
+@Suite("Job rules", .timeLimit(.minutes(5)))
 struct JobRulesTests {
     let now = Date(timeIntervalSince1970: 1_800_000_000)
     let retry = RetryPolicy(maxAttempts: 3, baseDelay: .seconds(1), maxDelay: .seconds(60))

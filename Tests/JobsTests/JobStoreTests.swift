@@ -7,7 +7,7 @@ import ServiceKit
 import Synchronization
 import Testing
 
-@Suite("Job store")
+@Suite("Job store", .timeLimit(.minutes(5)))
 struct JobStoreTests {
     let store: SQLiteJobsStore
     let now = Date()
@@ -257,7 +257,7 @@ struct JobStoreTests {
 }
 
 /// Polls `condition` until it holds, failing after `limit`.
-func waitUntil(within limit: Duration = .seconds(10), _ condition: () async throws -> Bool) async throws {
+func waitUntil(within limit: Duration = .seconds(60), _ condition: () async throws -> Bool) async throws {
     let deadline = ContinuousClock.now.advanced(by: limit)
     while try await !condition() {
         guard ContinuousClock.now < deadline else { throw WaitTimedOut() }

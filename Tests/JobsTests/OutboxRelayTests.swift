@@ -9,7 +9,7 @@ import Testing
 
 /// The one outbox relay, over the jobs database's real outbox (in memory): what is delivered
 /// leaves, what must wait is put back with the one backoff, what was not reached stays as it was.
-@Suite("Outbox relay")
+@Suite("Outbox relay", .timeLimit(.minutes(5)))
 struct OutboxRelayTests {
     let store = SQLiteJobsStore(database: try! JobsDatabase.inMemory(), retry: RetryPolicy(maxAttempts: 3, baseDelay: .milliseconds(10)), effectTitles: [:])
     let now = Date()

@@ -7,7 +7,7 @@ import Messages
 import NIOCore
 import Testing
 
-@Suite("Unused upload sweep")
+@Suite("Unused upload sweep", .timeLimit(.minutes(5)))
 struct UnusedUploadSweeperTests {
     @Test func uploadsNoJobUsedGoOnceADayOldAndUsedOnesStay() async throws {
         // Given a folder store with three uploads and other blobs, and a job on one upload

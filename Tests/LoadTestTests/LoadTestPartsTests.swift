@@ -8,7 +8,7 @@ import Testing
 /// The parts of `loadtest` whose mistakes a run would not show: threshold parsing and verdicts,
 /// the mix file, the fixture images, the chaos windows and the history comparison. The whole
 /// tool runs for real in `scripts/chaos-check.sh` (the end of `make test`).
-@Suite("loadtest parts")
+@Suite("loadtest parts", .timeLimit(.minutes(5)))
 struct LoadTestPartsTests {
     static func histogram(_ microseconds: [UInt64]) -> Histogram<UInt64> {
         var histogram = Recorder.newHistogram()

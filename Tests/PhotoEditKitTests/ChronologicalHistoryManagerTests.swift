@@ -4,7 +4,7 @@ import Testing
 
 /// Everything the "Testing Strategy" of `../shared/seeds/002_5e134dcf7859e662.txt` lists.
 @MainActor
-@Suite("ChronologicalHistoryManager")
+@Suite("ChronologicalHistoryManager", .timeLimit(.minutes(5)))
 struct ChronologicalHistoryManagerTests {
     struct Calculation: Codable, Sendable, Equatable {
         var expression: String

@@ -2,7 +2,7 @@ import Foundation
 import QuotaCore
 import Testing
 
-@Suite("Calendar windows")
+@Suite("Calendar windows", .timeLimit(.minutes(5)))
 struct CalendarWindowTests {
     let utc = TimeZone(identifier: "UTC")!
     let newYork = TimeZone(identifier: "America/New_York")!

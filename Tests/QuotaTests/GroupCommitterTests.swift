@@ -15,7 +15,7 @@ func temporaryDatabase() throws -> (QuotaDatabase, URL) {
     return (try QuotaDatabase.open(path: folder.appendingPathComponent("quota.sqlite").path), folder)
 }
 
-@Suite("Quota over the bus, in process")
+@Suite("Quota over the bus, in process", .timeLimit(.minutes(5)))
 struct QuotaHandlerTests {
     func context() -> BusRequestContext {
         BusRequestContext(method: "test", traceId: "", deadlineMilliseconds: .max, logger: Logger(label: "test"))
@@ -67,7 +67,7 @@ private func itemsDatabase() throws -> (DatabasePool, URL) {
     return (pool, folder)
 }
 
-@Suite("Group commit")
+@Suite("Group commit", .timeLimit(.minutes(5)))
 struct GroupCommitterTests {
     @Test func manyWritesAtOnceShareFewTransactions() async throws {
         let (pool, folder) = try itemsDatabase()

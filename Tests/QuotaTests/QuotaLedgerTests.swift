@@ -5,7 +5,7 @@ import QuotaService
 import Testing
 
 /// The quota store's rules, against both implementations (SQLite and PostgreSQL).
-@Suite("Quota ledger")
+@Suite("Quota ledger", .timeLimit(.minutes(5)))
 struct QuotaLedgerTests {
     let noon = try! Date("2026-11-21T12:00:00Z", strategy: .iso8601)
 

@@ -7,7 +7,7 @@ import Storage
 import Testing
 import TestSupport
 
-@Suite("The quota ledger's log")
+@Suite("The quota ledger's log", .timeLimit(.minutes(5)))
 struct QuotaLogTests {
     static func change(_ seq: UInt64, job: String = "job", network: String? = nil, settled: Bool = false) -> LedgerChange {
         LedgerChange(
@@ -63,7 +63,7 @@ struct QuotaLogTests {
     }
 }
 
-@Suite("The quota ledger's memory, log and checkpoints", .serialized)
+@Suite("The quota ledger's memory, log and checkpoints", .serialized, .timeLimit(.minutes(5)))
 struct QuotaMemoryLedgerTests {
     /// Opens the database in `folder` as the service does.
     static func open(_ folder: URL, guests: GuestLimits = GuestLimits()) throws -> QuotaDatabase {

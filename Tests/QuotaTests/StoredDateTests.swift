@@ -3,7 +3,7 @@ import GRDB
 import Storage
 import Testing
 
-@Suite("Stored dates")
+@Suite("Stored dates", .timeLimit(.minutes(5)))
 struct StoredDateTests {
     @Test func theTextIsGRDBsOwnForAnyDate() {
         var generator = SystemRandomNumberGenerator()
@@ -23,7 +23,7 @@ struct StoredDateTests {
     }
 }
 
-@Suite("Background checkpoints")
+@Suite("Background checkpoints", .timeLimit(.minutes(5)))
 struct WALCheckpointerTests {
     @Test func theLogIsCopiedIntoTheDatabaseFileWithoutTheWriterDoingIt() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("wal-\(UUID().uuidString)")

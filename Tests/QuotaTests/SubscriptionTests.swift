@@ -5,7 +5,7 @@ import QuotaService
 import Testing
 
 /// Plans with an end and subscription events, against both implementations of the store.
-@Suite("Plans with an end and subscription events")
+@Suite("Plans with an end and subscription events", .timeLimit(.minutes(5)))
 struct SubscriptionTests {
     let noon = try! Date("2026-11-21T12:00:00Z", strategy: .iso8601)
 

@@ -8,7 +8,7 @@ import Testing
 /// The app's own models, as the design documents in `../shared/seeds/` write them, decoding the
 /// gateway's real answers with a plain `JSONDecoder` (ISO 8601 dates), and the requests those
 /// documents show, sent word for word.
-@Suite("The app's models decode our answers", .serialized)
+@Suite("The app's models decode our answers", .serialized, .timeLimit(.minutes(5)))
 struct AppModelsTests {
     // MARK: 000 (History screen)
 

@@ -3,7 +3,7 @@ import Foundation
 import Synchronization
 import Testing
 
-@Suite("Blob metadata cache")
+@Suite("Blob metadata cache", .timeLimit(.minutes(5)))
 struct BlobMetadataCacheTests {
     @Test func aValueIsLoadedOnceWithinItsLifetimeAndAgainAfter() async throws {
         let clock = Mutex(ContinuousClock.now)

@@ -3,7 +3,7 @@ import Synchronization
 import Testing
 import WorkerKit
 
-@Suite("Blocking pool")
+@Suite("Blocking pool", .timeLimit(.minutes(5)))
 struct BlockingPoolTests {
     final class Observed: Sendable {
         let running = Atomic<Int>(0)

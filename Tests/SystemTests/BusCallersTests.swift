@@ -8,7 +8,7 @@ import ZeroMQ
 /// Callers known by key, limited to their role (real service processes, CURVE over tcp): each
 /// service admits the public keys of `BUS_CURVE_CLIENTS`, each with a role; a method outside the
 /// caller's role answers `forbidden` and changes nothing; an unknown key gets no connection.
-@Suite("Bus callers by key and role", .serialized)
+@Suite("Bus callers by key and role", .serialized, .timeLimit(.minutes(5)))
 struct BusCallersTests {
     struct Keys {
         let server = try! ZMQCurveKeyPair.generate()
@@ -105,7 +105,7 @@ struct BusCallersTests {
 }
 
 /// `photoedit keys` makes keys libzmq takes, and a deployment runs on them.
-@Suite("Bus keys by command", .serialized)
+@Suite("Bus keys by command", .serialized, .timeLimit(.minutes(5)))
 struct BusKeysCommandTests {
     static func settings(_ text: String) -> [String: String] {
         Dictionary(text.split(separator: "\n").filter { !$0.hasPrefix("#") }.compactMap { line -> (String, String)? in

@@ -7,7 +7,7 @@ import ZeroMQ
 
 /// Secure by default off loopback: a service asked to bind an address other machines reach,
 /// without CURVE, refuses to start with one line saying why, unless `BUS_ALLOW_PLAINTEXT=1`.
-@Suite("The bus off loopback", .serialized)
+@Suite("The bus off loopback", .serialized, .timeLimit(.minutes(5)))
 struct BusExposureTests {
     @Test func loopbackIpcAndInprocAreLocalAnythingElseIsNot() {
         for endpoint in ["tcp://127.0.0.1:7101", "tcp://127.0.0.2:1", "tcp://localhost:7101", "tcp://[::1]:7101", "tcp://lo:7101",

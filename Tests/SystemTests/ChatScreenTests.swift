@@ -13,7 +13,7 @@ import Testing
 /// `event_datetime` as `2020-07-10T15:00:00.000000+0000`, `event_properties` with
 /// `profile_event_id` and `subscription_expires_at`), and the verification request of "Set up
 /// webhook integration" (an empty JSON object; older integrations `{"adapty_check": ...}`).
-@Suite("The Chat screen", .serialized)
+@Suite("The Chat screen", .serialized, .timeLimit(.minutes(5)))
 struct ChatScreenTests {
     static let webhookSecret = "test-adapty-secret"
 

@@ -6,7 +6,7 @@ import FoundationNetworking
 #endif
 
 /// PhotoEditKit, the app's client library, against the real stack with the gateway as a process.
-@Suite("The client library against the real stack", .serialized)
+@Suite("The client library against the real stack", .serialized, .timeLimit(.minutes(5)))
 struct ClientLibraryTests {
     static func client(_ port: Int, device: UUID = UUID()) -> PhotoEditClient {
         var client = PhotoEditClient(baseURL: URL(string: "http://127.0.0.1:\(port)")!, identity: .guest(deviceId: device))

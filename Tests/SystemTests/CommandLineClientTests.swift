@@ -2,22 +2,11 @@ import Foundation
 import Testing
 
 /// `photoedit` as a user runs it, against the real stack with the gateway as a process.
-@Suite("photoedit", .serialized)
+@Suite("photoedit", .serialized, .timeLimit(.minutes(5)))
 struct CommandLineClientTests {
     /// Runs `photoedit` with `arguments`; its exit status and what it printed.
     static func photoedit(_ arguments: [String]) async throws -> (status: Int32, output: String) {
-        let process = Process()
-        process.executableURL = ServiceProcess.binaryDirectory.appendingPathComponent("photoedit")
-        process.arguments = arguments
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
-        try process.run()
-        let deadline = ContinuousClock.now.advanced(by: .seconds(60))
-        while process.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(50)) }
-        if process.isRunning { process.terminate() }
-        let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        return (process.terminationStatus, output)
+        try await ServiceProcess.runToEnd(ServiceProcess.binaryDirectory.appendingPathComponent("photoedit").path, arguments, within: .seconds(120))
     }
 
     @Test func editWaitSavesTheResultBesideThePhoto() async throws {

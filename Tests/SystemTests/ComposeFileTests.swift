@@ -8,7 +8,7 @@ import ServiceKit
 import Testing
 import Yams
 
-@Suite("compose.yaml")
+@Suite("compose.yaml", .timeLimit(.minutes(5)))
 struct ComposeFileTests {
     /// The repository's root, found from this file's path.
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()

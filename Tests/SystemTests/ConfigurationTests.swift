@@ -13,7 +13,7 @@ import ZeroMQ
 /// The settings every process shares are read by one parser each (`Environment.logLevel`,
 /// `Environment.busEncoding`): every process takes the same values, and a malformed one stops
 /// each of them naming the variable.
-@Suite("Shared settings")
+@Suite("Shared settings", .timeLimit(.minutes(5)))
 struct ConfigurationTests {
     static func configurations(_ values: [String: String]) -> [() throws -> Void] {
         let environment = Environment(values)
@@ -66,7 +66,7 @@ struct ConfigurationTests {
 /// Each process's list of its variables (the README's tables and `compose.yaml` are checked
 /// against these lists) is exactly what its configuration reads: a variable read and not
 /// listed, or listed and never read, fails here.
-@Suite("Configuration variables")
+@Suite("Configuration variables", .timeLimit(.minutes(5)))
 struct ConfigurationVariablesTests {
     /// Values that make the optional parts read their variables too.
     static let variants: [[String: String]] = [

@@ -47,18 +47,12 @@ struct SmallFileSystem {
     }
 
     static func run(_ tool: String, _ arguments: [String]) -> Int32 {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: tool)
-        process.arguments = arguments
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        guard (try? process.run()) != nil else { return -1 }
-        process.waitUntilExit()
-        return process.terminationStatus
+        runQuickCommand([tool] + arguments).status
     }
+
 }
 
-@Suite("A full disk", .serialized)
+@Suite("A full disk", .serialized, .timeLimit(.minutes(5)))
 struct DiskFullTests {
     @Test(.enabled(if: SmallFileSystem.available, "needs to mount a tmpfs (root or CAP_SYS_ADMIN); skipped here"))
     func aFullDiskAnswers507AndEveryAdmittedJobCompletesOnceFreed() async throws {

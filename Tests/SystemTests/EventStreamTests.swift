@@ -4,7 +4,7 @@ import Messages
 import ServiceKit
 import Testing
 
-@Suite("Job event streams against a gateway process", .serialized)
+@Suite("Job event streams against a gateway process", .serialized, .timeLimit(.minutes(5)))
 struct EventStreamTests {
     /// Open descriptors of process `pid`.
     static func openDescriptors(_ pid: Int32) -> Int {

@@ -10,7 +10,7 @@ import Testing
 
 /// The folder store, the embedded default: the same contract as the S3 store's, and downloads
 /// that a deletion never cuts short.
-@Suite("Folder blob store")
+@Suite("Folder blob store", .timeLimit(.minutes(5)))
 struct FolderBlobStoreTests {
     static func store() async throws -> (FolderBlobStore, URL) {
         let root = FileManager.default.temporaryDirectory.appendingPathComponent("blobs-\(UUID().uuidString)")

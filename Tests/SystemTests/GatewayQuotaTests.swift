@@ -18,7 +18,7 @@ struct TestClaims: JWTPayload {
     func verify(using algorithm: some JWTAlgorithm) async throws {}
 }
 
-@Suite("Gateway identity, users/me and admin routes", .serialized)
+@Suite("Gateway identity, users/me and admin routes", .serialized, .timeLimit(.minutes(5)))
 struct GatewayQuotaTests {
     static let secret = "test-secret-\(UUID().uuidString)"
     static let adminToken = "admin-\(UUID().uuidString)"
@@ -179,7 +179,7 @@ struct GatewayQuotaTests {
     }
 }
 
-@Suite("Quota denial mapping")
+@Suite("Quota denial mapping", .timeLimit(.minutes(5)))
 struct RateLimitMappingTests {
     @Test func denialIs429NamingTheWindowsWithRetryAfterAndDraftHeaders() throws {
         let now = try Date("2026-11-21T23:00:00Z", strategy: .iso8601)

@@ -7,7 +7,7 @@ import HummingbirdTesting
 import ServiceKit
 import Testing
 
-@Suite("Gateway health and readiness", .serialized)
+@Suite("Gateway health and readiness", .serialized, .timeLimit(.minutes(5)))
 struct GatewayReadinessTests {
     /// Runs `body` with the gateway's router wired to the given endpoints, and its bus clients.
     /// `files`: with the routes that need a blob store (uploads, jobs, history), on a folder.
@@ -146,7 +146,7 @@ struct GatewayReadinessTests {
     }
 }
 
-@Suite("RFC 3339 dates")
+@Suite("RFC 3339 dates", .timeLimit(.minutes(5)))
 struct RFC3339Tests {
     @Test func everyDateTimeOfTheGrammarParsesAndNothingElse() {
         // RFC 3339 §5.6, and the examples of §5.8

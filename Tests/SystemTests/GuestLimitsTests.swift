@@ -13,7 +13,7 @@ import Testing
 /// network makes a bounded number of new guests an hour, and its guests share the day's free
 /// credits. The requests come through a trusted proxy (`TRUSTED_PROXIES`), which says in
 /// `X-Forwarded-For` where each came from.
-@Suite("Guest limits", .serialized)
+@Suite("Guest limits", .serialized, .timeLimit(.minutes(5)))
 struct GuestLimitsTests {
     static func guest(_ device: UUID, from address: String) -> HTTPFields {
         [.init("X-Device-Id")!: device.uuidString, .init("X-Forwarded-For")!: "198.51.100.9, \(address)"]

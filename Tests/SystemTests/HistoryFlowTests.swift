@@ -5,7 +5,7 @@ import HummingbirdTesting
 import Messages
 import Testing
 
-@Suite("History through the gateway", .serialized)
+@Suite("History through the gateway", .serialized, .timeLimit(.minutes(5)))
 struct HistoryFlowTests {
     @Test func pastEditsAreListedNewestFirstWithFilesFilteredAndSearched() async throws {
         let system = try await JobSystem(workers: 1)

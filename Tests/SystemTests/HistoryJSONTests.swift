@@ -6,7 +6,7 @@ import Testing
 import TestSupport
 
 /// The History routes' bodies, written by hand in one pass: the same JSON the app's models read.
-@Suite("History JSON")
+@Suite("History JSON", .timeLimit(.minutes(5)))
 struct HistoryJSONTests {
     static func links() async throws -> (DownloadLinks, URL) {
         let root = FileManager.default.temporaryDirectory.appendingPathComponent("history-json-\(UUID().uuidString)")

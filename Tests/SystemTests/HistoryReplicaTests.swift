@@ -10,7 +10,7 @@ import TestSupport
 /// History on PostgreSQL (`HISTORY_DATABASE_URL`), as replicas: real history processes over the
 /// test PostgreSQL (`scripts/with-postgres.sh`), called over the bus as jobs and the gateway call
 /// them, with one endpoint setting listing both.
-@Suite("History replicas on PostgreSQL")
+@Suite("History replicas on PostgreSQL", .timeLimit(.minutes(5)))
 struct HistoryReplicaTests {
     @Test func eventsAndReadsReachEitherReplicaAndTheOtherServesAloneAfterAKill() async throws {
         // Given two history replicas started together on one new database

@@ -9,7 +9,7 @@ import Messages
 import ServiceKit
 import Testing
 
-@Suite("Jobs and workers, through the gateway", .serialized)
+@Suite("Jobs and workers, through the gateway", .serialized, .timeLimit(.minutes(5)))
 struct JobsFlowTests {
     @Test func wholeFlowFromUploadToResultAndThumbnail() async throws {
         let system = try await JobSystem(workers: 1)
@@ -251,7 +251,7 @@ struct JobsFlowTests {
 }
 
 /// Polls `condition` until it holds (at most `limit`), recording an issue if it never does.
-func waitUntil(within limit: Duration = .seconds(15), _ condition: () async throws -> Bool) async throws {
+func waitUntil(within limit: Duration = .seconds(60), _ condition: () async throws -> Bool) async throws {
     let deadline = ContinuousClock.now.advanced(by: limit)
     while ContinuousClock.now < deadline {
         if try await condition() { return }
@@ -261,7 +261,7 @@ func waitUntil(within limit: Duration = .seconds(15), _ condition: () async thro
 }
 
 /// Polls `value` until it is not nil (at most `limit`).
-func waitForValue<T>(within limit: Duration = .seconds(10), _ value: () throws -> T?) async throws -> T? {
+func waitForValue<T>(within limit: Duration = .seconds(60), _ value: () throws -> T?) async throws -> T? {
     let deadline = ContinuousClock.now.advanced(by: limit)
     while ContinuousClock.now < deadline {
         if let found = try value() { return found }
@@ -270,7 +270,7 @@ func waitForValue<T>(within limit: Duration = .seconds(10), _ value: () throws -
     return nil
 }
 
-@Suite("Job creation input", .serialized)
+@Suite("Job creation input", .serialized, .timeLimit(.minutes(5)))
 struct JobInputTests {
     @Test func badJobRequestsAreRefusedAndRefunded() async throws {
         let system = try await JobSystem(workers: 0)

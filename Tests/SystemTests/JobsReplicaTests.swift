@@ -11,7 +11,7 @@ import TestSupport
 /// Jobs on PostgreSQL (`JOBS_DATABASE_URL`), as replicas: two real jobs processes over the test
 /// PostgreSQL (`scripts/with-postgres.sh`), one worker given both worker endpoints, called over
 /// the bus as the gateway calls them.
-@Suite("Jobs replicas on PostgreSQL")
+@Suite("Jobs replicas on PostgreSQL", .timeLimit(.minutes(5)))
 struct JobsReplicaTests {
     struct Replica {
         var process: ServiceProcess

@@ -5,7 +5,7 @@ import ServiceKit
 import Testing
 
 /// `GET /metrics`: the gateway's own metrics and those it gathers from every service and worker.
-@Suite("Metrics", .serialized)
+@Suite("Metrics", .serialized, .timeLimit(.minutes(5)))
 struct MetricsTests {
     static func get(_ path: String, port: Int, headers: String = "") -> String {
         guard let connection = try? RawConnection(port: port, timeout: 5) else { return "" }
@@ -175,7 +175,7 @@ struct MetricsTests {
 }
 
 /// What the processes log at `info`, the level `make run` uses, and at `debug`.
-@Suite("Logs at info", .serialized)
+@Suite("Logs at info", .serialized, .timeLimit(.minutes(5)))
 struct InfoLogTests {
     @Test func requestsAreLoggedAtDebugOnlyOneAccessLineEach() async throws {
         let system = try await JobSystem(workers: 0, quota: ["LOG_LEVEL": "info"])
@@ -202,7 +202,7 @@ struct InfoLogTests {
 }
 
 /// `LOG_FORMAT=json`: what a log shipper (Loki, Vector, a cloud log service) reads.
-@Suite("JSON logs", .serialized)
+@Suite("JSON logs", .serialized, .timeLimit(.minutes(5)))
 struct JSONLogTests {
     @Test func everyLineOfEveryProcessIsOneJSONObjectAndRequestsCarryTheirId() async throws {
         // Given the stack with JSON logs, at debug (every bus request logged)

@@ -15,7 +15,7 @@ import NIOHTTP1
 /// providers' adapters against `provider-fixture`, a local server that answers in Gemini's,
 /// OpenAI's and fal's documented shapes and checks what it is sent as they would (its
 /// `rejected` list must stay empty). Long fal generations hold no worker slot.
-@Suite("Models, providers and credits", .serialized)
+@Suite("Models, providers and credits", .serialized, .timeLimit(.minutes(5)))
 struct ModelProvidersTests {
     static let keys = (gemini: "sk-gemini-SECRET-4711", openai: "sk-openai-SECRET-4712", fal: "fal-SECRET-4713")
 
@@ -351,7 +351,7 @@ struct ModelProvidersTests {
 }
 
 /// The pieces of the adapters that need no server: how a provider's wait is read.
-@Suite("Provider calls")
+@Suite("Provider calls", .timeLimit(.minutes(5)))
 struct ProviderCallTests {
     @Test func retryAfterIsReadInSecondsAsADateOrInMilliseconds() {
         let now = Date(timeIntervalSince1970: 1_800_000_000)

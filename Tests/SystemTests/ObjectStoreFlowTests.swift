@@ -12,7 +12,7 @@ import Testing
 /// The app's whole flow with `BLOB_STORE=s3` against the test RADOS Gateway: the app uploads
 /// straight to the bucket, workers (with no store credentials and no blob folder) read and write
 /// through presigned URLs, and every download is a presigned URL of the bucket.
-@Suite("The app's flow on an object store", .serialized)
+@Suite("The app's flow on an object store", .serialized, .timeLimit(.minutes(5)))
 struct ObjectStoreFlowTests {
     /// `GET url` with a plain HTTP client (as the app fetches a presigned URL); status and body.
     static func fetch(_ url: String) async throws -> (Int, ByteBuffer) {

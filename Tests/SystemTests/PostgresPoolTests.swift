@@ -11,7 +11,7 @@ import Synchronization
 import Testing
 import TestSupport
 
-@Suite("PostgreSQL pool")
+@Suite("PostgreSQL pool", .timeLimit(.minutes(5)))
 struct PostgresPoolTests {
     let logger = { var logger = Logger(label: "test.pool"); logger.logLevel = .critical; return logger }()
 
@@ -45,7 +45,7 @@ struct PostgresPoolTests {
             let listener = try #require(Listener(port: port))
             defer { listener.close() }
             var waited = Duration.zero
-            try await waitUntil(within: .seconds(10)) {
+            try await waitUntil(within: .seconds(60)) {
                 waited = await clock.measure {
                     _ = try? await pool.connection(limit: .milliseconds(1500)) { db in try await db.query("SELECT 1", logger: logger) }
                 }
@@ -121,7 +121,7 @@ struct PostgresPoolTests {
                 }
                 // Then it is told unavailable once the bound has passed, not left waiting for as
                 // long as the connection is held
-                try await waitUntil(within: .seconds(10)) { outcome.withLock { $0 != nil } }
+                try await waitUntil(within: .seconds(60)) { outcome.withLock { $0 != nil } }
                 await waiter.value
                 if case .failure(let error) = outcome.withLock({ $0 }) {
                     #expect(error is PostgresUnavailable, "\(error)")
@@ -151,7 +151,7 @@ struct PostgresPoolTests {
             // Then its body never runs, even once the connection is free: the wait stayed queued,
             // and the pool's queue is first come, first served, so the count below runs after it
             var rows: Int?
-            try await waitUntil(within: .seconds(10)) {
+            try await waitUntil(within: .seconds(60)) {
                 rows = try? await pool.connection { db in try await db.first("SELECT count(*) FROM ran", as: Int.self, logger: logger) }
                 return rows != nil
             }

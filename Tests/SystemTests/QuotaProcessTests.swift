@@ -5,7 +5,7 @@ import ServiceKit
 import Synchronization
 import Testing
 
-@Suite("Quota service process", .serialized)
+@Suite("Quota service process", .serialized, .timeLimit(.minutes(5)))
 struct QuotaProcessTests {
     @Test func twoHundredConcurrentReservesForOneFreeUserAdmitExactlyTwenty() async throws {
         // Given the real quota process and a free user with a fresh quota

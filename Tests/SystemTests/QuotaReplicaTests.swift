@@ -10,7 +10,7 @@ import TestSupport
 
 /// Quota on PostgreSQL (`QUOTA_DATABASE_URL`), as replicas: real quota processes over the test
 /// PostgreSQL (`scripts/with-postgres.sh`), called over the bus.
-@Suite("Quota replicas on PostgreSQL")
+@Suite("Quota replicas on PostgreSQL", .timeLimit(.minutes(5)))
 struct QuotaReplicaTests {
     /// Starts `count` quota processes on one fresh database, at once (so that they migrate
     /// together), each on its own endpoint.

@@ -7,7 +7,7 @@ import Testing
 /// The S3 store's contract against a real RADOS Gateway (Ceph, from Debian), started by the test
 /// scripts: every call the services make, and presigned URLs used by a plain HTTP client as the
 /// app and the workers use them.
-@Suite(.serialized) struct S3BlobStoreTests {
+@Suite(.serialized, .timeLimit(.minutes(5))) struct S3BlobStoreTests {
     let store: S3BlobStore
     let prefix = "tests/\(UUID().uuidString.lowercased())"
 

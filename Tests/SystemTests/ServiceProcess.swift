@@ -93,6 +93,73 @@ final class ServiceProcess: @unchecked Sendable {
 
     /// What the process has written so far.
     var output: String { (try? String(contentsOf: logURL, encoding: .utf8)) ?? "" }
+
+    /// Runs the tool at `path` with `arguments` to its end and returns its status and what it
+    /// wrote (its output goes to a file: nothing waits on a pipe). It waits as `waitForExit` does,
+    /// never blocking a thread of the cooperative pool: `Process.waitUntilExit()` there held one
+    /// for as long as another test's child kept the socket `Process` watches, and with both
+    /// of a 2-core machine's pool threads held, every other test in the process stood still.
+    static func runToEnd(_ path: String, _ arguments: [String], environment: [String: String]? = nil,
+                         within limit: Duration = .seconds(300)) async throws -> (status: Int32, output: String) {
+        let logURL = FileManager.default.temporaryDirectory.appendingPathComponent("tool-\(UUID().uuidString).log")
+        _ = FileManager.default.createFile(atPath: logURL.path, contents: nil)
+        defer { try? FileManager.default.removeItem(at: logURL) }
+        let log = try FileHandle(forWritingTo: logURL)
+        defer { try? log.close() }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: path)
+        process.arguments = arguments
+        if let environment { process.environment = environment }
+        process.standardOutput = log
+        process.standardError = log
+        try process.run()
+        let deadline = ContinuousClock.now.advanced(by: limit)
+        var status: Int32?
+        while status == nil {
+            status = process.isRunning ? exitStatus(ofExited: process.processIdentifier) : process.terminationStatus
+            if status == nil {
+                guard ContinuousClock.now < deadline else {
+                    kill(process.processIdentifier, SIGKILL)
+                    throw ToolFailed(description: "\(path) \(arguments.joined(separator: " ")) did not end within \(limit)")
+                }
+                try await Task.sleep(for: .milliseconds(20))
+            }
+        }
+        return (status ?? -1, (try? String(contentsOf: logURL, encoding: .utf8)) ?? "")
+    }
+}
+
+/// Runs a short command (`arguments[0]` a path, or a name looked up in PATH) to its end with
+/// posix_spawn and waitpid, not `Process`: it returns when the command exits, whatever another
+/// test's child does with the socket `Process` watches (see `exitStatus(ofExited:)`), and the
+/// child is reaped by then (its pid free). Its status (the exit code, or 128 + the signal) and
+/// what it wrote. It blocks its thread for the command's own time: for quick tools only (`ip`,
+/// `mount`), from code that cannot await.
+@discardableResult
+func runQuickCommand(_ arguments: [String]) -> (status: Int32, output: String, pid: Int32) {
+    let logPath = FileManager.default.temporaryDirectory.appendingPathComponent("command-\(UUID().uuidString).log").path
+    defer { unlink(logPath) }
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 1, logPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+    posix_spawn_file_actions_adddup2(&actions, 1, 2)
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    var pid: pid_t = 0
+    let argv = arguments.map { strdup($0) } + [nil]
+    defer { for pointer in argv { free(pointer) } }
+    guard posix_spawnp(&pid, arguments[0], &actions, nil, argv, environ) == 0 else {
+        return (-1, "cannot run \(arguments[0])", 0)
+    }
+    var status: Int32 = 0
+    while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+    let exited = status & 0x7F == 0
+    let code = exited ? (status >> 8) & 0xFF : 128 + (status & 0x7F)
+    return (code, (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "", pid)
+}
+
+struct ToolFailed: Error, CustomStringConvertible {
+    var description: String
 }
 
 /// Waits until the service at `endpoint` answers `health`.

@@ -6,7 +6,7 @@ import Testing
 /// Slow and idle clients cannot hold the gateway (a real gateway process, real sockets): heads
 /// that never end and bodies that trickle are closed within the configured deadlines while a
 /// normal client is served, and past the connection bound a new connection is refused at once.
-@Suite("Slow clients", .serialized)
+@Suite("Slow clients", .serialized, .timeLimit(.minutes(5)))
 struct SlowClientsTests {
     /// Slow connections held by a process of their own (`slow-crowd`), as an attacker's host
     /// holds them: thousands of descriptors in the test process would be every other test's too.

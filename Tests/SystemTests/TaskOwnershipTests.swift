@@ -5,7 +5,7 @@ import Testing
 /// `run()` or a task group. The unstructured tasks left (`Task {`, `Task.detached`) are listed
 /// here, each with why it is owned anyway; a new one fails this test until it is either made
 /// structured or listed with its reason.
-@Suite("Task ownership")
+@Suite("Task ownership", .timeLimit(.minutes(5)))
 struct TaskOwnershipTests {
     /// File (from the repository root), how many unstructured tasks it starts, and why each is owned.
     static let allowed: [String: (count: Int, reason: String)] = [

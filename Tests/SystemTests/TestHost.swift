@@ -72,15 +72,7 @@ final class TestHost: Sendable {
 
     @discardableResult
     static func run(_ arguments: [String]) -> (Int32, String) {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = arguments
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
-        guard (try? process.run()) != nil else { return (-1, "cannot run \(arguments.first ?? "")") }
-        let output = pipe.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return (process.terminationStatus, String(decoding: output, as: UTF8.self))
+        let (status, output, _) = runQuickCommand(["/usr/bin/env"] + arguments)
+        return (status, output)
     }
 }

@@ -6,7 +6,7 @@ import Testing
 
 /// Thumbnails: a plain JPEG's is made with libjpeg alone (`imageops_thumbnail_jpeg`), every other
 /// image's with libvips; both must give the same picture, EXIF orientation included.
-@Suite("Thumbnails")
+@Suite("Thumbnails", .timeLimit(.minutes(5)))
 struct ThumbnailTests {
     static let photo = try! Data(contentsOf: JobSystem.fixture)
     static let small = try! Data(contentsOf: JobSystem.fixture.deletingLastPathComponent().appendingPathComponent("small.jpg"))
@@ -181,7 +181,7 @@ struct ThumbnailTests {
 }
 
 /// A model's answer is measured before it is decoded, as an upload is.
-@Suite("A model's image")
+@Suite("A model's image", .timeLimit(.minutes(5)))
 struct ModelImageCheckTests {
     /// A PNG header saying `width` x `height`, and nothing after it.
     static func pngHeader(width: UInt32, height: UInt32) -> Data {

@@ -7,7 +7,7 @@ import HummingbirdTesting
 import Messages
 import Testing
 
-@Suite("Oversized, reused and bomb uploads", .serialized)
+@Suite("Oversized, reused and bomb uploads", .serialized, .timeLimit(.minutes(5)))
 struct UploadAbuseTests {
     /// Presigns an upload; returns the PUT path and the image key.
     static func presign(_ client: any TestClientProtocol, as user: HTTPFields, contentType: String) async throws -> (path: String, key: String) {

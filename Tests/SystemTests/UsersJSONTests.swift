@@ -6,7 +6,7 @@ import Testing
 /// `users/me` and `users/me/credits`, written by hand: byte for byte what `JSONEncoder` with sorted
 /// keys and ISO 8601 dates wrote from the shapes below (the routes' shapes before they were
 /// written directly, kept here as the reference).
-@Suite("Users JSON")
+@Suite("Users JSON", .timeLimit(.minutes(5)))
 struct UsersJSONTests {
     static func status(pro: Bool, zone: String?, end: Date?) -> QuotaStatus {
         let start = Date(timeIntervalSince1970: 1_795_000_000)

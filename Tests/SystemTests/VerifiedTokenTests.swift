@@ -7,7 +7,7 @@ import NIOCore
 import Synchronization
 import Testing
 
-@Suite("Verified tokens")
+@Suite("Verified tokens", .timeLimit(.minutes(5)))
 struct VerifiedTokenTests {
     static let secret = "verified-token-secret-\(UUID().uuidString)"
 

@@ -6,7 +6,7 @@ import Messages
 import Synchronization
 import Testing
 
-@Suite("Worker protocol against the real jobs service", .serialized)
+@Suite("Worker protocol against the real jobs service", .serialized, .timeLimit(.minutes(5)))
 struct WorkerProtocolTests {
     /// What a hand-driven worker has received, collected as it arrives.
     actor Inbox {
@@ -191,7 +191,7 @@ struct WorkerProtocolTests {
         try await waitUntil { try await job(jobs[1]).status == .queued }
         #expect(try await job(jobs[1]).lastError?.contains("stopped before running it") == true)
         // And the running one finishes on its first attempt before the worker exits cleanly
-        #expect(try await worker.waitForExit(within: .seconds(15)) == 0)
+        #expect(try await worker.waitForExit(within: .seconds(60)) == 0)
         let first = try await job(jobs[0])
         #expect(first.status == .completed && first.attempts == 1, "the worker said: \(worker.output.suffix(4000))")
         #expect(!system.services.processes[.jobs]!.output.contains("worker lost"))
@@ -213,7 +213,7 @@ struct WorkerProtocolTests {
         try await waitUntil { worker.output.contains("stopping") }
         jobsService.signal(SIGCONT)
         // Then the worker waits for the service's answer, gives back what came, and exits cleanly
-        #expect(try await worker.waitForExit(within: .seconds(15)) == 0)
+        #expect(try await worker.waitForExit(within: .seconds(60)) == 0)
         // And both jobs are queued again at once, saying why; neither waits for the worker to be
         // declared lost (three heartbeats of silence)
         try await waitUntil(within: .seconds(2)) {

@@ -3,15 +3,13 @@ import Logging
 import Testing
 import WorkerKit
 
-@Suite("Worker scratch folders")
+@Suite("Worker scratch folders", .timeLimit(.minutes(5)))
 struct WorkerScratchTests {
     /// A process id that no process has now: a child's, once it has exited.
     func deadPid() throws -> Int32 {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/bin/true")
-        try process.run()
-        process.waitUntilExit()
-        return process.processIdentifier
+        let (status, output, pid) = runQuickCommand(["/bin/true"])
+        guard status == 0 else { throw ToolFailed(description: "/bin/true failed: \(output)") }
+        return pid
     }
 
     @Test func aStartingWorkerRemovesTheFoldersOfWorkersThatAreGoneAndItsOwnWhenItStops() async throws {
@@ -52,7 +50,7 @@ struct WorkerScratchTests {
         #expect(exists(running) && exists(elsewhere) && exists(unrelated))
         // And when it stops, its own folder goes with it
         worker.signal(SIGTERM)
-        #expect(try await worker.waitForExit(within: .seconds(10)) == 0)
+        #expect(try await worker.waitForExit(within: .seconds(60)) == 0)
         #expect(!exists(own))
         #expect(exists(running) && exists(elsewhere))
     }
@@ -89,7 +87,7 @@ struct WorkerScratchTests {
         try await waitUntil { FileManager.default.fileExists(atPath: named.path) && worker.output.contains("connected") }
         // When it stops, then its folder stays, and nothing beside it was swept
         worker.signal(SIGTERM)
-        #expect(try await worker.waitForExit(within: .seconds(10)) == 0)
+        #expect(try await worker.waitForExit(within: .seconds(60)) == 0)
         #expect(FileManager.default.fileExists(atPath: named.path))
         #expect(FileManager.default.fileExists(atPath: gone.path))
     }

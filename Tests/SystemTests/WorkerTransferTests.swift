@@ -6,7 +6,7 @@ import Messages
 import Testing
 
 /// Workers that read and write only through the presigned URLs of their assignments.
-@Suite("Worker transfers", .serialized)
+@Suite("Worker transfers", .serialized, .timeLimit(.minutes(5)))
 struct WorkerTransferTests {
     @Test func aWorkerWhoseURLsExpiredWhileItsJobWaitedAsksForFreshOnes() async throws {
         // Given URLs that live 3 s, and a worker that runs one job while it holds the next

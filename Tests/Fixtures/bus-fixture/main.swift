@@ -18,7 +18,16 @@ await ProcessExit.run("bus-fixture") {
     }
     router.register(FixtureMethods.replica) { milliseconds, context in
         context.logger.info("replica call", metadata: ["ms": "\(milliseconds)"])
-        try await Task.sleep(for: .milliseconds(milliseconds))
+        if milliseconds < 0 {
+            // -PID: the replica of that pid holds the call until it dies (or stops); another
+            // answers at once. A test kills a replica with calls held there, whatever the load.
+            if milliseconds == -Int(getpid()) {
+                context.logger.info("holding a replica call")
+                try await Task.sleep(for: .seconds(3600))
+            }
+        } else {
+            try await Task.sleep(for: .milliseconds(milliseconds))
+        }
         return getpid()
     }
     return []
