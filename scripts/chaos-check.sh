@@ -14,53 +14,14 @@ cd "$(dirname "$0")/.."
 CONFIG=${CONFIG:-debug}
 DURATION=${CHAOS_CHECK_DURATION:-30}
 
-DIR=$(mktemp -d /tmp/pe-chaos.XXXXXX)
-# PostgreSQL runs as its own user, which must reach its folder inside.
-chmod 755 "$DIR"
+source scripts/stack-lib.sh
 OUT=.build/chaos-check/${STORE:-sqlite}-${BLOB_STORE:-folder}${CHAOS_ONLY:+-${CHAOS_ONLY//,/-}}
 mkdir -p "$OUT"
-export DATA_DIR=$DIR
-export GATEWAY_PORT
-GATEWAY_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-for service in quota history jobs; do
-  upper=${service^^}
-  export "${upper}_BIND=ipc://$DIR/$service.ipc" "${upper}_ENDPOINT=ipc://$DIR/$service.ipc"
-done
-export JOBS_WORKER_BIND="ipc://$DIR/workers.ipc" JOBS_WORKER_ENDPOINT="ipc://$DIR/workers.ipc"
 # Reservations whose creation answer was lost (the gateway killed mid-request) are resolved
 # after 5 s rather than the default 2 minutes, so the check settles quickly.
 export QUOTA_STALE_AFTER_S=5 QUOTA_STALE_SCAN_MS=1000 LOG_LEVEL=${LOG_LEVEL:-warning}
-DEV_ENV_QUIET=1 source scripts/dev-env.sh
-if [ "${STORE:-sqlite}" = postgres ]; then
-  export POSTGRES_PORT
-  POSTGRES_PORT=$(scripts/free-port-pair.py)
-fi
-if [ "${BLOB_STORE:-folder}" = s3 ]; then
-  # run.sh starts a RADOS Gateway in $DIR/s3 on this port (and the next, its monitor's).
-  export S3_PORT
-  S3_PORT=$(scripts/free-port-pair.py)
-fi
-
-swift build -c "$CONFIG" || exit 1
-BIN=$(swift build -c "$CONFIG" --show-bin-path)
-setsid scripts/run.sh > "$DIR/stack.log" 2>&1 &
-STACK=$!
-stop_stack() {
-  kill -TERM -- -"$STACK" 2>/dev/null
-  for _ in $(seq 1 100); do kill -0 "$STACK" 2>/dev/null || break; sleep 0.2; done
-  kill -KILL -- -"$STACK" 2>/dev/null
-  rm -rf "$DIR"
-}
-trap stop_stack EXIT
-
-ready=0
-for _ in $(seq 1 300); do
-  if curl -fsS "http://127.0.0.1:$GATEWAY_PORT/readyz" >/dev/null 2>&1; then ready=1; break; fi
-  sleep 0.2
-done
-if [ "$ready" -ne 1 ]; then
-  echo "chaos-check: the stack did not become ready"; tail -50 "$DIR/stack.log"; exit 1
-fi
+trap stack_kill EXIT
+stack_start || { echo "chaos-check: the stack did not start"; exit 1; }
 
 echo "chaos-check: ${DURATION} s of the default mix with a process killed every 5 s (store: ${STORE:-sqlite}, blobs: ${BLOB_STORE:-folder}${CHAOS_ONLY:+, killing only $CHAOS_ONLY})"
 ARGS=()

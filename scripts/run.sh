@@ -107,13 +107,19 @@ if [ "${MODELS:-}" = local ]; then
   echo "[run] MODELS=local: provider fixture at $fixture; models nano-banana (Gemini), gpt-image (OpenAI), veo (fal, video)"
 fi
 
+# Once the stack is stopping (Ctrl-C, SIGTERM), this file exists: nothing is restarted after it.
+STOPPING="$PID_DIR/stopping"
+rm -f "$STOPPING"
+stopping() { [ -e "$STOPPING" ]; }
+
 # Runs one process, restarting it after a crash until told to stop. A process that exits with
 # status 0 was asked to stop (SIGTERM, or a SIGINT sent to the whole process group, which
-# background shells of a script cannot trap): it is not restarted.
+# background shells of a script cannot trap): it is not restarted, nor is any process once the
+# stack is stopping.
 supervise() {
   local name=$1 label=${2:-$1} child=0 stop=0 status
   trap 'stop=1; [ "$child" -gt 0 ] && kill -TERM "$child" 2>/dev/null' TERM INT
-  while [ "$stop" -eq 0 ]; do
+  while [ "$stop" -eq 0 ] && ! stopping; do
     "$BIN/$name" 2>&1 &
     child=$!
     echo "$child" > "$PID_DIR/$label.pid"
@@ -124,6 +130,7 @@ supervise() {
       echo "[run] $label stopped"
       break
     fi
+    stopping && break
     echo "[run] $label exited with status $status; restarting in 1 s"
     sleep 1
   done
@@ -131,6 +138,7 @@ supervise() {
 }
 
 pids=()
+watchdogs=()
 [ -n "${fixture_pid:-}" ] && pids+=("$fixture_pid")
 # Each process's own bus key (empty with BUS_KEYS=off: none).
 key_of() { local variable="$(echo "$1" | tr '[:lower:]' '[:upper:]')_BUS_CURVE_KEY"; echo "${!variable:-}"; }
@@ -166,14 +174,14 @@ if [ -n "$PG_DIR" ]; then
       pid=$(head -1 "$PG_DIR/data/postmaster.pid" 2>/dev/null)
       if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = postgres ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null; then
         echo "$pid" > "$PID_DIR/postgres.pid"
-      else
+      elif ! stopping; then
         echo "[run] postgres exited; restarting"
         scripts/postgres-server.sh start "$PG_DIR" "$PG_PORT" >/dev/null 2>&1 || sleep 0.5
       fi
       sleep 0.2
     done
   ) &
-  pids+=($!)
+  watchdogs+=($!)
 fi
 if [ -n "$S3_DIR" ]; then
   (
@@ -182,21 +190,28 @@ if [ -n "$S3_DIR" ]; then
       pid=$(cat "$S3_DIR/run/rgw.pid" 2>/dev/null)
       if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = radosgw ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null; then
         echo "$pid" > "$PID_DIR/radosgw.pid"
-      else
+      elif ! stopping; then
         echo "[run] radosgw exited; restarting"
         scripts/s3-server.sh rgw "$S3_DIR" || sleep 1
       fi
       sleep 0.2
     done
   ) &
-  pids+=($!)
+  watchdogs+=($!)
 fi
 
+# The watchdogs first (nothing is restarted from now on), then every supervised process (SIGTERM:
+# each stops gracefully; a worker whose jobs service is gone stops too, handing back its jobs),
+# then the stores under them. A SIGINT to the whole process group (Ctrl-C) reaches the services
+# and workers at the same time as this script; PostgreSQL and radosgw run in sessions of their own
+# and are stopped here, last.
 shutdown() {
   trap '' INT TERM
+  touch "$STOPPING"
   echo "[run] stopping..."
+  [ ${#watchdogs[@]} -gt 0 ] && kill -TERM "${watchdogs[@]}" 2>/dev/null
   kill -TERM "${pids[@]}" 2>/dev/null
-  wait "${pids[@]}" 2>/dev/null
+  wait "${watchdogs[@]}" "${pids[@]}" 2>/dev/null
   [ -n "$S3_DIR" ] && scripts/s3-server.sh stop "$S3_DIR"
   [ -n "$PG_DIR" ] && scripts/postgres-server.sh stop "$PG_DIR"
   echo "[run] stopped"
@@ -212,4 +227,4 @@ for _ in $(seq 1 100); do
   fi
   sleep 0.2
 done
-wait "${pids[@]}"
+wait "${pids[@]}" "${watchdogs[@]}"

@@ -61,7 +61,7 @@ rgw)
     DIR=$(cd "$2" && pwd)
     export CEPH_CONF=$DIR/ceph.conf
     PORT=$(sed -n 's/^rgw frontends = beast endpoint=.*:\([0-9]*\)$/\1/p' "$DIR/ceph.conf")
-    nohup radosgw -n client.rgw -f >"$DIR/log/rgw.out" 2>&1 </dev/null &
+    nohup setsid radosgw -n client.rgw -f >"$DIR/log/rgw.out" 2>&1 </dev/null &
     echo $! >"$DIR/run/rgw.pid"
     for _ in $(seq 1 300); do curl -sf -o /dev/null "http://127.0.0.1:$PORT/" && exit 0; sleep 0.1; done
     die "radosgw did not answer on $PORT" ;;
@@ -80,9 +80,12 @@ BUCKET=${S3_BUCKET:-photoedit}
 BIND=${S3_BIND:-127.0.0.1}
 export CEPH_CONF=$DIR/ceph.conf
 
+# Each daemon in a session of its own (setsid: the pid stays the command's), as pg_ctl starts
+# PostgreSQL: a Ctrl-C at the terminal of `make run` reaches the services, not the store under them,
+# which run.sh stops after them (`stop`).
 launch() {  # name command...
     local name=$1; shift
-    nohup "$@" >"$DIR/log/$name.out" 2>&1 </dev/null &
+    nohup setsid "$@" >"$DIR/log/$name.out" 2>&1 </dev/null &
     echo $! >"$DIR/run/$name.pid"
 }
 wait_until() {  # seconds what command...

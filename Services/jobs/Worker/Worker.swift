@@ -246,24 +246,48 @@ public struct Worker: Service {
             if empty { wakeEmptyWaiters() }
         }
 
-        /// Those waiting for the worker to hold no job (`untilEmpty`).
-        private let emptyWaiters = Mutex<[CheckedContinuation<Void, Never>]>([])
+        /// Those waiting for the worker to hold no job (`untilEmpty`), by a number of their own.
+        private let emptyWaiters = Mutex<(next: Int, waiting: [Int: CheckedContinuation<Void, Never>])>((0, [:]))
 
-        /// Returns once no job is held: woken by the last `remove`, not by polling. (A waiter is
-        /// listed before it looks, so a removal between the two cannot be missed; whoever takes
-        /// a waiter off the list resumes it, once.)
+        /// Returns once no job is held, or the task is cancelled: woken by the last `remove`, not
+        /// by polling. (A waiter is listed before it looks, so a removal between the two cannot
+        /// be missed; whoever takes a waiter off the list resumes it, once.)
         func untilEmpty() async {
-            await withCheckedContinuation { (waiter: CheckedContinuation<Void, Never>) in
-                emptyWaiters.withLock { $0.append(waiter) }
-                if tasks.withLock({ $0.isEmpty }) { wakeEmptyWaiters() }
+            let number = emptyWaiters.withLock { waiters in
+                defer { waiters.next += 1 }
+                return waiters.next
+            }
+            await withTaskCancellationHandler {
+                await withCheckedContinuation { (waiter: CheckedContinuation<Void, Never>) in
+                    let now = emptyWaiters.withLock { waiters -> Bool in
+                        // Cancelled before it was listed: it is not listed.
+                        if Task.isCancelled { return true }
+                        waiters.waiting[number] = waiter
+                        return false
+                    }
+                    if now { waiter.resume() } else if tasks.withLock({ $0.isEmpty }) { wakeEmptyWaiters() }
+                }
+            } onCancel: {
+                emptyWaiters.withLock { $0.waiting.removeValue(forKey: number) }?.resume()
             }
         }
 
         private func wakeEmptyWaiters() {
             for waiter in emptyWaiters.withLock({ waiters -> [CheckedContinuation<Void, Never>] in
-                defer { waiters.removeAll() }
-                return waiters
+                defer { waiters.waiting.removeAll() }
+                return Array(waiters.waiting.values)
             }) { waiter.resume() }
+        }
+
+        /// The worker stops without the jobs service (it fell silent while the worker was
+        /// leaving): every job still held is handed back, as a lost connection hands it back.
+        /// Their tasks stop and end without a result; the service queues them again when it
+        /// finds the worker gone, or, restarted, finds them held by no one. Returns how many.
+        func handBackAll() -> Int {
+            let held = attempts
+            handedOff.withLock { $0.formUnion(held) }
+            for attempt in held { cancelSignal(attempt)?.fire() }
+            return held.count
         }
         func contains(_ attempt: JobAttempt) -> Bool { tasks.withLock { $0.index(forKey: attempt) != nil } }
 
@@ -501,7 +525,13 @@ public struct Worker: Service {
         let generations = Generations(submissions: Submissions(), pokes: Pokes())
         try await withThrowingDiscardingTaskGroup { jobs in
             jobs.addTask {
-                defer { running.endLaunches() }
+                defer {
+                    // Stopped with jobs still held: the service fell silent while the worker was
+                    // leaving (a Ctrl-C stops the whole stack), so no one waits for their results.
+                    let handedBack = running.handBackAll()
+                    if handedBack > 0 { logger.info("stopping without the jobs service; jobs handed back", metadata: ["jobs": "\(handedBack)"]) }
+                    running.endLaunches()
+                }
                 try await connect(running: running, unrecorded: unrecorded, renewed: renewed, generations: generations)
             }
             // Each job runs in a task of this group: cancelled with it, and waited for before the
@@ -634,14 +664,17 @@ public struct Worker: Service {
     /// recorded and for the service's `leaveNoted` (at most three heartbeat intervals after the
     /// last one ends), so that a worker scaled down loses no work and leaves no job waiting for
     /// it to be declared dead. Jobs assigned before the service heard `leaving` arrive before its
-    /// answer, and are given back as they come (`handle`).
+    /// answer, and are given back as they come (`handle`). A service that falls silent meanwhile
+    /// (three heartbeats: the whole stack is stopping) ends the wait: the worker stops, and the
+    /// jobs it still holds are handed back (`run`), as a lost connection hands them back.
     private func leave(channel: BusChannel, running: Running, unrecorded: Unrecorded) async {
         let returned = running.leave()
         channel.send(WorkerMessage.leaving(returned: returned))
         logger.info("stopping", metadata: ["running": "\(running.count)", "given-back": "\(returned.count)"])
         await running.untilEmpty()
         let deadline = ContinuousClock.now.advanced(by: configuration.heartbeat * 3)
-        while !unrecorded.all.isEmpty || !running.isLeaveNoted, ContinuousClock.now < deadline {
+        // (Cancelled: the service fell silent meanwhile, and the worker stops without it.)
+        while !Task.isCancelled, !unrecorded.all.isEmpty || !running.isLeaveNoted, ContinuousClock.now < deadline {
             try? await Task.sleep(for: .milliseconds(20))
         }
         if !running.isLeaveNoted { logger.warning("stopping without the jobs service's answer; jobs sent meanwhile wait to be declared lost") }

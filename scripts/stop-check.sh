@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Ctrl-C stops the whole stack: a stack of its own (scripts/stack-lib.sh: `scripts/run.sh` in a
+# session of its own, as a terminal runs it) with WORKERS workers (default 3), the app's flows
+# running against it (loadtest, so jobs are in flight), then SIGINT to the whole process group,
+# which is what a terminal's Ctrl-C and `kill -INT -- -PGID` send. Passes when every process of
+# the stack is gone within STOP_WITHIN seconds (default 10): the services, the workers, their
+# supervisors, run.sh itself, and with STORE=postgres or BLOB_STORE=s3 the PostgreSQL or RADOS
+# Gateway run.sh started, and nothing of it was started again meanwhile.
+#
+#   scripts/stop-check.sh                   the default stack
+#   BLOB_STORE=s3 scripts/stop-check.sh     on a RADOS Gateway of its own
+#   STORE=postgres scripts/stop-check.sh    on a PostgreSQL of its own, two replicas of each service
+set -uo pipefail
+cd "$(dirname "$0")/.."
+CONFIG=${CONFIG:-debug}
+WITHIN=${STOP_WITHIN:-10}
+export WORKERS=${WORKERS:-3} LOG_LEVEL=${LOG_LEVEL:-info}
+name="store: ${STORE:-sqlite}, blobs: ${BLOB_STORE:-folder}, $WORKERS workers"
+
+source scripts/stack-lib.sh
+load=""
+cleanup() {
+  [ -n "$load" ] && kill "$load" 2>/dev/null
+  stack_kill
+}
+trap cleanup EXIT
+stack_start || { echo "stop-check: the stack did not start ($name)"; exit 1; }
+
+# The app's flows, for longer than the check lasts: jobs are being created, run and read when
+# the signal comes.
+"$BIN/loadtest" --duration 120 --settle 0 > "$DIR/loadtest.log" 2>&1 &
+load=$!
+# Wait for work in flight: jobs run by the workers (the jobs service's results, through the
+# gateway's /metrics), with the app's flows still creating more.
+results() {
+  curl -fsS "http://127.0.0.1:$GATEWAY_PORT/metrics" 2>/dev/null \
+    | awk '/^jobs_results_total/ { sum += $NF } END { print sum + 0 }'
+}
+for _ in $(seq 1 600); do
+  [ "$(results)" -gt 0 ] 2>/dev/null && break
+  sleep 0.1
+done
+echo "stop-check: $(results) jobs ended so far, the load still running; SIGINT to the stack's process group"
+
+started=$(date +%s%3N)
+kill -INT -- -"$STACK"
+left=""
+while :; do
+  left=$(stack_processes)
+  [ -z "$left" ] && break
+  [ $(( $(date +%s%3N) - started )) -gt $(( WITHIN * 1000 )) ] && break
+  sleep 0.1
+done
+took=$(( $(date +%s%3N) - started ))
+if [ -n "$left" ]; then
+  echo "stop-check: FAILED ($name): $WITHIN s after SIGINT these still run:"
+  ps -o pid,pgid,etimes,args -p "$(echo $left | tr ' ' ',')" 2>/dev/null
+  echo "stop-check: the stack's last lines:"
+  tail -40 "$DIR/stack.log"
+  exit 1
+fi
+if grep -q 'restarting' <(sed -n '/\[run\] stopping/,$p' "$DIR/stack.log"); then
+  echo "stop-check: FAILED ($name): something was restarted after the stop began:"
+  sed -n '/\[run\] stopping/,$p' "$DIR/stack.log" | grep 'restarting'
+  exit 1
+fi
+echo "stop-check: every process of the stack ($name) stopped $((took / 1000)).$(printf %03d $((took % 1000))) s after SIGINT"
+STACK=""
+rm -rf "$DIR"
