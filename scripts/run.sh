@@ -4,6 +4,13 @@
 # $DATA_DIR/pids/NAME.pid), each log line labelled with its process. Ctrl-C (or SIGTERM) stops
 # every process gracefully and waits for them.
 set -uo pipefail
+# A script's background job ignores SIGINT, and a shell cannot trap a signal ignored when it
+# started: run again with SIGINT at its default, so that `kill -INT -- -PGID` from a script stops
+# the stack as a terminal's Ctrl-C does (else only the services saw it, and this script and its
+# watchdogs ran on).
+if (( 0x$(awk '/^SigIgn:/ { print $2 }' /proc/$$/status) & 2 )); then
+  exec env --default-signal=INT bash "$0" "$@"
+fi
 cd "$(dirname "$0")/.."
 
 CONFIG=${CONFIG:-debug}

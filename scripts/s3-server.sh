@@ -61,7 +61,7 @@ rgw)
     DIR=$(cd "$2" && pwd)
     export CEPH_CONF=$DIR/ceph.conf
     PORT=$(sed -n 's/^rgw frontends = beast endpoint=.*:\([0-9]*\)$/\1/p' "$DIR/ceph.conf")
-    nohup setsid radosgw -n client.rgw -f >"$DIR/log/rgw.out" 2>&1 </dev/null &
+    nohup setsid radosgw -n client.rgw -f -c "$CEPH_CONF" >"$DIR/log/rgw.out" 2>&1 </dev/null &
     echo $! >"$DIR/run/rgw.pid"
     for _ in $(seq 1 300); do curl -sf -o /dev/null "http://127.0.0.1:$PORT/" && exit 0; sleep 0.1; done
     die "radosgw did not answer on $PORT" ;;
@@ -82,7 +82,8 @@ export CEPH_CONF=$DIR/ceph.conf
 
 # Each daemon in a session of its own (setsid: the pid stays the command's), as pg_ctl starts
 # PostgreSQL: a Ctrl-C at the terminal of `make run` reaches the services, not the store under them,
-# which run.sh stops after them (`stop`).
+# which run.sh stops after them (`stop`). Each is given its ceph.conf on its command line too
+# (CEPH_CONF says the same), so that a process of DIR's is known by its command line.
 launch() {  # name command...
     local name=$1; shift
     nohup setsid "$@" >"$DIR/log/$name.out" 2>&1 </dev/null &
@@ -162,21 +163,21 @@ trap 'status=$?; [ $status -ne 0 ] && stop_all "$DIR"; exit $status' EXIT
 for name in mon osd rgw; do
     if [ -f "$DIR/run/$name.pid" ] && running "$(cat "$DIR/run/$name.pid")" "$name"; then die "$name already runs for $DIR"; fi
 done
-launch mon ceph-mon -i a -f
+launch mon ceph-mon -i a -f -c "$CEPH_CONF"
 wait_until 30 "monitor" timeout 5 ceph mon stat
 if [ $FRESH = 1 ]; then
     OSD_UUID=$(cat /proc/sys/kernel/random/uuid)
     [ "$(timeout 30 ceph osd new "$OSD_UUID")" = 0 ] || die "ceph osd new did not give osd.0"
     ceph-osd -i 0 --mkfs --osd-uuid "$OSD_UUID" >"$DIR/log/osd-mkfs.out" 2>&1 || die "ceph-osd --mkfs failed (see $DIR/log)"
 fi
-launch osd ceph-osd -i 0 -f
+launch osd ceph-osd -i 0 -f -c "$CEPH_CONF"
 wait_until 60 "osd.0 up" sh -c 'timeout 5 ceph osd dump --format=json | grep -q "\"up\":1"'
 if [ $FRESH = 1 ]; then
     for pool in .rgw.root default.rgw.log default.rgw.control default.rgw.meta default.rgw.buckets.index default.rgw.buckets.data default.rgw.buckets.non-ec; do
         echo "osd pool create $pool 8"; echo "osd pool application enable $pool rgw"
     done | timeout 60 ceph >"$DIR/log/pools.out" 2>&1 || die "pool creation failed (see $DIR/log/pools.out)"
 fi
-launch rgw radosgw -n client.rgw -f
+launch rgw radosgw -n client.rgw -f -c "$CEPH_CONF"
 wait_until 120 "radosgw on port $PORT" curl -sf -o /dev/null "http://127.0.0.1:$PORT/"
 if [ $FRESH = 1 ]; then
     timeout 60 radosgw-admin user create --uid=photoedit --display-name=photoedit --access-key="$ACCESS" --secret-key="$SECRET" \
