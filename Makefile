@@ -14,6 +14,10 @@ build: deps
 run: deps
 	@CONFIG=$(CONFIG) scripts/run.sh
 
+## The store and rule suites (SQLite and PostgreSQL in this process): a part of their own. Beside
+## the system tests, whose in-process gateways and clients keep the shared event loops busy, their
+## PostgreSQL connections waited past the tests' limits (see docs/architecture.md, "Tests").
+STORE_TESTS := ^(QuotaTests|JobsTests|HistoryTests)\.|\.PostgresPoolTests/
 ## The suites that start many processes, kill them with SIGKILL or open thousands of sockets: they
 ## run after the rest, one at a time (`--no-parallel`), not beside every other suite.
 HEAVY_TESTS := SlowClientsTests|QuotaProcessTests|BusProcessTests|BusReplicaTests|JobsReplicaTests|QuotaReplicaTests|HistoryReplicaTests
@@ -22,7 +26,8 @@ HEAVY_TESTS := SlowClientsTests|QuotaProcessTests|BusProcessTests|BusReplicaTest
 ## in milliseconds), then the rest of the suite beside a RADOS Gateway of its own (scripts/with-s3.sh:
 ## Ceph's S3 server from Debian, in a temporary folder on a free port, stopped after) and a
 ## throwaway PostgreSQL of its own (scripts/with-postgres.sh: Debian's PostgreSQL 15, likewise,
-## without flushes), first the suites in parallel, then HEAVY_TESTS one at a time. Each part is
+## without flushes): STORE_TESTS in parallel, then the other suites in parallel, then HEAVY_TESTS
+## one at a time. Each part is
 ## bounded (scripts/swift-test.sh: past its minutes the run is stopped and the tests still running
 ## are named; every suite also has its own time limit). Then the contract conformance run
 ## (schemathesis against openapi.yaml on a live stack), then the alert rules' unit tests and a real
@@ -39,8 +44,9 @@ test: deps
 	swift build --build-tests
 	swift build --product swift-openapi-generator
 	scripts/swift-test.sh 10 --filter BusTests
-	scripts/with-s3.sh scripts/with-postgres.sh bash -c 'scripts/swift-test.sh 25 --skip BusTests --skip "$(HEAVY_TESTS)" \
-	  && scripts/swift-test.sh 25 --no-parallel --filter "$(HEAVY_TESTS)"'
+	scripts/with-s3.sh scripts/with-postgres.sh bash -c 'scripts/swift-test.sh 10 --filter "$(STORE_TESTS)" \
+	  && scripts/swift-test.sh 20 --skip BusTests --skip "$(STORE_TESTS)" --skip "$(HEAVY_TESTS)" \
+	  && scripts/swift-test.sh 20 --no-parallel --filter "$(HEAVY_TESTS)"'
 	scripts/conformance.sh
 	scripts/prometheus-check.sh
 	scripts/trace-check.sh

@@ -80,13 +80,13 @@ struct WorkerProtocolTests {
 
     /// Uploads an image as a new guest and creates `count` jobs of the 3 s remote effect through
     /// the gateway: the guest's user id and the job ids, oldest first.
-    func slowJobs(_ count: Int, in system: JobSystem) async throws -> (user: String, jobs: [String]) {
+    func slowJobs(_ count: Int, effect: String = "slow-remote", in system: JobSystem) async throws -> (user: String, jobs: [String]) {
         let guest = JobSystem.guest(UUID())
         let ids = Mutex<[String]>([])
         try await system.gateway { client in
             let key = try await JobSystem.upload(client, as: guest)
             for _ in 0..<count {
-                let created = JobSystem.json(try await JobSystem.createJob(client, as: guest, imageKey: key, effect: "slow-remote"))
+                let created = JobSystem.json(try await JobSystem.createJob(client, as: guest, imageKey: key, effect: effect))
                 let id = try #require(created["jobId"] as? String)
                 ids.withLock { $0.append(id) }
             }
@@ -195,6 +195,23 @@ struct WorkerProtocolTests {
         let first = try await job(jobs[0])
         #expect(first.status == .completed && first.attempts == 1, "the worker said: \(worker.output.suffix(4000))")
         #expect(!system.services.processes[.jobs]!.output.contains("worker lost"))
+        await system.stop()
+    }
+
+    @Test func aWorkerStoppedAfterItsJobsServiceWentAwayStopsAndHandsItsJobBack() async throws {
+        let system = try await JobSystem(workers: 0)
+        _ = try await slowJobs(1, effect: "ten-second-remote", in: system)
+        // Given a worker running a job (ten seconds at the provider)
+        let worker = try system.startWorker(capacity: 1, extra: ["WORKER_HEARTBEAT_MS": "200"])
+        try await waitUntil { system.providerLoad.now == 1 }
+        // When the jobs service goes away (as when Ctrl-C stops the whole stack) and the worker
+        // is told to stop
+        system.services.processes[.jobs]!.signal(SIGKILL)
+        worker.signal(SIGTERM)
+        // Then it does not wait for its job (nor for a service that is gone): it stops once the
+        // service has been silent for three heartbeats, handing the job back, and exits cleanly
+        #expect(try await worker.waitForExit(within: .seconds(60)) == 0)
+        #expect(worker.output.contains("stopping without the jobs service; jobs handed back"), "the worker said: \(worker.output.suffix(4000))")
         await system.stop()
     }
 
