@@ -7,13 +7,14 @@
 #   LOAD=1 scripts/soak-tests.sh [N]     the same with one core kept busy throughout
 #                                        (Debian's stress-ng, one CPU worker)
 #
-# Each run's whole output is kept in .build/soak/run-K.log. Exits non-zero if any run failed.
+# Each run's whole output is kept in .build/soak/TIME/run-K.log (TIME when the soak started), and
+# so is the chaos checks' report of a failed run. Exits non-zero if any run failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
-out=.build/soak
+out=.build/soak/$(date -u +%Y%m%dT%H%M%S)$([ "${LOAD:-0}" = 1 ] && echo -load)
 mkdir -p "$out"
-rm -f "$out"/run-*.log
+echo "soak: logs in $out"
 
 hog=""
 if [ "${LOAD:-0}" = 1 ]; then
@@ -35,6 +36,7 @@ for run in $(seq 1 "$runs"); do
     start=$(date +%s)
     make test > "$log" 2>&1
     status=$?
+    [ "$status" -ne 0 ] && [ -d .build/chaos-check ] && cp -r .build/chaos-check "$out/chaos-check-$run"
     seconds=$(( $(date +%s) - start ))
     if [ "$status" -eq 0 ]; then verdict=passed; else verdict="FAILED (exit $status)"; failed_runs=$((failed_runs + 1)); fi
     results+=("$(printf '| %d | %s | %dm%02ds |' "$run" "$verdict" $((seconds / 60)) $((seconds % 60)))")
@@ -42,7 +44,7 @@ for run in $(seq 1 "$runs"); do
 done
 
 echo
-echo "soak: $runs runs of make test${LOAD:+ (LOAD=$LOAD)}"
+echo "soak: $runs runs of make test$([ "${LOAD:-0}" = 1 ] && echo ", one core kept busy (LOAD=1)")"
 echo
 echo "| run | result | time |"
 echo "|---|---|---|"
