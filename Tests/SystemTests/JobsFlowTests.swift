@@ -107,13 +107,13 @@ struct JobsFlowTests {
             let key = try await JobSystem.upload(client, as: user)
             // A job whose effect fails for good
             let broken = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "broken-remote")
-            let brokenId = try #require(JobSystem.json(broken)["jobId"] as? String)
+            let brokenId = try #require(JobSystem.json(broken)["jobId"] as? String, "the creation answered \(broken.status): \(String(buffer: broken.body))")
             let failed = try await JobSystem.waitForStatus(client, as: user, jobId: brokenId)
             #expect(failed["status"] as? String == "failed")
             #expect((failed["error"] as? String)?.contains("400") == true)
             // A processing job cancelled by the user: the worker stops it
             let slow = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "slow-remote")
-            let slowId = try #require(JobSystem.json(slow)["jobId"] as? String)
+            let slowId = try #require(JobSystem.json(slow)["jobId"] as? String, "the creation answered \(slow.status): \(String(buffer: slow.body))")
             _ = try await JobSystem.waitForStatus(client, as: user, jobId: slowId, until: { $0["status"] as? String == "processing" })
             let cancel = try await client.execute(uri: "/api/v1/jobs/\(slowId)/cancel", method: .post, headers: user)
             #expect(cancel.status == .ok)
