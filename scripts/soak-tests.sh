@@ -56,6 +56,7 @@ python3 - "$out" "$runs" <<'EOF'
 import collections, re, sys
 folder, runs = sys.argv[1], int(sys.argv[2])
 failures = collections.defaultdict(set)
+makefile = open("Makefile").read().splitlines()
 for run in range(1, runs + 1):
     try:
         lines = open(f"{folder}/run-{run}.log", errors="replace").read().splitlines()
@@ -72,7 +73,8 @@ for run in range(1, runs + 1):
             failures[f"hung {line.strip()}"].add(run)
         check = re.search(r"make: \*\*\* \[Makefile:(\d+): test\] Error", line)
         if check:
-            failures[f"Makefile line {check.group(1)} (the step that failed)"].add(run)
+            step = makefile[int(check.group(1)) - 1].strip() if int(check.group(1)) <= len(makefile) else "?"
+            failures[f"step `{step}` (Makefile line {check.group(1)})"].add(run)
 if not failures:
     print("failed in any run: none")
 else:

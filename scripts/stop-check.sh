@@ -40,6 +40,11 @@ for _ in $(seq 1 600); do
   [ "$(results)" -gt 0 ] 2>/dev/null && break
   sleep 0.1
 done
+if ! [ "$(results)" -gt 0 ] 2>/dev/null; then
+  echo "stop-check: FAILED ($name): no job ended within 60 s of the load's start; the load said:"
+  tail -20 "$DIR/loadtest.log"
+  exit 1
+fi
 echo "stop-check: $(results) jobs ended so far, the load still running; SIGINT to the stack's process group"
 
 started=$(date +%s%3N)

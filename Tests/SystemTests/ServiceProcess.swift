@@ -60,9 +60,15 @@ final class ServiceProcess: @unchecked Sendable {
 
     /// Waits (without blocking a pool thread) for the process to exit; nil if it is still running.
     func waitForExit(within limit: Duration = .seconds(10)) async throws -> Int32? {
+        try await Self.waitForExit(of: process, within: limit)
+    }
+
+    /// Waits (without blocking a pool thread) for `process` to exit; nil if it still runs after
+    /// `limit`.
+    static func waitForExit(of process: Process, within limit: Duration) async throws -> Int32? {
         let deadline = ContinuousClock.now.advanced(by: limit)
         while process.isRunning {
-            if let status = Self.exitStatus(ofExited: process.processIdentifier) { return status }
+            if let status = exitStatus(ofExited: process.processIdentifier) { return status }
             if ContinuousClock.now >= deadline { return nil }
             try await Task.sleep(for: .milliseconds(20))
         }
@@ -113,19 +119,11 @@ final class ServiceProcess: @unchecked Sendable {
         process.standardOutput = log
         process.standardError = log
         try process.run()
-        let deadline = ContinuousClock.now.advanced(by: limit)
-        var status: Int32?
-        while status == nil {
-            status = process.isRunning ? exitStatus(ofExited: process.processIdentifier) : process.terminationStatus
-            if status == nil {
-                guard ContinuousClock.now < deadline else {
-                    kill(process.processIdentifier, SIGKILL)
-                    throw ToolFailed(description: "\(path) \(arguments.joined(separator: " ")) did not end within \(limit)")
-                }
-                try await Task.sleep(for: .milliseconds(20))
-            }
+        guard let status = try await waitForExit(of: process, within: limit) else {
+            kill(process.processIdentifier, SIGKILL)
+            throw ToolFailed(description: "\(path) \(arguments.joined(separator: " ")) did not end within \(limit)")
         }
-        return (status ?? -1, (try? String(contentsOf: logURL, encoding: .utf8)) ?? "")
+        return (status, (try? String(contentsOf: logURL, encoding: .utf8)) ?? "")
     }
 }
 

@@ -28,7 +28,7 @@ public enum TestPostgres {
         var logger = Logger(label: "test.postgres")
         logger.logLevel = .warning
         // Through the pool's own lease, which is never cancelled (see `PostgresPool`), with a
-        // bound no loaded machine comes near: the test fails with the database's name, never hangs.
+        // bound no loaded machine comes near: past it the test fails naming the server.
         try await PostgresPool(location: location, maximumConnections: 1, logger: logger).running { admin in
             try await admin.connection(limit: .seconds(120)) { [logger] db in
                 try await db.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)"), logger: logger)
