@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the project builds and runs with, if any is missing.
 set -euo pipefail
-packages=(libzmq3-dev libsqlite3-dev libvips-dev libjpeg-dev pkg-config curl gcc python3 iproute2 ffmpeg)
+packages=(libzmq3-dev libsqlite3-dev libvips-dev libjpeg-dev pkg-config curl gcc python3 iproute2 ffmpeg gdb)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

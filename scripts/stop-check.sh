@@ -58,10 +58,19 @@ while :; do
 done
 took=$(( $(date +%s%3N) - started ))
 if [ -n "$left" ]; then
-  echo "stop-check: FAILED ($name): $WITHIN s after SIGINT these still run:"
-  ps -o pid,pgid,etimes,args -p "$(echo $left | tr ' ' ',')" 2>/dev/null
+  # What each process left is doing (every thread's stack, when gdb is there), then the stack's
+  # last lines, then the processes: a CI log shows its end first.
+  if command -v gdb >/dev/null; then
+    for pid in $left; do
+      echo "stop-check: the threads of $(ps -o args= -p "$pid" 2>/dev/null | cut -c1-100) ($pid):"
+      timeout 60 gdb -p "$pid" -batch -ex 'thread apply all bt 30' 2>/dev/null \
+        | grep -E '^(Thread|#)' | swift demangle --simplified | cut -c1-220
+    done
+  fi
   echo "stop-check: the stack's last lines:"
-  tail -40 "$DIR/stack.log"
+  tail -60 "$DIR/stack.log"
+  echo "stop-check: FAILED ($name): $WITHIN s after SIGINT these still run:"
+  ps -o pid,pgid,etimes,args -p "$(echo $left | tr ' ' ',')" 2>/dev/null | cut -c1-200
   exit 1
 fi
 if grep -q 'restarting' <(sed -n '/\[run\] stopping/,$p' "$DIR/stack.log"); then

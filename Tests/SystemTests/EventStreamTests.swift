@@ -110,4 +110,35 @@ struct EventStreamTests {
         await gateway.stop()
         await system.stop()
     }
+
+    /// A stream waits on its job, which may not end for minutes; the gateway's HTTP server stops
+    /// gracefully by waiting for every answer to end. So a stopping gateway ends its streams
+    /// itself, or a Ctrl-C waits for the app to hang up (make test's stop-check once met that).
+    @Test func aStoppingGatewayEndsItsOpenStreamsAndExits() async throws {
+        let system = try await JobSystem(workers: 0)
+        let (gateway, port) = try await Self.gatewayProcess(system, extra: [:])
+        let device = UUID()
+        let user = "device:\(device.uuidString.lowercased())"
+        // Given streams of a queued job (no workers: it stays queued)
+        let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: "uploads/x/a.jpg", effectId: "copy"))
+        var streams: [RawConnection] = []
+        for _ in 0..<3 {
+            let (stream, first) = try Self.openStream(port: port, device: device, jobId: job.id)
+            #expect(first.contains(#""status":"queued""#))
+            streams.append(stream)
+        }
+        // When the gateway is told to stop (SIGTERM; run.sh and a Ctrl-C send it too)
+        gateway.signal(SIGTERM)
+        // Then every stream ends (its last chunk, then the connection closes) with the job still queued
+        for stream in streams {
+            let rest = String(decoding: await stream.readAllOffThePool(), as: UTF8.self)
+            #expect(rest.hasSuffix("0\r\n\r\n"), "the stream did not end: \(rest.suffix(120))")
+            stream.close()
+        }
+        // And the gateway exits, cleanly
+        let status = try await gateway.waitForExit(within: .seconds(60))
+        #expect(status == 0, "the gateway \(status.map { "exited with \($0)" } ?? "still runs 60 s after SIGTERM")")
+        await gateway.stop()
+        await system.stop()
+    }
 }

@@ -3,6 +3,7 @@ import Foundation
 import HTTPTypes
 import Hummingbird
 import Messages
+import ServiceLifecycle
 
 /// Creating, following, cancelling and re-running edit jobs. Quota is reserved for the new job id
 /// before the job is created, and released when creation definitely failed.
@@ -158,18 +159,25 @@ struct JobsController<Context: GatewayRequestContext>: Sendable {
                 }
                 try await send(first)
                 guard !first.status.isTerminal else { return }
-                for await update in subscription.updates {
-                    switch update {
-                    case .status(let job):
-                        try await send(job)
-                        if job.status.isTerminal { return }
-                    case .keepalive:
-                        try await writer.write(ByteBuffer(string: ": keepalive\n\n"))
-                    case .gone:
-                        try await writer.write(ByteBuffer(string: "event: gone\ndata: {}\n\n"))
-                        return
+                // A stopping gateway ends its streams: its HTTP server stops by waiting for every
+                // answer to end, and a stream's job may not end for minutes (the client
+                // reconnects, or polls, as after the 15 minutes).
+                try await withGracefulShutdownHandler {
+                    for await update in subscription.updates {
+                        switch update {
+                        case .status(let job):
+                            try await send(job)
+                            if job.status.isTerminal { return }
+                        case .keepalive:
+                            try await writer.write(ByteBuffer(string: ": keepalive\n\n"))
+                        case .gone:
+                            try await writer.write(ByteBuffer(string: "event: gone\ndata: {}\n\n"))
+                            return
+                        }
+                        if ContinuousClock.now > deadline { return }
                     }
-                    if ContinuousClock.now > deadline { return }
+                } onGracefulShutdown: {
+                    subscription.close()
                 }
             } onInboundClosed: {
                 // The client went away: end the stream now, not when the job ends.
