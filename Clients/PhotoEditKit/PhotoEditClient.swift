@@ -78,9 +78,11 @@ public struct PhotoEditClient: Sendable {
         var request = URLRequest(url: url)
         request.httpMethod = "PUT"
         request.setValue(contentType, forHTTPHeaderField: "Content-Type")
-        // The headers the grant names are signed into the URL (with an object store, the
-        // `If-None-Match: *` that keeps a key written once): sent as they are.
+        // The headers the grant names are signed into the URL: sent as they are. Then
+        // `If-None-Match: *`, which no store requires: an object store writes the key once with
+        // it (the gateway's own upload route always does).
         for (name, value) in grant.headers.additionalProperties { request.setValue(value, forHTTPHeaderField: name) }
+        request.setValue("*", forHTTPHeaderField: "If-None-Match")
         let (data, response) = try await send(request, body: imageData)
         // 201 from the gateway's own upload route, 200 from an object store.
         guard response.statusCode == 201 || response.statusCode == 200 else { throw PhotoEditError(status: response.statusCode, problem: data) }

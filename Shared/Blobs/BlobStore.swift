@@ -23,9 +23,10 @@ public protocol BlobStore: Sendable {
     /// A URL that reads `key` without credentials until `expiresIn` seconds after `now`.
     func presignedGET(_ key: String, expiresIn: Int, now: Date) -> String
     /// A request that writes `key` without credentials until `expiresIn` seconds after `now`:
-    /// the URL and the headers the client must send as they are (a signed content type, and
-    /// `If-None-Match: *` when `ifAbsent`).
-    func presignedPUT(_ key: String, contentType: String, owner: String, ifAbsent: Bool, expiresIn: Int, now: Date) -> PresignedRequest
+    /// the URL and the headers the client must send as they are (only the signed content type).
+    /// A client may add `If-None-Match: *` to write the key once: an object store honours it
+    /// (412 when the key holds an object), and the gateway's own upload route writes once always.
+    func presignedPUT(_ key: String, contentType: String, owner: String, expiresIn: Int, now: Date) -> PresignedRequest
 }
 
 extension BlobStore {
@@ -37,13 +38,19 @@ extension BlobStore {
 
     /// The whole of `key`, read into memory (at most `limit` bytes).
     public func bytes(of key: String, range: ClosedRange<Int>? = nil, limit: Int = 64 << 20) async throws -> ByteBuffer {
+        try await read(key, range: range, limit: limit).bytes
+    }
+
+    /// `key` (or `range` of it) read into memory (at most `limit` bytes), with the metadata of
+    /// the very version read: its whole size, owner and `etag`.
+    public func read(_ key: String, range: ClosedRange<Int>? = nil, limit: Int = 64 << 20) async throws -> (metadata: BlobMetadata, bytes: ByteBuffer) {
         let reader = try await open(key, range: range)
         var collected = ByteBuffer()
         for try await var chunk in reader.body {
             guard collected.readableBytes + chunk.readableBytes <= limit else { throw BlobError.tooLarge }
             collected.writeBuffer(&chunk)
         }
-        return collected
+        return (reader.metadata, collected)
     }
 }
 
@@ -119,12 +126,17 @@ public struct BlobMetadata: Codable, Sendable, Equatable {
     public var contentType: String
     public var size: Int
     public var createdAt: Date
+    /// The version of the bytes read, where the store names one (an object store's `ETag`; nil
+    /// in the folder store, whose keys are written once): a read conditional on it
+    /// (`If-Match`) reads these bytes or fails with 412.
+    public var etag: String?
 
-    public init(owner: String, contentType: String, size: Int = 0, createdAt: Date = Date()) {
+    public init(owner: String, contentType: String, size: Int = 0, createdAt: Date = Date(), etag: String? = nil) {
         self.owner = owner
         self.contentType = contentType
         self.size = size
         self.createdAt = createdAt
+        self.etag = etag
     }
 }
 

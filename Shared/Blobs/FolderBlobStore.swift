@@ -231,7 +231,7 @@ public struct FolderBlobStore: BlobStore {
         publicBaseURL + signer.downloadPath(for: key, lifetime: expiresIn, now: now)
     }
 
-    public func presignedPUT(_ key: String, contentType: String, owner: String, ifAbsent: Bool, expiresIn: Int, now: Date) -> PresignedRequest {
+    public func presignedPUT(_ key: String, contentType: String, owner: String, expiresIn: Int, now: Date) -> PresignedRequest {
         let expires = Int(now.timeIntervalSince1970) + expiresIn
         let encodedOwner = owner.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? ""
         if key.hasPrefix("uploads/") {

@@ -162,12 +162,13 @@ public struct S3BlobStore: BlobStore {
         return "\(url)?\(SigV4.queryString(query))"
     }
 
-    public func presignedPUT(_ key: String, contentType: String, owner: String, ifAbsent: Bool, expiresIn: Int, now: Date) -> PresignedRequest {
+    public func presignedPUT(_ key: String, contentType: String, owner: String, expiresIn: Int, now: Date) -> PresignedRequest {
         let (url, host, path) = address(of: key)
-        // Signed headers: the client must send them as they are, so S3 enforces the type and,
-        // where the store supports conditional writes, that the key is written once.
-        var headers = ["Content-Type": contentType]
-        if ifAbsent { headers["If-None-Match"] = "*" }
+        // The content type is signed: the client must send it as it is, so the store enforces
+        // it. `If-None-Match: *` is not: a client that sends it writes the key once (the store
+        // answers 412 to a second PUT), one that does not can still upload (the app's own
+        // client sends only `Content-Type`), and a job pins the version it was checked on.
+        let headers = ["Content-Type": contentType]
         let signed = [("host", host)] + headers.map { ($0.key, $0.value) }
         let query = signer.presignedQuery(SigV4.Request(method: "PUT", path: path, headers: signed), expires: Self.clamp(expiresIn), date: now)
         return PresignedRequest(url: "\(url)?\(SigV4.queryString(query))", headers: headers)
@@ -267,7 +268,7 @@ public struct S3BlobStore: BlobStore {
     static func metadata(_ headers: HTTPHeaders) -> BlobMetadata {
         let modified = headers.first(name: "Last-Modified").flatMap(httpDate) ?? Date()
         return BlobMetadata(owner: headers.first(name: "x-amz-meta-owner") ?? "", contentType: headers.first(name: "Content-Type") ?? "application/octet-stream",
-                            size: 0, createdAt: modified)
+                            size: 0, createdAt: modified, etag: headers.first(name: "ETag"))
     }
 
     /// `bytes 0-9/443`.

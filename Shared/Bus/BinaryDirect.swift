@@ -503,6 +503,7 @@ extension JobRecord: BinaryDirectCodable {
         fields.write("credits", credits)
         fields.write("submission", submission)
         fields.write("traceParent", traceParent)
+        fields.write("imageETag", imageETag)
     }
 
     /// As `init(from:)`: `cancelRequested` defaults to false and `credits` to `Jobs.defaultCredits`.
@@ -510,7 +511,7 @@ extension JobRecord: BinaryDirectCodable {
         var id: String?, userId: String?, isPro: Bool?, imageKey: String?, effectId: String?, parameters: [String: Double]?
         var prompt: String?, status: JobStatus?, progress: Double?, attempts: Int?, maxAttempts: Int?, lastError: String?
         var resultKey: String?, thumbnailKey: String?, createdAt: Date?, updatedAt: Date?, startedAt: Date?, finishedAt: Date?
-        var version: Int?, cancelRequested: Bool?, credits: Int?, submission: ProviderRequest?, traceParent: String?
+        var version: Int?, cancelRequested: Bool?, credits: Int?, submission: ProviderRequest?, traceParent: String?, imageETag: String?
         try fields.forEach { name, value in
             switch name {
             case "id": id = try value.string()
@@ -536,6 +537,7 @@ extension JobRecord: BinaryDirectCodable {
             case "credits": credits = try value.optionalInt()
             case "submission": submission = try value.optional(ProviderRequest.self)
             case "traceParent": traceParent = try value.optionalString()
+            case "imageETag": imageETag = try value.optionalString()
             default: break
             }
         }
@@ -548,7 +550,7 @@ extension JobRecord: BinaryDirectCodable {
             thumbnailKey: thumbnailKey, createdAt: try fields.required(createdAt, "createdAt"),
             updatedAt: try fields.required(updatedAt, "updatedAt"), startedAt: startedAt, finishedAt: finishedAt,
             version: try fields.required(version, "version"), cancelRequested: cancelRequested ?? false,
-            credits: credits ?? Jobs.defaultCredits, submission: submission, traceParent: traceParent
+            credits: credits ?? Jobs.defaultCredits, submission: submission, traceParent: traceParent, imageETag: imageETag
         )
     }
 }
@@ -603,12 +605,13 @@ extension CreateJob: BinaryDirectCodable {
         fields.write("parameters", parameters)
         fields.write("prompt", prompt)
         fields.write("credits", credits)
+        fields.write("imageETag", imageETag)
     }
 
     /// As `init(from:)`: `credits` defaults to `Jobs.defaultCredits`.
     init(binary fields: BinaryFieldReader) throws {
         var jobId: String?, userId: String?, isPro: Bool?, imageKey: String?, effectId: String?, parameters: [String: Double]?
-        var prompt: String?, credits: Int?
+        var prompt: String?, credits: Int?, imageETag: String?
         try fields.forEach { name, value in
             switch name {
             case "jobId": jobId = try value.string()
@@ -619,13 +622,15 @@ extension CreateJob: BinaryDirectCodable {
             case "parameters": parameters = try value.decode([String: Double].self)
             case "prompt": prompt = try value.optionalString()
             case "credits": credits = try value.optionalInt()
+            case "imageETag": imageETag = try value.optionalString()
             default: break
             }
         }
         self.init(
             jobId: try fields.required(jobId, "jobId"), userId: try fields.required(userId, "userId"), isPro: try fields.required(isPro, "isPro"),
             imageKey: try fields.required(imageKey, "imageKey"), effectId: try fields.required(effectId, "effectId"),
-            parameters: try fields.required(parameters, "parameters"), prompt: prompt, credits: credits ?? Jobs.defaultCredits
+            parameters: try fields.required(parameters, "parameters"), prompt: prompt, credits: credits ?? Jobs.defaultCredits,
+            imageETag: imageETag
         )
     }
 }
@@ -708,11 +713,12 @@ extension JobAssignment: BinaryDirectCodable {
         fields.write("submission", submission)
         fields.write("callbackURL", callbackURL)
         fields.write("traceParent", traceParent)
+        fields.write("imageETag", imageETag)
     }
 
     init(binary fields: BinaryFieldReader) throws {
         var attempt: JobAttempt?, userId: String?, imageKey: String?, effect: EffectDescription?, parameters: [String: Double]?
-        var prompt: String?, transfer: JobTransfer?, submission: ProviderRequest?, callbackURL: String?, traceParent: String?
+        var prompt: String?, transfer: JobTransfer?, submission: ProviderRequest?, callbackURL: String?, traceParent: String?, imageETag: String?
         try fields.forEach { name, value in
             switch name {
             case "attempt": attempt = try value.decode(JobAttempt.self)
@@ -725,6 +731,7 @@ extension JobAssignment: BinaryDirectCodable {
             case "submission": submission = try value.optional(ProviderRequest.self)
             case "callbackURL": callbackURL = try value.optionalString()
             case "traceParent": traceParent = try value.optionalString()
+            case "imageETag": imageETag = try value.optionalString()
             default: break
             }
         }
@@ -732,7 +739,7 @@ extension JobAssignment: BinaryDirectCodable {
             attempt: try fields.required(attempt, "attempt"), userId: try fields.required(userId, "userId"),
             imageKey: try fields.required(imageKey, "imageKey"), effect: try fields.required(effect, "effect"),
             parameters: try fields.required(parameters, "parameters"), prompt: prompt, transfer: transfer, submission: submission,
-            callbackURL: callbackURL, traceParent: traceParent
+            callbackURL: callbackURL, traceParent: traceParent, imageETag: imageETag
         )
     }
 }

@@ -68,9 +68,14 @@ public struct CreateJob: Codable, Sendable, Equatable {
     /// Set by the jobs service as it handles the request (its span's `traceparent`), not by
     /// callers: the trace the job joins.
     public var traceParent: String?
+    /// The version of the image the gateway checked (an object store's `ETag`; nil in the
+    /// folder store, where an upload's key is written once): the job's input is read only as
+    /// that version, so the image a job was created from never changes under it.
+    public var imageETag: String?
 
     public init(jobId: String, userId: String, isPro: Bool, imageKey: String, effectId: String, parameters: [String: Double] = [:], prompt: String? = nil,
-                credits: Int = Jobs.defaultCredits) {
+                credits: Int = Jobs.defaultCredits, imageETag: String? = nil) {
+        self.imageETag = imageETag
         self.jobId = jobId
         self.userId = userId
         self.isPro = isPro
@@ -81,7 +86,7 @@ public struct CreateJob: Codable, Sendable, Equatable {
         self.credits = credits
     }
 
-    enum CodingKeys: String, CodingKey { case jobId, userId, isPro, imageKey, effectId, parameters, prompt, credits }
+    enum CodingKeys: String, CodingKey { case jobId, userId, isPro, imageKey, effectId, parameters, prompt, credits, imageETag }
 
     public init(from decoder: any Decoder) throws {
         let container = try decoder.container(keyedBy: CodingKeys.self)
@@ -93,6 +98,7 @@ public struct CreateJob: Codable, Sendable, Equatable {
         parameters = try container.decode([String: Double].self, forKey: .parameters)
         prompt = try container.decodeIfPresent(String.self, forKey: .prompt)
         credits = try container.decodeIfPresent(Int.self, forKey: .credits) ?? Jobs.defaultCredits
+        imageETag = try container.decodeIfPresent(String.self, forKey: .imageETag)
     }
 }
 
@@ -239,13 +245,17 @@ public struct JobRecord: Codable, Sendable, Equatable {
     /// creation), kept so that its dispatch and its worker's run join that trace, and so that
     /// the trace of an edit can be found from the job; nil when the process did not trace.
     public var traceParent: String?
+    /// The version of the input image the job was created from (`CreateJob.imageETag`).
+    public var imageETag: String?
 
     public init(
         id: String, userId: String, isPro: Bool, imageKey: String, effectId: String, parameters: [String: Double],
         prompt: String?, status: JobStatus, progress: Double, attempts: Int, maxAttempts: Int, lastError: String?,
         resultKey: String?, thumbnailKey: String?, createdAt: Date, updatedAt: Date, startedAt: Date?, finishedAt: Date?, version: Int,
-        cancelRequested: Bool = false, credits: Int = Jobs.defaultCredits, submission: ProviderRequest? = nil, traceParent: String? = nil
+        cancelRequested: Bool = false, credits: Int = Jobs.defaultCredits, submission: ProviderRequest? = nil, traceParent: String? = nil,
+        imageETag: String? = nil
     ) {
+        self.imageETag = imageETag
         self.traceParent = traceParent
         self.id = id
         self.userId = userId
@@ -274,6 +284,7 @@ public struct JobRecord: Codable, Sendable, Equatable {
     enum CodingKeys: String, CodingKey {
         case id, userId, isPro, imageKey, effectId, parameters, prompt, status, progress, attempts, maxAttempts, lastError
         case resultKey, thumbnailKey, createdAt, updatedAt, startedAt, finishedAt, version, cancelRequested, credits, submission, traceParent
+        case imageETag
     }
 
     /// Decodes a job; `credits` (from before prices) defaults to 1, `cancelRequested` to false.
@@ -302,6 +313,7 @@ public struct JobRecord: Codable, Sendable, Equatable {
         credits = try c.decodeIfPresent(Int.self, forKey: .credits) ?? Jobs.defaultCredits
         submission = try c.decodeIfPresent(ProviderRequest.self, forKey: .submission)
         traceParent = try c.decodeIfPresent(String.self, forKey: .traceParent)
+        imageETag = try c.decodeIfPresent(String.self, forKey: .imageETag)
     }
 }
 

@@ -132,8 +132,14 @@ public struct JobAssignment: Codable, Sendable, Equatable {
     /// The trace the worker's run joins (a W3C `traceparent` of the jobs service's dispatch
     /// span); nil when jobs does not trace.
     public var traceParent: String?
+    /// The version of the input the job was created from (`JobRecord.imageETag`): the worker
+    /// reads the input only as that version (`If-Match`), and fails the job for good if it was
+    /// replaced. Nil: any (the folder store's keys are written once).
+    public var imageETag: String?
     public init(attempt: JobAttempt, userId: String, imageKey: String, effect: EffectDescription, parameters: [String: Double], prompt: String?,
-                transfer: JobTransfer? = nil, submission: ProviderRequest? = nil, callbackURL: String? = nil, traceParent: String? = nil) {
+                transfer: JobTransfer? = nil, submission: ProviderRequest? = nil, callbackURL: String? = nil, traceParent: String? = nil,
+                imageETag: String? = nil) {
+        self.imageETag = imageETag
         self.traceParent = traceParent
         self.submission = submission
         self.callbackURL = callbackURL

@@ -62,7 +62,7 @@ struct BinaryDirectTests {
                 provider: "fal", requestId: "r-1", statusURL: "https://queue.fal.run/x/status", responseURL: "https://queue.fal.run/x",
                 cancelURL: nil, submittedAt: instant
             ),
-            traceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+            traceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", imageETag: "\"9b2cf535f27731c974343645a3985328\""
         ),
     ]
 
@@ -94,13 +94,14 @@ struct BinaryDirectTests {
                 expiresAt: instant
             ),
             submission: ProviderRequest(provider: "fal", requestId: "r", statusURL: "s", responseURL: "r", cancelURL: "c", submittedAt: instant),
-            callbackURL: "http://gateway/api/v1/providers/fal/webhook?job=job-2", traceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+            callbackURL: "http://gateway/api/v1/providers/fal/webhook?job=job-2", traceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            imageETag: "\"9b2cf535f27731c974343645a3985328\""
         ),
     ]
 
     private static let creations = [
         CreateJob(jobId: "job-1", userId: "user-1", isPro: false, imageKey: "uploads/user-1/a.jpg", effectId: "copy"),
-        CreateJob(jobId: "job-2", userId: "user-2", isPro: true, imageKey: "k", effectId: "blur", parameters: ["radius": 1.5], prompt: "p", credits: 25),
+        CreateJob(jobId: "job-2", userId: "user-2", isPro: true, imageKey: "k", effectId: "blur", parameters: ["radius": 1.5], prompt: "p", credits: 25, imageETag: "\"e1\""),
     ]
 
     private static let attempt = JobAttempt(jobId: "job-7", attempt: 2)

@@ -166,7 +166,7 @@ struct JobStoreTests {
             id: "rec", userId: "u", isPro: true, imageKey: "uploads/u/a.jpg", effectId: "blur", parameters: ["sigma": 2.5, "a": 1],
             prompt: "a cat", status: .processing, progress: 0.5, attempts: 2, maxAttempts: 3, lastError: "busy", resultKey: "r",
             thumbnailKey: "t", createdAt: stamp, updatedAt: stamp.addingTimeInterval(1), startedAt: stamp.addingTimeInterval(2),
-            finishedAt: stamp.addingTimeInterval(3), version: 7, cancelRequested: true
+            finishedAt: stamp.addingTimeInterval(3), version: 7, cancelRequested: true, imageETag: "\"e1\""
         )
         let original = byRecord
         try await store.database.writer.write { db in try original.insert(db) }
@@ -180,10 +180,10 @@ struct JobStoreTests {
         #expect(read?.parameters == ["sigma": 2.5, "a": 1] && read?.createdAt == stamp && read?.cancelRequested == true)
         // And a job created by JobRows reads back the same through GRDB's record, and as
         // history's event
-        _ = try await store.create(CreateJob(jobId: "new", userId: "u", isPro: false, imageKey: "uploads/u/a.jpg", effectId: "copy"),
+        _ = try await store.create(CreateJob(jobId: "new", userId: "u", isPro: false, imageKey: "uploads/u/a.jpg", effectId: "copy", imageETag: "\"e2\""),
                                    effectId: "copy", parameters: ["x": 1], now: stamp)
         let created = try await store.database.writer.read { db in try JobRecord.fetchOne(db, key: "new") }
-        #expect(created?.parameters == ["x": 1] && created?.createdAt == stamp && created?.status == .queued)
+        #expect(created?.parameters == ["x": 1] && created?.createdAt == stamp && created?.status == .queued && created?.imageETag == "\"e2\"")
         let due = try await JobsHistoryFeed(store: store).due(now: stamp.addingTimeInterval(1), limit: 10)
         #expect(due.compactMap { if case .historyEvent(let event) = $0.kind, event.job.id == "new" { event.job } else { nil } } == [created])
     }
@@ -196,11 +196,12 @@ struct JobStoreTests {
         let stamp = Date(timeIntervalSince1970: 1_800_000_000)
         try await queue.write { db in
             for id in ["pending", "delivered"] {
-                try JobRecord(
-                    id: id, userId: "u", isPro: false, imageKey: "uploads/u/a.jpg", effectId: "copy", parameters: [:], prompt: nil,
-                    status: .completed, progress: 1, attempts: 1, maxAttempts: 3, lastError: nil, resultKey: "r", thumbnailKey: "t",
-                    createdAt: stamp, updatedAt: stamp, startedAt: stamp, finishedAt: stamp, version: 3
-                ).insert(db)
+                // The row as v6 wrote it (the record of today has columns of later versions).
+                try db.execute(sql: """
+                    INSERT INTO job (id, userId, isPro, imageKey, effectId, parameters, status, progress, attempts, maxAttempts, resultKey,
+                                     thumbnailKey, createdAt, updatedAt, startedAt, finishedAt, version)
+                    VALUES (?, 'u', 0, 'uploads/u/a.jpg', 'copy', '{}', 'completed', 1, 1, 3, 'r', 't', ?, ?, ?, ?, 3)
+                    """, arguments: [id, stamp, stamp, stamp, stamp])
             }
             try db.execute(sql: "INSERT INTO outbox (topic, kind, jobId, version, payload, createdAt, nextAttemptAt) VALUES ('history', 'job', 'pending', 3, x'00', ?, ?)",
                            arguments: [stamp, stamp])
@@ -433,6 +434,11 @@ extension JobsStoreHarness {
         await #expect(throws: BusError.self) {
             _ = try await store.create(CreateJob(jobId: "job-1", userId: "bob", isPro: false, imageKey: "k", effectId: "copy"), effectId: "copy", parameters: [:], now: now)
         }
+        // The version of the image a job was created from is kept with it (read back by id)
+        let pinned = try await store.create(CreateJob(jobId: "job-2", userId: "alice", isPro: false, imageKey: "k", effectId: "copy", imageETag: "\"v1\""),
+                                            effectId: "copy", parameters: [:], now: now)
+        #expect(pinned.job.imageETag == "\"v1\"")
+        #expect(try await store.job("job-2", userId: "alice")?.imageETag == "\"v1\"")
     }
 
     func aPurgedJobWhoseSettlementIsStillQueuedAnswersHowItEnded() async throws {

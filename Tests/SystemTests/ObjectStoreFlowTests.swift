@@ -32,7 +32,8 @@ struct ObjectStoreFlowTests {
             let answer = JobSystem.json(presign)
             let uploadUrl = try #require(answer["uploadUrl"] as? String)
             #expect(uploadUrl.hasPrefix(store.configuration.endpoint.absoluteString) && uploadUrl.contains("X-Amz-Signature="))
-            #expect(answer["headers"] as? [String: String] == ["Content-Type": "image/jpeg", "If-None-Match": "*"])
+            // Only the signed content type is required (the app's Chat screen sends nothing else)
+            #expect(answer["headers"] as? [String: String] == ["Content-Type": "image/jpeg"])
 
             // The app's PUT goes straight to the bucket; the job runs on a worker that has only URLs
             let key = try await JobSystem.upload(client, as: user)
@@ -126,6 +127,61 @@ struct ObjectStoreFlowTests {
             #expect(JobSystem.ids(jobs).isEmpty)
             let me = try await JobSystem.get(client, "/api/v1/users/me", as: user).1
             #expect((me["quota"] as? [String: Any])?["dailyUsed"] as? Int == 0)
+        }
+        await system.stop()
+    }
+
+    /// A client that PUTs without `If-None-Match` may PUT to its upload URL again until the URL
+    /// expires. A job is pinned to the version of the image the gateway checked: a replaced
+    /// image fails the job for good with its credits back, and a re-run of it is refused.
+    @Test func aJobReadsOnlyTheVersionOfTheImageItWasCreatedFrom() async throws {
+        let system = try await JobSystem(workers: 0, blobs: .s3)
+        let store = try await TestS3.store()
+        let device = UUID()
+        let user = JobSystem.guest(device), userId = "device:\(device.uuidString.lowercased())"
+        try await system.gateway { client in
+            // Given an upload made with only Content-Type, and a job created from it (no worker yet)
+            let presign = JobSystem.json(try await client.execute(uri: "/api/v1/uploads/presigned", method: .post, headers: user,
+                                                                  body: ByteBuffer(string: #"{"filename": "a.jpg", "contentType": "image/jpeg"}"#)))
+            let url = try #require(presign["uploadUrl"] as? String), key = try #require(presign["imageKey"] as? String)
+            func put(_ bytes: Data) async throws -> Int {
+                var request = HTTPClientRequest(url: url)
+                request.method = .PUT
+                request.headers.add(name: "Content-Type", value: "image/jpeg")
+                request.body = .bytes(ByteBuffer(bytes: bytes))
+                return Int(try await HTTPClient.shared.execute(request, timeout: .seconds(30)).status.code)
+            }
+            let photo = try Data(contentsOf: JobSystem.fixture)
+            #expect(try await put(photo) == 200)
+            let first = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "grayscale")
+            #expect(first.status == .accepted)
+            let firstId = try #require(JobSystem.json(first)["jobId"] as? String)
+            let checked = try #require(try await store.head(key)?.etag)
+
+            // When the client PUTs another image to the same URL (a JPEG still: bytes after its end)
+            #expect(try await put(photo + Data("another version".utf8)) == 200)
+            #expect(try await store.head(key)?.etag != checked)
+
+            // Then a re-run of the job is refused: its image is not the one it was created from
+            let rerun = try await client.execute(uri: "/api/v1/jobs/\(firstId)/rerun", method: .post, headers: user)
+            #expect(rerun.status == .conflict && JobSystem.json(rerun)["code"] as? String == "image_replaced", "\(rerun.status)")
+            // A new job from the key is checked again, and pinned to the new version
+            let second = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "grayscale")
+            #expect(second.status == .accepted)
+            let secondId = try #require(JobSystem.json(second)["jobId"] as? String)
+
+            // And once a worker runs them, the first fails for good and gives its credit back,
+            // the second completes
+            try system.startWorker()
+            let failed = try await JobSystem.waitForStatus(client, as: user, jobId: firstId)
+            #expect(failed["status"] as? String == "failed" && (failed["error"] as? String)?.contains("replaced") == true, "\(failed)")
+            let job = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: firstId, userId: userId))
+            #expect(job.attempts == 1, "a replaced input is not retried")
+            #expect(try await JobSystem.waitForStatus(client, as: user, jobId: secondId)["status"] as? String == "completed")
+            try await waitUntil {
+                let charges = try await system.clients.quota.call(Quota.usage, UserReference(userId: userId)).charges
+                return charges.first { $0.jobId == firstId }?.state == .released && charges.first { $0.jobId == secondId }?.state == .committed
+            }
         }
         await system.stop()
     }

@@ -1191,7 +1191,7 @@ internal struct Client: APIProtocol {
     }
     /// A signed URL to PUT one image to (refused with the quota 429 at 0 edits left).
     ///
-    /// With the folder store the URL is the gateway's own `upload` route; with the S3 store it is the bucket's presigned PUT, and `headers` (Content-Type, If-None-Match) are signed into it: send them as they are. Type, size and pixels are then checked at job creation.
+    /// With the folder store the URL is the gateway's own `upload` route; with the S3 store it is the bucket's presigned PUT, and `headers` (only Content-Type) are signed into it: send them as they are. `If-None-Match: *` is honoured but not required. Type, size and pixels are then checked at job creation, and the job is pinned to the version checked.
     ///
     /// - Remark: HTTP `POST /api/v1/uploads/presigned`.
     /// - Remark: Generated from `#/paths//api/v1/uploads/presigned/post(presignUpload)`.

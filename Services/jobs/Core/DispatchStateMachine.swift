@@ -525,7 +525,8 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
                 if job.attempts == 1 { actions.append(.firstAssignment(job)) }
                 actions.append(.send(peer, .assign(JobAssignment(
                     attempt: attempt, userId: job.userId, imageKey: job.imageKey,
-                    effect: effect, parameters: job.parameters, prompt: job.prompt, submission: job.submission, traceParent: job.traceParent
+                    effect: effect, parameters: job.parameters, prompt: job.prompt, submission: job.submission, traceParent: job.traceParent,
+                    imageETag: job.imageETag
                 ))))
                 if held?.cancelAfterStart == true { actions.append(.send(peer, .cancel(attempt))) }
             }

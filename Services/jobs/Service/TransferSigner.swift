@@ -27,7 +27,7 @@ public struct TransferSigner: Sendable {
         let resultKey = "results/\(attempt.jobId)/\(attempt.attempt).\(resultExtension)"
         let thumbnailKey = "thumbnails/\(attempt.jobId)/\(attempt.attempt).jpg"
         func write(_ key: String, _ type: String) -> PresignedWrite {
-            let put = blobs.presignedPUT(key, contentType: type, owner: userId, ifAbsent: false, expiresIn: lifetime, now: now)
+            let put = blobs.presignedPUT(key, contentType: type, owner: userId, expiresIn: lifetime, now: now)
             return PresignedWrite(key: key, url: put.url, headers: put.headers)
         }
         return JobTransfer(

@@ -107,7 +107,7 @@ public struct EffectRunner: Sendable {
         let urls = try await transfer()
         let inputExtension = job.imageKey.split(separator: ".").last.map { $0.lowercased() } ?? "jpg"
         let input = folder.appendingPathComponent("input.\(inputExtension)")
-        try await fetch(urls.inputURL, to: input)
+        try await fetch(urls.inputURL, version: job.imageETag, to: input)
         let resultKey = urls.result.key
         let result = folder.appendingPathComponent("result.\(resultKey.split(separator: ".").last.map(String.init) ?? "jpg")")
         let thumbnail = folder.appendingPathComponent("thumbnail.jpg")
@@ -146,24 +146,29 @@ public struct EffectRunner: Sendable {
         return JobOutput(resultKey: outputs.result.key, thumbnailKey: outputs.thumbnail.key)
     }
 
-    /// Fetches `url` into `file` (at most `maxInputBytes`). A missing input fails for good; an
-    /// unreachable store, 5xx or an expired URL is retryable.
-    func fetch(_ url: String, to file: URL) async throws {
-        let bytes = try await fetch(url)
+    /// Fetches the input at `url` into `file` (at most `maxInputBytes`), as `version` when one is
+    /// given (`JobAssignment.imageETag`: `If-Match`). A missing or replaced input fails for good;
+    /// an unreachable store, 5xx or an expired URL is retryable.
+    func fetch(_ url: String, version: String?, to file: URL) async throws {
+        let bytes = try await fetch(url, version: version)
         try await blocking { try bytes.write(to: file) }
     }
 
-    /// Fetches `url` into memory (at most `maxInputBytes`), failing as `fetch(_:to:)` does.
-    func fetch(_ url: String) async throws -> Data {
+    /// Fetches the input at `url` into memory (at most `maxInputBytes`), failing as
+    /// `fetch(_:version:to:)` does.
+    func fetch(_ url: String, version: String?) async throws -> Data {
+        var request = HTTPClientRequest(url: url)
+        if let version { request.headers.add(name: "If-Match", value: version) }
         let response: HTTPClientResponse
         do {
-            response = try await WorkerHTTP.execute(HTTPClientRequest(url: url), timeout: .seconds(60))
+            response = try await WorkerHTTP.execute(request, timeout: .seconds(60))
         } catch {
             throw EffectError("the input image could not be fetched: \(Self.describe(error))", retryable: true)
         }
         let status = Int(response.status.code)
         guard status == 200 else {
             if status == 404 { throw EffectError("the input image is missing", retryable: false) }
+            if status == 412 { throw EffectError(Self.inputReplaced, retryable: false) }
             throw EffectError("the input image could not be fetched: the store answered \(status)", retryable: status >= 500 || status == 403 || status == 429)
         }
         let body: ByteBuffer
@@ -174,6 +179,11 @@ public struct EffectRunner: Sendable {
         }
         return Data(body.readableBytesView)
     }
+
+    /// The error of a job whose input was replaced after the job was created (a client that
+    /// uploaded without `If-None-Match` and PUT again to the same URL): it is not the image
+    /// that was checked and paid for, so the job fails for good, and gives its credits back.
+    static let inputReplaced = "the input image was replaced after the job was created; upload it again and start a new edit"
 
     /// Writes `file` with the presigned `write`. A full store (507) says so in words the
     /// worker's wait for space knows; other failures are retryable.

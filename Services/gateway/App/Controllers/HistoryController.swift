@@ -46,8 +46,10 @@ struct HistoryController<Context: GatewayRequestContext>: Sendable {
         }
         router.post("/api/v1/history/:jobId/rerun") { request, context in
             let (caller, item) = try await ownedItem(request, context)
+            // The version of the image its job was created from, while jobs keeps the job.
+            let version = try? await clients.call(.jobs, Jobs.get, JobReference(jobId: item.jobId, userId: caller.id)).imageETag
             return try await creator.create(
-                caller: caller, imageKey: item.originalImageKey, effect: item.effectId, parameters: item.parameters,
+                caller: caller, imageKey: item.originalImageKey, version: version, effect: item.effectId, parameters: item.parameters,
                 prompt: item.prompt, idempotencyKey: request.headers[.idempotencyKey], network: request.headers[.clientNetwork]
             )
         }

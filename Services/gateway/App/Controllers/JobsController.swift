@@ -76,7 +76,7 @@ struct JobsController<Context: GatewayRequestContext>: Sendable {
         router.post("/api/v1/jobs/:jobId/rerun") { request, context in
             let (caller, original) = try await ownedJob(request, context)
             return try await creator.create(
-                caller: caller, imageKey: original.imageKey, effect: original.effectId, parameters: original.parameters,
+                caller: caller, imageKey: original.imageKey, version: original.imageETag, effect: original.effectId, parameters: original.parameters,
                 prompt: original.prompt, idempotencyKey: request.headers[.idempotencyKey], network: request.headers[.clientNetwork]
             )
         }

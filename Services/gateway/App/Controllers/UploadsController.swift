@@ -56,7 +56,7 @@ struct UploadsController<Context: GatewayRequestContext>: Sendable {
             }
             // A new key every time: a key holds one image for good, so a job's original never changes.
             let key = "uploads/\(UploadCheck.ownerFolder(caller.id))/\(UUID().uuidString.lowercased()).\(ext)"
-            let put = blobs.presignedPUT(key, contentType: ask.contentType, owner: caller.id, ifAbsent: true, expiresIn: lifetime, now: Date())
+            let put = blobs.presignedPUT(key, contentType: ask.contentType, owner: caller.id, expiresIn: lifetime, now: Date())
             return try JSONResponse.make(.ok, Presigned(uploadUrl: put.url, imageKey: key, expiresIn: lifetime, headers: put.headers))
         }
         guard let folder = blobs as? FolderBlobStore else { return }

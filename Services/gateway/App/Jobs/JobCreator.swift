@@ -23,11 +23,13 @@ struct JobCreator: Sendable {
 
     /// Validates, reserves quota for the job id, creates the job; releases on a definite failure.
     /// `network` is a guest's client network (from `GuestAdmissionMiddleware`): its guests share
-    /// the day's free credits.
-    func create(caller: Caller, imageKey: String, effect: String, parameters: [String: Double], prompt: String?, idempotencyKey: String?,
-                network: String? = nil) async throws -> Response {
+    /// the day's free credits. `version`: a re-run's, the version of the image its job was
+    /// created from (409 if the key holds another now); the new job is pinned to the version
+    /// checked.
+    func create(caller: Caller, imageKey: String, version: String? = nil, effect: String, parameters: [String: Double], prompt: String?,
+                idempotencyKey: String?, network: String? = nil) async throws -> Response {
         let priced = try await prices.effect(effect)
-        _ = try await uploads.verify(imageKey, of: caller)
+        let image = try await uploads.verify(imageKey, of: caller, version: version)
         let jobId = try Self.jobId(user: caller.id, idempotencyKey: idempotencyKey)
         let decision = try await clients.call(.quota, Quota.reserve, ReserveQuota(userId: caller.id, jobId: jobId, cost: priced.credits, network: caller.isGuest ? network : nil))
         guard decision.admitted else {
@@ -37,7 +39,7 @@ struct JobCreator: Sendable {
         do {
             job = try await clients.client(for: .jobs).call(Jobs.create, CreateJob(
                 jobId: jobId, userId: caller.id, isPro: decision.status.isPro, imageKey: imageKey,
-                effectId: effect, parameters: parameters, prompt: prompt, credits: priced.credits
+                effectId: effect, parameters: parameters, prompt: prompt, credits: priced.credits, imageETag: image.etag
             ))
         } catch {
             // A definite answer means no job exists: give the units back. A timeout, a lost

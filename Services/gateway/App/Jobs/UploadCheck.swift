@@ -6,26 +6,43 @@ import Logging
 import Metrics
 
 /// What the gateway's own upload route checked, checked again where every store can: at job
-/// creation, from a `HEAD` and a ranged `GET` of the header bytes. With the S3 store the app's
-/// `PUT` never reaches the gateway, so this is where type, size, pixels and owner are enforced;
-/// a refused object is deleted. A key that passed is remembered for a minute (a blob never
-/// changes: keys are written once).
+/// creation, from one ranged `GET` of the header bytes, which also names the object's version
+/// (its `ETag` in an object store). With the S3 store the app's `PUT` never reaches the gateway,
+/// so this is where type, size, pixels and owner are enforced; a refused object is deleted. The
+/// job is pinned to the version checked (`CreateJob.imageETag`): a client that uploads without
+/// `If-None-Match` may PUT to its URL again until it expires, and a job's input is then read
+/// only as the version checked, or the job fails with its credits back. A version that passed
+/// is remembered for a minute: in the folder store by key (written once), in an object store by
+/// key and `ETag`, which a `HEAD` reads at every creation.
 struct UploadCheck: Sendable {
     let blobs: any BlobStore
     let maxBytes: Int
     let maxPixels: Int
     let passed = BlobMetadataCache<BlobMetadata>()
 
-    /// The upload `key` as `caller` may use it, or the problem the gateway's upload would have
-    /// answered (404 for a key that is not the caller's or holds nothing).
-    func verify(_ key: String, of caller: Caller) async throws -> BlobMetadata {
+    /// The upload `key` as `caller` may use it (its `etag` the version checked), or the problem
+    /// the gateway's upload would have answered (404 for a key that is not the caller's or holds
+    /// nothing). With `version` (a re-run: the version its job was created from), 409 if the
+    /// key holds another version now.
+    func verify(_ key: String, of caller: Caller, version: String? = nil) async throws -> BlobMetadata {
         guard BlobKey.isValid(key), key.hasPrefix("uploads/\(Self.ownerFolder(caller.id))/") else {
             throw Self.notFound(key)
         }
-        let checked = try await passed.value(of: key) { () -> BlobMetadata? in
-            guard let metadata = try await blobs.head(key) else { return nil }
+        var remembered = key
+        if blobs.kind == .s3 {
+            guard let now = try await blobs.head(key) else { throw Self.notFound(key) }
+            if let etag = now.etag { remembered += "\n" + etag }
+        }
+        let checked = try await passed.value(of: remembered) { () -> BlobMetadata? in
+            let metadata: BlobMetadata, head: [UInt8]
             do {
-                try await check(key, metadata)
+                let read = try await blobs.read(key, range: 0...(UploadProblems.headerBytes - 1), limit: UploadProblems.headerBytes)
+                (metadata, head) = (read.metadata, Array(read.bytes.readableBytesView))
+            } catch BlobError.notFound {
+                return nil
+            }
+            do {
+                try check(key, metadata, head: head)
             } catch let problem as Problem {
                 // Refused: the object goes, so nothing refused is ever processed or kept.
                 try? await blobs.delete(key)
@@ -35,18 +52,17 @@ struct UploadCheck: Sendable {
             return metadata
         }
         guard let checked, checked.owner.isEmpty || checked.owner == caller.id else { throw Self.notFound(key) }
+        if let version, let now = checked.etag, now != version {
+            throw Problem(.conflict, detail: "The image \(key.prefix(100)) was replaced after the job was created; upload it again and start a new edit.",
+                          extensions: ["code": .string("image_replaced")])
+        }
         return checked
     }
 
-    func check(_ key: String, _ metadata: BlobMetadata) async throws {
+    /// Size (of the whole object), type and pixels, from the header bytes read.
+    func check(_ key: String, _ metadata: BlobMetadata, head: [UInt8]) throws {
         guard metadata.size <= maxBytes else { throw UploadProblems.tooLarge(maxBytes) }
         let claimed = key.split(separator: ".").last.flatMap { ext in ImageSniffer.accepted.first { $0.value == ext }?.key } ?? ""
-        let head: [UInt8]
-        do {
-            head = Array(try await blobs.bytes(of: key, range: 0...(UploadProblems.headerBytes - 1), limit: UploadProblems.headerBytes).readableBytesView)
-        } catch BlobError.notFound {
-            throw Self.notFound(key)
-        }
         guard let sniffed = ImageSniffer.contentType(of: Array(head.prefix(16))), sniffed == claimed else {
             throw UploadProblems.notAnImage(claimed)
         }

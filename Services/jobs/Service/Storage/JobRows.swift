@@ -11,7 +11,9 @@ import Storage
 /// The text they write is the same as the records': dates as `StoredDate`, booleans as 0 and 1,
 /// `parameters` as JSON. Rows written either way read back either way (tested).
 public enum JobRows {
-    static let columns = "id, userId, isPro, imageKey, effectId, parameters, prompt, status, progress, attempts, maxAttempts, lastError, resultKey, thumbnailKey, createdAt, updatedAt, startedAt, finishedAt, version, cancelRequested, credits, submission, traceParent"
+    static let columns = "id, userId, isPro, imageKey, effectId, parameters, prompt, status, progress, attempts, maxAttempts, lastError, resultKey, thumbnailKey, createdAt, updatedAt, startedAt, finishedAt, version, cancelRequested, credits, submission, traceParent, imageETag"
+    /// How many `columns` there are: a query that selects more after them reads those from here.
+    static let columnCount = 24
 
     /// The job of this id.
     static func job(_ db: Database, _ id: String) throws -> JobRecord? {
@@ -61,19 +63,19 @@ public enum JobRows {
             parameters: try parameters(row[5]), prompt: row[6], status: state, progress: row[8], attempts: row[9],
             maxAttempts: row[10], lastError: row[11], resultKey: row[12], thumbnailKey: row[13],
             createdAt: row[14], updatedAt: row[15], startedAt: row[16], finishedAt: row[17], version: row[18],
-            cancelRequested: row[19], credits: row[20], submission: try submission(row[21]), traceParent: row[22]
+            cancelRequested: row[19], credits: row[20], submission: try submission(row[21]), traceParent: row[22], imageETag: row[23]
         )
     }
 
     /// Inserts a new job, due for history.
     static func insert(_ db: Database, _ job: JobRecord) throws {
-        let statement = try db.cachedStatement(sql: "INSERT INTO job (\(columns), historyDueAt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+        let statement = try db.cachedStatement(sql: "INSERT INTO job (\(columns), historyDueAt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
         let updated = StoredDate.text(job.updatedAt)
         try statement.execute(arguments: [
             job.id, job.userId, job.isPro, job.imageKey, job.effectId, try text(job.parameters), job.prompt, job.status.rawValue,
             job.progress, job.attempts, job.maxAttempts, job.lastError, job.resultKey, job.thumbnailKey,
             StoredDate.text(job.createdAt), updated, job.startedAt.map(StoredDate.text),
-            job.finishedAt.map(StoredDate.text), job.version, job.cancelRequested, job.credits, try text(job.submission), job.traceParent, updated,
+            job.finishedAt.map(StoredDate.text), job.version, job.cancelRequested, job.credits, try text(job.submission), job.traceParent, job.imageETag, updated,
         ])
     }
 

@@ -105,6 +105,10 @@ public struct JobsDatabase: Sendable {
             try db.execute(sql: "UPDATE job SET historyDueAt = updatedAt WHERE id IN (SELECT jobId FROM outbox WHERE topic = 'history')")
             try db.execute(sql: "DELETE FROM outbox WHERE topic = 'history'")
         }
+        migrator.registerMigration("v8: the version of the image a job was created from") { db in
+            // An object store's ETag of the input the gateway checked (`CreateJob.imageETag`).
+            try db.alter(table: "job") { table in table.add(column: "imageETag", .text) }
+        }
         return migrator
     }
 }

@@ -95,10 +95,10 @@ public struct JobsHistoryFeed: Outbox {
             while let row = try rows.next() {
                 let id: String = row[0]
                 guard let job = try? JobRows.job(row) else {
-                    items.append(HistoryFeedItem.unreadable(jobId: id, version: row[18], attempts: row[23]))
+                    items.append(HistoryFeedItem.unreadable(jobId: id, version: row[18], attempts: row[JobRows.columnCount]))
                     continue
                 }
-                items.append(HistoryFeedItem.item(job, effectTitles: effectTitles, attempts: row[23]))
+                items.append(HistoryFeedItem.item(job, effectTitles: effectTitles, attempts: row[JobRows.columnCount]))
             }
             return items
         }

@@ -99,6 +99,10 @@ public struct PostgresJobsStore: ReportingJobsStore {
             "UPDATE jobs_job SET history_due_at = updated_at WHERE id IN (SELECT job_id FROM jobs_outbox WHERE topic = 'history')",
             "DELETE FROM jobs_outbox WHERE topic = 'history'",
         ]),
+        // An object store's ETag of the input the gateway checked (`CreateJob.imageETag`).
+        PostgresMigration("v4: the version of the image a job was created from", [
+            "ALTER TABLE jobs_job ADD COLUMN image_etag text",
+        ]),
     ]
 
     // MARK: Any replica
@@ -119,7 +123,7 @@ public struct PostgresJobsStore: ReportingJobsStore {
                 effectId: effectId, parameters: parameters, prompt: request.prompt, status: .queued, progress: 0,
                 attempts: 0, maxAttempts: store.retry.maxAttempts, lastError: nil, resultKey: nil, thumbnailKey: nil,
                 createdAt: now, updatedAt: now, startedAt: nil, finishedAt: nil, version: 1, credits: request.credits,
-                traceParent: request.traceParent
+                traceParent: request.traceParent, imageETag: request.imageETag
             )
             try await store.insert(db, job)
             return (job, true)
@@ -379,9 +383,11 @@ public struct PostgresJobsStore: ReportingJobsStore {
 
     // MARK: Rows
 
+    /// As `JobRows.columns` (as many, in the same order: `JobRows.columnCount`).
     static let columns = """
         id, user_id, is_pro, image_key, effect_id, parameters, prompt, status, progress, attempts, max_attempts, last_error, result_key,
-        thumbnail_key, created_at, updated_at, started_at, finished_at, version, cancel_requested, credits, submission, trace_parent
+        thumbnail_key, created_at, updated_at, started_at, finished_at, version, cancel_requested, credits, submission, trace_parent,
+        image_etag
         """
 
     func row(_ db: PostgresConnection, _ id: String, lock: Bool) async throws -> JobRecord? {
@@ -402,7 +408,7 @@ public struct PostgresJobsStore: ReportingJobsStore {
                 \(try JobRows.text(job.parameters)), \(job.prompt), \(job.status.rawValue), \(job.progress), \(job.attempts), \(job.maxAttempts),
                 \(job.lastError), \(job.resultKey), \(job.thumbnailKey), \(job.createdAt.timeIntervalSince1970), \(job.updatedAt.timeIntervalSince1970),
                 \(job.startedAt?.timeIntervalSince1970), \(job.finishedAt?.timeIntervalSince1970), \(job.version), \(job.cancelRequested),
-                \(job.credits), \(try JobRows.text(job.submission)), \(job.traceParent), \(job.updatedAt.timeIntervalSince1970))
+                \(job.credits), \(try JobRows.text(job.submission)), \(job.traceParent), \(job.imageETag), \(job.updatedAt.timeIntervalSince1970))
             """,
             logger: logger
         )
@@ -443,7 +449,7 @@ public struct PostgresJobsStore: ReportingJobsStore {
             createdAt: try date(14) ?? Date(timeIntervalSince1970: 0), updatedAt: try date(15) ?? Date(timeIntervalSince1970: 0),
             startedAt: try date(16), finishedAt: try date(17), version: try row[18].decode(Int.self), cancelRequested: try row[19].decode(Bool.self),
             credits: try row[20].decode(Int.self), submission: try JobRows.submission(try row[21].decode(String?.self)),
-            traceParent: try row[22].decode(String?.self)
+            traceParent: try row[22].decode(String?.self), imageETag: try row[23].decode(String?.self)
         )
     }
 }
@@ -548,8 +554,8 @@ public struct PostgresJobsHistoryFeed: Outbox {
             )
             for try await row in rows {
                 let columns = row.makeRandomAccess()
-                let attempts = try columns[23].decode(Int.self)
-                let due = try columns[24].decode(Double.self)
+                let attempts = try columns[JobRows.columnCount].decode(Int.self)
+                let due = try columns[JobRows.columnCount + 1].decode(Double.self)
                 do {
                     items.append((due, HistoryFeedItem.item(try PostgresJobsStore.job(row), effectTitles: effectTitles, attempts: attempts)))
                 } catch {

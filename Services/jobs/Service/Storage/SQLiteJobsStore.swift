@@ -50,7 +50,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
                 effectId: effectId, parameters: parameters, prompt: request.prompt, status: .queued, progress: 0,
                 attempts: 0, maxAttempts: retry.maxAttempts, lastError: nil, resultKey: nil, thumbnailKey: nil,
                 createdAt: now, updatedAt: now, startedAt: nil, finishedAt: nil, version: 1, credits: request.credits,
-                traceParent: request.traceParent
+                traceParent: request.traceParent, imageETag: request.imageETag
             )
             try JobRows.insert(db, job)
             return (job, true)

@@ -15,7 +15,7 @@ extension EffectRunner {
     func runImageModel(_ job: JobAssignment, transfer: @Sendable () async throws -> JobTransfer, hooks: GenerationHooks,
                        progress: @escaping @Sendable (Double) -> Void) async throws -> JobOutput {
         let urls = try await transfer()
-        let input = try await fetch(urls.inputURL)
+        let input = try await fetch(urls.inputURL, version: job.imageETag)
         _ = try await checkSize(input, what: "the input image")
         progress(0.1)
         try await hooks.place()
