@@ -49,6 +49,9 @@ test: deps
 	  && scripts/swift-test.sh 20 --skip BusTests --skip "$(STORE_TESTS)" --skip "$(HEAVY_TESTS)" \
 	  && scripts/swift-test.sh 20 --no-parallel --filter "$(HEAVY_TESTS)"'
 	scripts/conformance.sh
+	scripts/seed-contract.sh
+	BLOB_STORE=s3 scripts/seed-contract.sh
+	STORE=postgres scripts/seed-contract.sh
 	scripts/prometheus-check.sh
 	scripts/trace-check.sh
 	scripts/chaos-check.sh

@@ -135,8 +135,11 @@ struct GatewayQuotaTests {
                 #expect(body["timeZone"] as? String == "Europe/Berlin")
                 let quota = try #require(body["quota"] as? [String: Any])
                 #expect(quota["dailyLimit"] as? Int == 500)
-                #expect(quota["monthlyLimit"] is NSNull)
-                #expect(quota["monthlyRemaining"] is NSNull)
+                // No monthly limit of its own: 30 days of 500, less what the month used (the app's
+                // model holds it as a non-optional integer); the policy header names only the day's
+                let used = try #require(quota["monthlyUsed"] as? Int)
+                #expect(quota["monthlyLimit"] as? Int == 15_000)
+                #expect(quota["monthlyRemaining"] as? Int == 15_000 - used)
                 #expect(response.headers[.init("RateLimit-Policy")!] == "\"daily\";q=500;w=86400")
             }
         }

@@ -78,12 +78,16 @@ struct UsersJSONTests {
 
         static func encodeQuota(_ status: QuotaStatus, to container: KeyedEncodingContainer<QuotaKeys>) throws {
             var quota = container
-            try quota.encode(status.daily.remaining, forKey: .dailyRemaining)
-            try quota.encode(status.daily.limit, forKey: .dailyLimit)
-            try quota.encode(status.daily.used, forKey: .dailyUsed)
-            try quota.encode(status.monthly.remaining, forKey: .monthlyRemaining)
-            try quota.encode(status.monthly.limit, forKey: .monthlyLimit)
-            try quota.encode(status.monthly.used, forKey: .monthlyUsed)
+            // A window the plan has no limit for, as the other window bounds it (tested on its own
+            // in GatewayQuotaTests): here only the writing is held to JSONEncoder's.
+            let daily = UsersJSON.QuotaJSON.effective(status.daily, from: status.monthly)
+            let monthly = UsersJSON.QuotaJSON.effective(status.monthly, from: status.daily)
+            try quota.encode(daily.remaining, forKey: .dailyRemaining)
+            try quota.encode(daily.limit, forKey: .dailyLimit)
+            try quota.encode(daily.used, forKey: .dailyUsed)
+            try quota.encode(monthly.remaining, forKey: .monthlyRemaining)
+            try quota.encode(monthly.limit, forKey: .monthlyLimit)
+            try quota.encode(monthly.used, forKey: .monthlyUsed)
             try quota.encode(status.daily.resetsAt, forKey: .dailyResetsAt)
             try quota.encode(status.monthly.resetsAt, forKey: .monthlyResetsAt)
         }

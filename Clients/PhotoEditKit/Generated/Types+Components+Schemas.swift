@@ -143,7 +143,7 @@ extension Components {
                 case services
             }
         }
-        /// A limit the plan does not have is null (PRO has no monthly limit).
+        /// A window the plan has no limit for reports what the other window allows in it (PRO, 500 a day and no monthly limit, has a monthlyLimit of 30 x 500); null only for a plan with no limit at all.
         ///
         /// - Remark: Generated from `#/components/schemas/QuotaBadge`.
         internal struct QuotaBadge: Codable, Hashable, Sendable {

@@ -27,15 +27,32 @@ struct UsersController<Context: GatewayRequestContext>: Sendable {
 
 /// The bodies of `users/me` and `users/me/credits`, written directly (no `JSONEncoder`).
 enum UsersJSON {
-    /// The quota members of both answers, keys in sorted order as `JSONEncoder` wrote them: a
-    /// limit the plan lacks (and so its remaining) is null.
+    /// The quota members of both answers, keys in sorted order as `JSONEncoder` wrote them.
+    ///
+    /// The app's models (the Chat screen's `users/me`) hold every limit and remaining as a
+    /// non-optional integer, so a window the plan has no limit for reports what the other
+    /// window allows in it: PRO, with 500 a day and no monthly limit, has a month of 30 days of
+    /// 500 (`monthlyLimit` 15,000, `monthlyRemaining` that less `monthlyUsed`); a plan with a
+    /// monthly limit only may spend all of it in a day. Only a plan with neither has nulls. The
+    /// `RateLimit-Policy` header names the plan's own limits only.
     enum QuotaJSON {
         static func daily(_ status: QuotaStatus, _ out: inout JSONBytes) {
-            window(status.daily, ("\"dailyLimit\":", ",\"dailyRemaining\":", ",\"dailyResetsAt\":", ",\"dailyUsed\":"), &out)
+            window(effective(status.daily, from: status.monthly), ("\"dailyLimit\":", ",\"dailyRemaining\":", ",\"dailyResetsAt\":", ",\"dailyUsed\":"), &out)
         }
 
         static func monthly(_ status: QuotaStatus, _ out: inout JSONBytes) {
-            window(status.monthly, ("\"monthlyLimit\":", ",\"monthlyRemaining\":", ",\"monthlyResetsAt\":", ",\"monthlyUsed\":"), &out)
+            window(effective(status.monthly, from: status.daily), ("\"monthlyLimit\":", ",\"monthlyRemaining\":", ",\"monthlyResetsAt\":", ",\"monthlyUsed\":"), &out)
+        }
+
+        /// `window`, or where its plan has no limit, the limit `other` sets on it: as many of the
+        /// other window's limit as fit in this one (at least one), and what of it is left.
+        static func effective(_ window: QuotaWindow, from other: QuotaWindow) -> QuotaWindow {
+            guard window.limit == nil, let otherLimit = other.limit else { return window }
+            var derived = window
+            let limit = otherLimit * max(1, window.nominalSeconds / max(1, other.nominalSeconds))
+            derived.limit = limit
+            derived.remaining = min(max(0, limit - window.used), window.nominalSeconds < other.nominalSeconds ? other.remaining ?? limit : limit)
+            return derived
         }
 
         /// One window's four members, under the keys given (in sorted order).
