@@ -82,6 +82,13 @@ struct ChatScreenTests {
             // And out-of-range values are refused, naming the parameter
             let bad = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "default", parameters: #"{"fidelity": 1.5}"#)
             #expect(bad.status == .unprocessableContent)
+            // And a request that names no effect at all (the document makes both optional) gets
+            // the default, as "model": "default" does
+            let unnamed = try await client.execute(uri: "/api/v1/jobs", method: .post, headers: user, body: ByteBuffer(string: #"{"imageKey": "\#(key)"}"#))
+            #expect(unnamed.status == .accepted)
+            let unnamedId = try #require(JobSystem.json(unnamed)["jobId"] as? String)
+            let unnamedJob = JobSystem.json(try await client.execute(uri: "/api/v1/jobs/\(unnamedId)", method: .get, headers: user))
+            #expect(unnamedJob["effectId"] as? String == "auto-enhance", "\(unnamedJob)")
         }
         await system.stop()
     }

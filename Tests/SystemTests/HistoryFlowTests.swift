@@ -285,8 +285,13 @@ struct HistoryFlowTests {
             #expect(try await JobSystem.get(client, "/get-video-jobs?device_id=\(UUID().uuidString)", as: guest).0.status == .forbidden)
             #expect(try await JobSystem.get(client, "/get-video-jobs?user_id=user-42", as: [:]).0.status == .unauthorized)
             // With no id named, the caller's own
-            let own = try await JobSystem.get(client, "/get-video-jobs?user_id=&device_id=", as: member)
+            let own = try await JobSystem.get(client, "/get-video-jobs", as: member)
             #expect(own.0.status == .ok && (own.1["jobs"] as? [[String: Any]])?.count == 5)
+            // An id sent empty, or a device id that is not a UUID, is refused as the document
+            // refuses it (user_id has a minimum length, device_id is a UUID)
+            for query in ["user_id=&device_id=", "user_id=", "device_id=", "device_id=not-a-uuid"] {
+                #expect(try await JobSystem.get(client, "/get-video-jobs?\(query)", as: member).0.status == .badRequest, "\(query)")
+            }
             // The older build's status poll: one job in the same shape; anyone else's is 404
             let (status, one) = try await JobSystem.get(client, "/get-video-status?job_id=done", as: member)
             #expect(status.status == .ok && one["job_id"] as? String == "done" && one["status"] as? String == "completed")

@@ -8,6 +8,8 @@ extension Components {
     internal enum Parameters {
         /// - Remark: Generated from `#/components/parameters/jobId`.
         internal typealias JobId = Swift.String
+        /// 1 to 256 bytes (UTF-8), without control characters.
+        ///
         /// - Remark: Generated from `#/components/parameters/userId`.
         internal typealias UserId = Swift.String
         /// The same key from the same user names the same job, created and charged once.

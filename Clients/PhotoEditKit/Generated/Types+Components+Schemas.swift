@@ -460,7 +460,7 @@ extension Components {
                 case parameters
             }
         }
-        /// Name the edit with effectId, or (as the Chat screen does) model.
+        /// Name the edit with effectId, or (as the Chat screen does) model; with neither, the catalogue's `default` (the Chat screen's own default model).
         ///
         /// - Remark: Generated from `#/components/schemas/CreateJob`.
         internal struct CreateJob: Codable, Hashable, Sendable {

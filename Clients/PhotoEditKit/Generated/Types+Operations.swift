@@ -8174,12 +8174,14 @@ internal enum Operations {
         internal struct Input: Sendable, Hashable {
             /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/plan/PUT/path`.
             internal struct Path: Sendable, Hashable {
+                /// 1 to 256 bytes (UTF-8), without control characters.
+                ///
                 /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/plan/PUT/path/userId`.
                 internal var userId: Components.Parameters.UserId
                 /// Creates a new `Path`.
                 ///
                 /// - Parameters:
-                ///   - userId:
+                ///   - userId: 1 to 256 bytes (UTF-8), without control characters.
                 internal init(userId: Components.Parameters.UserId) {
                     self.userId = userId
                 }
@@ -8557,12 +8559,14 @@ internal enum Operations {
         internal struct Input: Sendable, Hashable {
             /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/usage/GET/path`.
             internal struct Path: Sendable, Hashable {
+                /// 1 to 256 bytes (UTF-8), without control characters.
+                ///
                 /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/usage/GET/path/userId`.
                 internal var userId: Components.Parameters.UserId
                 /// Creates a new `Path`.
                 ///
                 /// - Parameters:
-                ///   - userId:
+                ///   - userId: 1 to 256 bytes (UTF-8), without control characters.
                 internal init(userId: Components.Parameters.UserId) {
                     self.userId = userId
                 }

@@ -50,9 +50,8 @@ struct JobsController<Context: GatewayRequestContext>: Sendable {
         router.post("/api/v1/jobs") { request, context in
             let caller = try context.caller()
             let body = try await JSONBody.decode(CreateRequest.self, from: request, context: context)
-            guard let effect = body.effectId ?? body.model else {
-                throw Problem(.badRequest, detail: "Name the edit with effectId (or model).")
-            }
+            // Neither named: the catalogue's default, as the Chat screen's `"model": "default"`.
+            let effect = body.effectId ?? body.model ?? "default"
             return try await creator.create(
                 caller: caller, imageKey: body.imageKey, effect: effect, parameters: body.parameters ?? [:],
                 prompt: body.prompt, idempotencyKey: request.headers[.idempotencyKey], network: request.headers[.clientNetwork]

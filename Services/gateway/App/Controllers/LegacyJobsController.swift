@@ -16,15 +16,14 @@ struct LegacyJobsController<Context: GatewayRequestContext>: Sendable {
         router.get("/get-video-jobs") { request, context in
             let caller = try context.caller()
             let query = request.uri.queryParameters
-            let named: String
-            if let user = query["user_id"].map(String.init), !user.isEmpty {
-                named = user
-            } else if let device = query["device_id"].map(String.init), !device.isEmpty {
+            // As the document gives them: a user_id sent is not empty, a device_id sent is a UUID.
+            let user = query["user_id"].map(String.init), device = query["device_id"].map(String.init)
+            if user?.isEmpty == true { throw Problem(.badRequest, detail: "user_id must not be empty.") }
+            let deviceUser = try device.map { device -> String in
                 guard let uuid = UUID(uuidString: device) else { throw Problem(.badRequest, detail: "device_id must be a UUID.") }
-                named = "device:" + uuid.uuidString.lowercased()
-            } else {
-                named = caller.id
+                return "device:" + uuid.uuidString.lowercased()
             }
+            let named = user ?? deviceUser ?? caller.id
             guard named == caller.id else {
                 throw Problem(.forbidden, detail: "You can only list your own jobs.")
             }

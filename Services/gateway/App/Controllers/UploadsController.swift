@@ -44,8 +44,9 @@ struct UploadsController<Context: GatewayRequestContext>: Sendable {
         router.group().add(middleware: AuthenticationMiddleware(authenticator: authenticator)).post("/api/v1/uploads/presigned") { request, context in
             let caller = try context.caller()
             let ask = try await JSONBody.decode(PresignRequest.self, from: request, context: context)
-            guard (1...255).contains(ask.filename.utf8.count) else {
-                throw Problem(.badRequest, detail: "filename must be 1 to 255 bytes")
+            // Counted as JSON Schema counts a maxLength (code points); the name is never a path.
+            guard (1...255).contains(ask.filename.unicodeScalars.count) else {
+                throw Problem(.badRequest, detail: "filename must be 1 to 255 characters")
             }
             guard let ext = ImageSniffer.accepted[ask.contentType] else {
                 throw Problem(.unsupportedMediaType, detail: "Uploads must be image/jpeg, image/png, image/webp or image/heic.")
