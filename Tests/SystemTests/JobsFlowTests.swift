@@ -291,14 +291,15 @@ struct JobInputTests {
             #expect(wrongType.status == .badRequest)
             let garbage = try await client.execute(uri: "/api/v1/jobs", method: .post, headers: user, body: ByteBuffer(string: "{{{"))
             #expect(garbage.status == .badRequest)
+            // No effect named (both fields are optional in the document): the default
             let noEffect = try await client.execute(uri: "/api/v1/jobs", method: .post, headers: user, body: ByteBuffer(string: #"{"imageKey": "\#(key)"}"#))
-            #expect(noEffect.status == .badRequest)
+            #expect(noEffect.status == .accepted)
             // The seeds' older name for the default effect still works
             let legacy = try await client.execute(uri: "/api/v1/jobs", method: .post, headers: user, body: ByteBuffer(string: #"{"imageKey": "\#(key)", "model": "default"}"#))
             #expect(legacy.status == .accepted)
-            // Only the accepted job is charged: the refused ones were released
+            // Only the accepted jobs are charged: the refused ones were released
             try await waitUntil {
-                try await system.clients.quota.call(Quota.status, UserReference(userId: "device:\(user[.deviceId]!.lowercased())")).daily.used == 1
+                try await system.clients.quota.call(Quota.status, UserReference(userId: "device:\(user[.deviceId]!.lowercased())")).daily.used == 2
             }
         }
         await system.stop()
