@@ -95,6 +95,8 @@ wait_until() {  # seconds what command...
         "$@" >/dev/null 2>&1 && return 0
         for name in mon osd rgw; do
             if [ -f "$DIR/run/$name.pid" ] && ! running "$(cat "$DIR/run/$name.pid")" "$name"; then
+                # Its last words, before the folder (and its logs) may go with the caller's cleanup.
+                tail -n 8 "$DIR/log/$name.out" "$DIR/log/client.$name.log" "$DIR/log/$name.a.log" "$DIR/log/$name.0.log" 2>/dev/null >&2
                 die "$name exited while waiting for $what (logs in $DIR/log)"
             fi
         done

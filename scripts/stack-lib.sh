@@ -8,6 +8,15 @@
 # of it and removes its folder.
 
 stack_start() {
+  stack_start_once && return 0
+  # A start that failed (once, a RADOS Gateway exited as it started, its log gone with the
+  # folder): said, with the stack's last lines (above), and tried once more on new ports.
+  echo "stack-lib: the stack did not start; once more, on new ports and a new folder"
+  stack_kill
+  stack_start_once
+}
+
+stack_start_once() {
   DIR=$(mktemp -d /tmp/pe-stack.XXXXXX)
   # PostgreSQL runs as its own user, which must reach its folder inside.
   chmod 755 "$DIR"
