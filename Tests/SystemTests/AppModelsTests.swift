@@ -103,7 +103,13 @@ struct AppModelsTests {
     static func decode<T: Decodable>(_ type: T.Type, _ response: TestResponse) throws -> T {
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .iso8601
-        return try decoder.decode(type, from: Data(buffer: response.body))
+        do {
+            return try decoder.decode(type, from: Data(buffer: response.body))
+        } catch {
+            // What was answered instead (seen once in the full suite: a creation without jobId).
+            Issue.record("\(response.status) did not decode as \(type): \(String(buffer: response.body).prefix(400))")
+            throw error
+        }
     }
 
     @Test func everySeedShapeDecodesAndEverySeedRequestWorks() async throws {
