@@ -36,6 +36,23 @@ struct EventStreamTests {
         return (connection, received)
     }
 
+    /// A gateway process in front of `system` (no workers), a guest's queued job (it stays
+    /// queued) and `count` streams of it, each past its first event (`queued`).
+    static func streamsOfAQueuedJob(_ system: JobSystem, count: Int) async throws
+        -> (gateway: ServiceProcess, port: Int, user: String, job: JobRecord, streams: [RawConnection]) {
+        let (gateway, port) = try await gatewayProcess(system, extra: [:])
+        let device = UUID()
+        let user = "device:\(device.uuidString.lowercased())"
+        let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: "uploads/x/a.jpg", effectId: "copy"))
+        var streams: [RawConnection] = []
+        for _ in 0..<count {
+            let (stream, first) = try openStream(port: port, device: device, jobId: job.id)
+            #expect(first.contains(#""status":"queued""#))
+            streams.append(stream)
+        }
+        return (gateway, port, user, job, streams)
+    }
+
     @Test func droppedStreamsFreeTheirSocketsAndTheBoundsAnswer503() async throws {
         let system = try await JobSystem(workers: 0)
         let (gateway, port) = try await Self.gatewayProcess(system, extra: ["SSE_MAX_PER_USER": "200", "SSE_MAX_STREAMS": "300"])
@@ -84,17 +101,8 @@ struct EventStreamTests {
 
     @Test func everyStreamOfAJobHearsItsChangesAndEndsWithIt() async throws {
         let system = try await JobSystem(workers: 0)
-        let (gateway, port) = try await Self.gatewayProcess(system, extra: [:])
-        let device = UUID()
-        let user = "device:\(device.uuidString.lowercased())"
-        let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: "uploads/x/a.jpg", effectId: "copy"))
         // Given three streams of one queued job, and a stranger's attempt at it
-        var streams: [RawConnection] = []
-        for _ in 0..<3 {
-            let (stream, first) = try Self.openStream(port: port, device: device, jobId: job.id)
-            #expect(first.contains(#""status":"queued""#))
-            streams.append(stream)
-        }
+        let (gateway, port, user, job, streams) = try await Self.streamsOfAQueuedJob(system, count: 3)
         let (stranger, strangerAnswer) = try Self.openStream(port: port, device: UUID(), jobId: job.id)
         #expect(strangerAnswer.hasPrefix("HTTP/1.1 404"))
         stranger.close()
@@ -116,17 +124,8 @@ struct EventStreamTests {
     /// itself, or a Ctrl-C waits for the app to hang up (make test's stop-check once met that).
     @Test func aStoppingGatewayEndsItsOpenStreamsAndExits() async throws {
         let system = try await JobSystem(workers: 0)
-        let (gateway, port) = try await Self.gatewayProcess(system, extra: [:])
-        let device = UUID()
-        let user = "device:\(device.uuidString.lowercased())"
         // Given streams of a queued job (no workers: it stays queued)
-        let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: "uploads/x/a.jpg", effectId: "copy"))
-        var streams: [RawConnection] = []
-        for _ in 0..<3 {
-            let (stream, first) = try Self.openStream(port: port, device: device, jobId: job.id)
-            #expect(first.contains(#""status":"queued""#))
-            streams.append(stream)
-        }
+        let (gateway, _, _, _, streams) = try await Self.streamsOfAQueuedJob(system, count: 3)
         // When the gateway is told to stop (SIGTERM; run.sh and a Ctrl-C send it too)
         gateway.signal(SIGTERM)
         // Then every stream ends (its last chunk, then the connection closes) with the job still queued

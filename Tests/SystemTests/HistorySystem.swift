@@ -11,10 +11,14 @@ import Testing
 extension JobSystem {
     /// A signed-in user's headers (a JWT for `sub`).
     static func signedIn(_ sub: String) async throws -> HTTPFields {
+        [.authorization: "Bearer \(try await token(sub))"]
+    }
+
+    /// A JWT for `sub`, valid for an hour, signed with `secret` (the test gateway's by default).
+    static func token(_ sub: String, secret: String = JobSystem.secret) async throws -> String {
         let keys = JWTKeyCollection()
         await keys.add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256)
-        let token = try await keys.sign(TestClaims(sub: .init(value: sub), exp: .init(value: Date().addingTimeInterval(3600)), email: nil))
-        return [.authorization: "Bearer \(token)"]
+        return try await keys.sign(TestClaims(sub: .init(value: sub), exp: .init(value: Date().addingTimeInterval(3600)), email: nil))
     }
 
     /// The user id of a guest's headers.

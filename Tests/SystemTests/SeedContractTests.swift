@@ -1,7 +1,6 @@
 import AsyncHTTPClient
 import Blobs
 import Foundation
-import JWTKit
 import NIOCore
 import NIOFoundationCompat
 import NIOHTTP1
@@ -64,9 +63,7 @@ struct SeedContractTests {
 
     /// A signed-in user of the stack: a JWT for `sub` signed with the stack's `JWT_SECRET`.
     static func token(_ sub: String) async throws -> String {
-        let keys = JWTKeyCollection()
-        await keys.add(hmac: HMACKey(from: environment["JWT_SECRET"] ?? ""), digestAlgorithm: .sha256)
-        return try await keys.sign(TestClaims(sub: .init(value: sub), exp: .init(value: Date().addingTimeInterval(3600)), email: nil))
+        try await JobSystem.token(sub, secret: environment["JWT_SECRET"] ?? "")
     }
 
     /// Waits for `condition` (a live stack's pace is its own: a minute at most).
