@@ -17,15 +17,25 @@ import Storage
 ///   user (serialised by the lock) answers the first admission again;
 /// - a decision is durable before its answer: the transaction commits (`synchronous_commit` on)
 ///   before the reply is sent.
+///
+/// Reservations, commits and releases (the calls of every job) are decided in batches: those that
+/// arrive while a batch is in PostgreSQL make the next one, decided in one transaction of a fixed
+/// number of statements whatever its size (`PostgresQuotaStore+Batches.swift`). Each batch takes
+/// its users' and networks' locks in one fixed order, so replicas never deadlock.
 public struct PostgresQuotaStore: QuotaStore {
     let database: PostgresPool
     let ledger: QuotaLedger
     let logger: Logger
+    let batcher: PostgresBatcher<Operation, Outcome>
 
     public init(database: PostgresPool, plans: PlanCatalog = .standard, guests: GuestLimits = GuestLimits(), logger: Logger) {
+        let ledger = QuotaLedger(plans: plans, guests: guests)
         self.database = database
-        self.ledger = QuotaLedger(plans: plans, guests: guests)
+        self.ledger = ledger
         self.logger = logger
+        self.batcher = PostgresBatcher(location: database.location) { batch in
+            try await Self.decide(batch, database: database, ledger: ledger, logger: logger)
+        }
     }
 
     /// Creates or updates the quota tables (once, however many replicas start together).
@@ -71,72 +81,10 @@ public struct PostgresQuotaStore: QuotaStore {
 
     public func reserve(_ request: ReserveQuota, now: Date) async throws -> QuotaDecision {
         try ledger.check(request)
-        let network = ledger.sharedNetwork(of: request)
-        let (ledger, logger) = (ledger, logger)
-        do {
-            return try await database.transaction { db in
-                try await Self.lock(db, "user:" + request.userId, logger: logger)
-                if let (owner, state) = try await db.firstRow(
-                    "SELECT user_id, state FROM quota_charge WHERE job_id = \(request.jobId)", as: (String, String).self, logger: logger
-                ) {
-                    guard owner == request.userId else {
-                        throw BusError(Quota.ErrorCode.jobIdTaken, "job id \(request.jobId) belongs to another user")
-                    }
-                    // Reserved or committed: the same admission again. Released (its job was never
-                    // made, or ended without a result): a retry of it is charged afresh, below.
-                    if state != "released" {
-                        let context = try await Self.userContext(db, ledger, request.userId, now: now, logger: logger)
-                        return QuotaDecision(admitted: true, jobId: request.jobId, status: context.status(), violated: [], retryAt: nil)
-                    }
-                    try await db.query("DELETE FROM quota_charge WHERE job_id = \(request.jobId)", logger: logger)
-                }
-                let context = try await Self.userContext(db, ledger, request.userId, now: now, logger: logger)
-                let verdict = QuotaRules.decide(
-                    plan: context.plan, cost: request.cost, dailyUsed: context.dailyUsed, monthlyUsed: context.monthlyUsed,
-                    day: context.day, month: context.month
-                )
-                guard verdict.admitted else {
-                    return QuotaDecision(admitted: false, jobId: request.jobId, status: context.status(), violated: verdict.violated, retryAt: verdict.retryAt)
-                }
-                // A guest's network shares the day's free credits of its guests (UTC days), except
-                // with an attested guest.
-                var shared = network
-                if shared != nil,
-                   try await db.first("SELECT attested_key IS NOT NULL FROM quota_guest WHERE user_id = \(request.userId)", as: Bool.self, logger: logger) == true {
-                    shared = nil
-                }
-                if let shared {
-                    try await Self.lock(db, "network:" + shared, logger: logger)
-                    let used = try await db.first(
-                        "SELECT used FROM quota_usage WHERE user_id = \("net:" + shared) AND window_kind = 'daily' AND window_key = \(context.day.key)",
-                        as: Int.self, logger: logger
-                    ) ?? 0
-                    if used + request.cost > ledger.guests.networkDaily {
-                        return QuotaDecision(admitted: false, jobId: request.jobId, status: context.status(), violated: ["network"],
-                                             retryAt: context.day.end, networkRemaining: max(0, ledger.guests.networkDaily - used))
-                    }
-                }
-                var charged: [(String, CalendarWindow)] = [(request.userId, context.day), (request.userId, context.month)]
-                if let shared { charged.append(("net:" + shared, context.day)) }
-                for (user, window) in charged {
-                    try await db.query("""
-                        INSERT INTO quota_usage (user_id, window_kind, window_key, used) VALUES (\(user), \(window.kind.rawValue), \(window.key), \(request.cost))
-                        ON CONFLICT (user_id, window_kind, window_key) DO UPDATE SET used = quota_usage.used + excluded.used
-                        """, logger: logger)
-                }
-                try await db.query("""
-                    INSERT INTO quota_charge (job_id, user_id, cost, state, day_key, month_key, reserved_at, network)
-                    VALUES (\(request.jobId), \(request.userId), \(request.cost), 'reserved', \(context.day.key), \(context.month.key), \(now), \(shared))
-                    """, logger: logger)
-                var after = context
-                after.dailyUsed += request.cost
-                after.monthlyUsed += request.cost
-                return QuotaDecision(admitted: true, jobId: request.jobId, status: after.status(), violated: [], retryAt: nil)
-            }
-        } catch let error as PSQLError where error.serverInfo?[.sqlState] == "23505" {
-            // Another user's reservation took the job id in between.
-            throw BusError(Quota.ErrorCode.jobIdTaken, "job id \(request.jobId) belongs to another user")
+        guard case .decision(let decision) = try await batcher.submit(.reserve(request, now: now)) else {
+            preconditionFailure("a reservation is answered with a decision")
         }
+        return decision
     }
 
     public func commit(jobId: String, now: Date) async throws -> Charge {
@@ -151,42 +99,10 @@ public struct PostgresQuotaStore: QuotaStore {
     /// way refused. A release gives the charge back to the windows it was taken from.
     private func settle(jobId: String, now: Date, to state: Charge.State) async throws -> Charge {
         try ledger.validate(job: jobId)
-        let logger = logger
-        return try await database.transaction { db in
-            guard let row = try await db.firstRow(
-                "SELECT \(unescaped: Self.chargeColumns), network FROM quota_charge WHERE job_id = \(jobId) FOR UPDATE",
-                as: ChargeRow.self, logger: logger
-            ) else {
-                throw BusError(.notFound, "no charge for job \(jobId)")
-            }
-            var (charge, network) = Self.charge(row)
-            switch (charge.state, state) {
-            case (.committed, .committed), (.released, .released):
-                return charge
-            case (.released, _):
-                throw BusError(Quota.ErrorCode.chargeSettled, "charge \(jobId) was released; it cannot be committed")
-            case (.committed, _):
-                throw BusError(Quota.ErrorCode.chargeSettled, "charge \(jobId) was committed; it cannot be released")
-            case (.reserved, _):
-                break
-            }
-            if state == .released {
-                var windows = [(charge.userId, "daily", charge.dayKey), (charge.userId, "monthly", charge.monthKey)]
-                if let network { windows.append(("net:" + network, "daily", charge.dayKey)) }
-                for (user, kind, key) in windows {
-                    try await db.query("""
-                        UPDATE quota_usage SET used = greatest(0, used - \(charge.cost))
-                        WHERE user_id = \(user) AND window_kind = \(kind) AND window_key = \(key)
-                        """, logger: logger)
-                }
-            }
-            try await db.query(
-                "UPDATE quota_charge SET state = \(state.rawValue), settled_at = \(now) WHERE job_id = \(jobId)", logger: logger
-            )
-            charge.state = state
-            charge.settledAt = now
-            return charge
+        guard case .charge(let charge) = try await batcher.submit(.settle(jobId: jobId, to: state, now: now)) else {
+            preconditionFailure("a settlement is answered with its charge")
         }
+        return charge
     }
 
     public func status(userId: String, now: Date) async throws -> QuotaStatus {
@@ -330,11 +246,27 @@ public struct PostgresQuotaStore: QuotaStore {
         try await db.query("SELECT pg_advisory_xact_lock(hashtext(\("quota:" + key)))", logger: logger)
     }
 
+    typealias UserRow = (String, String?, Date?)
+    static let userColumns = "plan, time_zone, plan_ends_at"
+
     /// The user's plan (the default from its end on), zone, windows now and what they used.
     static func userContext(_ db: PostgresConnection, _ ledger: QuotaLedger, _ userId: String, now: Date, logger: Logger) async throws -> QuotaLedger.UserContext {
         let row = try await db.firstRow(
-            "SELECT plan, time_zone, plan_ends_at FROM quota_user WHERE id = \(userId)", as: (String, String?, Date?).self, logger: logger
+            "SELECT \(unescaped: userColumns) FROM quota_user WHERE id = \(userId)", as: UserRow.self, logger: logger
         )
+        var context = userContext(ledger, userId, row, now: now)
+        for try await (kind, value) in try await db.query("""
+            SELECT window_kind, used FROM quota_usage WHERE user_id = \(userId)
+            AND ((window_kind = 'daily' AND window_key = \(context.day.key)) OR (window_kind = 'monthly' AND window_key = \(context.month.key)))
+            """, logger: logger).decode((String, Int).self) {
+            if kind == "daily" { context.dailyUsed = value } else { context.monthlyUsed = value }
+        }
+        return context
+    }
+
+    /// The user's plan (the default from its end on), zone and windows now, from their row (nil:
+    /// none yet), with nothing used.
+    static func userContext(_ ledger: QuotaLedger, _ userId: String, _ row: UserRow?, now: Date) -> QuotaLedger.UserContext {
         var planName = row?.0
         var planEndsAt = row?.2 ?? nil
         if let end = planEndsAt, now >= end {
@@ -343,16 +275,9 @@ public struct PostgresQuotaStore: QuotaStore {
         }
         let timeZone = row?.1 ?? nil
         let (day, month) = ledger.windows.windows(containing: now, timeZone: timeZone)
-        var used: [String: Int] = [:]
-        for try await (kind, value) in try await db.query("""
-            SELECT window_kind, used FROM quota_usage WHERE user_id = \(userId)
-            AND ((window_kind = 'daily' AND window_key = \(day.key)) OR (window_kind = 'monthly' AND window_key = \(month.key)))
-            """, logger: logger).decode((String, Int).self) {
-            used[kind] = value
-        }
         return QuotaLedger.UserContext(
             userId: userId, plan: ledger.plans.effectivePlan(planName), planEndsAt: planEndsAt, timeZone: timeZone,
-            day: day, month: month, dailyUsed: used["daily"] ?? 0, monthlyUsed: used["monthly"] ?? 0
+            day: day, month: month, dailyUsed: 0, monthlyUsed: 0
         )
     }
 }

@@ -1,0 +1,159 @@
+import Bus
+import Foundation
+import Logging
+import Messages
+import QuotaCore
+@testable import QuotaService
+import Storage
+import Testing
+import TestSupport
+
+/// Quota on PostgreSQL decides reservations, commits and releases in batches: one transaction for
+/// all that arrive while the previous batch is in the database. These hold what batching must not
+/// change (exactness, one charge per job id, each operation's own answer) and that it happens.
+@Suite("Quota on PostgreSQL, in batches", .timeLimit(.minutes(5)))
+struct PostgresQuotaBatchTests {
+    let noon = try! Date("2026-11-21T12:00:00Z", strategy: .iso8601)
+
+    /// Fresh quota tables on the test PostgreSQL, and `replicas` stores over them (as replicas of
+    /// the service are: each its own pool and batches).
+    func withStores<T>(replicas: Int = 1, guests: GuestLimits = GuestLimits(), _ body: ([PostgresQuotaStore]) async throws -> T) async throws -> T {
+        let location = try await TestPostgres.freshDatabase()
+        var logger = Logger(label: "test.quota")
+        logger.logLevel = .warning
+        try await PostgresPool.migrate(location, service: "quota", PostgresQuotaStore.migrations, logger: logger)
+        func open(_ stores: [PostgresQuotaStore]) async throws -> T {
+            guard stores.count < replicas else { return try await body(stores) }
+            return try await TestPostgres.withDatabase(location) { database in
+                try await open(stores + [PostgresQuotaStore(database: database, guests: guests, logger: logger)])
+            }
+        }
+        return try await open([])
+    }
+
+    @Test func manyReservesAtOnceShareFewTransactionsAndAdmitExactlyTheCreditsLeft() async throws {
+        try await withStores { stores in
+            let store = stores[0]
+            // 200 reservations of one free user (20 a day) at once
+            let admitted = try await withThrowingTaskGroup(of: Bool.self) { group in
+                for index in 0..<200 {
+                    group.addTask { try await store.reserve(ReserveQuota(userId: "burst", jobId: "job-\(index)"), now: noon).admitted }
+                }
+                return try await group.reduce(0) { $0 + ($1 ? 1 : 0) }
+            }
+            #expect(admitted == 20)
+            let usage = try await store.usage(userId: "burst", now: noon)
+            #expect(usage.status.daily.used == 20)
+            #expect(usage.charges.count == 20)
+            // They were decided together, not one transaction each.
+            let statistics = store.batcher.statistics
+            #expect(statistics.operations == 200)
+            #expect(statistics.batches < 100, "200 reservations took \(statistics.batches) batches")
+        }
+    }
+
+    @Test func twoReplicasReservingTheSameUsersInOppositeOrdersNeitherDeadlockNorOverAdmit() async throws {
+        try await withStores(replicas: 2) { stores in
+            let users = (0..<8).map { "user-\($0)" }
+            // Each replica gets 40 reservations for every user, one replica in the opposite order
+            // of the other, all at once: their batches lock overlapping users.
+            let admitted = try await withThrowingTaskGroup(of: (String, Bool).self) { group in
+                for (replica, store) in stores.enumerated() {
+                    let order = replica == 0 ? users : users.reversed()
+                    for round in 0..<40 {
+                        for user in order {
+                            group.addTask {
+                                let decision = try await store.reserve(ReserveQuota(userId: user, jobId: "\(user)-\(replica)-\(round)"), now: noon)
+                                return (user, decision.admitted)
+                            }
+                        }
+                    }
+                }
+                return try await group.reduce(into: [String: Int]()) { counts, outcome in
+                    if outcome.1 { counts[outcome.0, default: 0] += 1 }
+                }
+            }
+            for user in users {
+                #expect(admitted[user] == 20, "\(user) was admitted \(admitted[user] ?? 0) times")
+                #expect(try await stores[1].status(userId: user, now: noon).daily.used == 20)
+            }
+        }
+    }
+
+    @Test func oneBatchDecidesItsOperationsInOrderAsOneAtATimeWould() async throws {
+        try await withStores { stores in
+            let store = stores[0]
+            // Nineteen credits of "ann" used before the batch.
+            for index in 0..<19 {
+                _ = try await store.reserve(ReserveQuota(userId: "ann", jobId: "before-\(index)"), now: noon)
+            }
+            // One batch, decided as given:
+            let batch: [PostgresQuotaStore.Operation] = [
+                .reserve(ReserveQuota(userId: "ann", jobId: "a"), now: noon),       // the 20th credit: admitted
+                .reserve(ReserveQuota(userId: "ann", jobId: "b"), now: noon),       // the 21st: denied, daily
+                .reserve(ReserveQuota(userId: "ann", jobId: "a"), now: noon),       // "a" again: the same admission
+                .settle(jobId: "a", to: .released, now: noon),                      // gives its credit back
+                .reserve(ReserveQuota(userId: "ann", jobId: "b"), now: noon),       // so "b" now fits
+                .settle(jobId: "b", to: .committed, now: noon),
+                .settle(jobId: "b", to: .released, now: noon),                      // refused: committed
+                .reserve(ReserveQuota(userId: "mallory", jobId: "b"), now: noon),   // not hers
+                .settle(jobId: "never-made", to: .committed, now: noon),            // no such charge
+                .reserve(ReserveQuota(userId: "ann", jobId: "a"), now: noon),       // released "a", afresh: no room
+            ]
+            let results = try await PostgresQuotaStore.decide(batch, database: store.database, ledger: store.ledger, logger: store.logger)
+            func decision(_ index: Int) -> QuotaDecision? {
+                if case .success(.decision(let decision)) = results[index] { return decision }
+                return nil
+            }
+            func charge(_ index: Int) -> Charge? {
+                if case .success(.charge(let charge)) = results[index] { return charge }
+                return nil
+            }
+            func code(_ index: Int) -> BusError.Code? {
+                if case .failure(let error as BusError) = results[index] { return error.code }
+                return nil
+            }
+            #expect(decision(0)?.admitted == true)
+            #expect(decision(0)?.status.daily.used == 20)
+            #expect(decision(1)?.admitted == false)
+            #expect(decision(1)?.violated == ["daily"])
+            #expect(decision(2)?.admitted == true)
+            #expect(charge(3)?.state == .released)
+            #expect(decision(4)?.admitted == true)
+            #expect(decision(4)?.status.daily.used == 20)
+            #expect(charge(5)?.state == .committed)
+            #expect(code(6) == Quota.ErrorCode.chargeSettled)
+            #expect(code(7) == Quota.ErrorCode.jobIdTaken)
+            #expect(code(8) == .notFound)
+            #expect(decision(9)?.admitted == false)
+            // And the database holds what the batch said.
+            let usage = try await store.usage(userId: "ann", now: noon)
+            #expect(usage.status.daily.used == 20)
+            #expect(usage.status.monthly.used == 20)
+            let charges = Dictionary(uniqueKeysWithValues: usage.charges.map { ($0.jobId, $0) })
+            #expect(charges["a"]?.state == .released)
+            #expect(charges["b"]?.state == .committed)
+            #expect(charges["b"]?.settledAt == noon)
+        }
+    }
+
+    @Test func guestsOfANetworkReservingAtOnceShareItsCreditsExactly() async throws {
+        let limit = 20
+        try await withStores(replicas: 2, guests: GuestLimits(networkDaily: limit)) { stores in
+            // 30 guests of one network, each wanting 2 credits at once, over two replicas: the
+            // network's 20 credits a day are shared, and never exceeded.
+            let admitted = try await withThrowingTaskGroup(of: Bool.self) { group in
+                for index in 0..<30 {
+                    let store = stores[index % 2]
+                    group.addTask {
+                        try await store.reserve(
+                            ReserveQuota(userId: "guest-\(index)", jobId: "guest-job-\(index)", cost: 2, network: "203.0.113.0/24"), now: noon
+                        ).admitted
+                    }
+                }
+                return try await group.reduce(0) { $0 + ($1 ? 1 : 0) }
+            }
+            #expect(admitted == limit / 2)
+        }
+    }
+}
