@@ -13,7 +13,9 @@ import Storage
 /// What differs:
 /// - **Every replica creates, reads, cancels and purges.** A job's writes lock its row (`FOR
 ///   UPDATE`); a creation and an abandoning lookup of one id take an advisory lock on the id, so a
-///   job is never both created and abandoned.
+///   job is never both created and abandoned. Creations are group-committed: those that arrive
+///   while a batch is in PostgreSQL are made in the next, in one transaction
+///   (`PostgresJobsStore+Creations.swift`).
 /// - **One replica dispatches**: the one holding the `dispatcher` lease in `jobs_leader`
 ///   (`DispatchLeadership`). Its store is `fenced(_:)` with the lease's term: each of the
 ///   dispatcher's writes (starts, results, requeues, submissions, recovery) first reads the lease
@@ -30,7 +32,9 @@ public struct PostgresJobsStore: ReportingJobsStore {
     public let effectTitles: [String: String]
     let logger: Logger
     /// The lease the dispatcher's writes must still hold; nil for the handler's writes.
-    let fence: Lease?
+    private(set) var fence: Lease?
+    /// Creations, group-committed (`PostgresJobsStore+Creations.swift`).
+    let creations: PostgresBatcher<Creation, Created>
 
     public init(database: PostgresPool, retry: RetryPolicy = RetryPolicy(), effectTitles: [String: String] = [:], logger: Logger) {
         self.database = database
@@ -38,6 +42,9 @@ public struct PostgresJobsStore: ReportingJobsStore {
         self.effectTitles = effectTitles
         self.logger = logger
         self.fence = nil
+        self.creations = PostgresBatcher(location: database.location) { batch in
+            try await Self.create(batch, database: database, retry: retry, logger: logger)
+        }
     }
 
     /// A term of the dispatcher's lease: who holds it, and which election gave it to them.
@@ -53,15 +60,9 @@ public struct PostgresJobsStore: ReportingJobsStore {
 
     /// This store, its dispatcher's writes fenced by `lease`.
     public func fenced(_ lease: Lease) -> PostgresJobsStore {
-        PostgresJobsStore(database: database, retry: retry, effectTitles: effectTitles, logger: logger, fence: lease)
-    }
-
-    private init(database: PostgresPool, retry: RetryPolicy, effectTitles: [String: String], logger: Logger, fence: Lease?) {
-        self.database = database
-        self.retry = retry
-        self.effectTitles = effectTitles
-        self.logger = logger
-        self.fence = fence
+        var store = self
+        store.fence = lease
+        return store
     }
 
     public static let migrations = [
@@ -108,26 +109,8 @@ public struct PostgresJobsStore: ReportingJobsStore {
     // MARK: Any replica
 
     public func create(_ request: CreateJob, effectId: String, parameters: [String: Double], now: Date) async throws -> (job: JobRecord, created: Bool) {
-        let store = self
-        return try await database.transaction { db in
-            try await store.lockId(db, request.jobId)
-            if let existing = try await store.row(db, request.jobId, lock: false) {
-                guard existing.userId == request.userId else { throw BusError(.conflict, "job id \(request.jobId) belongs to another user") }
-                return (existing, false)
-            }
-            if try await db.first("SELECT 1 FROM jobs_abandoned WHERE job_id = \(request.jobId)", as: Int.self, logger: store.logger) != nil {
-                throw BusError(Jobs.ErrorCode.abandoned, "job \(request.jobId) was abandoned: its reservation was given back before it was created; send a new request", retryable: false)
-            }
-            let job = JobRecord(
-                id: request.jobId, userId: request.userId, isPro: request.isPro, imageKey: request.imageKey,
-                effectId: effectId, parameters: parameters, prompt: request.prompt, status: .queued, progress: 0,
-                attempts: 0, maxAttempts: store.retry.maxAttempts, lastError: nil, resultKey: nil, thumbnailKey: nil,
-                createdAt: now, updatedAt: now, startedAt: nil, finishedAt: nil, version: 1, credits: request.credits,
-                traceParent: request.traceParent, imageETag: request.imageETag
-            )
-            try await store.insert(db, job)
-            return (job, true)
-        }
+        let created = try await creations.submit(Creation(request: request, effectId: effectId, parameters: parameters, now: now))
+        return (created.job, created.created)
     }
 
     public func lookup(_ id: String, abandonIfAbsent: Bool, now: Date) async throws -> JobStatus? {

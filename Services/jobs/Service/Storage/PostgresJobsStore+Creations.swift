@@ -1,0 +1,129 @@
+import Foundation
+import JobsCore
+import Logging
+import Messages
+import PostgresNIO
+import Storage
+
+/// Creations group-committed (`PostgresBatcher`): the creations that arrive while a batch is in
+/// PostgreSQL make the next one, in one transaction of at most 6 statements whatever its size:
+/// BEGIN and the statement timeout; the advisory locks of its job ids, in the order of their hash
+/// (a creation and an abandoning lookup of one id stay serialised, and two replicas' batches never
+/// wait for each other in a circle); the rows of its ids already made; which of its ids were
+/// abandoned; and every new row in one insert (its rows as one JSON array, so that absent values
+/// are NULL). Its creations are decided in order: one id twice in a batch is created once.
+extension PostgresJobsStore {
+    /// One creation of a batch.
+    struct Creation: Sendable {
+        var request: CreateJob
+        var effectId: String
+        var parameters: [String: Double]
+        var now: Date
+    }
+
+    struct Created: Sendable {
+        var job: JobRecord
+        var created: Bool
+    }
+
+    /// Creates `batch` in one transaction (see the extension's notes).
+    static func create(_ batch: [Creation], database: PostgresPool, retry: RetryPolicy, logger: Logger) async throws -> [Result<Created, any Error>] {
+        try await database.transaction { db in
+            let ids = Array(Set(batch.map(\.request.jobId)))
+            let lockKeys = ids.map { "jobs:job:" + $0 }
+            for try await _ in try await db.query("""
+                SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(\(lockKeys)::text[]) AS k ORDER BY h) AS ordered
+                """, logger: logger) {}
+            var jobs: [String: JobRecord] = [:]
+            for try await row in try await db.query(
+                "SELECT \(unescaped: columns) FROM jobs_job WHERE id = ANY(\(ids)::text[])", logger: logger
+            ) {
+                let job = try job(row)
+                jobs[job.id] = job
+            }
+            let abandoned = Set(try await db.all(
+                "SELECT job_id FROM jobs_abandoned WHERE job_id = ANY(\(ids)::text[])", as: String.self, logger: logger
+            ))
+
+            var results: [Result<Created, any Error>] = []
+            var made: [JobRecord] = []
+            for creation in batch {
+                let request = creation.request
+                if let existing = jobs[request.jobId] {
+                    guard existing.userId == request.userId else {
+                        results.append(.failure(BusError(.conflict, "job id \(request.jobId) belongs to another user")))
+                        continue
+                    }
+                    results.append(.success(Created(job: existing, created: false)))
+                    continue
+                }
+                guard !abandoned.contains(request.jobId) else {
+                    results.append(.failure(BusError(
+                        Jobs.ErrorCode.abandoned,
+                        "job \(request.jobId) was abandoned: its reservation was given back before it was created; send a new request", retryable: false
+                    )))
+                    continue
+                }
+                let job = JobRecord(
+                    id: request.jobId, userId: request.userId, isPro: request.isPro, imageKey: request.imageKey,
+                    effectId: creation.effectId, parameters: creation.parameters, prompt: request.prompt, status: .queued, progress: 0,
+                    attempts: 0, maxAttempts: retry.maxAttempts, lastError: nil, resultKey: nil, thumbnailKey: nil,
+                    createdAt: creation.now, updatedAt: creation.now, startedAt: nil, finishedAt: nil, version: 1, credits: request.credits,
+                    traceParent: request.traceParent, imageETag: request.imageETag
+                )
+                jobs[job.id] = job
+                made.append(job)
+                results.append(.success(Created(job: job, created: true)))
+            }
+            if !made.isEmpty {
+                let rows = String(decoding: try JSONEncoder().encode(try made.sorted { $0.id < $1.id }.map(NewJobRow.init)), as: UTF8.self)
+                try await db.query("""
+                    INSERT INTO jobs_job (\(unescaped: columns), history_due_at)
+                    SELECT \(unescaped: columns), history_due_at FROM jsonb_populate_recordset(NULL::jobs_job, \(rows)::jsonb)
+                    """, logger: logger)
+            }
+            return results
+        }
+    }
+}
+
+/// A new job's row as `jsonb_populate_recordset` reads it: keys named as the columns, an absent
+/// key NULL; due for history at once.
+private struct NewJobRow: Encodable {
+    var id, user_id: String
+    var is_pro: Bool
+    var image_key, effect_id, parameters: String
+    var prompt: String?
+    var status: String
+    var progress: Double
+    var attempts, max_attempts: Int
+    var created_at, updated_at: Double
+    var version: Int
+    var cancel_requested: Bool
+    var credits: Int
+    var trace_parent, image_etag: String?
+    var history_due_at: Double
+
+    /// A job just made: it has no error, result, start, end or submission yet.
+    init(_ job: JobRecord) throws {
+        id = job.id
+        user_id = job.userId
+        is_pro = job.isPro
+        image_key = job.imageKey
+        effect_id = job.effectId
+        parameters = try JobRows.text(job.parameters)
+        prompt = job.prompt
+        status = job.status.rawValue
+        progress = job.progress
+        attempts = job.attempts
+        max_attempts = job.maxAttempts
+        created_at = job.createdAt.timeIntervalSince1970
+        updated_at = job.updatedAt.timeIntervalSince1970
+        version = job.version
+        cancel_requested = job.cancelRequested
+        credits = job.credits
+        trace_parent = job.traceParent
+        image_etag = job.imageETag
+        history_due_at = job.updatedAt.timeIntervalSince1970
+    }
+}
