@@ -101,54 +101,117 @@ public struct PostgresHistoryStore: HistoryStore {
 
     // MARK: Events
 
+    /// Applies a delivery of job events in one transaction of at most 7 statements, whatever
+    /// its size: BEGIN and the statement timeout; the change numbers of its users (one per event,
+    /// their rows locked in user order, as every other write of a user locks it first); what is
+    /// stored of its jobs (item and tombstone); then, the events decided in order in Swift, the
+    /// tombstones they lift, every item written (one upsert of a JSON array of rows) and every
+    /// count's change (one upsert).
     public func applyJobEvents(_ events: [JobEvent]) async throws -> Int {
-        // Users locked in id order (the sort keeps each job's events in their order).
-        let ordered = events.enumerated().sorted { ($0.element.job.userId, $0.offset) < ($1.element.job.userId, $1.offset) }.map(\.element)
+        guard !events.isEmpty else { return 0 }
         let logger = logger
         return try await database.transaction { db in
-            var applied = 0
-            for event in ordered where try await Self.apply(db, event, logger: logger) { applied += 1 }
-            return applied
+            try await Self.apply(events, db, logger: logger)
         }
     }
 
-    static func apply(_ db: PostgresConnection, _ event: JobEvent, logger: Logger) async throws -> Bool {
-        let job = event.job
-        let createdAt = job.createdAt.milliseconds
-        let sequence = try await nextSequence(db, userId: job.userId, logger: logger)
-        let (deletedCreatedAt, version, status) = try await db.firstRow(
+    static func apply(_ events: [JobEvent], _ db: PostgresConnection, logger: Logger) async throws -> Int {
+        // Change numbers: each user's counter moved by their events' number, in user order.
+        var perUser: [String: Int] = [:]
+        for event in events { perUser[event.job.userId, default: 0] += 1 }
+        let users = Array(perUser.keys)
+        var next: [String: Int64] = [:]
+        for (user, last) in try await db.allRows(
             """
-            SELECT d.created_at, i.version, i.status FROM (SELECT 1) AS one
-            LEFT JOIN history_deletion d ON d.job_id = \(job.id) LEFT JOIN history_item i ON i.job_id = \(job.id)
+            INSERT INTO history_user (user_id, change_sequence)
+            SELECT u, n FROM unnest(\(users)::text[], \(users.map { perUser[$0]! })::bigint[]) AS t(u, n) ORDER BY u
+            ON CONFLICT (user_id) DO UPDATE SET change_sequence = history_user.change_sequence + excluded.change_sequence
+            RETURNING user_id, change_sequence
             """,
-            as: (Int64?, Int?, String?).self, logger: logger
-        ) ?? (nil, nil, nil)
-        if let deletedCreatedAt {
-            // A deleted job stays deleted; one created again under its id starts a new item.
-            guard deletedCreatedAt != createdAt else { return false }
-            try await db.query("DELETE FROM history_deletion WHERE job_id = \(job.id)", logger: logger)
+            as: (String, Int64).self, logger: logger
+        ) {
+            next[user] = last - Int64(perUser[user]!) + 1
         }
-        if let version, version >= job.version { return false }
-        try await db.query(
+
+        // What is stored of each job.
+        struct Stored {
+            var deletedCreatedAt: Int64?
+            var version: Int?
+            var status: String?
+        }
+        var stored: [String: Stored] = [:]
+        for (id, deletedCreatedAt, version, status) in try await db.allRows(
             """
-            INSERT INTO history_item (job_id, user_id, effect_id, effect_title, prompt, status, progress, created_at, updated_at, finished_at,
-                result_key, thumbnail_key, image_key, parameters, cost, last_error, version, change_sequence)
-            VALUES (\(job.id), \(job.userId), \(job.effectId), \(event.effectTitle), \(job.prompt), \(job.status.rawValue), \(job.progress),
-                \(createdAt), \(job.updatedAt.milliseconds), \(job.finishedAt?.milliseconds), \(job.resultKey), \(job.thumbnailKey),
-                \(job.imageKey), \(try HistoryReads.json(job.parameters)), \(HistoryReads.cost(of: job)), \(job.lastError), \(job.version), \(sequence))
-            ON CONFLICT (job_id) DO UPDATE SET user_id = excluded.user_id, effect_id = excluded.effect_id, effect_title = excluded.effect_title,
-                prompt = excluded.prompt, status = excluded.status, progress = excluded.progress, created_at = excluded.created_at,
-                updated_at = excluded.updated_at, finished_at = excluded.finished_at, result_key = excluded.result_key,
-                thumbnail_key = excluded.thumbnail_key, image_key = excluded.image_key, parameters = excluded.parameters, cost = excluded.cost,
-                last_error = excluded.last_error, version = excluded.version, change_sequence = excluded.change_sequence
+            SELECT j, d.created_at, i.version, i.status FROM unnest(\(Array(Set(events.map(\.job.id))))::text[]) AS j
+            LEFT JOIN history_deletion d ON d.job_id = j LEFT JOIN history_item i ON i.job_id = j
             """,
-            logger: logger
-        )
-        if status != job.status.rawValue {
-            if let status { try await adjustCount(db, userId: job.userId, status: status, by: -1, logger: logger) }
-            try await adjustCount(db, userId: job.userId, status: job.status.rawValue, by: 1, logger: logger)
+            as: (String, Int64?, Int?, String?).self, logger: logger
+        ) {
+            stored[id] = Stored(deletedCreatedAt: deletedCreatedAt, version: version, status: status)
         }
-        return true
+
+        // The events in order, as one at a time would apply them.
+        var lifted: Set<String> = []
+        var written: [String: HistoryItemRow] = [:]
+        var counts: [String: [String: Int]] = [:]
+        var applied = 0
+        for event in events {
+            let job = event.job
+            let sequence = next[job.userId]!
+            next[job.userId] = sequence + 1
+            var state = stored[job.id] ?? Stored()
+            if let deletedCreatedAt = state.deletedCreatedAt {
+                // A deleted job stays deleted; one created again under its id starts a new item.
+                guard deletedCreatedAt != job.createdAt.milliseconds else { continue }
+                lifted.insert(job.id)
+                state.deletedCreatedAt = nil
+            }
+            if let version = state.version, version >= job.version {
+                stored[job.id] = state
+                continue
+            }
+            written[job.id] = try HistoryItemRow(event, changeSequence: sequence)
+            if state.status != job.status.rawValue {
+                if let status = state.status { counts[job.userId, default: [:]][status, default: 0] -= 1 }
+                counts[job.userId, default: [:]][job.status.rawValue, default: 0] += 1
+            }
+            state.version = job.version
+            state.status = job.status.rawValue
+            stored[job.id] = state
+            applied += 1
+        }
+
+        if !lifted.isEmpty {
+            try await db.query("DELETE FROM history_deletion WHERE job_id = ANY(\(Array(lifted))::text[])", logger: logger)
+        }
+        if !written.isEmpty {
+            let rows = String(decoding: try JSONEncoder().encode(written.values.sorted { $0.job_id < $1.job_id }), as: UTF8.self)
+            try await db.query(
+                """
+                INSERT INTO history_item (\(unescaped: itemColumns))
+                SELECT \(unescaped: itemColumns) FROM jsonb_populate_recordset(NULL::history_item, \(rows)::jsonb) ORDER BY job_id
+                ON CONFLICT (job_id) DO UPDATE SET user_id = excluded.user_id, effect_id = excluded.effect_id, effect_title = excluded.effect_title,
+                    prompt = excluded.prompt, status = excluded.status, progress = excluded.progress, created_at = excluded.created_at,
+                    updated_at = excluded.updated_at, finished_at = excluded.finished_at, result_key = excluded.result_key,
+                    thumbnail_key = excluded.thumbnail_key, image_key = excluded.image_key, parameters = excluded.parameters, cost = excluded.cost,
+                    last_error = excluded.last_error, version = excluded.version, change_sequence = excluded.change_sequence
+                """,
+                logger: logger
+            )
+        }
+        let changes = counts.flatMap { user, statuses in statuses.filter { $0.value != 0 }.map { (user, $0.key, $0.value) } }
+        if !changes.isEmpty {
+            try await db.query(
+                """
+                INSERT INTO history_item_count (user_id, status, count)
+                SELECT u, s, c FROM unnest(\(changes.map(\.0))::text[], \(changes.map(\.1))::text[], \(changes.map(\.2))::bigint[]) AS t(u, s, c)
+                ORDER BY u, s
+                ON CONFLICT (user_id, status) DO UPDATE SET count = history_item_count.count + excluded.count
+                """,
+                logger: logger
+            )
+        }
+        return applied
     }
 
     // MARK: Reads
@@ -159,35 +222,43 @@ public struct PostgresHistoryStore: HistoryStore {
         let pattern = HistoryReads.query(of: request).map(Self.containing)
         let offset = after == nil ? request.offset : 0
         let logger = logger
-        let (items, total) = try await database.transaction(.snapshotRead) { db in
-            let total: Int
-            if let pattern {
-                total = try await db.first(
-                    """
-                    SELECT count(*) FROM history_item WHERE user_id = \(request.userId)
-                    AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
-                    AND (prompt ILIKE \(pattern) OR effect_title ILIKE \(pattern))
-                    """,
-                    as: Int.self, logger: logger
-                ) ?? 0
-            } else {
-                total = try await Self.storedCount(db, userId: request.userId, statuses: statuses, logger: logger)
-            }
+        // One statement (one snapshot, one round trip): the page's rows, each with the total, or
+        // one row of the total alone (NULL item columns) when the page is empty. The total comes
+        // from the counts kept per status, or, for a search, from counting what matches (only the
+        // branch taken is run).
+        let (items, count) = try await database.connection { db in
             let rows = try await db.query(
                 """
-                SELECT \(unescaped: Self.itemColumns) FROM history_item WHERE user_id = \(request.userId)
-                AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
-                AND (\(pattern)::text IS NULL OR prompt ILIKE \(pattern) OR effect_title ILIKE \(pattern))
-                AND (\(after?.createdAt)::bigint IS NULL OR (created_at, job_id) < (\(after?.createdAt), \(after?.jobId)::text))
-                ORDER BY created_at DESC, job_id DESC LIMIT \(request.limit + 1) OFFSET \(offset)
+                WITH total AS (
+                    SELECT CASE WHEN \(pattern)::text IS NULL THEN (
+                        SELECT coalesce(sum(count), 0)::bigint FROM history_item_count
+                        WHERE user_id = \(request.userId) AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
+                    ) ELSE (
+                        SELECT count(*) FROM history_item WHERE user_id = \(request.userId)
+                        AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
+                        AND (prompt ILIKE \(pattern) OR effect_title ILIKE \(pattern))
+                    ) END AS n
+                ), page AS (
+                    SELECT \(unescaped: Self.itemColumns) FROM history_item WHERE user_id = \(request.userId)
+                    AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
+                    AND (\(pattern)::text IS NULL OR prompt ILIKE \(pattern) OR effect_title ILIKE \(pattern))
+                    AND (\(after?.createdAt)::bigint IS NULL OR (created_at, job_id) < (\(after?.createdAt), \(after?.jobId)::text))
+                    ORDER BY created_at DESC, job_id DESC LIMIT \(request.limit + 1) OFFSET \(offset)
+                )
+                SELECT page.*, total.n FROM total LEFT JOIN page ON true ORDER BY page.created_at DESC, page.job_id DESC
                 """,
                 logger: logger
             )
             var items: [HistoryItem] = []
-            for try await row in rows { items.append(try Self.item(from: row)) }
-            return (items, total)
+            var count = 0
+            for try await row in rows {
+                let columns = row.makeRandomAccess()
+                count = try columns[Self.changeSequenceColumn + 1].decode(Int.self)
+                if try columns[0].decode(String?.self) != nil { items.append(try Self.item(from: row)) }
+            }
+            return (items, count)
         }
-        return HistoryReads.page(items, total: total, request: request, signer: signer)
+        return HistoryReads.page(items, total: count, request: request, signer: signer)
     }
 
     public func item(_ jobId: String, userId: String) async throws -> HistoryItem? {
@@ -427,17 +498,6 @@ public struct PostgresHistoryStore: HistoryStore {
         )
     }
 
-    /// The user's items in `statuses` (all when empty), from the counts kept per status.
-    static func storedCount(_ db: PostgresConnection, userId: String, statuses: [String], logger: Logger) async throws -> Int {
-        try await db.first(
-            """
-            SELECT coalesce(sum(count), 0)::bigint FROM history_item_count
-            WHERE user_id = \(userId) AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
-            """,
-            as: Int.self, logger: logger
-        ) ?? 0
-    }
-
     /// Removes one of the user's items (the caller holds the user's lock) from every read, leaves
     /// a tombstone for the changes feed and queues the purge of its job for jobs. False when it
     /// was gone already.
@@ -507,5 +567,44 @@ extension SystemRandomNumberGenerator {
     static func bytes(_ count: Int) -> [UInt8] {
         var generator = SystemRandomNumberGenerator()
         return (0..<count).map { _ in UInt8.random(in: .min ... .max, using: &generator) }
+    }
+}
+
+/// An item's row as `jsonb_populate_recordset` reads it: keys named as `history_item`'s columns,
+/// an absent key NULL.
+struct HistoryItemRow: Encodable {
+    var job_id, user_id, effect_id, effect_title: String
+    var prompt: String?
+    var status: String
+    var progress: Double
+    var created_at, updated_at: Int64
+    var finished_at: Int64?
+    var result_key, thumbnail_key: String?
+    var image_key, parameters: String
+    var cost: Int
+    var last_error: String?
+    var version: Int
+    var change_sequence: Int64
+
+    init(_ event: JobEvent, changeSequence: Int64) throws {
+        let job = event.job
+        job_id = job.id
+        user_id = job.userId
+        effect_id = job.effectId
+        effect_title = event.effectTitle
+        prompt = job.prompt
+        status = job.status.rawValue
+        progress = job.progress
+        created_at = job.createdAt.milliseconds
+        updated_at = job.updatedAt.milliseconds
+        finished_at = job.finishedAt?.milliseconds
+        result_key = job.resultKey
+        thumbnail_key = job.thumbnailKey
+        image_key = job.imageKey
+        parameters = try HistoryReads.json(job.parameters)
+        cost = HistoryReads.cost(of: job)
+        last_error = job.lastError
+        version = job.version
+        change_sequence = changeSequence
     }
 }
