@@ -39,6 +39,33 @@ struct HistoryEventsTests {
         }
     }
 
+    @Test(arguments: HistoryBackend.allCases) func oneDeliveryOfManyUsersAndVersionsAppliesAsOneEventAtATimeWould(backend: HistoryBackend) async throws {
+        try await withHistoryStore(backend) { (database: any HistoryStore) async throws in
+            // Given a delivery mixing users, a job's versions out of order, and a new job
+            let delivery = [
+                Events.job("a", user: "u1", status: .queued, version: 1),
+                Events.job("b", user: "u2", status: .processing, version: 2),
+                Events.job("a", user: "u1", status: .completed, version: 3),
+                Events.job("a", user: "u1", status: .processing, version: 2),  // older than 3: nothing
+                Events.job("c", user: "u1", status: .failed, version: 4),
+                Events.job("b", user: "u2", status: .processing, version: 2),  // the same again: nothing
+            ]
+            // Then four events apply, each item at its newest version
+            #expect(try await database.applyJobEvents(delivery) == 4)
+            #expect(try await database.item("a", userId: "u1")?.status == .completed)
+            #expect(try await database.item("a", userId: "u1")?.version == 3)
+            #expect(try await database.item("b", userId: "u2")?.status == .processing)
+            // And the counts and pages agree with the items
+            #expect(try await database.page(ListHistory(userId: "u1")).totalCount == 2)
+            #expect(try await database.page(ListHistory(userId: "u1", statuses: [.completed])).totalCount == 1)
+            #expect(try await database.page(ListHistory(userId: "u1", statuses: [.processing])).totalCount == 0)
+            #expect(try await database.page(ListHistory(userId: "u1", statuses: [.failed])).items.map(\.jobId) == ["c"])
+            #expect(try await database.page(ListHistory(userId: "u2")).totalCount == 1)
+            // And the changes feed lists each user's items in the order they last changed
+            #expect(try await database.changes(ChangesSince(userId: "u1")).changes.compactMap(\.item?.jobId) == ["a", "c"])
+        }
+    }
+
     @Test(arguments: HistoryBackend.allCases) func anOlderVersionNeverOverwritesANewerOne(backend: HistoryBackend) async throws {
         // Given a completed item at version 3
         try await withHistoryStore(backend) { database in
