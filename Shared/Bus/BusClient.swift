@@ -304,6 +304,7 @@ public final class BusClient: Sendable, Service {
         let monitorIndex = monitor.map { poller.addReadable($0) }
         var timers = Heap<Timer>()
         var unsent = Deque<Outgoing>()
+        var lost = LostConnections()
 
         var stopping = false
         var busy = false
@@ -312,6 +313,10 @@ public final class BusClient: Sendable, Service {
             var timeout = busy ? 0 : timers.min.map { Self.milliseconds(until: $0.deadline) } ?? -1
             // Requests no replica could take yet are tried again every few milliseconds.
             if !unsent.isEmpty { timeout = timeout < 0 ? Self.unsentRetryMilliseconds : min(timeout, Self.unsentRetryMilliseconds) }
+            if let check = lost.nextCheck {
+                let until = Self.milliseconds(until: check)
+                timeout = timeout < 0 ? until : min(timeout, until)
+            }
             do {
                 _ = try poller.poll(timeoutMilliseconds: timeout)
             } catch {
@@ -339,9 +344,9 @@ public final class BusClient: Sendable, Service {
                 unsent.append(item)
             }
             receiveReplies(on: socket)
-            if let monitor, let monitorIndex, poller.isReadable(monitorIndex) {
+            if let monitor, let monitorIndex {
                 // Replies that arrived before the disconnection were read just above.
-                if Self.disconnected(monitor) { failSent(&timers) }
+                if lost.confirmed(monitor: poller.isReadable(monitorIndex) ? monitor : nil, socket: socket) { failSent(&timers) }
             }
             executor.runQueuedJobs()
             busy = executor.hasJobs || state.withLock { !$0.outbox.isEmpty }
@@ -381,7 +386,7 @@ public final class BusClient: Sendable, Service {
     static func monitor(_ socket: ZMQSocket, context: ZMQContext, logger: Logger) -> ZMQSocket? {
         let address = "inproc://bus-client-monitor-\(getpid())-\(monitors.add(1, ordering: .relaxed).newValue)"
         do {
-            try socket.monitor(address, events: .disconnected)
+            try socket.monitor(address, events: [.disconnected, .connectRetried])
             let monitor = try ZMQSocket(.pair, context: context)
             try monitor.setLinger(milliseconds: 0)
             try monitor.connect(address)
@@ -390,15 +395,6 @@ public final class BusClient: Sendable, Service {
             logger.warning("bus client cannot monitor its connection; lost calls wait for their deadline", metadata: ["error": "\(error)"])
             return nil
         }
-    }
-
-    /// Reads the monitor's events; whether one was a disconnection.
-    static func disconnected(_ monitor: ZMQSocket) -> Bool {
-        var lost = false
-        while let message = try? monitor.receive(maxFrames: 2) {
-            if let (event, _) = ZMQSocket.monitorEvent(message), event.contains(.disconnected) { lost = true }
-        }
-        return lost
     }
 
     /// The connection broke: every call already sent will not be answered. They fail now as
@@ -532,5 +528,48 @@ public struct CurveClientKeys: Sendable {
         self.serverPublicKey = serverPublicKey
         self.publicKey = publicKey
         self.secretKey = secretKey
+    }
+}
+
+/// The disconnections a client's monitor reports, each taken as final only once libzmq has taken
+/// the dead peer's pipe out of the socket's routing. libzmq reports a disconnection
+/// (`ZMQ_EVENT_DISCONNECTED`) before it terminates the connection's pipe, and the socket learns
+/// of the termination later still, from its command queue. A retry sent in between (the calls in
+/// flight fail as `connection_lost` and retry-safe ones go again at once) could be routed into the
+/// dying pipe and dropped with it, and then waited for its whole deadline: seen under load in the
+/// replica test, whose 20 calls to a killed replica are all retried. The reconnection libzmq
+/// schedules for the same endpoint (`ZMQ_EVENT_CONNECT_RETRIED`) comes after the pipe's
+/// termination was queued to the socket; asking the socket's events then processes it. So calls
+/// fail at that second event. Should it not come (an endpoint named differently in the two
+/// events), they fail `grace` after the first, as before.
+struct LostConnections {
+    /// Endpoints reported disconnected, and since when.
+    private var waiting: [String: ContinuousClock.Instant] = [:]
+
+    static let grace = Duration.seconds(1)
+
+    /// When a disconnection waits to be taken as final without its second event.
+    var nextCheck: ContinuousClock.Instant? { waiting.values.min().map { $0.advanced(by: Self.grace) } }
+
+    /// Reads `monitor`'s events (nil: none waiting); true when the calls sent so far will not be
+    /// answered, the dead peers' pipes being out of `socket`'s routing.
+    mutating func confirmed(monitor: ZMQSocket?, socket: ZMQSocket, now: ContinuousClock.Instant = .now) -> Bool {
+        var confirmed = false
+        while let monitor, let message = try? monitor.receive(maxFrames: 2) {
+            guard let (event, endpoint) = ZMQSocket.monitorEvent(message) else { continue }
+            if event.contains(.disconnected) {
+                if waiting[endpoint] == nil { waiting[endpoint] = now }
+            } else if event.contains(.connectRetried), waiting.removeValue(forKey: endpoint) != nil {
+                confirmed = true
+            }
+        }
+        let overdue = waiting.filter { now - $0.value >= Self.grace }
+        if !overdue.isEmpty {
+            for endpoint in overdue.keys { waiting.removeValue(forKey: endpoint) }
+            confirmed = true
+        }
+        // Processes the socket's commands: the pipe's termination among them.
+        if confirmed { _ = socket.isReadable }
+        return confirmed
     }
 }

@@ -94,6 +94,8 @@ final class EventLoopLane: @unchecked Sendable {
     private let closedFlag = Atomic<Bool>(false)
     /// A watcher failed to register: the lane cannot hear replies and sends nothing more.
     private var broken = false
+    /// Disconnections heard and not yet final (see `LostConnections`).
+    private var lost = LostConnections()
 
     /// How late past its deadline a call may be failed: deadlines are checked in rounds of this.
     static let alarmSlack = Duration.milliseconds(10)
@@ -209,8 +211,9 @@ final class EventLoopLane: @unchecked Sendable {
         guard !isClosed else { return }
         repeat {
             client.receiveReplies(on: socket)
-            if let monitor, BusClient.disconnected(monitor) { client.failSent(&timers) }
+            if let monitor, lost.confirmed(monitor: monitor, socket: socket) { client.failSent(&timers) }
         } while socket.isReadable || monitor?.isReadable == true
+        if let check = lost.nextCheck { armAlarm(for: check) }
     }
 
     private func armAlarm(for deadline: ContinuousClock.Instant) {
@@ -228,7 +231,8 @@ final class EventLoopLane: @unchecked Sendable {
         alarmDeadline = nil
         guard !isClosed else { return }
         client.expire(&timers)
-        if let next = timers.min { armAlarm(for: next.deadline) }
+        if lost.nextCheck != nil, lost.confirmed(monitor: nil, socket: socket) { client.failSent(&timers) }
+        if let next = [timers.min?.deadline, lost.nextCheck].compactMap({ $0 }).min() { armAlarm(for: next) }
     }
 
     /// Stops watching and closes the sockets; called on `eventLoop`. Calls still waiting are the

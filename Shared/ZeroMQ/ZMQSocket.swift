@@ -99,6 +99,8 @@ public final class ZMQSocket {
         public init(rawValue: Int32) { self.rawValue = rawValue }
         public static let connected = Events(rawValue: Int32(ZMQ_EVENT_CONNECTED))
         public static let disconnected = Events(rawValue: Int32(ZMQ_EVENT_DISCONNECTED))
+        /// A reconnection was scheduled (after a failed attempt, or after a disconnection).
+        public static let connectRetried = Events(rawValue: Int32(ZMQ_EVENT_CONNECT_RETRIED))
     }
 
     /// Publishes this socket's `events` on a PAIR socket bound at `address` (an `inproc://`
