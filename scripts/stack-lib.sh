@@ -29,6 +29,8 @@ stack_start_once() {
     export "${upper}_BIND=ipc://$DIR/$service.ipc" "${upper}_ENDPOINT=ipc://$DIR/$service.ipc"
   done
   export JOBS_WORKER_BIND="ipc://$DIR/workers.ipc" JOBS_WORKER_ENDPOINT="ipc://$DIR/workers.ipc"
+  # The gateway's own address for the URLs it signs: this start's port, not an earlier one's.
+  export PUBLIC_BASE_URL="http://127.0.0.1:$GATEWAY_PORT"
   DEV_ENV_QUIET=1 source scripts/dev-env.sh
   if [ "${STORE:-sqlite}" = postgres ]; then
     export POSTGRES_PORT
@@ -39,9 +41,15 @@ stack_start_once() {
     export S3_PORT
     S3_PORT=$(scripts/free-port-pair.py)
   fi
-  swift build -c "$CONFIG" || return 1
+  # A debug build with the tests, as `make test` builds: SwiftPM compiles every module with
+  # testing enabled then, so a build without them rebuilt Hummingbird and others at the first
+  # check of each `make test`, and `make test`'s next build rebuilt them back (minutes on a loaded
+  # machine, inside a check's start). run.sh is handed what was built (RUN_BIN).
+  local flags=()
+  [ "$CONFIG" = debug ] && flags=(--build-tests)
+  swift build -c "$CONFIG" "${flags[@]}" || return 1
   BIN=$(swift build -c "$CONFIG" --show-bin-path)
-  setsid scripts/run.sh > "$DIR/stack.log" 2>&1 &
+  RUN_BIN=$BIN setsid scripts/run.sh > "$DIR/stack.log" 2>&1 &
   STACK=$!
   local _
   for _ in $(seq 1 300); do
