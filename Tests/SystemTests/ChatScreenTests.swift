@@ -60,10 +60,10 @@ struct ChatScreenTests {
                 {"imageKey": "\(key)", "model": "default", "parameters": {"fidelity": 0.8, "upscale": 2}}
                 """))
             #expect(chat.status == .accepted)
-            let chatJob = try #require(JobSystem.json(chat)["jobId"] as? String)
+            let chatJob = try JobSystem.jobId(of: chat)
             // And the same with fidelity 0 (the original, only upscaled)
             let plain = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "default", parameters: #"{"fidelity": 0, "upscale": 2}"#)
-            let plainJob = try #require(JobSystem.json(plain)["jobId"] as? String)
+            let plainJob = try JobSystem.jobId(of: plain)
             var results: [Data] = []
             for jobId in [chatJob, plainJob] {
                 let done = try await JobSystem.waitForStatus(client, as: user, jobId: jobId)
@@ -86,7 +86,7 @@ struct ChatScreenTests {
             // the default, as "model": "default" does
             let unnamed = try await client.execute(uri: "/api/v1/jobs", method: .post, headers: user, body: ByteBuffer(string: #"{"imageKey": "\#(key)"}"#))
             #expect(unnamed.status == .accepted)
-            let unnamedId = try #require(JobSystem.json(unnamed)["jobId"] as? String)
+            let unnamedId = try JobSystem.jobId(of: unnamed)
             let unnamedJob = JobSystem.json(try await client.execute(uri: "/api/v1/jobs/\(unnamedId)", method: .get, headers: user))
             #expect(unnamedJob["effectId"] as? String == "auto-enhance", "\(unnamedJob)")
         }

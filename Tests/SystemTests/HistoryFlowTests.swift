@@ -167,7 +167,7 @@ struct HistoryFlowTests {
         try await system.gateway { client in
             let key = try await JobSystem.upload(client, as: user)
             let created = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "slow-remote")
-            let jobId = try #require(JobSystem.json(created)["jobId"] as? String)
+            let jobId = try JobSystem.jobId(of: created)
             try await waitUntil {
                 try await JobSystem.get(client, "/api/v1/history/\(jobId)", as: user).1["status"] as? String == "processing"
             }
@@ -369,7 +369,7 @@ struct HistoryFlowTests {
             try await waitUntil { try await JobSystem.get(client, "/api/v1/history/\(jobId)", as: user).1["status"] as? String == "completed" }
             let rerun = try await client.execute(uri: "/api/v1/history/\(jobId)/rerun", method: .post, headers: user)
             #expect(rerun.status == .accepted)
-            let newId = try #require(JobSystem.json(rerun)["jobId"] as? String)
+            let newId = try JobSystem.jobId(of: rerun)
             #expect(newId != jobId)
             let job = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: newId, userId: userId))
             #expect(job.imageKey == key && job.effectId == "blur" && job.prompt == "soft light" && job.parameters == ["sigma": 2])

@@ -60,7 +60,7 @@ extension JobSystem {
     static func finishedJob(_ client: any TestClientProtocol, as user: HTTPFields, imageKey: String, effect: String = "copy", prompt: String? = nil) async throws -> String {
         let created = try await createJob(client, as: user, imageKey: imageKey, effect: effect, prompt: prompt)
         #expect(created.status == .accepted)
-        let jobId = try #require(json(created)["jobId"] as? String)
+        let jobId = try jobId(of: created)
         _ = try await waitForStatus(client, as: user, jobId: jobId)
         return jobId
     }

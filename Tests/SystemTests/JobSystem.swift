@@ -188,6 +188,13 @@ final class JobSystem: @unchecked Sendable {
         (try? JSONSerialization.jsonObject(with: Data(buffer: response.body)) as? [String: Any]) ?? [:]
     }
 
+    /// The job id a creation answered; an answer without one fails the test with what was
+    /// answered instead (a status and body, not just "nil").
+    static func jobId(of response: TestResponse, sourceLocation: SourceLocation = #_sourceLocation) throws -> String {
+        try #require(json(response)["jobId"] as? String,
+                     "the creation answered \(response.status.code): \(String(buffer: response.body).prefix(500))", sourceLocation: sourceLocation)
+    }
+
     /// Presigns and uploads `bytes`; returns the image key.
     static func upload(_ client: any TestClientProtocol, as user: HTTPFields, bytes: Data? = nil, contentType: String = "image/jpeg") async throws -> String {
         let presign = try await client.execute(uri: "/api/v1/uploads/presigned", method: .post, headers: user,

@@ -20,7 +20,7 @@ struct JobsFlowTests {
             // When an upscale job is created
             let created = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "upscale", parameters: #"{"factor": 2}"#)
             #expect(created.status == .accepted)
-            let jobId = try #require(JobSystem.json(created)["jobId"] as? String)
+            let jobId = try JobSystem.jobId(of: created)
             #expect(JobSystem.json(created)["status"] as? String == "queued")
             #expect(created.headers[.location] == "/api/v1/jobs/\(jobId)")
             // Then it completes, with a result twice the size and a 200x200 thumbnail
@@ -37,7 +37,7 @@ struct JobsFlowTests {
             #expect(try JobSystem.dimensions(of: Data(buffer: thumbnail.body)) == (200, 200))
             // And the same through Server-Sent Events: the stream ends after the terminal state
             let second = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "grayscale")
-            let secondId = try #require(JobSystem.json(second)["jobId"] as? String)
+            let secondId = try JobSystem.jobId(of: second)
             let events = try await client.execute(uri: "/api/v1/jobs/\(secondId)/events", method: .get, headers: user)
             #expect(events.headers[.contentType] == "text/event-stream")
             let stream = String(buffer: events.body)
@@ -79,7 +79,7 @@ struct JobsFlowTests {
             let key = try await JobSystem.upload(client, as: user)
             // Given a slow job running on one of two workers
             let created = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "slow-remote")
-            let jobId = try #require(JobSystem.json(created)["jobId"] as? String)
+            let jobId = try JobSystem.jobId(of: created)
             _ = try await JobSystem.waitForStatus(client, as: user, jobId: jobId, until: { $0["status"] as? String == "processing" })
             let holder = try #require(try await waitForValue { system.workers.first { $0.output.contains("job=\(jobId)") } })
             // When that worker is killed outright
@@ -165,7 +165,7 @@ struct JobsFlowTests {
             var aliceJobs: [String] = []
             for _ in 0..<100 {
                 let response = try await JobSystem.createJob(client, as: alice, imageKey: aliceKey, effect: "copy")
-                aliceJobs.append(try #require(JobSystem.json(response)["jobId"] as? String))
+                aliceJobs.append(try JobSystem.jobId(of: response))
             }
             let bobJob = try #require(JobSystem.json(try await JobSystem.createJob(client, as: bob, imageKey: bobKey, effect: "copy"))["jobId"] as? String)
             // When one worker starts taking them

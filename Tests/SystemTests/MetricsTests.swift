@@ -108,7 +108,7 @@ struct MetricsTests {
             for _ in 0..<2 {
                 let created = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "copy")
                 #expect(created.status == .accepted)
-                let jobId = try #require(JobSystem.json(created)["jobId"] as? String)
+                let jobId = try JobSystem.jobId(of: created)
                 #expect(try await JobSystem.waitForStatus(client, as: user, jobId: jobId)["status"] as? String == "completed")
             }
         }

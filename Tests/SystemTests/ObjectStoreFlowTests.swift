@@ -39,7 +39,7 @@ struct ObjectStoreFlowTests {
             let key = try await JobSystem.upload(client, as: user)
             let created = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "grayscale")
             #expect(created.status == .accepted)
-            let jobId = try #require(JobSystem.json(created)["jobId"] as? String)
+            let jobId = try JobSystem.jobId(of: created)
             let status = try await JobSystem.waitForStatus(client, as: user, jobId: jobId)
             #expect(status["status"] as? String == "completed", "\(status)")
 
@@ -72,7 +72,7 @@ struct ObjectStoreFlowTests {
             // A re-run makes a new job on the same original
             let rerun = try await client.execute(uri: "/api/v1/history/\(jobId)/rerun", method: .post, headers: user)
             #expect(rerun.status == .accepted)
-            let rerunId = try #require(JobSystem.json(rerun)["jobId"] as? String)
+            let rerunId = try JobSystem.jobId(of: rerun)
             #expect(try await JobSystem.waitForStatus(client, as: user, jobId: rerunId)["status"] as? String == "completed")
 
             // Deleting the first item removes its objects from the bucket; the original, still used
@@ -155,7 +155,7 @@ struct ObjectStoreFlowTests {
             #expect(try await put(photo) == 200)
             let first = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "grayscale")
             #expect(first.status == .accepted)
-            let firstId = try #require(JobSystem.json(first)["jobId"] as? String)
+            let firstId = try JobSystem.jobId(of: first)
             let checked = try #require(try await store.head(key)?.etag)
 
             // When the client PUTs another image to the same URL (a JPEG still: bytes after its end)
@@ -168,7 +168,7 @@ struct ObjectStoreFlowTests {
             // A new job from the key is checked again, and pinned to the new version
             let second = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "grayscale")
             #expect(second.status == .accepted)
-            let secondId = try #require(JobSystem.json(second)["jobId"] as? String)
+            let secondId = try JobSystem.jobId(of: second)
 
             // And once a worker runs them, the first fails for good and gives its credit back,
             // the second completes
