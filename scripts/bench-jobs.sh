@@ -9,6 +9,7 @@
 # 3. scale-out: a remote effect answered after 100 ms by a stand-in provider with a 64x48 image
 #    (so that the queue, not libvips, is measured), 1, 2, 4, 8 and 16 worker processes, the
 #    efficiency against linear and the CPU time each job costs the jobs service.
+# STORE=postgres: instead, the no-op run on SQLite and on PostgreSQL (see below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NOOP_JOBS=${BENCH_NOOP_JOBS:-5000}
@@ -35,12 +36,16 @@ worker_endpoint="tcp://127.0.0.1:$(port)"
 # gateway's signed routes.
 gateway_port=$(port)
 GATEWAY_PORT=$gateway_port DATA_DIR=$work LOG_LEVEL=warning URL_SIGNING_SECRET=bench-secret "$BIN/gateway" & pids+=($!)
-JOBS_BIND=$jobs_endpoint URL_SIGNING_SECRET=bench-secret PUBLIC_BASE_URL="http://127.0.0.1:$gateway_port" JOBS_WORKER_BIND=$worker_endpoint DATA_DIR=$work LOG_LEVEL=warning \
-  QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" JOBS_MAX_IN_FLIGHT=4096 JOBS_MAX_QUEUED=1000000 \
-  JOBS_EFFECTS="[{\"id\": \"remote-100ms\", \"processor\": \"remote\", \"endpoint\": \"http://127.0.0.1:$provider_port/infer\"},
-                 {\"id\": \"noop\", \"title\": \"No-op (benchmarks)\", \"processor\": \"noop\"}]" \
-  "$BIN/jobs" & jobs_pid=$!; pids+=($jobs_pid)
-sleep 1
+quota_endpoint="tcp://127.0.0.1:$(port)"
+start_jobs() { # start_jobs [VARIABLE=VALUE...]: the jobs service, on SQLite unless told otherwise
+  env JOBS_BIND=$jobs_endpoint URL_SIGNING_SECRET=bench-secret PUBLIC_BASE_URL="http://127.0.0.1:$gateway_port" JOBS_WORKER_BIND=$worker_endpoint \
+    DATA_DIR=$work LOG_LEVEL=warning QUOTA_ENDPOINT=$quota_endpoint JOBS_MAX_IN_FLIGHT=4096 JOBS_MAX_QUEUED=1000000 \
+    JOBS_EFFECTS="[{\"id\": \"remote-100ms\", \"processor\": \"remote\", \"endpoint\": \"http://127.0.0.1:$provider_port/infer\"},
+                   {\"id\": \"noop\", \"title\": \"No-op (benchmarks)\", \"processor\": \"noop\"}]" \
+    "$@" "$BIN/jobs" & jobs_pid=$!; pids+=($jobs_pid)
+  sleep 1
+}
+start_jobs
 
 workers=()
 start_workers() { # start_workers COUNT [CAPACITY]
@@ -54,6 +59,32 @@ start_workers() { # start_workers COUNT [CAPACITY]
 stop_workers() { kill "${workers[@]}" 2>/dev/null || true; wait "${workers[@]}" 2>/dev/null || true; workers=(); sleep 3.5; }
 field() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$jobs_pid/stat"; }
+
+# STORE=postgres: the same no-op run on SQLite and then on PostgreSQL (a server of its own, with
+# the statements it ran per job from pg_stat_statements); ends with
+# `jobs-postgres/sqlite throughput ratio: X`.
+if [ "${STORE:-sqlite}" = postgres ]; then
+  scripts/postgres-server.sh install
+  pg_dir=$(mktemp -d /tmp/photoedit-bench-postgres.XXXXXX)
+  trap 'scripts/postgres-server.sh stop "$pg_dir" >/dev/null 2>&1; rm -rf "$pg_dir"; cleanup' EXIT
+  POSTGRES_STATEMENT_STATS=1 scripts/postgres-server.sh start "$pg_dir" "$(port)" >/dev/null
+  source "$pg_dir/postgres.env"
+  statements() { scripts/postgres-server.sh query "$pg_dir" "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'photoedit')"; }
+  start_workers 2 "$CAPACITY"
+  sqlite=$("$BIN/jobs-bench" "$jobs_endpoint" "$work/blobs" "$NOOP_JOBS" noop "$image")
+  stop_workers
+  kill "$jobs_pid"; wait "$jobs_pid" 2>/dev/null || true
+  start_jobs JOBS_DATABASE_URL="$POSTGRES_URL"
+  start_workers 2 "$CAPACITY"
+  before=$(statements)
+  postgres=$("$BIN/jobs-bench" "$jobs_endpoint" "$work/blobs" "$NOOP_JOBS" noop "$image")
+  after=$(statements)
+  stop_workers
+  echo "jobs on SQLite (noop effect, 2 workers of capacity $CAPACITY, $NOOP_JOBS jobs):     $(field "$sqlite" jobs_per_s) jobs/s (create to completed, over the bus)"
+  echo "jobs on PostgreSQL (noop effect, 2 workers of capacity $CAPACITY, $NOOP_JOBS jobs): $(field "$postgres" jobs_per_s) jobs/s  $(awk -v s=$(( after - before )) -v n="$NOOP_JOBS" 'BEGIN { printf "%.2f", s / n }') statements/job (every replica's, relays and leases included)"
+  awk -v p="$(field "$postgres" jobs_per_s)" -v q="$(field "$sqlite" jobs_per_s)" 'BEGIN { printf "jobs-postgres/sqlite throughput ratio: %.2f\n", p/q }'
+  exit 0
+fi
 
 # 1. the queue itself: noop jobs, two workers
 start_workers 2 "$CAPACITY"

@@ -45,8 +45,20 @@ if [ "${STORE:-sqlite}" = postgres ]; then
   # A folder of its own: the server runs as the postgres user, which cannot enter $work.
   pg_dir=$(mktemp -d /tmp/photoedit-bench-postgres.XXXXXX)
   trap 'scripts/postgres-server.sh stop "$pg_dir" >/dev/null 2>&1; rm -rf "$pg_dir"; cleanup' EXIT
-  scripts/postgres-server.sh start "$pg_dir" "$(port)" >/dev/null
+  POSTGRES_STATEMENT_STATS=1 scripts/postgres-server.sh start "$pg_dir" "$(port)" >/dev/null
   source "$pg_dir/postgres.env"
+  statements() { scripts/postgres-server.sh query "$pg_dir" "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'photoedit')"; }
+
+  # The SQLite ledger, as `make bench-quota` runs it: the baseline.
+  endpoint="tcp://127.0.0.1:$(port)"
+  QUOTA_BIND=$endpoint DATA_DIR=$work LOG_LEVEL=warning QUOTA_MAX_IN_FLIGHT=4096 "$BIN/quota" &
+  sqlite_pid=$!
+  sleep 1
+  out=$("$BIN/quota-bench" "$endpoint" "$SECONDS_EACH" "$CALLERS")
+  kill "$sqlite_pid" 2>/dev/null; wait "$sqlite_pid" 2>/dev/null || true
+  sqlite=$(field "$out" decisions_per_s)
+  echo "quota on SQLite, 1 replica (bus, durable, $CALLERS callers):    $sqlite decisions/s  p50 $(field "$out" p50_ms) ms  p99 $(field "$out" p99_ms) ms"
+
   results=()
   for replicas in 1 2; do
     endpoints=""
@@ -58,15 +70,23 @@ if [ "${STORE:-sqlite}" = postgres ]; then
       started+=($!)
     done
     sleep 2
+    before=$(statements)
     out=$("$BIN/quota-bench" "$endpoints" "$SECONDS_EACH" "$CALLERS")
+    after=$(statements)
     kill "${started[@]}" 2>/dev/null; wait "${started[@]}" 2>/dev/null || true
-    echo "quota on PostgreSQL, $replicas replica(s) (bus, durable, $CALLERS callers): $(field "$out" decisions_per_s) decisions/s  p50 $(field "$out" p50_ms) ms  p99 $(field "$out" p99_ms) ms"
+    # Every statement the replicas sent while the bench ran (BEGIN and COMMIT included), over
+    # every reservation it made (its 200 warm-up ones too).
+    decisions=$(field "$out" admitted); decisions=$(( decisions + $(field "$out" denied) + 200 ))
+    trips=$(awk -v s=$(( after - before )) -v d="$decisions" 'BEGIN { printf "%.3f", s / d }')
+    echo "quota on PostgreSQL, $replicas replica(s) (bus, durable, $CALLERS callers): $(field "$out" decisions_per_s) decisions/s  p50 $(field "$out" p50_ms) ms  p99 $(field "$out" p99_ms) ms  $trips round trips/decision"
     results+=("$(field "$out" decisions_per_s)")
   done
   read -r fsync_rps fsync_p50 fsync_p99 <<< "$(redis_limiter --appendonly yes --appendfsync always)"
   echo "redis + Lua (appendfsync always, 32 connections):   ${fsync_rps} decisions/s  p50 ${fsync_p50} ms  p99 ${fsync_p99} ms"
   awk -v a="${results[0]}" -v b="${results[1]}" -v r="$fsync_rps" \
     'BEGIN { printf "quota-postgres/redis-fsync decisions ratio: 1 replica %.2f, 2 replicas %.2f\n", a/r, b/r }'
+  awk -v a="${results[0]}" -v b="${results[1]}" -v r="$sqlite" \
+    'BEGIN { printf "quota-postgres/sqlite decisions ratio: 1 replica %.2f, 2 replicas %.2f\n", a/r, b/r }'
   exit 0
 fi
 

@@ -8,6 +8,8 @@
 #                                       tests do, and a `photoedit` database it owns);
 #                                       writes DIR/postgres.env (POSTGRES_URL=...), prints it
 #   postgres-server.sh stop DIR         stop what was started for DIR (fast shutdown)
+#   postgres-server.sh query DIR SQL    runs SQL as the superuser in the photoedit database, prints
+#                                       the rows unaligned (what the benchmarks read counts with)
 #
 # PostgreSQL will not run as root: as root, the server runs as the `postgres` user the package
 # made, and DIR is handed to it. fsync stays on (the chaos checks kill it and count what it kept),
@@ -24,6 +26,8 @@ bin() {
     die "no PostgreSQL server installed: run $0 install"
 }
 as_owner() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+# Where the server's files are: DIR, or the folder DIR/server links to (see "start").
+home_of() { if [ -L "$1/server" ]; then readlink -f "$1/server"; else echo "$1"; fi; }
 
 case "${1:-}" in
 install)
@@ -38,36 +42,61 @@ install)
 stop)
     [ -n "${2:-}" ] && [ -d "$2/data" ] || die "usage: $0 stop DIR"
     dir=$(cd "$2" && pwd)
-    as_owner "$(bin)/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true
+    as_owner "$(bin)/pg_ctl" -D "$(home_of "$dir")/data" -m fast -w stop >/dev/null 2>&1 || true
+    exit 0 ;;
+query)
+    [ $# -eq 3 ] && [ -f "$2/postgres.env" ] || die "usage: $0 query DIR SQL (of a started server)"
+    dir=$(cd "$2" && pwd)
+    port=$(sed -n 's/^POSTGRES_URL=.*:\([0-9]*\)\/photoedit$/\1/p' "$dir/postgres.env")
+    as_owner "$(bin)/psql" -h "$(home_of "$dir")" -p "$port" -U postgres -d photoedit -qAt -v ON_ERROR_STOP=1 -c "$3"
     exit 0 ;;
 start)
     [ $# -eq 3 ] || die "usage: $0 start DIR PORT" ;;
 *)
-    die "usage: $0 install | start DIR PORT | stop DIR" ;;
+    die "usage: $0 install | start DIR PORT | stop DIR | query DIR SQL" ;;
 esac
 
 mkdir -p "$2"
 dir=$(cd "$2" && pwd)
 port=$3
 pg=$(bin)
-[ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
+home=$(home_of "$dir")
+if [ "$(id -u)" -eq 0 ] && [ "$home" = "$dir" ]; then
+    chown postgres: "$dir"
+    if ! runuser -u postgres -- test -w "$dir"; then
+        # The postgres user cannot reach DIR: a folder above it is closed to other users (as
+        # `mktemp -d` makes them). The server's files go in a folder it owns, named after DIR;
+        # DIR/server and DIR/data link there, so DIR still finds them. Removing DIR leaves them.
+        home=/var/lib/postgresql/photoedit/$(printf '%s' "$dir" | sha256sum | cut -c1-16)
+        mkdir -p "$home" && chown postgres: /var/lib/postgresql/photoedit "$home"
+        ln -sfn "$home" "$dir/server"
+        ln -sfn "$home/data" "$dir/data"
+    fi
+fi
 if [ ! -f "$dir/data/PG_VERSION" ]; then
     password=$(head -c 18 /dev/urandom | base64 | tr -d '/+=')
-    as_owner bash -c "umask 077; echo '$password' > '$dir/password'"
-    as_owner "$pg/initdb" -D "$dir/data" -U postgres --auth-local=trust --auth-host=scram-sha-256 \
-        --pwfile="$dir/password" -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; die "initdb failed"; }
+    as_owner bash -c "umask 077; echo '$password' > '$home/password'"
+    as_owner "$pg/initdb" -D "$home/data" -U postgres --auth-local=trust --auth-host=scram-sha-256 \
+        --pwfile="$home/password" -E UTF8 --locale=C.UTF-8 >"$home/initdb.log" 2>&1 || { cat "$home/initdb.log" >&2; die "initdb failed"; }
     fresh=1
 fi
 bind=${POSTGRES_BIND:-127.0.0.1}
 settings="-c fsync=on"
 [ "${POSTGRES_THROWAWAY:-0}" = 1 ] && settings="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-as_owner "$pg/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
-    -o "-p $port -k $dir -c listen_addresses=$bind -c max_connections=${POSTGRES_MAX_CONNECTIONS:-200} $settings" start >/dev/null \
-    || { tail -20 "$dir/postgres.log" >&2; die "the server did not start"; }
-password=$(cat "$dir/password" 2>/dev/null || as_owner cat "$dir/password")
+# POSTGRES_STATEMENT_STATS=1: pg_stat_statements counts every statement (BEGIN and COMMIT included),
+# what the benchmarks read their round trips from.
+[ "${POSTGRES_STATEMENT_STATS:-0}" = 1 ] && settings+=" -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track_utility=on"
+as_owner "$pg/pg_ctl" -D "$home/data" -l "$home/postgres.log" -w -t 60 \
+    -o "-p $port -k $home -c listen_addresses=$bind -c max_connections=${POSTGRES_MAX_CONNECTIONS:-200} $settings" start >/dev/null \
+    || { tail -20 "$home/postgres.log" >&2; die "the server did not start"; }
+password=$(cat "$home/password" 2>/dev/null || as_owner cat "$home/password")
 if [ -n "${fresh:-}" ]; then
-    as_owner "$pg/psql" -h "$dir" -p "$port" -U postgres -d postgres -qAt -v ON_ERROR_STOP=1 \
+    as_owner "$pg/psql" -h "$home" -p "$port" -U postgres -d postgres -qAt -v ON_ERROR_STOP=1 \
         -c "CREATE ROLE photoedit LOGIN CREATEDB PASSWORD '$password'" -c "CREATE DATABASE photoedit OWNER photoedit" >/dev/null
+fi
+if [ "${POSTGRES_STATEMENT_STATS:-0}" = 1 ]; then
+    as_owner "$pg/psql" -h "$home" -p "$port" -U postgres -d photoedit -qAt -v ON_ERROR_STOP=1 \
+        -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null
 fi
 echo "POSTGRES_URL=postgres://photoedit:$password@127.0.0.1:$port/photoedit" > "$dir/postgres.env"
 cat "$dir/postgres.env"
