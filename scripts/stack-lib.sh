@@ -41,10 +41,10 @@ stack_start_once() {
     export S3_PORT
     S3_PORT=$(scripts/free-port-pair.py)
   fi
-  # A debug build with the tests, as `make test` builds: SwiftPM compiles every module with
-  # testing enabled then, so a build without them rebuilt Hummingbird and others at the first
-  # check of each `make test`, and `make test`'s next build rebuilt them back (minutes on a loaded
-  # machine, inside a check's start). run.sh is handed what was built (RUN_BIN).
+  # A debug build with the tests, as `make test` builds, and run.sh handed what was built
+  # (RUN_BIN) instead of building a second time. (Some package modules, SwiftProtobuf or
+  # Hummingbird, are still compiled again by each start's build: 30 to 60 s each in make test,
+  # cause not found yet; the start's wait begins after the build.)
   local flags=()
   [ "$CONFIG" = debug ] && flags=(--build-tests)
   swift build -c "$CONFIG" "${flags[@]}" || return 1
