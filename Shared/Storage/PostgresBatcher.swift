@@ -12,9 +12,10 @@ import Synchronization
 /// the task of a caller that waits for it anyway, and nothing is left running once every caller
 /// has its answer. At most `lanes` batches run at once.
 ///
-/// A batch runs for its leader's request (its deadline bounds the transaction); an operation whose
-/// own deadline passed while it waited is answered `PostgresUnavailable` without being run (nothing
-/// was done). Past `maximumWaiting` operations waiting, a caller is told the same at once.
+/// A batch is bounded by the latest bus deadline of its operations (none if one has none), so that
+/// no operation is cut short by another's; an operation whose own deadline passed while it waited
+/// is answered `PostgresUnavailable` without being run (nothing was done). Past `maximumWaiting`
+/// operations waiting, a caller is told the same at once.
 public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Sendable {
     /// Runs a batch: one answer per request, in order. Throwing answers every request with the error.
     public typealias Execute = @Sendable ([Request]) async throws -> [Result<Response, any Error>]
