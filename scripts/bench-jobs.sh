@@ -64,12 +64,7 @@ cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$jobs_pid/stat"; }
 # the statements it ran per job from pg_stat_statements); ends with
 # `jobs-postgres/sqlite throughput ratio: X`.
 if [ "${STORE:-sqlite}" = postgres ]; then
-  scripts/postgres-server.sh install
-  pg_dir=$(mktemp -d /tmp/photoedit-bench-postgres.XXXXXX)
-  trap 'scripts/postgres-server.sh stop "$pg_dir" >/dev/null 2>&1; rm -rf "$pg_dir"; cleanup' EXIT
-  POSTGRES_STATEMENT_STATS=1 scripts/postgres-server.sh start "$pg_dir" "$(port)" >/dev/null
-  source "$pg_dir/postgres.env"
-  statements() { scripts/postgres-server.sh query "$pg_dir" "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'photoedit')"; }
+  start_bench_postgres
   start_workers 2 "$CAPACITY"
   sqlite=$("$BIN/jobs-bench" "$jobs_endpoint" "$work/blobs" "$NOOP_JOBS" noop "$image")
   stop_workers

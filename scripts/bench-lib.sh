@@ -95,3 +95,20 @@ pip_install() {
   fi
   python3 -m pip install -q "$1" 2>/dev/null || python3 -m pip install -q --break-system-packages "$1"
 }
+
+# STORE=postgres benchmarks: a PostgreSQL of their own in a folder of its own (the server runs as
+# the postgres user, which cannot enter $work), counting statements (pg_stat_statements), stopped
+# and removed at exit; sets pg_dir and POSTGRES_URL. `statements` prints how many statements the
+# photoedit database has run so far.
+start_bench_postgres() {
+  scripts/postgres-server.sh install
+  pg_dir=$(mktemp -d /tmp/photoedit-bench-postgres.XXXXXX)
+  trap 'scripts/postgres-server.sh stop "$pg_dir" >/dev/null 2>&1; rm -rf "$pg_dir"; cleanup' EXIT
+  POSTGRES_STATEMENT_STATS=1 scripts/postgres-server.sh start "$pg_dir" "$(port)" >/dev/null
+  source "$pg_dir/postgres.env"
+}
+statements() {
+  scripts/postgres-server.sh query "$pg_dir" \
+    "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'photoedit')"
+}
+

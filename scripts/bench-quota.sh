@@ -41,13 +41,7 @@ redis_limiter() {
 }
 
 if [ "${STORE:-sqlite}" = postgres ]; then
-  scripts/postgres-server.sh install
-  # A folder of its own: the server runs as the postgres user, which cannot enter $work.
-  pg_dir=$(mktemp -d /tmp/photoedit-bench-postgres.XXXXXX)
-  trap 'scripts/postgres-server.sh stop "$pg_dir" >/dev/null 2>&1; rm -rf "$pg_dir"; cleanup' EXIT
-  POSTGRES_STATEMENT_STATS=1 scripts/postgres-server.sh start "$pg_dir" "$(port)" >/dev/null
-  source "$pg_dir/postgres.env"
-  statements() { scripts/postgres-server.sh query "$pg_dir" "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'photoedit')"; }
+  start_bench_postgres
 
   # The SQLite ledger, as `make bench-quota` runs it: the baseline.
   endpoint="tcp://127.0.0.1:$(port)"

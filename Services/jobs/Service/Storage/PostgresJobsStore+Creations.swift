@@ -30,10 +30,7 @@ extension PostgresJobsStore {
     static func create(_ batch: [Creation], database: PostgresPool, retry: RetryPolicy, logger: Logger) async throws -> [Result<Created, any Error>] {
         try await database.transaction { db in
             let ids = Array(Set(batch.map(\.request.jobId)))
-            let lockKeys = ids.map { "jobs:job:" + $0 }
-            for try await _ in try await db.query("""
-                SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(\(lockKeys)::text[]) AS k ORDER BY h) AS ordered
-                """, logger: logger) {}
+            try await db.lockInHashOrder(ids.map { "jobs:job:" + $0 }, logger: logger)
             var jobs: [String: JobRecord] = [:]
             for try await row in try await db.query(
                 "SELECT \(unescaped: columns) FROM jobs_job WHERE id = ANY(\(ids)::text[])", logger: logger

@@ -81,12 +81,7 @@ extension PostgresQuotaStore {
         }
 
         // 1. Locks, in one order.
-        let lockKeys = reserving.map { "quota:user:" + $0 } + networks.map { "quota:network:" + $0 }
-        if !lockKeys.isEmpty {
-            for try await _ in try await db.query("""
-                SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(\(lockKeys)::text[]) AS k ORDER BY h) AS ordered
-                """, logger: logger) {}
-        }
+        try await db.lockInHashOrder(reserving.map { "quota:user:" + $0 } + networks.map { "quota:network:" + $0 }, logger: logger)
 
         // 2. The charges.
         var charges: [String: (charge: Charge, network: String?)] = [:]
