@@ -103,7 +103,8 @@ pip_install() {
 start_bench_postgres() {
   scripts/postgres-server.sh install
   pg_dir=$(mktemp -d /tmp/photoedit-bench-postgres.XXXXXX)
-  trap 'scripts/postgres-server.sh stop "$pg_dir" >/dev/null 2>&1; rm -rf "$pg_dir"; cleanup' EXIT
+  # The services first: a jobs service whose PostgreSQL stopped first did not exit on SIGTERM.
+  trap 'cleanup; scripts/postgres-server.sh stop "$pg_dir" >/dev/null 2>&1; rm -rf "$pg_dir"' EXIT
   POSTGRES_STATEMENT_STATS=1 scripts/postgres-server.sh start "$pg_dir" "$(port)" >/dev/null
   source "$pg_dir/postgres.env"
 }
