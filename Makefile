@@ -8,7 +8,7 @@ deps:
 	@scripts/install-deps.sh
 
 build: deps
-	swift build -c $(CONFIG)
+	scripts/swift-build.sh -c $(CONFIG)
 
 ## Runs quota, history, jobs and the gateway on localhost, data under $(DATA_DIR) (default .data).
 run: deps
@@ -42,8 +42,8 @@ HEAVY_TESTS := SlowClientsTests|QuotaProcessTests|BusProcessTests|BusReplicaTest
 ## (SIGINT to the process group) stops each stack (default, BLOB_STORE=s3, STORE=postgres), three
 ## workers and jobs in flight included, within 10 s, leaving nothing running (scripts/stop-check.sh).
 test: deps
-	swift build --build-tests
-	swift build --product swift-openapi-generator
+	scripts/swift-build.sh --build-tests
+	scripts/swift-build.sh --product swift-openapi-generator
 	scripts/swift-test.sh 10 --filter BusTests
 	scripts/with-s3.sh scripts/with-postgres.sh bash -c 'scripts/swift-test.sh 10 --filter "$(STORE_TESTS)" \
 	  && scripts/swift-test.sh 20 --skip BusTests --skip "$(STORE_TESTS)" --skip "$(HEAVY_TESTS)" \
@@ -73,14 +73,14 @@ chaos-postgres: deps
 
 ## Regenerates the client code from openapi.yaml (committed; a test fails when it is stale).
 generate: deps
-	swift build --product swift-openapi-generator
+	scripts/swift-build.sh --product swift-openapi-generator
 	rm -rf Clients/PhotoEditKit/Generated && mkdir -p Clients/PhotoEditKit/Generated
-	$$(swift build --show-bin-path)/swift-openapi-generator generate openapi.yaml \
+	$$(scripts/swift-build.sh --show-bin-path)/swift-openapi-generator generate openapi.yaml \
 	  --config Clients/openapi-generator-config.yaml --output-directory Clients/PhotoEditKit/Generated
 
 ## The contract conformance run alone (needs the debug build).
 conformance: deps
-	swift build
+	scripts/swift-build.sh
 	scripts/conformance.sh
 
 ## The app's flows for 60 s against the stack `make run` started; invariants checked after.
@@ -120,9 +120,9 @@ bench-models: deps
 
 ## What 1,000 open job event streams cost the jobs service and the gateway (CPU, descriptors).
 stream-cost: deps
-	swift build -c release --product quota && swift build -c release --product history
-	swift build -c release --product jobs && swift build -c release --product gateway
-	scripts/stream-cost.py $$(swift build -c release --show-bin-path) 1000
+	scripts/swift-build.sh -c release --product quota && scripts/swift-build.sh -c release --product history
+	scripts/swift-build.sh -c release --product jobs && scripts/swift-build.sh -c release --product gateway
+	scripts/stream-cost.py $$(scripts/swift-build.sh -c release --show-bin-path) 1000
 
 clean:
 	rm -rf .build .data

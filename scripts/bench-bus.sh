@@ -8,8 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${BENCH_SECONDS:-3}
 
-swift build -c release --product bus-bench >/dev/null 2>&1 || swift build -c release --product bus-bench
-BIN=$(swift build -c release --show-bin-path)
+scripts/swift-build.sh -c release --product bus-bench >/dev/null 2>&1 || scripts/swift-build.sh -c release --product bus-bench
+BIN=$(scripts/swift-build.sh -c release --show-bin-path)
 mkdir -p .build/bench
 cc -O2 -o .build/bench/zmq_echo Benchmarks/raw/zmq_echo.c $(pkg-config --libs libzmq)
 

@@ -4,9 +4,9 @@
 # Builds each named product for release, quietly unless it fails; sets BIN.
 build_release() {
   for product in "$@"; do
-    swift build -c release --product "$product" >/dev/null 2>&1 || swift build -c release --product "$product"
+    scripts/swift-build.sh -c release --product "$product" >/dev/null 2>&1 || scripts/swift-build.sh -c release --product "$product"
   done
-  BIN=$(swift build -c release --show-bin-path)
+  BIN=$(scripts/swift-build.sh -c release --show-bin-path)
 }
 
 # A TCP port on loopback that nothing listens on right now.
@@ -70,7 +70,7 @@ trap cleanup EXIT
 # sets `gateway` to its URL. Variables exported before apply to every process; GATEWAY_ENV (an
 # array of VAR=value) to the gateway alone. Used by the checks `make test` runs on a live stack.
 start_debug_stack() {
-  BIN=$(swift build --show-bin-path)
+  BIN=$(scripts/swift-build.sh --show-bin-path)
   export DATA_DIR=$work LOG_LEVEL=${LOG_LEVEL:-warning}
   export QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" HISTORY_ENDPOINT="tcp://127.0.0.1:$(port)" JOBS_ENDPOINT="tcp://127.0.0.1:$(port)"
   export QUOTA_BIND=$QUOTA_ENDPOINT HISTORY_BIND=$HISTORY_ENDPOINT JOBS_BIND=$JOBS_ENDPOINT

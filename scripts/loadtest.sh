@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${CONFIG:-debug}
 DEV_ENV_QUIET=1 source scripts/dev-env.sh
-swift build -c "$CONFIG" --product loadtest
-BIN=$(swift build -c "$CONFIG" --show-bin-path)
+scripts/swift-build.sh -c "$CONFIG" --product loadtest
+BIN=$(scripts/swift-build.sh -c "$CONFIG" --show-bin-path)
 mkdir -p "$DATA_DIR"
 # shellcheck disable=SC2086 # ARGS is a list of flags
 exec "$BIN/loadtest" --json "$DATA_DIR/loadtest.json" --report "$DATA_DIR/loadtest.html" ${ARGS:-}

@@ -27,8 +27,8 @@ rm -f "$PID_DIR"/*.pid
 if [ -n "${RUN_BIN:-}" ]; then
   BIN=$RUN_BIN
 else
-  swift build -c "$CONFIG" || exit 1
-  BIN=$(swift build -c "$CONFIG" --show-bin-path)
+  scripts/swift-build.sh -c "$CONFIG" || exit 1
+  BIN=$(scripts/swift-build.sh -c "$CONFIG" --show-bin-path)
 fi
 
 # BLOB_STORE=s3 without an S3_ENDPOINT: a local RADOS Gateway in $DATA_DIR/s3 (scripts/s3-server.sh)

@@ -13,7 +13,7 @@
 #   BLOB_STORE=s3 scripts/seed-contract.sh     on a RADOS Gateway of its own
 #   STORE=postgres scripts/seed-contract.sh    on a PostgreSQL of its own
 #
-# The tests must be built (`swift build --build-tests`; make test does it first).
+# The tests must be built (`scripts/swift-build.sh --build-tests`; make test does it first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${CONFIG:-debug}
@@ -25,7 +25,7 @@ trap stack_kill EXIT
 stack_start || { echo "seed-contract: the stack did not start ($name)"; exit 1; }
 
 SEED_CONTRACT_URL="http://127.0.0.1:$GATEWAY_PORT" SEED_CONTRACT_STACK="$name" \
-  swift test --skip-build --filter SeedContractTests > "$DIR/contract.log" 2>&1
+  scripts/swift-test.sh 10 --filter SeedContractTests > "$DIR/contract.log" 2>&1
 status=$?
 grep -a '^seed-contract \[' "$DIR/contract.log"
 if [ $status -ne 0 ] || ! grep -aq 'Test theAppsFlowsAsTheSeedsWriteThem() passed' "$DIR/contract.log"; then

@@ -42,13 +42,12 @@ stack_start_once() {
     S3_PORT=$(scripts/free-port-pair.py)
   fi
   # A debug build with the tests, as `make test` builds, and run.sh handed what was built
-  # (RUN_BIN) instead of building a second time. (Some package modules, SwiftProtobuf or
-  # Hummingbird, are still compiled again by each start's build: 30 to 60 s each in make test,
-  # cause not found yet; the start's wait begins after the build.)
+  # (RUN_BIN) instead of building a second time. Through scripts/swift-build.sh, so that this
+  # build, in the caller's environment (STORE, BLOB_STORE, ...), finds nothing to compile.
   local flags=()
   [ "$CONFIG" = debug ] && flags=(--build-tests)
-  swift build -c "$CONFIG" "${flags[@]}" || return 1
-  BIN=$(swift build -c "$CONFIG" --show-bin-path)
+  scripts/swift-build.sh -c "$CONFIG" "${flags[@]}" || return 1
+  BIN=$(scripts/swift-build.sh -c "$CONFIG" --show-bin-path)
   RUN_BIN=$BIN setsid scripts/run.sh > "$DIR/stack.log" 2>&1 &
   STACK=$!
   local _
