@@ -66,6 +66,18 @@ struct DispatchElectionTests {
                 _ = try await leaderA.complete(JobAttempt(jobId: job.id, attempt: 1), output: JobOutput(resultKey: "r", thumbnailKey: "t"), now: Date())
             }
             await #expect(throws: DispatchDeposed.self) { _ = try await leaderA.requeue(JobAttempt(jobId: job.id, attempt: 1), reason: "late", now: Date()) }
+            // And so is its batch of one event's starts and results, every write of it
+            let queued = try await store.create(
+                CreateJob(jobId: "queued", userId: "alice", isPro: false, imageKey: "uploads/alice/a.jpg", effectId: "copy"),
+                effectId: "copy", parameters: [:], now: Date()
+            ).job
+            let late = await leaderA.write(
+                starts: [queued.id], results: [(JobAttempt(jobId: job.id, attempt: 1), .done(JobOutput(resultKey: "r", thumbnailKey: "t")))], now: Date()
+            )
+            for written in late.starts.map({ $0.map { _ in () } }) + late.results.map({ $0.map { _ in () } }) {
+                #expect(throws: DispatchDeposed.self) { try written.get() }
+            }
+            #expect(try await store.job(queued.id, userId: nil)?.status == .queued)
             #expect(try await store.job(job.id, userId: nil)?.status == .processing)
             // And B's are applied
             let outcome = try await leaderB.complete(JobAttempt(jobId: job.id, attempt: 1), output: JobOutput(resultKey: "r", thumbnailKey: "t"), now: Date())

@@ -1,0 +1,157 @@
+import Foundation
+import JobsCore
+import Logging
+import Messages
+import PostgresNIO
+import Storage
+
+/// The dispatcher's writes of one event (`write(starts:results:now:)`) in one transaction of 6
+/// statements whatever its size, instead of one transaction of 5 or 6 statements for each start
+/// and each result: BEGIN; the lease's fence; every row the batch names, locked in the order of
+/// their ids (two batches, or a batch and a handler's write of one row, never wait for each other
+/// in a circle); every changed row in one update (its rows as one JSON array, as creations insert
+/// them); the quota settlements and file deletions in one insert; COMMIT. Each start and result is
+/// decided by `JobRules` on the row as the batch has changed it so far, starts first, as the
+/// SQLite store writes them.
+extension PostgresJobsStore {
+    public func write(starts: [String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome {
+        guard !starts.isEmpty || !results.isEmpty else { return JobsBatchOutcome(starts: [], results: []) }
+        var attempt = 1
+        while true {
+            do {
+                return try await write(fenced: true) { store, db in try await store.dispatchBatch(db, starts: starts, results: results, now: now) }
+            } catch let error as PSQLError where attempt < Self.batchAttempts && ["40P01", "40001"].contains(error.serverInfo?[.sqlState] ?? "") {
+                logger.debug("dispatch batch run again", metadata: ["sqlState": "\(error.serverInfo?[.sqlState] ?? "")"])
+            } catch {
+                return JobsBatchOutcome(starts: starts.map { _ in .failure(error) }, results: results.map { _ in .failure(error) })
+            }
+            attempt += 1
+        }
+    }
+
+    /// How many times a batch is run again after a deadlock PostgreSQL reports anyway.
+    static let batchAttempts = 3
+
+    private func dispatchBatch(
+        _ db: PostgresConnection, starts: [String], results: [(attempt: JobAttempt, result: JobResult)], now: Date
+    ) async throws -> JobsBatchOutcome {
+        let ids = Array(Set(starts + results.map(\.attempt.jobId))).sorted()
+        var jobs: [String: JobRecord] = [:]
+        for job in try await rows(db, "SELECT \(unescaped: Self.columns) FROM jobs_job WHERE id = ANY(\(ids)::text[]) ORDER BY id FOR UPDATE") {
+            jobs[job.id] = job
+        }
+        var changed: Set<String> = []
+        var outbox: [OutboxRow] = []
+        func apply(_ transition: JobRules.Transition) {
+            jobs[transition.job.id] = transition.job
+            changed.insert(transition.job.id)
+            if let settlement = transition.settlement {
+                outbox.append(OutboxRow(topic: OutboxEntry.Topic.quota, kind: settlement.rawValue, jobId: transition.job.id, version: transition.job.version, payload: nil))
+            }
+        }
+
+        var started: [Result<JobRecord?, any Error>] = []
+        for id in starts {
+            guard let job = jobs[id], let transition = JobRules.start(job, now: now) else {
+                started.append(.success(nil))
+                continue
+            }
+            apply(transition)
+            started.append(.success(transition.job))
+        }
+        var recorded: [Result<(outcome: JobReportOutcome, retryAfter: Duration?), any Error>] = []
+        for (attempt, result) in results {
+            guard let job = jobs[attempt.jobId] else {
+                recorded.append(.success((.refused("no such job"), nil)))
+                continue
+            }
+            switch JobRules.report(job, attempt, result, retry: retry, now: now) {
+            case .refuse(let reason):
+                // A refused result's files are not the job's: deleted, as `discardOutput` does.
+                if case .done(let output) = result {
+                    let keys = [output.resultKey, output.thumbnailKey].filter { $0 != job.resultKey && $0 != job.thumbnailKey }
+                    if !keys.isEmpty {
+                        outbox.append(OutboxRow(topic: OutboxEntry.Topic.blobs, kind: "delete", jobId: job.id, version: 0, payload: try JSONEncoder().encode(keys)))
+                    }
+                }
+                recorded.append(.success((.refused(reason), nil)))
+            case .alreadyRecorded(let job):
+                recorded.append(.success((.alreadyRecorded(job), nil)))
+            case .apply(let transition):
+                apply(transition)
+                recorded.append(.success((.applied(transition.job), transition.retryAfter)))
+            }
+        }
+
+        if !changed.isEmpty {
+            let rows = String(decoding: try JSONEncoder().encode(try changed.sorted().compactMap { jobs[$0] }.map(ChangedJobRow.init)), as: UTF8.self)
+            // Each row due for history at once (every transition bumps the version).
+            try await db.query("""
+                UPDATE jobs_job j SET status = r.status, progress = r.progress, attempts = r.attempts, last_error = r.last_error,
+                    result_key = r.result_key, thumbnail_key = r.thumbnail_key, updated_at = r.updated_at, started_at = r.started_at,
+                    finished_at = r.finished_at, version = r.version, cancel_requested = r.cancel_requested, submission = r.submission,
+                    history_due_at = r.updated_at, history_attempts = 0
+                FROM jsonb_populate_recordset(NULL::jobs_job, \(rows)::jsonb) AS r
+                WHERE j.id = r.id
+                """, logger: logger)
+        }
+        if !outbox.isEmpty {
+            let stamp = now.timeIntervalSince1970
+            // No payload is written as an empty text (a payload is JSON, never empty).
+            try await db.query("""
+                INSERT INTO jobs_outbox (topic, kind, job_id, version, payload, created_at, next_attempt_at)
+                SELECT o.topic, o.kind, o.job_id, o.version, CASE WHEN o.payload = '' THEN NULL ELSE convert_to(o.payload, 'UTF8') END, \(stamp), \(stamp)
+                FROM unnest(\(outbox.map(\.topic))::text[], \(outbox.map(\.kind))::text[], \(outbox.map(\.jobId))::text[],
+                            \(outbox.map(\.version))::bigint[], \(outbox.map(\.payload))::text[]) WITH ORDINALITY AS o(topic, kind, job_id, version, payload, n)
+                ORDER BY o.n
+                """, logger: logger)
+        }
+        return JobsBatchOutcome(starts: started, results: recorded)
+    }
+}
+
+/// An outbox entry of a dispatch batch.
+private struct OutboxRow {
+    var topic, kind, jobId: String
+    var version: Int
+    /// The payload's JSON text; empty for none.
+    var payload: String
+
+    init(topic: String, kind: String, jobId: String, version: Int, payload: Data?) {
+        self.topic = topic
+        self.kind = kind
+        self.jobId = jobId
+        self.version = version
+        self.payload = payload.map { String(decoding: $0, as: UTF8.self) } ?? ""
+    }
+}
+
+/// What a transition changes in a job's row (what `update` writes), as `jsonb_populate_recordset`
+/// reads it: keys named as the columns, an absent key NULL.
+private struct ChangedJobRow: Encodable {
+    var id, status: String
+    var progress: Double
+    var attempts: Int
+    var last_error, result_key, thumbnail_key: String?
+    var updated_at: Double
+    var started_at, finished_at: Double?
+    var version: Int
+    var cancel_requested: Bool
+    var submission: String?
+
+    init(_ job: JobRecord) throws {
+        id = job.id
+        status = job.status.rawValue
+        progress = job.progress
+        attempts = job.attempts
+        last_error = job.lastError
+        result_key = job.resultKey
+        thumbnail_key = job.thumbnailKey
+        updated_at = job.updatedAt.timeIntervalSince1970
+        started_at = job.startedAt?.timeIntervalSince1970
+        finished_at = job.finishedAt?.timeIntervalSince1970
+        version = job.version
+        cancel_requested = job.cancelRequested
+        submission = try JobRows.text(job.submission)
+    }
+}
