@@ -6,15 +6,20 @@ import Synchronization
 /// Whether a pool's PostgreSQL is down, found by a probe of its own: a TCP connection to the
 /// server's port and a protocol startup message, whose answer tells an accepting server
 /// (authentication asked for) from one that is not (refused, closed, or an error such as "the
-/// database system is starting up"). The probe gives up after `probeTimeout` and then takes the
-/// server for up, whether the connection or the answer is what did not come in time: a server
-/// that accepts and says nothing, or a busy machine, never makes callers fail, it only keeps them
-/// waiting within their deadlines. Only a definite answer is an outage: the connection refused or
-/// reset, or an error. (A connect timeout taken for down failed every PostgreSQL test at once
-/// when the whole suite started together: with dozens of pools connecting in one process, the
-/// probes' connections were not through in 500 ms, and each pool told its callers the server was
-/// gone.) An address given as an IP is connected to without a name lookup. Nothing is
-/// authenticated: the probe closes the connection at the first answer.
+/// database system is starting up"). A server that takes the connection and then says nothing for
+/// `silenceLimit` is down too: frozen (its processes stopped, SIGSTOP, or its host hung), a state
+/// in which every statement sent to it would wait out its caller's deadline. A connection that is
+/// not through within `probeTimeout` is no finding, and the server is taken for up: a busy
+/// machine never makes callers fail, it only keeps them waiting within their deadlines. (A
+/// connect timeout taken for down failed every PostgreSQL test at once when the whole suite
+/// started together: with dozens of pools connecting in one process, the probes' connections were
+/// not through in 500 ms, and each pool told its callers the server was gone.) The silence is
+/// measured from the connection, by a timer of the connection's own event loop, which reads what
+/// has arrived before it runs its timers: an event loop late in its work does not take an answer
+/// that came for a silence. 2 s is far past what any PostgreSQL that runs takes to ask for
+/// authentication (a fork), even on a loaded 2-core machine. An address given as an IP is
+/// connected to without a name lookup. Nothing is authenticated: the probe closes the connection
+/// at the first answer.
 ///
 /// Probes are asked for by operations that waited long for a connection or lost one; while the
 /// server is down, the watch probes it every `probeEvery` by itself, so that it is found back
@@ -27,8 +32,10 @@ final class PostgresOutage: Sendable {
 
     /// How often, at most, the server is probed; and how often while it is down.
     static let probeEvery = Duration.milliseconds(250)
-    /// How long a probe waits for the server's answer (the TCP connection included).
+    /// How long a probe waits for its TCP connection to be through (past it: no finding, up).
     static let probeTimeout = TimeAmount.milliseconds(500)
+    /// How long a server that took the probe's connection has to answer it (past it: frozen, down).
+    static let silenceLimit = TimeAmount.seconds(2)
 
     /// Since when the server is found down; nil while it is up (or not probed yet).
     private let downSince = Mutex<ContinuousClock.Instant?>(nil)
@@ -60,7 +67,8 @@ final class PostgresOutage: Sendable {
         }
     }
 
-    /// Whether the server accepts connections now (or does not answer in time: taken for up).
+    /// Whether the server accepts connections now (or its connection is not through in time:
+    /// taken for up).
     private func probe() async -> Bool {
         let startup = Self.startupMessage(username: username, database: database)
         let group = MultiThreadedEventLoopGroup.singleton
@@ -76,7 +84,8 @@ final class PostgresOutage: Sendable {
             let connecting = (try? SocketAddress(ipAddress: host, port: port)).map { bootstrap.connect(to: $0) }
                 ?? bootstrap.connect(host: host, port: port)
             let channel = try await connecting.get()
-            channel.eventLoop.scheduleTask(in: Self.probeTimeout) { answer.succeed(true) }
+            // Connected and silent: frozen (see the type's notes).
+            channel.eventLoop.scheduleTask(in: Self.silenceLimit) { answer.succeed(false) }
             let accepting = (try? await answer.futureResult.get()) ?? false
             try? await channel.close()
             return accepting

@@ -339,9 +339,9 @@ public final class PostgresPool: Service, Sendable {
         }
     }
 
-    /// An operation's timer: after `acquireLimit` without a connection, has the server probed and
-    /// gives the operation up if it is down or `end` passes first; with a connection, answers the
-    /// caller at `end`. Ends early when cancelled (the operation ended).
+    /// An operation's timer: after `acquireLimit`, has the server probed; without a connection,
+    /// gives the operation up if it is down or `end` passes first; with one, answers the caller
+    /// at `end` or once the server is found down. Ends early when cancelled (the operation ended).
     private static func timer<T: Sendable>(
         lease: LeaseState, location: PostgresLocation, outage: PostgresOutage, end: ContinuousClock.Instant?, answer: Answer<T>
     ) async {
@@ -364,11 +364,19 @@ public final class PostgresPool: Service, Sendable {
             guard await sleep(checkEvery) else { return }
             connection = lease.acquired
         }
-        // The caller is answered at `end`; the operation finishes in its own time (a transaction's
-        // statements are stopped by PostgreSQL at the same deadline: see `transaction`). Closing
-        // its connection instead raced with postgres-nio's pool, which could hand the closed
-        // connection to the next caller, whose query then never ended.
-        guard connection != nil, let end, (try? await Task.sleep(until: end)) != nil else { return }
+        // With a connection, the caller is answered at `end`, or as soon as the server is found
+        // down or frozen (the operation has outlasted `acquireLimit`: the server is probed), as
+        // timed out: it may have committed. The operation finishes in its own time (a
+        // transaction's statements are stopped by PostgreSQL at the same deadline: see
+        // `transaction`; a frozen server's, once it runs again). Closing its connection instead
+        // raced with postgres-nio's pool, which could hand the closed connection to the next
+        // caller, whose query then never ended.
+        guard connection != nil else { return }
+        while !outage.isDown {
+            if let end, ContinuousClock.now >= end { break }
+            outage.suspect()
+            guard await sleep(checkEvery) else { return }
+        }
         answer.give(.failure(PostgresOperationTimedOut()))
     }
 

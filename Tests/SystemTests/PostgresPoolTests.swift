@@ -16,9 +16,10 @@ struct PostgresPoolTests {
     let logger = { var logger = Logger(label: "test.pool"); logger.logLevel = .critical; return logger }()
 
     @Test func aServerThatCannotBeReachedFailsCallsFastAsUnavailableUntilItsPortAnswers() async throws {
-        // Given a pool of a server that does not answer (nothing listens on the port)
-        let port = freePort()
-        let location = try PostgresLocation(url: "postgres://photoedit:secret-password@127.0.0.1:\(port)/photoedit")
+        // Given a pool of the test server's database at a port where nothing listens yet
+        var location = try await TestPostgres.freshDatabase()
+        let server = location.port
+        location.port = freePort()
         let clock = ContinuousClock()
         let logger = logger
         try await PostgresPool(location: location, logger: logger).running { pool in
@@ -32,7 +33,7 @@ struct PostgresPoolTests {
             #expect(error is PostgresUnavailable, "\(error)")
             #expect(first >= PostgresPool.acquireLimit)
             #expect(StorageFailure.busError(for: error)?.code == .unavailable)
-            #expect(!"\(error)".contains("secret-password"))
+            #expect(!"\(error)".contains(location.password ?? "-"))
             // And the calls right after fail at once, without waiting again
             thrown = nil
             let second = await clock.measure {
@@ -40,16 +41,51 @@ struct PostgresPoolTests {
             }
             #expect(thrown is PostgresUnavailable)
             #expect(second < PostgresPool.acquireLimit)
-            // And once something listens on the port, the pool's own probe finds it, and calls
-            // wait for a connection again (to their limit: what listens is no PostgreSQL)
-            let listener = try #require(Listener(port: port))
-            defer { listener.close() }
-            var waited = Duration.zero
+            // And once the server answers on the port, the pool's own probe finds it, and calls
+            // are served again
+            let proxy = try #require(FreezableProxy(port: location.port, upstream: server))
+            defer { proxy.stop() }
             try await waitUntil(within: .seconds(60)) {
-                waited = await clock.measure {
-                    _ = try? await pool.connection(limit: .milliseconds(1500)) { db in try await db.query("SELECT 1", logger: logger) }
+                (try? await pool.connection { db in try await db.first("SELECT 1", as: Int.self, logger: logger) }) == 1
+            }
+        }
+    }
+
+    @Test func aFrozenServerFailsCallsBeforeTheirDeadlineAndIsFoundBackWhenItRunsAgain() async throws {
+        // Given a pool of the test server through a proxy, serving
+        var location = try await TestPostgres.freshDatabase()
+        let proxy = try #require(FreezableProxy(upstream: location.port))
+        defer { proxy.stop() }
+        location.port = proxy.port
+        let logger = logger
+        try await PostgresPool(location: location, maximumConnections: 2, logger: logger).running { pool in
+            #expect(try await pool.connection { db in try await db.first("SELECT 1", as: Int.self, logger: logger) } == 1)
+            // When the server freezes (takes connections, answers nothing: SIGSTOP, a hung host)
+            proxy.freeze()
+            // Then a call made for a request with a minute left is answered long before that
+            // deadline, though its statement went to a connection of the frozen server: it may
+            // have committed, so timed out (storage_unavailable)
+            let clock = ContinuousClock()
+            var thrown: (any Error)?
+            let took = await clock.measure {
+                do {
+                    try await BusDeadline.$current.withValue(.now.advanced(by: .seconds(60))) {
+                        _ = try await pool.connection { db in try await db.query("SELECT 1", logger: logger) }
+                    }
+                } catch {
+                    thrown = error
                 }
-                return waited >= .milliseconds(1500)
+            }
+            #expect(thrown is PostgresOperationTimedOut, "\(String(describing: thrown))")
+            #expect(took < .seconds(40), "answered after \(took), its deadline 60 s")
+            // And the calls after it fail at once as unavailable (nothing was done)
+            thrown = nil
+            do { _ = try await pool.transaction { db in try await db.query("SELECT 1", logger: logger) } } catch { thrown = error }
+            #expect(thrown is PostgresUnavailable, "\(String(describing: thrown))")
+            // And once it runs again, the pool's own probe finds it, and calls are served
+            proxy.thaw()
+            try await waitUntil(within: .seconds(60)) {
+                (try? await pool.connection { db in try await db.first("SELECT 1", as: Int.self, logger: logger) }) == 1
             }
         }
     }
@@ -158,22 +194,4 @@ struct PostgresPoolTests {
             #expect(rows == 0)
         }
     }
-}
-
-/// A TCP port that takes connections into its backlog and never answers: something listening
-/// that is not PostgreSQL.
-private final class Listener: Sendable {
-    let fd: Int32
-
-    init?(port: Int) {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var yes: Int32 = 1
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, socklen_t(MemoryLayout<Int32>.size))
-        guard bindLoopback(fd, port: port) == 0, listen(fd, 64) == 0 else {
-            Glibc.close(fd)
-            return nil
-        }
-    }
-
-    func close() { Glibc.close(fd) }
 }
