@@ -22,17 +22,17 @@ struct EventStreamTests {
         try await waitUntil {
             guard let connection = try? RawConnection(port: port, timeout: 2) else { return false }
             connection.send("GET /healthz HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n")
-            return connection.read(until: "\r\n\r\n").hasPrefix("HTTP/1.1 200")
+            return await connection.read(until: "\r\n\r\n").hasPrefix("HTTP/1.1 200")
         }
         return (gateway, port)
     }
 
     /// Opens an event stream of `jobId` as the guest `device`; returns it with the head and first event read.
-    static func openStream(port: Int, device: UUID, jobId: String) throws -> (RawConnection, String) {
+    static func openStream(port: Int, device: UUID, jobId: String) async throws -> (RawConnection, String) {
         let connection = try RawConnection(port: port)
         connection.send("GET /api/v1/jobs/\(jobId)/events HTTP/1.1\r\nHost: g\r\nX-Device-Id: \(device.uuidString)\r\n\r\n")
         // An event ends with a blank line; a refusal is a problem object.
-        let received = connection.read(until: "\n\n", "}")
+        let received = await connection.read(until: "\n\n", "}")
         return (connection, received)
     }
 
@@ -46,7 +46,7 @@ struct EventStreamTests {
         let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: "uploads/x/a.jpg", effectId: "copy"))
         var streams: [RawConnection] = []
         for _ in 0..<count {
-            let (stream, first) = try openStream(port: port, device: device, jobId: job.id)
+            let (stream, first) = try await openStream(port: port, device: device, jobId: job.id)
             #expect(first.contains(#""status":"queued""#))
             streams.append(stream)
         }
@@ -64,20 +64,20 @@ struct EventStreamTests {
             let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: "uploads/x/a.jpg", effectId: "copy"))
             jobs.append(job.id)
         }
-        let (warm, _) = try Self.openStream(port: port, device: device, jobId: jobs[0])
+        let (warm, _) = try await Self.openStream(port: port, device: device, jobId: jobs[0])
         warm.close()
         try await waitUntil { Self.openDescriptors(gateway.pid) > 0 }
         let before = Self.openDescriptors(gateway.pid)
         // When 200 streams are open
         var streams: [RawConnection] = []
         for index in 0..<200 {
-            let (stream, first) = try Self.openStream(port: port, device: device, jobId: jobs[index % 2])
+            let (stream, first) = try await Self.openStream(port: port, device: device, jobId: jobs[index % 2])
             #expect(first.hasPrefix("HTTP/1.1 200") && first.contains("event: status"), "stream \(index): \(first.prefix(60))")
             streams.append(stream)
         }
         let open = Self.openDescriptors(gateway.pid)
         // Then the user's 201st is 503 with Retry-After, as a problem
-        let (refused, answer) = try Self.openStream(port: port, device: device, jobId: jobs[0])
+        let (refused, answer) = try await Self.openStream(port: port, device: device, jobId: jobs[0])
         #expect(answer.hasPrefix("HTTP/1.1 503"), "answered \(answer.prefix(60))")
         #expect(answer.lowercased().contains("retry-after: 5"))
         refused.close()
@@ -92,7 +92,7 @@ struct EventStreamTests {
         print("freed in \(dropped.duration(to: .now))")
         print("gateway descriptors: \(before) before, \(open) with 200 streams, \(after) after they were dropped")
         // And the places are free again
-        let (again, reopened) = try Self.openStream(port: port, device: device, jobId: jobs[1])
+        let (again, reopened) = try await Self.openStream(port: port, device: device, jobId: jobs[1])
         #expect(reopened.hasPrefix("HTTP/1.1 200"))
         again.close()
         await gateway.stop()
@@ -103,14 +103,14 @@ struct EventStreamTests {
         let system = try await JobSystem(workers: 0)
         // Given three streams of one queued job, and a stranger's attempt at it
         let (gateway, port, user, job, streams) = try await Self.streamsOfAQueuedJob(system, count: 3)
-        let (stranger, strangerAnswer) = try Self.openStream(port: port, device: UUID(), jobId: job.id)
+        let (stranger, strangerAnswer) = try await Self.openStream(port: port, device: UUID(), jobId: job.id)
         #expect(strangerAnswer.hasPrefix("HTTP/1.1 404"))
         stranger.close()
         // When the job is cancelled
         _ = try await system.clients.jobs.call(Jobs.cancel, JobReference(jobId: job.id, userId: user))
         // Then every stream hears it and the gateway ends each one
         for stream in streams {
-            let rest = stream.read(until: "0\r\n\r\n")
+            let rest = await stream.read(until: "0\r\n\r\n")
             #expect(rest.contains(#""status":"cancelled""#), "stream got \(rest.suffix(120))")
             #expect(rest.hasSuffix("0\r\n\r\n"), "the stream did not end")
             stream.close()
@@ -130,7 +130,7 @@ struct EventStreamTests {
         gateway.signal(SIGTERM)
         // Then every stream ends (its last chunk, then the connection closes) with the job still queued
         for stream in streams {
-            let rest = String(decoding: await stream.readAllOffThePool(), as: UTF8.self)
+            let rest = String(decoding: await stream.readAll(), as: UTF8.self)
             #expect(rest.hasSuffix("0\r\n\r\n"), "the stream did not end: \(rest.suffix(120))")
             stream.close()
         }

@@ -101,7 +101,7 @@ struct FolderBlobStoreTests {
                 let connection = try RawConnection(port: port)
                 connection.send("GET \(JobSystem.path(url)) HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n")
                 async let deleted = client.execute(uri: "/api/v1/history/\(jobId)", method: .delete, headers: user)
-                let answer = await connection.readAllOffThePool()
+                let answer = await connection.readAll()
                 #expect(try await deleted.status == .ok)
                 let (head, body) = RawConnection.split(answer)
                 if head.hasPrefix("HTTP/1.1 200") {

@@ -7,15 +7,15 @@ import Testing
 /// `GET /metrics`: the gateway's own metrics and those it gathers from every service and worker.
 @Suite("Metrics", .serialized, .timeLimit(.minutes(5)))
 struct MetricsTests {
-    static func get(_ path: String, port: Int, headers: String = "") -> String {
+    static func get(_ path: String, port: Int, headers: String = "") async -> String {
         guard let connection = try? RawConnection(port: port, timeout: 5) else { return "" }
         connection.send("GET \(path) HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\(headers)\r\n")
-        return connection.read(until: "\u{0}")
+        return await connection.read(until: "\u{0}")
     }
 
     /// The scrape's head and its exposition, parsed strictly (a parse failure fails the test).
-    static func scrape(port: Int) throws -> (head: String, exposition: PrometheusExposition) {
-        let response = get("/metrics", port: port)
+    static func scrape(port: Int) async throws -> (head: String, exposition: PrometheusExposition) {
+        let response = await get("/metrics", port: port)
         let parts = response.components(separatedBy: "\r\n\r\n")
         let body = parts.dropFirst().joined(separator: "\r\n\r\n")
         do {
@@ -35,11 +35,11 @@ struct MetricsTests {
         let system = try await JobSystem(workers: 0)
         let (gateway, port) = try await ClientLibraryTests.gateway(system)
         let device = "X-Device-Id: \(UUID().uuidString)\r\n"
-        for _ in 0..<3 { #expect(Self.get("/api/v1/users/me", port: port, headers: device).hasPrefix("HTTP/1.1 200")) }
-        #expect(Self.get("/api/v1/users/me", port: port).hasPrefix("HTTP/1.1 401"))
-        var scraped = try Self.scrape(port: port)
+        for _ in 0..<3 { #expect(await Self.get("/api/v1/users/me", port: port, headers: device).hasPrefix("HTTP/1.1 200")) }
+        #expect(await Self.get("/api/v1/users/me", port: port).hasPrefix("HTTP/1.1 401"))
+        var scraped = try await Self.scrape(port: port)
         try await waitUntil {
-            scraped = try Self.scrape(port: port)
+            scraped = try await Self.scrape(port: port)
             return Self.requests(scraped.exposition, route: "/api/v1/users/me", status: 200) >= 3
         }
         #expect(scraped.head.contains("text/plain; version=0.0.4"))
@@ -49,12 +49,12 @@ struct MetricsTests {
         #expect(scraped.exposition.sum("http_server_request_duration_seconds_count", ["service": "gateway", "http_route": "/api/v1/users/me"]) >= 4)
         // A 401 is not a server error; a path no route has counts under `unknown`, whatever it was
         #expect(scraped.exposition.sum("http_server_request_errors_total", ["service": "gateway", "http_route": "/api/v1/users/me"]) == 0)
-        _ = Self.get("/no/such/\(UUID().uuidString)", port: port)
-        try await waitUntil { Self.requests(try Self.scrape(port: port).exposition, route: "unknown", status: 404) == 1 }
+        _ = await Self.get("/no/such/\(UUID().uuidString)", port: port)
+        try await waitUntil { Self.requests(try await Self.scrape(port: port).exposition, route: "unknown", status: 404) == 1 }
         // One more request moves its counter by one
         let before = Self.requests(scraped.exposition, route: "/api/v1/users/me", status: 200)
-        _ = Self.get("/api/v1/users/me", port: port, headers: device)
-        try await waitUntil { Self.requests(try Self.scrape(port: port).exposition, route: "/api/v1/users/me", status: 200) == before + 1 }
+        _ = await Self.get("/api/v1/users/me", port: port, headers: device)
+        try await waitUntil { Self.requests(try await Self.scrape(port: port).exposition, route: "/api/v1/users/me", status: 200) == before + 1 }
         await gateway.stop()
         await system.stop()
     }
@@ -64,7 +64,7 @@ struct MetricsTests {
     @Test func knownSeriesExistAtZeroFromTheStartWithHelp() async throws {
         let system = try await JobSystem(workers: 0)
         let (gateway, port) = try await ClientLibraryTests.gateway(system)
-        let body = Self.get("/metrics", port: port).components(separatedBy: "\r\n\r\n").dropFirst().joined(separator: "\r\n\r\n")
+        let body = await Self.get("/metrics", port: port).components(separatedBy: "\r\n\r\n").dropFirst().joined(separator: "\r\n\r\n")
         let exposition = try PrometheusExposition(body)
         for (name, labels) in [
             ("bus_requests_total", ["service": "quota", "method": "quota.reserve", "code": "ok"]),
@@ -98,7 +98,7 @@ struct MetricsTests {
         let system = try await JobSystem(workers: 1)
         let (gateway, port) = try await ClientLibraryTests.gateway(system)
         let user = JobSystem.guest(UUID())
-        var first = try Self.scrape(port: port).exposition
+        var first = try await Self.scrape(port: port).exposition
         for service in ["quota", "history", "jobs"] {
             #expect(first.value("photoedit_scrape_up", ["service": service]) == 1, "\(service) did not answer")
         }
@@ -114,7 +114,7 @@ struct MetricsTests {
         }
         // The worker reports every 5 s: wait for its count and history's events.
         try await waitUntil(within: .seconds(20)) {
-            first = try Self.scrape(port: port).exposition
+            first = try await Self.scrape(port: port).exposition
             return first.sum("worker_jobs_total", ["service": "worker", "worker": "w1", "effect": "copy", "outcome": "completed"]) == 2
                 && first.sum("history_events_applied_total", ["service": "history"]) >= 2
         }
@@ -140,14 +140,14 @@ struct MetricsTests {
         #expect(!report.admitted)
         _ = try? await system.clients.quota.call(BusMethod<Empty, Empty>("no.such.method", roles: Set(BusRole.known)), Empty())
         try await waitUntil {
-            let now = try Self.scrape(port: port).exposition
+            let now = try await Self.scrape(port: port).exposition
             return now.sum("quota_decisions_total", ["decision": "denied", "window": "daily"]) == denials + 1
                 && now.sum("bus_requests_total", ["service": "quota", "method": "unknown", "code": "unknown_method"]) == 1
         }
 
         // A service that is down answers 0 in photoedit_scrape_up; the others still come.
         await system.services.stop(.history)
-        let partial = try Self.scrape(port: port).exposition
+        let partial = try await Self.scrape(port: port).exposition
         #expect(partial.value("photoedit_scrape_up", ["service": "history"]) == 0)
         #expect(partial.value("photoedit_scrape_up", ["service": "quota"]) == 1)
         #expect(partial.sum("history_events_applied_total") == 0)
@@ -183,7 +183,7 @@ struct InfoLogTests {
         let (verbose, verbosePort) = try await ClientLibraryTests.gateway(system, extra: ["LOG_LEVEL": "debug"])
         let requestId = "access-\(UUID().uuidString)"
         for port in [quietPort, verbosePort] {
-            let answer = MetricsTests.get("/api/v1/users/me?x=secret", port: port, headers: "X-Device-Id: \(UUID().uuidString)\r\nX-Request-Id: \(requestId)\r\n")
+            let answer = await MetricsTests.get("/api/v1/users/me?x=secret", port: port, headers: "X-Device-Id: \(UUID().uuidString)\r\nX-Request-Id: \(requestId)\r\n")
             #expect(answer.hasPrefix("HTTP/1.1 200"))
         }
         // At debug: one line, with method, path (no query), status, duration and the request id
@@ -213,7 +213,7 @@ struct JSONLogTests {
         // When a request with an id of the test's reaches the gateway and quota, and an edit runs
         // through jobs, the worker and history
         let requestId = "json-\(UUID().uuidString)"
-        let answer = MetricsTests.get("/api/v1/users/me", port: port, headers: "X-Device-Id: \(UUID().uuidString)\r\nX-Request-Id: \(requestId)\r\n")
+        let answer = await MetricsTests.get("/api/v1/users/me", port: port, headers: "X-Device-Id: \(UUID().uuidString)\r\nX-Request-Id: \(requestId)\r\n")
         #expect(answer.hasPrefix("HTTP/1.1 200"))
         let app = ClientLibraryTests.client(port)
         let key = try await app.upload(try Data(contentsOf: JobSystem.fixture))

@@ -56,8 +56,16 @@ final class RawConnection: @unchecked Sendable {
     func send(_ text: String) -> Bool { send(Array(text.utf8)) }
 
     /// Reads until the text received contains one of `markers`, the peer closes, or a read times
-    /// out; returns what was received.
-    func read(until markers: String...) -> String {
+    /// out; returns what was received. The reads block, so they run on a thread of their own: a
+    /// test's blocking read on the cooperative pool held one of its threads (two on this machine)
+    /// for up to `timeout`, and the in-process gateway's handlers, which answer it, need the pool
+    /// (a 413 that "never came" within 10 s under load).
+    func read(until markers: String...) async -> String {
+        await offThePool { self.readBlocking(until: markers) }
+    }
+
+    /// `read(until:)` on the calling thread: only for a thread of the test's own.
+    func readBlocking(until markers: [String]) -> String {
         var received: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 16 << 10)
         while !markers.contains(where: { String(decoding: received, as: UTF8.self).contains($0) }) {
@@ -68,22 +76,24 @@ final class RawConnection: @unchecked Sendable {
         return String(decoding: received, as: UTF8.self)
     }
 
-    /// Reads until the peer closes (or a read times out); every byte received.
-    func readAll() -> [UInt8] {
-        var received: [UInt8] = []
-        var buffer = [UInt8](repeating: 0, count: 64 << 10)
-        while true {
-            let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            guard count > 0 else { return received }
-            received += buffer[0..<count]
+    /// Reads until the peer closes (or a read times out); every byte received. Off the pool, as
+    /// `read(until:)`.
+    func readAll() async -> [UInt8] {
+        await offThePool {
+            var received: [UInt8] = []
+            var buffer = [UInt8](repeating: 0, count: 64 << 10)
+            while true {
+                let count = buffer.withUnsafeMutableBytes { recv(self.fd, $0.baseAddress, $0.count, 0) }
+                guard count > 0 else { return received }
+                received += buffer[0..<count]
+            }
         }
     }
 
-    /// `readAll` on a thread of its own, so that the cooperative pool (which the server's
-    /// handlers need) is not held while the answer comes.
-    func readAllOffThePool() async -> [UInt8] {
+    /// `body` on a thread of its own, its result awaited.
+    private func offThePool<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
         await withCheckedContinuation { continuation in
-            Thread { continuation.resume(returning: self.readAll()) }.start()
+            Thread { continuation.resume(returning: body()) }.start()
         }
     }
 

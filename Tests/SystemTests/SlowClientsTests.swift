@@ -146,7 +146,7 @@ struct SlowClientsTests {
             guard let connection = try? RawConnection(port: port, timeout: 10) else { return ("", true) }
             connection.send("GET /healthz HTTP/1.1\r\nHost: gateway\r\n\r\n")
             let started = ContinuousClock.now
-            let text = connection.read(until: "\r\n\r\n")
+            let text = connection.readBlocking(until: ["\r\n\r\n"])
             return (text, started.duration(to: .now) < .seconds(5))
         }
         #expect(answer.0.isEmpty && answer.1, "refused at once, not answered or left hanging: \(answer.0)")

@@ -34,7 +34,7 @@ struct UploadAbuseTests {
             first.send("PUT \(declared) HTTP/1.1\r\nHost: gateway\r\nContent-Type: image/jpeg\r\nContent-Length: 10000000\r\n\r\n")
             first.send([UInt8](repeating: 0xFF, count: 1024))
             // Then the 413 comes at once, while the client still owes 9.99 MB
-            let answer = first.read(until: "\r\n\r\n")
+            let answer = await first.read(until: "\r\n\r\n")
             #expect(answer.hasPrefix("HTTP/1.1 413"), "answered \(answer.prefix(80))")
             first.close()
 
@@ -45,7 +45,7 @@ struct UploadAbuseTests {
             let piece = [UInt8](repeating: 0xFF, count: 16 * 1024)
             for _ in 0..<6 { second.send(Array("4000\r\n".utf8) + piece + Array("\r\n".utf8)) }
             // Then it is 413 too, as a problem, without waiting for an end that never comes
-            let chunkedAnswer = second.read(until: "}")
+            let chunkedAnswer = await second.read(until: "}")
             #expect(chunkedAnswer.hasPrefix("HTTP/1.1 413"), "answered \(chunkedAnswer.prefix(80))")
             #expect(chunkedAnswer.contains("application/problem+json") && chunkedAnswer.contains("upload_too_large"))
             second.close()
@@ -166,7 +166,7 @@ struct UploadAbuseTests {
         let presign = try RawConnection(port: port)
         let ask = #"{"filename": "a.jpg", "contentType": "image/jpeg"}"#
         presign.send("POST /api/v1/uploads/presigned HTTP/1.1\r\nHost: g\r\nX-Device-Id: \(UUID().uuidString)\r\nContent-Type: application/json\r\nContent-Length: \(ask.utf8.count)\r\nConnection: close\r\n\r\n\(ask)")
-        let answer = presign.read(until: "}")
+        let answer = await presign.read(until: "}")
         let body = try #require(answer.components(separatedBy: "\r\n\r\n").last)
         let object = try #require(try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any])
         let url = try #require(object["uploadUrl"] as? String)
@@ -180,7 +180,7 @@ struct UploadAbuseTests {
         upload.close()
         // Then it is counted as a client abort, logged at debug, and nothing is stored
         try await waitUntil {
-            let (_, exposition) = try MetricsTests.scrape(port: port)
+            let (_, exposition) = try await MetricsTests.scrape(port: port)
             return exposition.sum("gateway_uploads_aborted_total") >= 1
         }
         #expect(gateway.output.contains("upload abandoned by the client"))
