@@ -40,7 +40,8 @@ HEAVY_TESTS := SlowClientsTests|QuotaProcessTests|BusProcessTests|BusReplicaTest
 ## deadline (503 while it is down, no 504; the client's max under 6 s, a margin for a loaded machine)
 ## and every invariant kept. Last, Ctrl-C
 ## (SIGINT to the process group) stops each stack (default, BLOB_STORE=s3, STORE=postgres), three
-## workers and jobs in flight included, within 10 s, leaving nothing running (scripts/stop-check.sh).
+## workers and jobs in flight included, within 10 s, leaving nothing running (scripts/stop-check.sh);
+## and a stack on both PostgreSQL and S3 sent SIGKILL 300 ms after its SIGINT leaves neither running.
 test: deps
 	scripts/swift-build.sh --build-tests
 	scripts/swift-build.sh --product swift-openapi-generator
@@ -61,6 +62,7 @@ test: deps
 	scripts/stop-check.sh
 	BLOB_STORE=s3 scripts/stop-check.sh
 	STORE=postgres scripts/stop-check.sh
+	STORE=postgres BLOB_STORE=s3 KILL_AFTER_MS=300 scripts/stop-check.sh
 
 ## The chaos checks on PostgreSQL in a release build, with the issue's latency target: with two
 ## replicas of each service and one killed every 5 s, p99 of POST /api/v1/jobs stays under

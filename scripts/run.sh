@@ -213,6 +213,17 @@ if [ -n "$S3_DIR" ]; then
   watchdogs+=($!)
 fi
 
+# Killed (SIGKILL; or Ctrl-C, then a kill before the stop ended), this script runs no shutdown,
+# and PostgreSQL and radosgw, in sessions of their own, would run on. So a reaper in a session of
+# its own waits for this script to end, whichever way it ends, then marks the stack as stopping
+# (a watchdog left running restarts nothing) and stops them (at once when they stopped already).
+if [ -n "$PG_DIR$S3_DIR" ]; then
+  setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 0.5; done
+    touch "$2" 2>/dev/null
+    [ -n "$3" ] && scripts/s3-server.sh stop "$3"
+    [ -n "$4" ] && scripts/postgres-server.sh stop "$4"' reaper "$$" "$STOPPING" "$S3_DIR" "$PG_DIR" >/dev/null 2>&1 </dev/null &
+fi
+
 # The watchdogs first (nothing is restarted from now on), then every supervised process (SIGTERM:
 # each stops gracefully; a worker whose jobs service is gone stops too, handing back its jobs),
 # then the stores under them. A SIGINT to the whole process group (Ctrl-C) reaches the services

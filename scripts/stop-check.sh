@@ -5,17 +5,22 @@
 # which is what a terminal's Ctrl-C and `kill -INT -- -PGID` send. Passes when every process of
 # the stack is gone within STOP_WITHIN seconds (default 10): the services, the workers, their
 # supervisors, run.sh itself, and with STORE=postgres or BLOB_STORE=s3 the PostgreSQL or RADOS
-# Gateway run.sh started, and nothing of it was started again meanwhile.
+# Gateway run.sh started, and nothing of it was started again meanwhile. With KILL_AFTER_MS=N, the
+# whole process group is also sent SIGKILL N ms after the SIGINT (someone who pressed Ctrl-C
+# and then killed what still ran): run.sh's shutdown never finishes, and the PostgreSQL and RADOS
+# Gateway it started, in sessions of their own, must still be gone (run.sh's reaper stops them).
 #
 #   scripts/stop-check.sh                   the default stack
 #   BLOB_STORE=s3 scripts/stop-check.sh     on a RADOS Gateway of its own
 #   STORE=postgres scripts/stop-check.sh    on a PostgreSQL of its own, two replicas of each service
+#   STORE=postgres BLOB_STORE=s3 KILL_AFTER_MS=300 scripts/stop-check.sh   both; SIGKILL after SIGINT
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${CONFIG:-debug}
 WITHIN=${STOP_WITHIN:-10}
 export WORKERS=${WORKERS:-3} LOG_LEVEL=${LOG_LEVEL:-info}
-name="store: ${STORE:-sqlite}, blobs: ${BLOB_STORE:-folder}, $WORKERS workers"
+KILL_AFTER=${KILL_AFTER_MS:-}
+name="store: ${STORE:-sqlite}, blobs: ${BLOB_STORE:-folder}, $WORKERS workers${KILL_AFTER:+, SIGKILL $KILL_AFTER ms after SIGINT}"
 
 source scripts/stack-lib.sh
 load=""
@@ -57,10 +62,15 @@ echo "stop-check: $ended jobs ended so far, the load still running; SIGINT to th
 
 started=$(date +%s%3N)
 kill -INT -- -"$STACK"
+killed=""
 left=""
 while :; do
+  if [ -n "$KILL_AFTER" ] && [ -z "$killed" ] && [ $(( $(date +%s%3N) - started )) -ge "$KILL_AFTER" ]; then
+    kill -KILL -- -"$STACK" 2>/dev/null
+    killed=1
+  fi
   left=$(stack_processes)
-  [ -z "$left" ] && break
+  [ -z "$left" ] && { [ -z "$KILL_AFTER" ] || [ -n "$killed" ]; } && break
   [ $(( $(date +%s%3N) - started )) -gt $(( WITHIN * 1000 )) ] && break
   sleep 0.1
 done
@@ -85,6 +95,10 @@ if grep -q 'restarting' <(sed -n '/\[run\] stopping/,$p' "$DIR/stack.log"); then
   echo "stop-check: FAILED ($name): something was restarted after the stop began:"
   sed -n '/\[run\] stopping/,$p' "$DIR/stack.log" | grep 'restarting'
   exit 1
+fi
+if [ -n "$KILL_AFTER" ] && grep -q '^\[run\] stopped' "$DIR/stack.log"; then
+  # (Not a failure: the stack stopped before the kill, so this run checked only the SIGINT.)
+  echo "stop-check: note: run.sh had finished its stop before the SIGKILL came; the reaper was not needed this time"
 fi
 echo "stop-check: every process of the stack ($name) stopped $((took / 1000)).$(printf %03d $((took % 1000))) s after SIGINT"
 STACK=""
