@@ -90,6 +90,55 @@ struct PostgresPoolTests {
         }
     }
 
+    @Test func aCallRightAfterTheServerIsBackIsServedWithinItsDeadline() async throws {
+        // Given a pool of the test server through a proxy, serving
+        var location = try await TestPostgres.freshDatabase()
+        let server = location.port
+        var proxy = try #require(FreezableProxy(upstream: server))
+        location.port = proxy.port
+        let logger = logger
+        let clock = ContinuousClock()
+        try await PostgresPool(location: location, logger: logger).running { pool in
+            #expect(try await pool.connection { db in try await db.first("SELECT 1", as: Int.self, logger: logger) } == 1)
+            // When the server goes away (its connections closed, new ones refused) for 5 s, as a
+            // restart takes, with calls failing meanwhile
+            proxy.stop()
+            let away = clock.now.advanced(by: .seconds(5))
+            while clock.now < away {
+                _ = try? await pool.connection(limit: .milliseconds(1500)) { db in try await db.query("SELECT 1", logger: logger) }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            // And comes back on the same port
+            proxy = try #require(FreezableProxy(port: location.port, upstream: server))
+            defer { proxy.stop() }
+            // Then the first call that the pool does not refuse at once (it has found the server
+            // back) is served within its request's deadline, not after it
+            let deadline = clock.now.advanced(by: .seconds(60))
+            var served = false
+            while !served, clock.now < deadline {
+                var thrown: (any Error)?
+                let took = await clock.measure {
+                    do {
+                        try await BusDeadline.$current.withValue(.now.advanced(by: .seconds(5))) {
+                            _ = try await pool.transaction { db in try await db.query("SELECT 1", logger: logger) }
+                        }
+                    } catch {
+                        thrown = error
+                    }
+                }
+                if thrown == nil {
+                    served = true
+                } else if thrown is PostgresUnavailable, took < PostgresPool.acquireLimit {
+                    try await Task.sleep(for: .milliseconds(100))
+                } else {
+                    Issue.record("a call after the server came back failed after \(took): \(String(describing: thrown))")
+                    return
+                }
+            }
+            #expect(served)
+        }
+    }
+
     @Test func aTransactionPastItsRequestsDeadlineIsStoppedAndTheNextOneRuns() async throws {
         // Given a pool of a real server, and one connection only
         let location = try await TestPostgres.freshDatabase()
