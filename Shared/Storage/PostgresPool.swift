@@ -179,11 +179,16 @@ public final class PostgresPool: Service, Sendable {
             return state.waiters
         }
         for waiter in waiters { waiter.resume() }
-        await cancelWhenGracefulShutdown {
+        // The operations run in a task that the run's cancellation does not reach. Cancelling an
+        // operation whose lease waits in postgres-nio's pool races with its registration there,
+        // and the loser waits for ever: at a stop after an outage (waits given up on still
+        // queued), the run never ended (a test's teardown hung; a jobs service did not exit on
+        // SIGTERM with its PostgreSQL stopped first). Instead, the stop shuts postgres-nio's pool
+        // down first (its `run()` cancelled), which fails every queued lease, and then waits for
+        // the operations, which end with them.
+        let operations = Task {
             await withDiscardingTaskGroup { group in
-                group.addTask { await self.client.run() }
-                group.addTask { await self.outage.run() }
-                // Ends when the task is cancelled; the pool's run ends with it and fails the waits.
+                // Ends when the doorbell is finished, once the pool has stopped.
                 for await _ in self.doorbell {
                     let operations = self.intake.withLock { intake in
                         defer { intake.pending.removeAll() }
@@ -198,6 +203,12 @@ public final class PostgresPool: Service, Sendable {
                 }
             }
         }
+        await cancelWhenGracefulShutdown {
+            await withDiscardingTaskGroup { group in
+                group.addTask { await self.client.run() }
+                group.addTask { await self.outage.run() }
+            }
+        }
         // Those not started are told the pool has stopped, as are those handed in from now on.
         let left = intake.withLock { intake in
             intake.open = false
@@ -205,6 +216,8 @@ public final class PostgresPool: Service, Sendable {
             return intake.pending
         }
         for operation in left { operation.stopped() }
+        ring.finish()
+        await operations.value
     }
 
     /// Runs the pool for the duration of `body`, which starts once the pool runs.

@@ -20,6 +20,11 @@ struct TaskOwnershipTests {
             the app's history screen model: the load and the last write are held, replaced and \
             awaited by the model (a SwiftUI observable has no task scope of its own)
             """),
+        "Shared/Storage/PostgresPool.swift": (1, """
+            the pool's operations, out of reach of the run's cancellation (cancelling a lease that \
+            waits in postgres-nio's pool can lose it): the run shuts that pool down, which fails \
+            every wait, then awaits the task
+            """),
         "Tools/loadtest/LoadTest.swift": (5, """
             the load run's live line, chaos, load and stopper tasks, each cancelled or awaited \
             before the run ends; the client's shutdown as the command returns
