@@ -217,11 +217,13 @@ fi
 # and PostgreSQL and radosgw, in sessions of their own, would run on. So a reaper in a session of
 # its own waits for this script to end, whichever way it ends, then marks the stack as stopping
 # (a watchdog left running restarts nothing) and stops them (at once when they stopped already).
+# `setsid -f` forks: the reaper is no child of this script, so this script's `wait`s never see it
+# (as a child in a session of its own, one left the shutdown's `wait` hanging once).
 if [ -n "$PG_DIR$S3_DIR" ]; then
-  setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 0.5; done
+  setsid -f bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 0.5; done
     touch "$2" 2>/dev/null
     [ -n "$3" ] && scripts/s3-server.sh stop "$3"
-    [ -n "$4" ] && scripts/postgres-server.sh stop "$4"' reaper "$$" "$STOPPING" "$S3_DIR" "$PG_DIR" >/dev/null 2>&1 </dev/null &
+    [ -n "$4" ] && scripts/postgres-server.sh stop "$4"' reaper "$$" "$STOPPING" "$S3_DIR" "$PG_DIR" >/dev/null 2>&1 </dev/null
 fi
 
 # The watchdogs first (nothing is restarted from now on), then every supervised process (SIGTERM:
