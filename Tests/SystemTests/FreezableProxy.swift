@@ -90,19 +90,11 @@ final class FreezableProxy: Sendable {
                 return
             }
             guard keep(client) else { return }
-            let server = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            address.sin_port = in_port_t(UInt16(upstream).bigEndian)
-            let connected = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(server, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-            }
-            guard keep(server) else { return }
-            guard connected == 0 else {
+            guard let server = try? RawConnection.connected(port: upstream) else {
                 shutdown(client, Int32(SHUT_RDWR))
                 continue
             }
+            guard keep(server) else { return }
             spawn { [self] in pump(from: client, to: server) }
             spawn { [self] in pump(from: server, to: client) }
         }

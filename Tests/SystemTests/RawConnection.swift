@@ -90,13 +90,6 @@ final class RawConnection: @unchecked Sendable {
         }
     }
 
-    /// `body` on a thread of its own, its result awaited.
-    private func offThePool<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
-        await withCheckedContinuation { continuation in
-            Thread { continuation.resume(returning: body()) }.start()
-        }
-    }
-
     /// An answer's head (as text) and body (as bytes).
     static func split(_ answer: [UInt8]) -> (head: String, body: [UInt8]) {
         let marker: [UInt8] = [13, 10, 13, 10]
@@ -116,6 +109,13 @@ final class RawConnection: @unchecked Sendable {
         if fd >= 0 { Glibc.close(fd) }
         fd = -1
     }
+}
+
+/// Blocking work (a socket's reads, a crowd's connects) on a thread of its own, its result
+/// awaited: never on the cooperative pool, whose threads (two on this machine) the in-process
+/// servers under test need.
+func offThePool<T: Sendable>(_ work: @escaping @Sendable () -> T) async -> T {
+    await withCheckedContinuation { continuation in Thread { continuation.resume(returning: work()) }.start() }
 }
 
 /// Images made in the test, so their sizes are exactly what a test needs.

@@ -54,10 +54,6 @@ struct SlowClientsTests {
         func stop() async { await process.stop() }
     }
 
-    static func offThePool<T: Sendable>(_ work: @escaping @Sendable () -> T) async -> T {
-        await withCheckedContinuation { continuation in Thread { continuation.resume(returning: work()) }.start() }
-    }
-
     /// A gateway process alone (its `/healthz` touches no service), with these limits.
     static func gateway(_ limits: [String: String]) async throws -> (ServiceProcess, Int) {
         let port = freePort()
@@ -142,7 +138,7 @@ struct SlowClientsTests {
         #expect(try await crowd.fresh().open == 200)
         // Full: a normal client's new connection is closed at once, never left hanging (its
         // read ends with the close, long before the 10 s read timeout)
-        let answer = await Self.offThePool { () -> (String, Bool) in
+        let answer = await offThePool { () -> (String, Bool) in
             guard let connection = try? RawConnection(port: port, timeout: 10) else { return ("", true) }
             connection.send("GET /healthz HTTP/1.1\r\nHost: gateway\r\n\r\n")
             let started = ContinuousClock.now
