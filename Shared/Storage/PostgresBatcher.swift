@@ -43,6 +43,9 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
 
     public var statistics: Statistics { state.withLock(\.statistics) }
 
+    /// How many operations wait for the batch in PostgreSQL to end.
+    public var waiting: Int { state.withLock(\.waiting.count) }
+
     private struct Waiter {
         var request: Request
         var deadline: ContinuousClock.Instant?

@@ -7,8 +7,9 @@ import Storage
 import Testing
 import TestSupport
 
-/// The dispatcher's writes of one event on PostgreSQL: its starts and workers' results in one
-/// transaction, each decided as it would be alone.
+/// The dispatcher's writes on PostgreSQL: one event's starts and workers' results in one
+/// transaction, each decided as it would be alone; and the events that arrive while a batch is in
+/// PostgreSQL in the next one.
 @Suite("Dispatch batches on PostgreSQL", .timeLimit(.minutes(5)))
 struct PostgresDispatchBatchTests {
     let now = Date(timeIntervalSince1970: 1_790_000_000.25)
@@ -97,6 +98,54 @@ struct PostgresDispatchBatchTests {
             guard case .applied(let job) = try outcome.results[0].get().outcome else { Issue.record("not applied: \(outcome.results)"); return }
             #expect(job.status == .completed && job.attempts == 1)
             #expect(try await store.job("quick", userId: nil) == job)
+        }
+    }
+
+    @Test func eventsThatArriveWhileABatchIsInPostgreSQLAreWrittenTogetherInTheNext() async throws {
+        try await withStore { store, database in
+            // Given 21 queued jobs, and the first one's row held by another transaction
+            let ids = (0...20).map { String(format: "job-%02d", $0) }
+            for id in ids { try await create(store, id) }
+            let (held, hold) = AsyncStream<Void>.makeStream()
+            let (released, release) = AsyncStream<Void>.makeStream()
+            async let holder: Void = database.connection(limit: .seconds(120)) { db in
+                try await db.query("BEGIN", logger: quietLogger)
+                try await db.query("SELECT 1 FROM jobs_job WHERE id = 'job-00' FOR UPDATE", logger: quietLogger)
+                hold.yield()
+                for await _ in released { break }
+                try await db.query("COMMIT", logger: quietLogger)
+            }
+            for await _ in held { break }
+            let dispatches = try #require(store.dispatches)
+
+            // When one event's write starts the first job (its batch waits in PostgreSQL for the
+            // row), and 20 more events, each starting one job, arrive meanwhile
+            async let first = store.write(starts: ["job-00"], results: [], now: now)
+            try await waitUntil {
+                try await database.connection { db in
+                    try await db.first("SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted", as: Int.self, logger: quietLogger)
+                } ?? 0 > 0
+            }
+            let later = await withTaskGroup(of: JobsBatchOutcome.self) { group in
+                for id in ids.dropFirst() {
+                    group.addTask { await store.write(starts: [id], results: [], now: now.addingTimeInterval(1)) }
+                }
+                try? await waitUntil { dispatches.waiting == 20 }
+                release.yield()
+                return await group.reduce(into: []) { $0.append($1) }
+            }
+            try await holder
+            let firstOutcome = await first
+
+            // Then every job is started, each event answered with its own
+            #expect(try firstOutcome.starts.map { try $0.get()?.status } == [.processing])
+            #expect(later.count == 20)
+            #expect(try later.flatMap { try $0.starts.map { try $0.get()?.status } } == Array(repeating: .processing, count: 20))
+            // And the 20 that waited were one batch, one transaction
+            #expect(dispatches.statistics.batches == 2 && dispatches.statistics.operations == 21, "\(dispatches.statistics)")
+            let waited = try await writers(database, jobs: Array(ids.dropFirst()))
+            let firstWriter = try await writers(database, jobs: ["job-00"])
+            #expect(waited.jobs.count == 1 && waited.jobs.isDisjoint(with: firstWriter.jobs), "\(waited) \(firstWriter)")
         }
     }
 }

@@ -5,25 +5,51 @@ import Messages
 import PostgresNIO
 import Storage
 
-/// The dispatcher's writes of one event (`write(starts:results:now:)`) in one transaction of 6
-/// statements whatever its size, instead of one transaction of 5 or 6 statements for each start
-/// and each result: BEGIN; the lease's fence; every row the batch names, locked in the order of
-/// their ids (two batches, or a batch and a handler's write of one row, never wait for each other
-/// in a circle); every changed row in one update (its rows as one JSON array, as creations insert
-/// them); the quota settlements and file deletions in one insert; COMMIT. Each start and result is
-/// decided by `JobRules` on the row as the batch has changed it so far, starts first, as the
-/// SQLite store writes them.
+/// The dispatcher's writes, group-committed: the events whose writes (`write(starts:results:now:)`)
+/// arrive while a batch is in PostgreSQL make the next batch (`PostgresBatcher`, one per term of
+/// the lease), in one transaction of 6 statements whatever its size, instead of one transaction of
+/// 5 or 6 statements for each start and each result, or one for each event: BEGIN; the lease's
+/// fence; every row the batch names, locked in the order of their ids (two batches, or a batch and
+/// a handler's write of one row, never wait for each other in a circle); every changed row in one
+/// update (its rows as one JSON array, as creations insert them); the quota settlements and file
+/// deletions in one insert; COMMIT. The events are decided in the order they arrived, each one's
+/// starts first and then its results, as the SQLite store writes them, each start and result by
+/// `JobRules` on the row as the batch has changed it so far.
 extension PostgresJobsStore {
+    /// One event's writes.
+    struct DispatchEvent: Sendable {
+        var starts: [String]
+        var results: [(attempt: JobAttempt, result: JobResult)]
+        var now: Date
+    }
+
+    /// The group commit of the dispatcher's writes made through `store` (and its fence).
+    static func dispatchBatcher(_ store: PostgresJobsStore) -> PostgresBatcher<DispatchEvent, JobsBatchOutcome> {
+        PostgresBatcher(location: store.database.location) { events in
+            try await store.write(events).map { .success($0) }
+        }
+    }
+
     public func write(starts: [String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome {
         guard !starts.isEmpty || !results.isEmpty else { return JobsBatchOutcome(starts: [], results: []) }
+        let event = DispatchEvent(starts: starts, results: results, now: now)
+        do {
+            if let dispatches { return try await dispatches.submit(event) }
+            return try await write([event])[0]
+        } catch {
+            return JobsBatchOutcome(starts: starts.map { _ in .failure(error) }, results: results.map { _ in .failure(error) })
+        }
+    }
+
+    /// Writes `events` in one transaction, run again (up to `batchAttempts` in all) after a
+    /// deadlock PostgreSQL reports anyway.
+    func write(_ events: [DispatchEvent]) async throws -> [JobsBatchOutcome] {
         var attempt = 1
         while true {
             do {
-                return try await write(fenced: true) { store, db in try await store.dispatchBatch(db, starts: starts, results: results, now: now) }
+                return try await write(fenced: true) { store, db in try await store.dispatchBatch(db, events) }
             } catch let error as PSQLError where attempt < Self.batchAttempts && ["40P01", "40001"].contains(error.serverInfo?[.sqlState] ?? "") {
                 logger.debug("dispatch batch run again", metadata: ["sqlState": "\(error.serverInfo?[.sqlState] ?? "")"])
-            } catch {
-                return JobsBatchOutcome(starts: starts.map { _ in .failure(error) }, results: results.map { _ in .failure(error) })
             }
             attempt += 1
         }
@@ -32,55 +58,62 @@ extension PostgresJobsStore {
     /// How many times a batch is run again after a deadlock PostgreSQL reports anyway.
     static let batchAttempts = 3
 
-    private func dispatchBatch(
-        _ db: PostgresConnection, starts: [String], results: [(attempt: JobAttempt, result: JobResult)], now: Date
-    ) async throws -> JobsBatchOutcome {
-        let ids = Array(Set(starts + results.map(\.attempt.jobId))).sorted()
+    private func dispatchBatch(_ db: PostgresConnection, _ events: [DispatchEvent]) async throws -> [JobsBatchOutcome] {
+        let ids = Array(Set(events.flatMap { $0.starts + $0.results.map(\.attempt.jobId) })).sorted()
         var jobs: [String: JobRecord] = [:]
         for job in try await rows(db, "SELECT \(unescaped: Self.columns) FROM jobs_job WHERE id = ANY(\(ids)::text[]) ORDER BY id FOR UPDATE") {
             jobs[job.id] = job
         }
         var changed: Set<String> = []
         var outbox: [OutboxRow] = []
-        func apply(_ transition: JobRules.Transition) {
+        func apply(_ transition: JobRules.Transition, at now: Date) {
             jobs[transition.job.id] = transition.job
             changed.insert(transition.job.id)
             if let settlement = transition.settlement {
-                outbox.append(OutboxRow(topic: OutboxEntry.Topic.quota, kind: settlement.rawValue, jobId: transition.job.id, version: transition.job.version, payload: nil))
+                outbox.append(OutboxRow(
+                    topic: OutboxEntry.Topic.quota, kind: settlement.rawValue, jobId: transition.job.id, version: transition.job.version, payload: nil, at: now
+                ))
             }
         }
 
-        var started: [Result<JobRecord?, any Error>] = []
-        for id in starts {
-            guard let job = jobs[id], let transition = JobRules.start(job, now: now) else {
-                started.append(.success(nil))
-                continue
-            }
-            apply(transition)
-            started.append(.success(transition.job))
-        }
-        var recorded: [Result<(outcome: JobReportOutcome, retryAfter: Duration?), any Error>] = []
-        for (attempt, result) in results {
-            guard let job = jobs[attempt.jobId] else {
-                recorded.append(.success((.refused("no such job"), nil)))
-                continue
-            }
-            switch JobRules.report(job, attempt, result, retry: retry, now: now) {
-            case .refuse(let reason):
-                // A refused result's files are not the job's: deleted, as `discardOutput` does.
-                if case .done(let output) = result {
-                    let keys = [output.resultKey, output.thumbnailKey].filter { $0 != job.resultKey && $0 != job.thumbnailKey }
-                    if !keys.isEmpty {
-                        outbox.append(OutboxRow(topic: OutboxEntry.Topic.blobs, kind: "delete", jobId: job.id, version: 0, payload: try JSONEncoder().encode(keys)))
-                    }
+        var outcomes: [JobsBatchOutcome] = []
+        for event in events {
+            let now = event.now
+            var started: [Result<JobRecord?, any Error>] = []
+            for id in event.starts {
+                guard let job = jobs[id], let transition = JobRules.start(job, now: now) else {
+                    started.append(.success(nil))
+                    continue
                 }
-                recorded.append(.success((.refused(reason), nil)))
-            case .alreadyRecorded(let job):
-                recorded.append(.success((.alreadyRecorded(job), nil)))
-            case .apply(let transition):
-                apply(transition)
-                recorded.append(.success((.applied(transition.job), transition.retryAfter)))
+                apply(transition, at: now)
+                started.append(.success(transition.job))
             }
+            var recorded: [Result<(outcome: JobReportOutcome, retryAfter: Duration?), any Error>] = []
+            for (attempt, result) in event.results {
+                guard let job = jobs[attempt.jobId] else {
+                    recorded.append(.success((.refused("no such job"), nil)))
+                    continue
+                }
+                switch JobRules.report(job, attempt, result, retry: retry, now: now) {
+                case .refuse(let reason):
+                    // A refused result's files are not the job's: deleted, as `discardOutput` does.
+                    if case .done(let output) = result {
+                        let keys = [output.resultKey, output.thumbnailKey].filter { $0 != job.resultKey && $0 != job.thumbnailKey }
+                        if !keys.isEmpty {
+                            outbox.append(OutboxRow(
+                                topic: OutboxEntry.Topic.blobs, kind: "delete", jobId: job.id, version: 0, payload: try JSONEncoder().encode(keys), at: now
+                            ))
+                        }
+                    }
+                    recorded.append(.success((.refused(reason), nil)))
+                case .alreadyRecorded(let job):
+                    recorded.append(.success((.alreadyRecorded(job), nil)))
+                case .apply(let transition):
+                    apply(transition, at: now)
+                    recorded.append(.success((.applied(transition.job), transition.retryAfter)))
+                }
+            }
+            outcomes.append(JobsBatchOutcome(starts: started, results: recorded))
         }
 
         if !changed.isEmpty {
@@ -96,17 +129,17 @@ extension PostgresJobsStore {
                 """, logger: logger)
         }
         if !outbox.isEmpty {
-            let stamp = now.timeIntervalSince1970
             // No payload is written as an empty text (a payload is JSON, never empty).
             try await db.query("""
                 INSERT INTO jobs_outbox (topic, kind, job_id, version, payload, created_at, next_attempt_at)
-                SELECT o.topic, o.kind, o.job_id, o.version, CASE WHEN o.payload = '' THEN NULL ELSE convert_to(o.payload, 'UTF8') END, \(stamp), \(stamp)
+                SELECT o.topic, o.kind, o.job_id, o.version, CASE WHEN o.payload = '' THEN NULL ELSE convert_to(o.payload, 'UTF8') END, o.at, o.at
                 FROM unnest(\(outbox.map(\.topic))::text[], \(outbox.map(\.kind))::text[], \(outbox.map(\.jobId))::text[],
-                            \(outbox.map(\.version))::bigint[], \(outbox.map(\.payload))::text[]) WITH ORDINALITY AS o(topic, kind, job_id, version, payload, n)
+                            \(outbox.map(\.version))::bigint[], \(outbox.map(\.payload))::text[], \(outbox.map(\.at))::float8[])
+                    WITH ORDINALITY AS o(topic, kind, job_id, version, payload, at, n)
                 ORDER BY o.n
                 """, logger: logger)
         }
-        return JobsBatchOutcome(starts: started, results: recorded)
+        return outcomes
     }
 }
 
@@ -116,8 +149,11 @@ private struct OutboxRow {
     var version: Int
     /// The payload's JSON text; empty for none.
     var payload: String
+    /// When it was made (its event's time), in seconds since 1970.
+    var at: Double
 
-    init(topic: String, kind: String, jobId: String, version: Int, payload: Data?) {
+    init(topic: String, kind: String, jobId: String, version: Int, payload: Data?, at: Date) {
+        self.at = at.timeIntervalSince1970
         self.topic = topic
         self.kind = kind
         self.jobId = jobId

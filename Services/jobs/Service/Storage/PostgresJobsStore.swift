@@ -35,6 +35,10 @@ public struct PostgresJobsStore: ReportingJobsStore {
     private(set) var fence: Lease?
     /// Creations, group-committed (`PostgresJobsStore+Creations.swift`).
     let creations: PostgresBatcher<Creation, Created>
+    /// The dispatcher's writes, group-committed under this store's fence
+    /// (`PostgresJobsStore+Dispatch.swift`): one batcher per term, so that a batch never mixes
+    /// two terms' writes.
+    private(set) var dispatches: PostgresBatcher<DispatchEvent, JobsBatchOutcome>?
 
     public init(database: PostgresPool, retry: RetryPolicy = RetryPolicy(), effectTitles: [String: String] = [:], logger: Logger) {
         self.database = database
@@ -45,6 +49,7 @@ public struct PostgresJobsStore: ReportingJobsStore {
         self.creations = PostgresBatcher(location: database.location) { batch in
             try await Self.create(batch, database: database, retry: retry, logger: logger)
         }
+        self.dispatches = Self.dispatchBatcher(self)
     }
 
     /// A term of the dispatcher's lease: who holds it, and which election gave it to them.
@@ -62,6 +67,7 @@ public struct PostgresJobsStore: ReportingJobsStore {
     public func fenced(_ lease: Lease) -> PostgresJobsStore {
         var store = self
         store.fence = lease
+        store.dispatches = Self.dispatchBatcher(store)
         return store
     }
 
