@@ -186,7 +186,9 @@ public final class PostgresPool: Service, Sendable {
         // SIGTERM with its PostgreSQL stopped first). Instead, the stop shuts postgres-nio's pool
         // down first (its `run()` cancelled), which fails every queued lease, and then waits for
         // the operations, which end with them.
+        let (stopping, stop) = AsyncStream<Bool>.makeStream()
         let operations = Task {
+            defer { stop.yield(true) }
             await withDiscardingTaskGroup { group in
                 // Ends when the doorbell is finished, once the pool has stopped.
                 for await _ in self.doorbell {
@@ -212,13 +214,36 @@ public final class PostgresPool: Service, Sendable {
         // Those not started are told the pool has stopped, as are those handed in from now on.
         let left = intake.withLock { intake in
             intake.open = false
+            intake.count -= intake.pending.count
             defer { intake.pending.removeAll() }
             return intake.pending
         }
         for operation in left { operation.stopped() }
         ring.finish()
-        await operations.value
+        // Every operation ends at once now (their waits failed, their connections closed), except
+        // one whose statement was written to a closed connection, which never will (see
+        // `Leased`): after `stopGrace`, the stop goes on without it, saying so.
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                if (try? await Task.sleep(for: Self.stopGrace)) != nil { stop.yield(false) }
+            }
+            for await ended in stopping {
+                if ended {
+                    await operations.value
+                } else {
+                    let stuck = intake.withLock { $0.count }
+                    logger.error("database pool stopped with operations that will never end (a statement written to a closed connection)", metadata: [
+                        "database": "\(location)", "operations": "\(stuck)",
+                    ])
+                }
+                break
+            }
+            group.cancelAll()
+        }
     }
+
+    /// How long a stop waits for the operations still running once the pool has shut down.
+    static let stopGrace = Duration.seconds(5)
 
     /// Runs the pool for the duration of `body`, which starts once the pool runs.
     @discardableResult
@@ -316,6 +341,7 @@ public final class PostgresPool: Service, Sendable {
         }
         // A connection lost: the server may be gone.
         if case .failure(let error as PSQLError) = outcome, PostgresUnavailable.isConnectionLevel(error) { outage.suspect() }
+        if case .failure(is PostgresUnavailable) = outcome { outage.suspect() }
         return try outcome.get()
     }
 
@@ -330,12 +356,21 @@ public final class PostgresPool: Service, Sendable {
         await withTaskGroup(of: Bool.self) { group in
             group.addTask {
                 do {
-                    let value = try await client.withConnection { connection in
-                        // Too late (the caller was told nothing was done): do nothing.
-                        guard lease.acquire(connection) else { throw CancellationError() }
-                        return try await body(connection)
+                    while true {
+                        let leased = try await client.withConnection { connection -> Leased<T> in
+                            // A connection whose close the pool has not heard of yet: see `Leased`.
+                            guard !connection.isClosed else { return .closed }
+                            // Too late (the caller was told nothing was done): do nothing.
+                            guard lease.acquire(connection) else { throw CancellationError() }
+                            return .done(try await body(connection))
+                        }
+                        if case .done(let value) = leased {
+                            answer.give(.success(value))
+                            break
+                        }
+                        guard !lease.isAbandoned else { throw CancellationError() }
+                        try await Task.sleep(for: closedConnectionPause)
                     }
-                    answer.give(.success(value))
                 } catch {
                     answer.give(.failure(error))
                 }
@@ -429,13 +464,13 @@ public final class PostgresPool: Service, Sendable {
                     )
                     try await connection.query("COMMIT", logger: logger)
                 } catch {
-                    _ = try? await connection.query("ROLLBACK", logger: logger)
+                    await connection.rollBackUnlessClosed(logger: logger)
                     throw error
                 }
                 logger.info("database migrated", metadata: ["service": "\(service)", "migration": "\(migration.name)"])
             }
         } catch {
-            _ = try? await connection.query("SELECT pg_advisory_unlock(hashtext(\(lock)))", logger: logger)
+            if !connection.isClosed { _ = try? await connection.query("SELECT pg_advisory_unlock(hashtext(\(lock)))", logger: logger) }
             throw error
         }
         try await connection.query("SELECT pg_advisory_unlock(hashtext(\(lock)))", logger: logger)
@@ -457,6 +492,7 @@ public final class PostgresPool: Service, Sendable {
         _ isolation: Isolation = .readCommitted, _ body: @escaping @Sendable (PostgresConnection) async throws -> T
     ) async throws -> T {
         let logger = logger
+        let location = location
         // A bus request's transaction is stopped by PostgreSQL itself once its deadline passes.
         let timeout = BusDeadline.remaining(less: Self.answerMargin).map { max(1, $0.wholeMilliseconds) }
         // The operation runs in a task of the pool's: the request's trace is handed over.
@@ -471,7 +507,7 @@ public final class PostgresPool: Service, Sendable {
                     do {
                         try await connection.query(PostgresQuery(unsafeSQL: "SET LOCAL statement_timeout = \(timeout)"), logger: logger)
                     } catch {
-                        _ = try? await connection.query("ROLLBACK", logger: logger)
+                        await connection.rollBackUnlessClosed(logger: logger)
                         throw error
                     }
                 }
@@ -479,9 +515,12 @@ public final class PostgresPool: Service, Sendable {
                 do {
                     result = try await body(connection)
                 } catch {
-                    _ = try? await connection.query("ROLLBACK", logger: logger)
+                    await connection.rollBackUnlessClosed(logger: logger)
                     throw error
                 }
+                // Closed since (the server dropped it, and the transaction with it): nothing was
+                // committed, and a COMMIT written to it would never be answered (see `Leased`).
+                guard !connection.isClosed else { throw PostgresUnavailable(location: location) }
                 try await connection.query("COMMIT", logger: logger)
                 return result
             }
@@ -493,6 +532,29 @@ public final class PostgresPool: Service, Sendable {
 struct Operation: Sendable {
     var run: @Sendable () async -> Void
     var stopped: @Sendable () -> Void
+}
+
+/// What an operation's lease came to. postgres-nio (1.33) can hand out a connection that has
+/// closed (the server dropped it) before its pool has heard of the close, and a statement written
+/// to a closed connection is never answered: its task never reaches the connection's handler, so
+/// the caller's await never ends (and a stop waiting for that operation never would either). So an
+/// operation handed a closed connection gives it back and asks for another, and no statement of
+/// the pool's own (ROLLBACK, COMMIT, an unlock) is written to a connection found closed.
+enum Leased<T: Sendable>: Sendable {
+    case done(T)
+    case closed
+}
+
+/// How long an operation handed a closed connection waits before asking for another (the pool
+/// hears of the close meanwhile).
+let closedConnectionPause = Duration.milliseconds(5)
+
+extension PostgresConnection {
+    /// Rolls the open transaction back, unless the connection has closed (which ended it).
+    func rollBackUnlessClosed(logger: Logger) async {
+        guard !isClosed else { return }
+        _ = try? await query("ROLLBACK", logger: logger)
+    }
 }
 
 /// A caller's answer, given once: by the operation, or by its timer first.
@@ -521,6 +583,14 @@ final class LeaseState: Sendable {
             guard case .waiting = state else { return false }
             state = .acquired(connection)
             return true
+        }
+    }
+
+    /// Whether the caller stopped waiting before a connection came.
+    var isAbandoned: Bool {
+        state.withLock { state in
+            if case .abandoned = state { return true }
+            return false
         }
     }
 

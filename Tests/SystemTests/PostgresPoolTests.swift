@@ -243,4 +243,62 @@ struct PostgresPoolTests {
             #expect(rows == 0)
         }
     }
+
+    /// Ends the connection `db` from the server's side (its backend terminated) and waits until
+    /// the client has seen it closed.
+    func closeFromTheServer(_ db: PostgresConnection) async throws {
+        do { try await db.query("SELECT pg_terminate_backend(pg_backend_pid())", logger: logger) } catch {}
+        try await waitUntil(within: .seconds(60)) { db.isClosed }
+    }
+
+    struct BodyFailed: Error {}
+
+    @Test func aTransactionWhoseConnectionTheServerClosedEndsWithoutWritingToIt() async throws {
+        // Given a pool of a real server
+        let location = try await TestPostgres.freshDatabase()
+        let logger = logger
+        try await PostgresPool(location: location, logger: logger).running { pool in
+            // When a transaction's connection is closed by the server and its body then fails
+            // (ROLLBACK), or returns (COMMIT)
+            var thrown: [any Error] = []
+            for fails in [true, false] {
+                do {
+                    try await BusDeadline.$current.withValue(.now.advanced(by: .seconds(30))) {
+                        try await pool.transaction { db in
+                            try await closeFromTheServer(db)
+                            if fails { throw BodyFailed() }
+                        }
+                    }
+                } catch {
+                    thrown.append(error)
+                }
+            }
+            // Then each ends at once with what happened: the body's error, and nothing committed
+            // (a statement written to a closed connection is never answered: each would instead
+            // have waited out its deadline, answered as timed out)
+            #expect(thrown.count == 2)
+            #expect(thrown.first is BodyFailed, "\(thrown)")
+            #expect(thrown.last is PostgresUnavailable, "\(thrown)")
+            // And the pool serves the next call on a new connection
+            try await waitUntil {
+                (try? await pool.connection { db in try await db.first("SELECT 1", as: Int.self, logger: logger) }) == 1
+            }
+        }
+    }
+
+    @Test func aStopDoesNotWaitForAnOperationThatCanNeverEnd() async throws {
+        // Given a pool of a real server, and an operation stuck for good: a statement written to
+        // a connection the server closed (postgres-nio never answers it)
+        let location = try await TestPostgres.freshDatabase()
+        let logger = logger
+        try await PostgresPool(location: location, logger: logger).running { pool in
+            await #expect(throws: PostgresOperationTimedOut.self) {
+                try await pool.connection(limit: .seconds(5)) { db in
+                    try await closeFromTheServer(db)
+                    try await db.query("SELECT 1", logger: logger)
+                }
+            }
+        }
+        // When the pool stops, then the stop ends (after its grace) instead of waiting for ever
+    }
 }
