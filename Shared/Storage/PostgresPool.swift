@@ -185,7 +185,7 @@ public final class PostgresPool: Service, Sendable {
         // queued), the run never ended (a test's teardown hung; a jobs service did not exit on
         // SIGTERM with its PostgreSQL stopped first). Instead, the stop shuts postgres-nio's pool
         // down first (its `run()` cancelled), which fails every queued lease, and then waits for
-        // the operations, which end with them.
+        // the operations, which end with them (within `stopGrace`: see below).
         let (stopping, stop) = AsyncStream<Bool>.makeStream()
         let operations = Task {
             defer { stop.yield(true) }
@@ -227,16 +227,14 @@ public final class PostgresPool: Service, Sendable {
             group.addTask {
                 if (try? await Task.sleep(for: Self.stopGrace)) != nil { stop.yield(false) }
             }
-            for await ended in stopping {
-                if ended {
-                    await operations.value
-                } else {
-                    let stuck = intake.withLock { $0.count }
-                    logger.error("database pool stopped with operations that will never end (a statement written to a closed connection)", metadata: [
-                        "database": "\(location)", "operations": "\(stuck)",
-                    ])
-                }
-                break
+            var stopped = stopping.makeAsyncIterator()
+            if await stopped.next() == true {
+                await operations.value
+            } else {
+                let stuck = intake.withLock { $0.count }
+                logger.error("database pool stopped with operations that will never end (a statement written to a closed connection)", metadata: [
+                    "database": "\(location)", "operations": "\(stuck)",
+                ])
             }
             group.cancelAll()
         }
@@ -549,14 +547,6 @@ enum Leased<T: Sendable>: Sendable {
 /// hears of the close meanwhile).
 let closedConnectionPause = Duration.milliseconds(5)
 
-extension PostgresConnection {
-    /// Rolls the open transaction back, unless the connection has closed (which ended it).
-    func rollBackUnlessClosed(logger: Logger) async {
-        guard !isClosed else { return }
-        _ = try? await query("ROLLBACK", logger: logger)
-    }
-}
-
 /// A caller's answer, given once: by the operation, or by its timer first.
 final class Answer<T: Sendable>: Sendable {
     private let caller: Mutex<CheckedContinuation<Result<T, any Error>, Never>?>
@@ -613,6 +603,13 @@ final class LeaseState: Sendable {
 }
 
 extension PostgresConnection {
+    /// Rolls the open transaction back, unless the connection has closed (which ended it, and a
+    /// statement written to it would never be answered: see `Leased`).
+    func rollBackUnlessClosed(logger: Logger) async {
+        guard !isClosed else { return }
+        _ = try? await query("ROLLBACK", logger: logger)
+    }
+
     /// Takes a transaction-scoped advisory lock on each of `keys` (`hashtext` of the key), in the
     /// order of their hash: every batch that locks many keys takes them in one global order, so
     /// two transactions can wait for each other but never in a circle.

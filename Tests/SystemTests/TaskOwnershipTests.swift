@@ -23,7 +23,8 @@ struct TaskOwnershipTests {
         "Shared/Storage/PostgresPool.swift": (1, """
             the pool's operations, out of reach of the run's cancellation (cancelling a lease that \
             waits in postgres-nio's pool can lose it): the run shuts that pool down, which fails \
-            every wait, then awaits the task
+            every wait, then awaits the task, for at most 5 s (an operation whose statement went \
+            to a closed connection never ends, and is logged)
             """),
         "Tools/loadtest/LoadTest.swift": (5, """
             the load run's live line, chaos, load and stopper tasks, each cancelled or awaited \
