@@ -249,6 +249,9 @@ struct PostgresPoolTests {
     func closeFromTheServer(_ db: PostgresConnection) async throws {
         do { try await db.query("SELECT pg_terminate_backend(pg_backend_pid())", logger: logger) } catch {}
         try await waitUntil(within: .seconds(60)) { db.isClosed }
+        // And its pipeline taken down (NIO does that a turn of the loop after the close): a
+        // statement written from now on reaches no handler.
+        try await db.closeFuture.get()
     }
 
     struct BodyFailed: Error {}
@@ -300,5 +303,31 @@ struct PostgresPoolTests {
             }
         }
         // When the pool stops, then the stop ends (after its grace) instead of waiting for ever
+    }
+
+    @Test func aRunThatIsCancelledStillWaitsForTheOperationsRunning() async throws {
+        // Given a pool run for the span of a body (its run is cancelled when the body ends), and an
+        // operation that goes on for a while after its connection is taken from it
+        let location = try await TestPostgres.freshDatabase()
+        let logger = logger
+        final class Flag: Sendable { let value = Atomic<Bool>(false) }
+        let ended = Flag()
+        let (started, start) = AsyncStream<Void>.makeStream()
+        let operation = try await PostgresPool(location: location, logger: logger).running { pool in
+            let operation = Task {
+                try? await pool.connection(limit: .seconds(30)) { _ in
+                    start.yield()
+                    try? await Task.sleep(for: .milliseconds(500))
+                    ended.value.store(true, ordering: .sequentiallyConsistent)
+                }
+            }
+            for await _ in started { break }
+            return operation
+        }
+        // When the body has ended and the run with it, then the operation had ended first
+        // (an iterator in a cancelled task ends at once: the run once took that for "all stopped")
+        let endedFirst = ended.value.load(ordering: .sequentiallyConsistent)
+        #expect(endedFirst)
+        await operation.value
     }
 }

@@ -2,9 +2,9 @@ import Foundation
 import Testing
 
 /// Every task has an owner that cancels and awaits it: long-running work runs in a service's
-/// `run()` or a task group. The unstructured tasks left (`Task {`, `Task.detached`) are listed
-/// here, each with why it is owned anyway; a new one fails this test until it is either made
-/// structured or listed with its reason.
+/// `run()` or a task group. The unstructured tasks left (`Task {`, `Task.detached`,
+/// `Task(executorPreference:)`) are listed here, each with why it is owned anyway; a new one
+/// fails this test until it is either made structured or listed with its reason.
 @Suite("Task ownership", .timeLimit(.minutes(5)))
 struct TaskOwnershipTests {
     /// File (from the repository root), how many unstructured tasks it starts, and why each is owned.
@@ -20,11 +20,16 @@ struct TaskOwnershipTests {
             the app's history screen model: the load and the last write are held, replaced and \
             awaited by the model (a SwiftUI observable has no task scope of its own)
             """),
-        "Shared/Storage/PostgresPool.swift": (1, """
+        "Shared/Storage/PostgresPool.swift": (3, """
             the pool's operations, out of reach of the run's cancellation (cancelling a lease that \
             waits in postgres-nio's pool can lose it): the run shuts that pool down, which fails \
             every wait, then awaits the task, for at most 5 s (an operation whose statement went \
-            to a closed connection never ends, and is logged)
+            to a closed connection never ends, and is logged); that wait and its 5 s timer, each \
+            awaited by the run (the timer cancelled first)
+            """),
+        "Shared/Bus/BusServer.swift": (1, """
+            one per request, on the server's executor: counted in flight (at most \
+            BUS_MAX_IN_FLIGHT), and a stop drains them (answered) before the socket closes
             """),
         "Tools/loadtest/LoadTest.swift": (5, """
             the load run's live line, chaos, load and stopper tasks, each cancelled or awaited \
@@ -36,7 +41,7 @@ struct TaskOwnershipTests {
 
     /// The unstructured tasks each Swift file under `folders` starts.
     static func unstructuredTasks(in folders: [String]) throws -> [String: Int] {
-        let pattern = try NSRegularExpression(pattern: #"\bTask(\.detached)?\s*\{|\bTask\(priority"#)
+        let pattern = try NSRegularExpression(pattern: #"\bTask(\.detached)?\s*\{|\bTask\((priority|executorPreference)"#)
         var found: [String: Int] = [:]
         for folder in folders {
             let base = root.appendingPathComponent(folder)

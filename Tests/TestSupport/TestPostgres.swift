@@ -31,7 +31,7 @@ public enum TestPostgres {
         // bound no loaded machine comes near: past it the test fails naming the server.
         try await PostgresPool(location: location, maximumConnections: 1, logger: logger).running { admin in
             try await admin.connection(limit: .seconds(120)) { [logger] db in
-                try await db.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)"), logger: logger)
+                _ = try await db.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)"), logger: logger)
             }
         }
         location.database = name

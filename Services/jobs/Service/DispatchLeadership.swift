@@ -49,7 +49,7 @@ public struct DispatchElection: Sendable {
     public func resign() async {
         let (holder, logger) = (holder, logger)
         _ = try? await database.connection { db in
-            try await db.query(
+            _ = try await db.query(
                 "UPDATE jobs_leader SET expires_at = now() - interval '1 second' WHERE name = 'dispatcher' AND holder = \(holder)", logger: logger
             )
         }

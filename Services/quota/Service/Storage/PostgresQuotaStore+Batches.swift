@@ -117,13 +117,16 @@ extension PostgresQuotaStore {
             }
         }
 
-        // 4. Their usage.
+        // 4. Their usage: one primary-key probe per window (the `LIMIT 1` keeps the lateral
+        // subquery from being flattened into a join, which PostgreSQL ran as a hash join over the
+        // whole table: 2 ms a batch at 26,000 rows, growing with every user).
         var used: [UsageKey: Int] = [:]
         if !reading.isEmpty {
             let keys = Array(reading)
             for (owner, kind, key, value) in try await db.allRows("""
-                SELECT user_id, window_kind, window_key, used FROM quota_usage
-                WHERE (user_id, window_kind, window_key) IN (SELECT * FROM unnest(\(keys.map(\.owner))::text[], \(keys.map(\.kind))::text[], \(keys.map(\.key))::text[]))
+                SELECT k.o, k.w, k.y, u.used
+                FROM unnest(\(keys.map(\.owner))::text[], \(keys.map(\.kind))::text[], \(keys.map(\.key))::text[]) AS k(o, w, y)
+                CROSS JOIN LATERAL (SELECT used FROM quota_usage WHERE user_id = k.o AND window_kind = k.w AND window_key = k.y LIMIT 1) AS u
                 """, as: (String, String, String, Int).self, logger: logger
             ) {
                 used[UsageKey(owner: owner, kind: kind, key: key)] = value
@@ -261,14 +264,16 @@ extension PostgresQuotaStore {
             guard count == rows.count else { throw JobIdTakenMeanwhile() }
         }
 
-        // 7. The windows' changes (a release's row is there: its reservation made it).
+        // 7. The windows' changes (a release's row is there: its reservation made it). The
+        // release's check is a scalar probe per row, not an `EXISTS`, which PostgreSQL hashed over
+        // the whole table.
         let moved = changes.filter { $0.value != 0 }.sorted { ($0.key.owner, $0.key.kind, $0.key.key) < ($1.key.owner, $1.key.kind, $1.key.key) }
         if !moved.isEmpty {
             try await db.query("""
                 INSERT INTO quota_usage (user_id, window_kind, window_key, used)
                 SELECT o, k, w, a FROM unnest(\(moved.map(\.key.owner))::text[], \(moved.map(\.key.kind))::text[], \(moved.map(\.key.key))::text[],
                                               \(moved.map(\.value))::bigint[]) AS change(o, k, w, a)
-                WHERE a > 0 OR EXISTS (SELECT 1 FROM quota_usage q WHERE q.user_id = o AND q.window_kind = k AND q.window_key = w)
+                WHERE a > 0 OR (SELECT true FROM quota_usage q WHERE q.user_id = o AND q.window_kind = k AND q.window_key = w LIMIT 1)
                 ORDER BY o, k, w
                 ON CONFLICT (user_id, window_kind, window_key) DO UPDATE SET used = greatest(0, quota_usage.used + excluded.used)
                 """, logger: logger)
