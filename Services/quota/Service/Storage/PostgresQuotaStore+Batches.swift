@@ -6,20 +6,26 @@ import QuotaCore
 import Storage
 
 /// Reservations, commits and releases decided in batches (`PostgresBatcher`): one transaction per
-/// batch, and a fixed number of statements in it whatever its size:
+/// batch, and two statements in it whatever its size:
 ///
-/// 1. the advisory locks of the batch's users and guest networks, taken in one fixed order (by
-///    their hash), so two replicas' batches never wait for each other in a circle;
-/// 2. the charges of its job ids, locked in job id order (`FOR UPDATE`): a commit or release
-///    holds its charge, and a reservation learns whether its job id is already charged;
-/// 3. the users' rows, 4. their windows' usage, 5. (with guests) which guests are attested;
-/// 6. every charge made or settled, as one ordered upsert; 7. every window's change, as one.
+/// 1. one call of `quota_batch_read` (migration v2), which takes the advisory locks of the batch's
+///    users and guest networks in one fixed order (by their hash), so two replicas' batches never
+///    wait for each other in a circle, and then reads the charges of its job ids, locked in job
+///    id order (`FOR UPDATE`: a commit or release holds its charge, and a reservation learns
+///    whether its job id is already charged), the users' rows, their windows' usage (the day and
+///    month in every zone the user's could be in: its row is not read yet) and which guests are
+///    attested;
+/// 2. every charge made or settled, as one ordered upsert, and every window's change, as
+///    another, in one statement.
 ///
-/// Between 5 and 6 the batch is decided in order, by the same rules as one decision at a time
+/// Between the two the batch is decided in order, by the same rules as one decision at a time
 /// (`QuotaRules`): a later operation sees what an earlier one in the batch did. Rows are locked in
 /// the same order by every batch (advisory locks, then charges, then usage, each sorted), which is
 /// why batches on two replicas do not deadlock; were PostgreSQL to report one anyway, or a job id
-/// taken by another user's batch in between, the batch is run again from the start.
+/// taken by another user's batch in between, the batch is run again from the start. With BEGIN,
+/// the deadline's `SET LOCAL` and COMMIT, a batch is five round trips (it was nine, one a
+/// statement: the round trips, PostgreSQL's and the service's wake-ups for each, were most of
+/// both processes' CPU).
 extension PostgresQuotaStore {
     /// One operation of a batch, checked already (`QuotaLedger.check`).
     enum Operation: Sendable {
@@ -64,6 +70,10 @@ extension PostgresQuotaStore {
         var description: String { "a job id was charged by another user's reservation at the same time; try again" }
     }
 
+    /// UTC and the zones furthest west (UTC-12) and east (UTC+14): their days and months are those
+    /// of every zone at the same instant.
+    static let outermostZones = ["Etc/GMT+12", "UTC", "Etc/GMT-14"]
+
     /// A window's usage row.
     struct UsageKey: Hashable {
         var owner: String
@@ -80,49 +90,87 @@ extension PostgresQuotaStore {
             if let network = ledger.sharedNetwork(of: request) { networks.insert(network) }
         }
 
-        // 1. Locks, in one order.
-        try await db.lockInHashOrder(reserving.map { "quota:user:" + $0 } + networks.map { "quota:network:" + $0 }, logger: logger)
-
-        // 2. The charges.
-        var charges: [String: (charge: Charge, network: String?)] = [:]
-        let jobIds = Array(Set(batch.map(\.jobId)))
-        for row in try await db.allRows(
-            "SELECT \(unescaped: chargeColumns), network FROM quota_charge WHERE job_id = ANY(\(jobIds)::text[]) ORDER BY job_id FOR UPDATE",
-            as: ChargeRow.self, logger: logger
-        ) {
-            let (charge, network) = charge(row)
-            charges[charge.jobId] = (charge, network)
+        // The windows a reservation may read: the day and month of each owner (the user, its
+        // shared network) in the zones furthest west and east, and in UTC, which hold the day and
+        // month in any zone (a zone's is found below, once its user's row is read).
+        var owners: Set<String> = []
+        var nows: Set<Date> = []
+        for operation in batch {
+            guard case .reserve(let request, let now) = operation else { continue }
+            owners.insert(request.userId)
+            if let network = ledger.sharedNetwork(of: request) { owners.insert("net:" + network) }
+            nows.insert(now)
         }
-
-        // 3. The users, and each reservation's windows in its user's zone.
-        var users: [String: UserRow] = [:]
-        if !reserving.isEmpty {
-            for (id, plan, zone, endsAt) in try await db.allRows(
-                "SELECT id, \(unescaped: userColumns) FROM quota_user WHERE id = ANY(\(Array(reserving))::text[])",
-                as: (String, String, String?, Date?).self, logger: logger
-            ) {
-                users[id] = (plan, zone, endsAt)
+        var days: Set<String> = []
+        var months: Set<String> = []
+        for now in nows {
+            for zone in Self.outermostZones {
+                let (day, month) = ledger.windows.windows(containing: now, timeZone: zone)
+                days.insert(day.key)
+                months.insert(month.key)
             }
         }
+        var candidates: Set<UsageKey> = []
+        for owner in owners {
+            for day in days { candidates.insert(UsageKey(owner: owner, kind: "daily", key: day)) }
+            guard !owner.hasPrefix("net:") else { continue }
+            for month in months { candidates.insert(UsageKey(owner: owner, kind: "monthly", key: month)) }
+        }
+        let guests = batch.compactMap { operation -> String? in
+            guard case .reserve(let request, _) = operation, ledger.sharedNetwork(of: request) != nil else { return nil }
+            return request.userId
+        }
+
+        // 1-5. The locks (users and networks, in one order), then the charges of the batch's job
+        // ids (locked: `FOR UPDATE`), the users, those windows' usage and which guests are
+        // attested (their network's credits are not shared): one call (`quota_batch_read`).
+        var charges: [String: (charge: Charge, network: String?)] = [:]
+        var users: [String: UserRow] = [:]
+        var used: [UsageKey: Int] = [:]
+        var attested: Set<String> = []
+        let jobIds = Set(batch.map(\.jobId)).sorted()
+        let locks = reserving.map { "quota:user:" + $0 } + networks.map { "quota:network:" + $0 }
+        let reading = Array(candidates)
+        for row in try await db.allRows("""
+            SELECT * FROM quota_batch_read(\(locks)::text[], \(jobIds)::text[], \(Array(reserving))::text[],
+                \(reading.map(\.owner))::text[], \(reading.map(\.kind))::text[], \(reading.map(\.key))::text[], \(guests)::text[])
+            """, as: (String, String, String?, Int?, String?, String?, String?, Date?, Date?, String?).self, logger: logger
+        ) {
+            switch row.0 {
+            case "c":
+                guard let user = row.2, let cost = row.3, let state = row.4, let day = row.5, let month = row.6, let reservedAt = row.7 else { continue }
+                let (charge, network) = charge((row.1, user, cost, state, day, month, reservedAt, row.8, row.9))
+                charges[charge.jobId] = (charge, network)
+            case "u":
+                guard let plan = row.4 else { continue }
+                users[row.1] = (plan, row.5, row.7)
+            case "w":
+                guard let kind = row.2, let key = row.4, let value = row.3 else { continue }
+                used[UsageKey(owner: row.1, kind: kind, key: key)] = value
+            case "g":
+                attested.insert(row.1)
+            default:
+                continue
+            }
+        }
+
+        // Each reservation's windows in its user's zone. One the call did not read (a zone past
+        // those above: none today) is read now.
         var contexts: [Int: QuotaLedger.UserContext] = [:]
-        var reading: Set<UsageKey> = []
+        var missing: Set<UsageKey> = []
         for (index, operation) in batch.enumerated() {
             guard case .reserve(let request, let now) = operation else { continue }
             let context = userContext(ledger, request.userId, users[request.userId], now: now)
             contexts[index] = context
-            reading.insert(UsageKey(owner: request.userId, kind: "daily", key: context.day.key))
-            reading.insert(UsageKey(owner: request.userId, kind: "monthly", key: context.month.key))
+            var wanted = [UsageKey(owner: request.userId, kind: "daily", key: context.day.key),
+                          UsageKey(owner: request.userId, kind: "monthly", key: context.month.key)]
             if let network = ledger.sharedNetwork(of: request) {
-                reading.insert(UsageKey(owner: "net:" + network, kind: "daily", key: context.day.key))
+                wanted.append(UsageKey(owner: "net:" + network, kind: "daily", key: context.day.key))
             }
+            for key in wanted where !candidates.contains(key) { missing.insert(key) }
         }
-
-        // 4. Their usage: one primary-key probe per window (the `LIMIT 1` keeps the lateral
-        // subquery from being flattened into a join, which PostgreSQL ran as a hash join over the
-        // whole table: 2 ms a batch at 26,000 rows, growing with every user).
-        var used: [UsageKey: Int] = [:]
-        if !reading.isEmpty {
-            let keys = Array(reading)
+        if !missing.isEmpty {
+            let keys = Array(missing)
             for (owner, kind, key, value) in try await db.allRows("""
                 SELECT k.o, k.w, k.y, u.used
                 FROM unnest(\(keys.map(\.owner))::text[], \(keys.map(\.kind))::text[], \(keys.map(\.key))::text[]) AS k(o, w, y)
@@ -131,18 +179,6 @@ extension PostgresQuotaStore {
             ) {
                 used[UsageKey(owner: owner, kind: kind, key: key)] = value
             }
-        }
-
-        // 5. Which guests are attested (their network's credits are not shared).
-        var attested: Set<String> = []
-        let guests = batch.compactMap { operation -> String? in
-            guard case .reserve(let request, _) = operation, ledger.sharedNetwork(of: request) != nil else { return nil }
-            return request.userId
-        }
-        if !guests.isEmpty {
-            attested = Set(try await db.all(
-                "SELECT user_id FROM quota_guest WHERE user_id = ANY(\(guests)::text[]) AND attested_key IS NOT NULL", as: String.self, logger: logger
-            ))
         }
 
         // The decisions, in order.
@@ -243,40 +279,39 @@ extension PostgresQuotaStore {
             }
         }
 
-        // 6. The charges made or settled. A new job id charged by another user meanwhile is not
-        // overwritten: the batch is run again and then finds it.
-        if !written.isEmpty {
-            let rows = written.sorted().map { charges[$0]! }
-            let count = try await db.all("""
-                INSERT INTO quota_charge (job_id, user_id, cost, state, day_key, month_key, reserved_at, settled_at, network)
-                SELECT j, u, c, s, d, m, r, CASE WHEN settled THEN t END, NULLIF(n, '')
-                FROM unnest(\(rows.map(\.charge.jobId))::text[], \(rows.map(\.charge.userId))::text[], \(rows.map(\.charge.cost))::bigint[],
-                            \(rows.map(\.charge.state.rawValue))::text[], \(rows.map(\.charge.dayKey))::text[], \(rows.map(\.charge.monthKey))::text[],
-                            \(rows.map(\.charge.reservedAt))::timestamptz[], \(rows.map { $0.charge.settledAt != nil })::bool[],
-                            \(rows.map { $0.charge.settledAt ?? $0.charge.reservedAt })::timestamptz[], \(rows.map { $0.network ?? "" })::text[])
-                    AS row(j, u, c, s, d, m, r, settled, t, n)
-                ORDER BY j
-                ON CONFLICT (job_id) DO UPDATE SET cost = excluded.cost, state = excluded.state, day_key = excluded.day_key,
-                    month_key = excluded.month_key, reserved_at = excluded.reserved_at, settled_at = excluded.settled_at, network = excluded.network
-                    WHERE quota_charge.user_id = excluded.user_id
-                RETURNING 1
-                """, as: Int32.self, logger: logger).count
-            guard count == rows.count else { throw JobIdTakenMeanwhile() }
-        }
-
-        // 7. The windows' changes (a release's row is there: its reservation made it). The
-        // release's check is a scalar probe per row, not an `EXISTS`, which PostgreSQL hashed over
-        // the whole table.
+        // 6-7. The charges made or settled, as one ordered upsert, and the windows' changes, as
+        // another, in one statement. A new job id charged by another user meanwhile is not
+        // overwritten: the batch is run again and then finds it. A release's window row is there
+        // (its reservation made it); its check is a scalar probe per row, not an `EXISTS`, which
+        // PostgreSQL hashed over the whole table.
+        let rows = written.sorted().map { charges[$0]! }
         let moved = changes.filter { $0.value != 0 }.sorted { ($0.key.owner, $0.key.kind, $0.key.key) < ($1.key.owner, $1.key.kind, $1.key.key) }
-        if !moved.isEmpty {
-            try await db.query("""
-                INSERT INTO quota_usage (user_id, window_kind, window_key, used)
-                SELECT o, k, w, a FROM unnest(\(moved.map(\.key.owner))::text[], \(moved.map(\.key.kind))::text[], \(moved.map(\.key.key))::text[],
-                                              \(moved.map(\.value))::bigint[]) AS change(o, k, w, a)
-                WHERE a > 0 OR (SELECT true FROM quota_usage q WHERE q.user_id = o AND q.window_kind = k AND q.window_key = w LIMIT 1)
-                ORDER BY o, k, w
-                ON CONFLICT (user_id, window_kind, window_key) DO UPDATE SET used = greatest(0, quota_usage.used + excluded.used)
-                """, logger: logger)
+        if !rows.isEmpty || !moved.isEmpty {
+            let count = try await db.first("""
+                WITH charged AS (
+                    INSERT INTO quota_charge (job_id, user_id, cost, state, day_key, month_key, reserved_at, settled_at, network)
+                    SELECT j, u, c, s, d, m, r, CASE WHEN settled THEN t END, NULLIF(n, '')
+                    FROM unnest(\(rows.map(\.charge.jobId))::text[], \(rows.map(\.charge.userId))::text[], \(rows.map(\.charge.cost))::bigint[],
+                                \(rows.map(\.charge.state.rawValue))::text[], \(rows.map(\.charge.dayKey))::text[], \(rows.map(\.charge.monthKey))::text[],
+                                \(rows.map(\.charge.reservedAt))::timestamptz[], \(rows.map { $0.charge.settledAt != nil })::bool[],
+                                \(rows.map { $0.charge.settledAt ?? $0.charge.reservedAt })::timestamptz[], \(rows.map { $0.network ?? "" })::text[])
+                        AS row(j, u, c, s, d, m, r, settled, t, n)
+                    ORDER BY j
+                    ON CONFLICT (job_id) DO UPDATE SET cost = excluded.cost, state = excluded.state, day_key = excluded.day_key,
+                        month_key = excluded.month_key, reserved_at = excluded.reserved_at, settled_at = excluded.settled_at, network = excluded.network
+                        WHERE quota_charge.user_id = excluded.user_id
+                    RETURNING 1
+                ), windows AS (
+                    INSERT INTO quota_usage (user_id, window_kind, window_key, used)
+                    SELECT o, k, w, a FROM unnest(\(moved.map(\.key.owner))::text[], \(moved.map(\.key.kind))::text[], \(moved.map(\.key.key))::text[],
+                                                  \(moved.map(\.value))::bigint[]) AS change(o, k, w, a)
+                    WHERE a > 0 OR (SELECT true FROM quota_usage q WHERE q.user_id = o AND q.window_kind = k AND q.window_key = w LIMIT 1)
+                    ORDER BY o, k, w
+                    ON CONFLICT (user_id, window_kind, window_key) DO UPDATE SET used = greatest(0, quota_usage.used + excluded.used)
+                )
+                SELECT count(*) FROM charged
+                """, as: Int.self, logger: logger) ?? 0
+            guard count == rows.count else { throw JobIdTakenMeanwhile() }
         }
         return results
     }
