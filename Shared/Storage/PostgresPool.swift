@@ -162,8 +162,11 @@ public final class PostgresPool: Service, Sendable {
         // the next call to make one.
         configuration.options.minimumConnections = 1
         // The pool's own lines (each failed attempt to connect, while the server is down) only
-        // from warnings up: the stores say what failed, once, at the level that matters.
-        var background = logger
+        // from warnings up: the stores say what failed, once, at the level that matters. Not its
+        // warning of a lease before its `run()`: operations start once that run has been called
+        // (see `run()`), but may still reach postgres-nio's pool a moment before it notes so; the
+        // lease waits for the run, as it should.
+        var background = Logger(label: logger.label) { [handler = logger.handler] _ in LeaseBeforeRunUnlogged(wrapped: handler) }
         background.logLevel = max(logger.logLevel, .warning)
         loop = MultiThreadedEventLoopGroup.singleton.next()
         self.client = PostgresClient(configuration: configuration, eventLoopGroup: loop, backgroundLogger: background)
@@ -674,5 +677,31 @@ extension PostgresConnection {
         var rows: [(repeat each Column)] = []
         for try await row in try await self.query(query, logger: logger).decode((repeat each Column).self) { rows.append(row) }
         return rows
+    }
+}
+
+/// A log handler that passes every line on except postgres-nio's warning of a lease asked for
+/// before its pool's `run()` (see `PostgresPool.init`).
+struct LeaseBeforeRunUnlogged: LogHandler {
+    var wrapped: any LogHandler
+
+    var logLevel: Logger.Level {
+        get { wrapped.logLevel }
+        set { wrapped.logLevel = newValue }
+    }
+
+    var metadata: Logger.Metadata {
+        get { wrapped.metadata }
+        set { wrapped.metadata = newValue }
+    }
+
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { wrapped[metadataKey: key] }
+        set { wrapped[metadataKey: key] = newValue }
+    }
+
+    func log(event: LogEvent) {
+        if event.level == .warning, event.message.description.hasPrefix("Trying to lease connection from `PostgresClient`") { return }
+        wrapped.log(event: event)
     }
 }
