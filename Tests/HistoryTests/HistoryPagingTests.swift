@@ -85,6 +85,31 @@ struct HistoryPagingTests {
         }
     }
 
+    @Test(arguments: HistoryBackend.allCases) func aFilteredHistoryPagesByCursorThroughEveryItemOfItsStatusesNewestFirst(backend: HistoryBackend) async throws {
+        try await withHistoryStore(backend) { database in
+            // Given 60 items, every other one failed
+            let events = (0..<60).map { index in
+                Events.job(String(format: "job-%03d", index), status: index % 2 == 0 ? .failed : .completed,
+                           createdAt: Events.epoch.addingTimeInterval(Double(index) * 60))
+            }
+            _ = try await database.applyJobEvents(events)
+            // When the failed ones are paged by cursor, 7 at a time, and by offset
+            var byCursor: [String] = []
+            var cursor: String? = nil
+            repeat {
+                let page = try await database.page(ListHistory(userId: "u1", limit: 7, cursor: cursor, statuses: [.failed]))
+                #expect(page.totalCount == 30)
+                byCursor += page.items.map(\.jobId)
+                cursor = page.nextCursor
+            } while cursor != nil
+            let byOffset = try await database.page(ListHistory(userId: "u1", limit: 7, offset: 7, statuses: [.failed])).items.map(\.jobId)
+            // Then each lists the failed items only, newest first, each once
+            let failed = stride(from: 58, through: 0, by: -2).map { String(format: "job-%03d", $0) }
+            #expect(byCursor == failed)
+            #expect(byOffset == Array(failed[7..<14]))
+        }
+    }
+
     @Test(arguments: HistoryBackend.allCases) func theStatusFilterListsQueuedJobsAsProcessing(backend: HistoryBackend) async throws {
         try await withHistoryStore(backend) { database in
             _ = try await database.applyJobEvents([
