@@ -259,8 +259,6 @@ public final class PostgresPool: Service, Sendable {
         await timer.value
         if ended {
             await operations.value
-            // Nothing runs on the loop any more. (With an operation stuck, it is left to it.)
-            try? await loop.shutdownGracefully()
         } else {
             let stuck = intake.withLock { $0.count }
             logger.error("database pool stopped with operations that will never end (a statement written to a closed connection)", metadata: [
