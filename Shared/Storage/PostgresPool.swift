@@ -163,9 +163,9 @@ public final class PostgresPool: Service, Sendable {
         configuration.options.minimumConnections = 1
         // The pool's own lines (each failed attempt to connect, while the server is down) only
         // from warnings up: the stores say what failed, once, at the level that matters. Not its
-        // warning of a lease before its `run()`: operations start once that run has been called
-        // (see `run()`), but may still reach postgres-nio's pool a moment before it notes so; the
-        // lease waits for the run, as it should.
+        // warning of a lease before its `run()`: operations start with the pool's own run, and
+        // one may reach postgres-nio's pool a moment before its run has started; the lease waits
+        // for it, as it should.
         var background = Logger(label: logger.label) { [handler = logger.handler] _ in LeaseBeforeRunUnlogged(wrapped: handler) }
         background.logLevel = max(logger.logLevel, .warning)
         loop = MultiThreadedEventLoopGroup.singleton.next()
@@ -201,13 +201,11 @@ public final class PostgresPool: Service, Sendable {
         // on the thread that read it. On Swift's pool instead, each of a transaction's statements
         // cost two thread wake-ups (the loop's, then a pool thread's): in the quota service on
         // PostgreSQL they were a third of its CPU (perf). An operation's body only builds
-        // statements and reads their rows: it never blocks. They start once postgres-nio's pool
-        // runs (a lease before that waits for it, and logs a warning).
+        // statements and reads their rows: it never blocks. (One that reaches postgres-nio's pool
+        // before its `run()` has started waits for it.)
         let (stopping, stop) = AsyncStream<Bool>.makeStream()
-        let (clientRunning, clientRuns) = AsyncStream<Void>.makeStream()
         let operations = Task(executorPreference: EventLoopTaskExecutor(loop)) {
             defer { stop.yield(true) }
-            for await _ in clientRunning { break }
             await withDiscardingTaskGroup { group in
                 // Ends when the doorbell is finished, once the pool has stopped.
                 for await _ in self.doorbell {
@@ -226,14 +224,10 @@ public final class PostgresPool: Service, Sendable {
         }
         await cancelWhenGracefulShutdown {
             await withDiscardingTaskGroup { group in
-                group.addTask {
-                    clientRuns.finish()
-                    await self.client.run()
-                }
+                group.addTask { await self.client.run() }
                 group.addTask { await self.outage.run() }
             }
         }
-        clientRuns.finish()
         // Those not started are told the pool has stopped, as are those handed in from now on.
         let left = intake.withLock { intake in
             intake.open = false

@@ -239,11 +239,14 @@ public struct PostgresHistoryStore: HistoryStore {
                 bindings.append(after.jobId)
             }
             let (items, count) = try await database.connection { [bindings] db in
-                switch shape {
-                case .init(statuses: false, cursor: false): try await Self.readPage(db.execute(PreparedPage<PageShape.Top>(bindings: bindings), logger: logger))
-                case .init(statuses: true, cursor: false): try await Self.readPage(db.execute(PreparedPage<PageShape.TopByStatus>(bindings: bindings), logger: logger))
-                case .init(statuses: false, cursor: true): try await Self.readPage(db.execute(PreparedPage<PageShape.After>(bindings: bindings), logger: logger))
-                default: try await Self.readPage(db.execute(PreparedPage<PageShape.AfterByStatus>(bindings: bindings), logger: logger))
+                func read<Shape: PageShape.Named>(_: Shape.Type) async throws -> ([HistoryItem], Int) {
+                    try await Self.readPage(db.execute(PreparedPage<Shape>(bindings: bindings), logger: logger))
+                }
+                switch (shape.statuses, shape.cursor) {
+                case (false, false): return try await read(PageShape.Top.self)
+                case (true, false): return try await read(PageShape.TopByStatus.self)
+                case (false, true): return try await read(PageShape.After.self)
+                case (true, true): return try await read(PageShape.AfterByStatus.self)
                 }
             }
             return HistoryReads.page(items, total: count, request: request, signer: signer)
