@@ -85,6 +85,31 @@ struct HistoryPagingTests {
         }
     }
 
+    @Test(arguments: HistoryBackend.allCases) func aSearchPagedByCursorOrPastItsEndCountsEveryMatch(backend: HistoryBackend) async throws {
+        try await withHistoryStore(backend) { database in
+            // Given 40 items, every fourth one a sunset
+            let events = (0..<40).map { index in
+                Events.job(String(format: "job-%03d", index), prompt: index % 4 == 0 ? "a sunset" : "a city",
+                           createdAt: Events.epoch.addingTimeInterval(Double(index) * 60))
+            }
+            _ = try await database.applyJobEvents(events)
+            // When the sunsets are paged by cursor, 3 at a time, and by an offset past the last one
+            var byCursor: [String] = []
+            var cursor: String? = nil
+            repeat {
+                let page = try await database.page(ListHistory(userId: "u1", limit: 3, cursor: cursor, query: "sunset"))
+                #expect(page.totalCount == 10)
+                byCursor += page.items.map(\.jobId)
+                cursor = page.nextCursor
+            } while cursor != nil
+            let pastTheEnd = try await database.page(ListHistory(userId: "u1", limit: 3, offset: 12, query: "sunset"))
+            // Then the cursor lists each sunset once, newest first, and every page counts all ten
+            #expect(byCursor == stride(from: 36, through: 0, by: -4).map { String(format: "job-%03d", $0) })
+            #expect(pastTheEnd.items.isEmpty)
+            #expect(pastTheEnd.totalCount == 10)
+        }
+    }
+
     @Test(arguments: HistoryBackend.allCases) func aFilteredHistoryPagesByCursorThroughEveryItemOfItsStatusesNewestFirst(backend: HistoryBackend) async throws {
         try await withHistoryStore(backend) { database in
             // Given 60 items, every other one failed
