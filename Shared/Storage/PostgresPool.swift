@@ -510,6 +510,24 @@ public final class PostgresPool: Service, Sendable {
     public func transaction<T: Sendable>(
         _ isolation: Isolation = .readCommitted, _ body: @escaping @Sendable (PostgresConnection) async throws -> T
     ) async throws -> T {
+        try await transaction(isolation, bodySetsTimeout: false) { connection, _ in try await body(connection) }
+    }
+
+    /// Runs `body` in one transaction, as `transaction(_:_:)`, but sets no `statement_timeout`:
+    /// `body` is handed the request's timeout in milliseconds (nil outside a bus request) and sets
+    /// it itself in its first statement, one round trip fewer (`set_config('statement_timeout',
+    /// …, true)` and `lock_timeout` in a function it calls: the first statement's own lock waits
+    /// are then bounded too, since PostgreSQL reads `lock_timeout` when a wait begins).
+    public func transactionSettingItsTimeout<T: Sendable>(
+        _ isolation: Isolation = .readCommitted, _ body: @escaping @Sendable (PostgresConnection, _ timeoutMilliseconds: Int?) async throws -> T
+    ) async throws -> T {
+        try await transaction(isolation, bodySetsTimeout: true, body)
+    }
+
+    private func transaction<T: Sendable>(
+        _ isolation: Isolation, bodySetsTimeout: Bool,
+        _ body: @escaping @Sendable (PostgresConnection, Int?) async throws -> T
+    ) async throws -> T {
         let logger = logger
         let location = location
         // A bus request's transaction is stopped by PostgreSQL itself once its deadline passes.
@@ -522,7 +540,7 @@ public final class PostgresPool: Service, Sendable {
                 case .readCommitted: try await connection.query("BEGIN", logger: logger)
                 case .snapshotRead: try await connection.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", logger: logger)
                 }
-                if let timeout {
+                if let timeout, !bodySetsTimeout {
                     do {
                         try await connection.query(PostgresQuery(unsafeSQL: "SET LOCAL statement_timeout = \(timeout)"), logger: logger)
                     } catch {
@@ -532,7 +550,7 @@ public final class PostgresPool: Service, Sendable {
                 }
                 let result: T
                 do {
-                    result = try await body(connection)
+                    result = try await body(connection, timeout.map(Int.init))
                 } catch {
                     await connection.rollBackUnlessClosed(logger: logger)
                     throw error

@@ -156,4 +156,40 @@ struct PostgresQuotaBatchTests {
             #expect(admitted == limit / 2)
         }
     }
+
+    @Test func aBatchWaitingPastItsDeadlineForAUserLockedElsewhereIsStoppedByPostgreSQL() async throws {
+        // Given quota on a pool of one connection, and another session holding a user's lock (as a
+        // replica's transaction stuck on that user would)
+        let location = try await TestPostgres.freshDatabase()
+        var logger = Logger(label: "test.quota")
+        logger.logLevel = .critical
+        try await PostgresPool.migrate(location, service: "quota", PostgresQuotaStore.migrations, logger: logger)
+        let quiet = logger
+        try await PostgresPool(location: location, maximumConnections: 1, logger: logger).running { pool in
+            let store = PostgresQuotaStore(database: pool, logger: quiet)
+            try await TestPostgres.withDatabase(location) { other in
+                try await other.connection { db in
+                    _ = try await db.query("SELECT pg_advisory_lock(hashtext('quota:user:held'))", logger: quiet)
+                }
+                // When that user's reservation is made for a bus request with 2 s left
+                var thrown: (any Error)?
+                do {
+                    _ = try await BusDeadline.$current.withValue(.now.advanced(by: .seconds(2))) {
+                        try await store.reserve(ReserveQuota(userId: "held", jobId: "job-held"), now: noon)
+                    }
+                } catch {
+                    thrown = error
+                }
+                // Then it fails in time to answer, outcome unknown
+                #expect(StorageFailure.busError(for: try #require(thrown))?.code == .storageUnavailable)
+                // And PostgreSQL itself gave up the batch's lock wait at that deadline (the call
+                // sets it): the pool's one connection decides another user's reservation while the
+                // lock is still held
+                let decision = try await BusDeadline.$current.withValue(.now.advanced(by: .seconds(20))) {
+                    try await store.reserve(ReserveQuota(userId: "free", jobId: "job-free"), now: noon)
+                }
+                #expect(decision.admitted)
+            }
+        }
+    }
 }

@@ -22,10 +22,10 @@ import Storage
 /// (`QuotaRules`): a later operation sees what an earlier one in the batch did. Rows are locked in
 /// the same order by every batch (advisory locks, then charges, then usage, each sorted), which is
 /// why batches on two replicas do not deadlock; were PostgreSQL to report one anyway, or a job id
-/// taken by another user's batch in between, the batch is run again from the start. With BEGIN,
-/// the deadline's `SET LOCAL` and COMMIT, a batch is five round trips (it was nine, one a
-/// statement: the round trips, PostgreSQL's and the service's wake-ups for each, were most of
-/// both processes' CPU).
+/// taken by another user's batch in between, the batch is run again from the start. With BEGIN
+/// and COMMIT, a batch is four round trips (it was nine, one a statement: the round trips,
+/// PostgreSQL's and the service's wake-ups for each, were most of both processes' CPU); the
+/// deadline is set by the first call, not by a `SET LOCAL` of its own.
 extension PostgresQuotaStore {
     /// One operation of a batch, checked already (`QuotaLedger.check`).
     enum Operation: Sendable {
@@ -53,8 +53,8 @@ extension PostgresQuotaStore {
         var attempt = 1
         while true {
             do {
-                return try await database.transaction { db in
-                    try await decide(batch, db, ledger: ledger, logger: logger)
+                return try await database.transactionSettingItsTimeout { db, timeout in
+                    try await decide(batch, db, timeout: timeout, ledger: ledger, logger: logger)
                 }
             } catch let error as PSQLError where attempt < batchAttempts && ["40P01", "40001", "23505"].contains(error.serverInfo?[.sqlState] ?? "") {
                 logger.debug("quota batch run again", metadata: ["sqlState": "\(error.serverInfo?[.sqlState] ?? "")"])
@@ -81,7 +81,7 @@ extension PostgresQuotaStore {
         var key: String
     }
 
-    private static func decide(_ batch: [Operation], _ db: PostgresConnection, ledger: QuotaLedger, logger: Logger) async throws -> [Result<Outcome, any Error>] {
+    private static func decide(_ batch: [Operation], _ db: PostgresConnection, timeout: Int?, ledger: QuotaLedger, logger: Logger) async throws -> [Result<Outcome, any Error>] {
         var reserving: Set<String> = []
         var networks: Set<String> = []
         for operation in batch {
@@ -121,7 +121,7 @@ extension PostgresQuotaStore {
             return request.userId
         }
 
-        // 1-5. The locks (users and networks, in one order), then the charges of the batch's job
+        // 1-5. The deadline, the locks (users and networks, in one order), then the charges of the batch's job
         // ids (locked: `FOR UPDATE`), the users, those windows' usage and which guests are
         // attested (their network's credits are not shared): one call (`quota_batch_read`).
         var charges: [String: (charge: Charge, network: String?)] = [:]
@@ -132,7 +132,7 @@ extension PostgresQuotaStore {
         let locks = reserving.map { "quota:user:" + $0 } + networks.map { "quota:network:" + $0 }
         let reading = Array(candidates)
         for row in try await db.allRows("""
-            SELECT * FROM quota_batch_read(\(locks)::text[], \(jobIds)::text[], \(Array(reserving))::text[],
+            SELECT * FROM quota_batch_read(\(timeout.map(Int64.init))::bigint, \(locks)::text[], \(jobIds)::text[], \(Array(reserving))::text[],
                 \(reading.map(\.owner))::text[], \(reading.map(\.kind))::text[], \(reading.map(\.key))::text[], \(guests)::text[])
             """, as: (String, String, String?, Int?, String?, String?, String?, Date?, Date?, String?).self, logger: logger
         ) {

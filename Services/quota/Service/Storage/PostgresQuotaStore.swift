@@ -108,6 +108,37 @@ public struct PostgresQuotaStore: QuotaStore {
             $fn$
             """,
         ]),
+        // The batch's deadline set by the call itself (`transactionSettingItsTimeout`), not by a
+        // `SET LOCAL` of its own: one round trip fewer. `lock_timeout` bounds the call's own lock
+        // waits (read when a wait begins), `statement_timeout` the statements after it.
+        PostgresMigration("v3: the batch's read call sets its deadline", [
+            "DROP FUNCTION quota_batch_read(text[], text[], text[], text[], text[], text[], text[])",
+            """
+            CREATE FUNCTION quota_batch_read(
+                timeout_ms bigint, lock_keys text[], job_ids text[], user_ids text[],
+                usage_owners text[], usage_kinds text[], usage_keys text[], guest_ids text[])
+            RETURNS TABLE (part text, a text, b text, n bigint, c text, d text, e text, t1 timestamptz, t2 timestamptz, f text)
+            LANGUAGE plpgsql VOLATILE AS $fn$
+            #variable_conflict use_column
+            BEGIN
+                IF timeout_ms IS NOT NULL THEN
+                    PERFORM set_config('lock_timeout', timeout_ms || 'ms', true), set_config('statement_timeout', timeout_ms || 'ms', true);
+                END IF;
+                PERFORM pg_advisory_xact_lock(h) FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(lock_keys) AS k ORDER BY h) AS ordered;
+                RETURN QUERY SELECT 'c'::text, q.job_id, q.user_id, q.cost::bigint, q.state, q.day_key, q.month_key, q.reserved_at, q.settled_at, q.network
+                    FROM unnest(job_ids) AS j(id)
+                    CROSS JOIN LATERAL (SELECT * FROM quota_charge r WHERE r.job_id = j.id LIMIT 1 FOR UPDATE) AS q;
+                RETURN QUERY SELECT 'u'::text, u.id, NULL::text, NULL::bigint, u.plan, u.time_zone, NULL::text, u.plan_ends_at, NULL::timestamptz, NULL::text
+                    FROM quota_user u WHERE u.id = ANY(user_ids);
+                RETURN QUERY SELECT 'w'::text, k.o, k.w, u.used::bigint, k.y, NULL::text, NULL::text, NULL::timestamptz, NULL::timestamptz, NULL::text
+                    FROM unnest(usage_owners, usage_kinds, usage_keys) AS k(o, w, y)
+                    CROSS JOIN LATERAL (SELECT q.used FROM quota_usage q WHERE q.user_id = k.o AND q.window_kind = k.w AND q.window_key = k.y LIMIT 1) AS u;
+                RETURN QUERY SELECT 'g'::text, g.user_id, NULL::text, NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::timestamptz, NULL::timestamptz, NULL::text
+                    FROM quota_guest g WHERE g.user_id = ANY(guest_ids) AND g.attested_key IS NOT NULL;
+            END
+            $fn$
+            """,
+        ]),
     ]
 
     // MARK: QuotaStore
