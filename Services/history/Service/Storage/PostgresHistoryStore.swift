@@ -273,17 +273,14 @@ public struct PostgresHistoryStore: HistoryStore {
         }
         if items.isEmpty, offset > 0 || after != nil {
             count = try await database.connection { db in
-                let rows = try await db.query(
+                try await db.first(
                     """
                     SELECT count(*) FROM history_item WHERE user_id = \(request.userId)
                     AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
                     AND (prompt ILIKE \(pattern) OR effect_title ILIKE \(pattern))
                     """,
-                    logger: logger
-                )
-                var count = 0
-                for try await row in rows { count = try row.decode(Int.self) }
-                return count
+                    as: Int.self, logger: logger
+                ) ?? 0
             }
         }
         return HistoryReads.page(items, total: count, request: request, signer: signer)

@@ -121,9 +121,10 @@ extension PostgresQuotaStore {
             return request.userId
         }
 
-        // 1-5. The deadline, the locks (users and networks, in one order), then the charges of the batch's job
-        // ids (locked: `FOR UPDATE`), the users, those windows' usage and which guests are
-        // attested (their network's credits are not shared): one call (`quota_batch_read`).
+        // 1-5. The deadline, the locks (users and networks, in one order), then the charges of
+        // the batch's job ids (locked: `FOR UPDATE`), the users, those windows' usage and which
+        // guests are attested (their network's credits are not shared): one call
+        // (`quota_batch_read`).
         var charges: [String: (charge: Charge, network: String?)] = [:]
         var users: [String: UserRow] = [:]
         var used: [UsageKey: Int] = [:]
