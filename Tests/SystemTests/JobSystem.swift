@@ -99,7 +99,10 @@ final class JobSystem: @unchecked Sendable {
              {"id": "noop", "title": "No-op", "processor": "noop"}]
             """
         try services.start(.quota, extra: [
-            "JOBS_ENDPOINT": services.endpoints[.jobs]!, "QUOTA_STALE_AFTER_S": "1", "QUOTA_STALE_SCAN_MS": "300",
+            // A reservation is stale (released if jobs has no such job) after a minute: longer than
+            // any creation takes between its reserve and its create on a loaded machine (with 1 s,
+            // a creation behind a burst was abandoned under CI). A test of the stale scan sets less.
+            "JOBS_ENDPOINT": services.endpoints[.jobs]!, "QUOTA_STALE_AFTER_S": "60", "QUOTA_STALE_SCAN_MS": "300",
         ].merging((curve[.quota] ?? [:])) { _, new in new }.merging(quota) { _, new in new })
         try services.start(.jobs, extra: [
             "JOBS_WORKER_BIND": "tcp://\(hostAddress == "127.0.0.1" ? hostAddress : "0.0.0.0"):\(workerPort)", "QUOTA_ENDPOINT": services.endpoints[.quota]!,

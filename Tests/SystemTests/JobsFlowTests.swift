@@ -131,15 +131,32 @@ struct JobsFlowTests {
         await system.stop()
     }
 
-    @Test func reservationWithoutAJobIsReleasedAndIdempotencyKeyChargesOnce() async throws {
-        let system = try await JobSystem(workers: 1)
+    @Test func reservationWithoutAJobIsReleasedAndACreationArrivingLaterIsRefused() async throws {
+        // Stale after 1 s: no creation in this test goes through the gateway's reserve and create
+        let system = try await JobSystem(workers: 0, quota: ["QUOTA_STALE_AFTER_S": "1"])
         let user = JobSystem.guest(UUID())
         let userId = "device:\(user[.deviceId]!.lowercased())"
         // The gateway died between reserve and create: a reservation with no job behind it
-        _ = try await system.clients.quota.call(Quota.reserve, ReserveQuota(userId: userId, jobId: "orphan-\(UUID())"))
+        let orphan = "orphan-\(UUID())"
+        _ = try await system.clients.quota.call(Quota.reserve, ReserveQuota(userId: userId, jobId: orphan))
         try await waitUntil {
             try await system.clients.quota.call(Quota.usage, UserReference(userId: userId)).charges.first?.state == .released
         }
+        #expect(try await system.clients.quota.call(Quota.status, UserReference(userId: userId)).daily.used == 0)
+        // Its creation, arriving late (a lost request retried), is refused: the units were given back
+        do {
+            _ = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: orphan, userId: userId, isPro: false, imageKey: "uploads/x/late.jpg", effectId: "copy"))
+            Issue.record("a creation after its reservation was given back was accepted")
+        } catch {
+            #expect(error.code == Jobs.ErrorCode.abandoned, "\(error)")
+        }
+        await system.stop()
+    }
+
+    @Test func anIdempotencyKeyChargesOnce() async throws {
+        let system = try await JobSystem(workers: 1)
+        let user = JobSystem.guest(UUID())
+        let userId = "device:\(user[.deviceId]!.lowercased())"
         try await system.gateway { client in
             let key = try await JobSystem.upload(client, as: user)
             let first = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "copy", idempotencyKey: "tap-1")
