@@ -110,6 +110,31 @@ struct HistoryPagingTests {
         }
     }
 
+    @Test(arguments: HistoryBackend.allCases) func aPagePastTheLastItemOrOfAnEmptyHistoryCountsEveryItem(backend: HistoryBackend) async throws {
+        try await withHistoryStore(backend) { database in
+            // Given 20 items, every other one failed, and a user with none
+            let events = (0..<20).map { index in
+                Events.job(String(format: "job-%03d", index), status: index % 2 == 0 ? .failed : .completed,
+                           createdAt: Events.epoch.addingTimeInterval(Double(index) * 60))
+            }
+            _ = try await database.applyJobEvents(events)
+            // When pages are asked for past the last item, by offset and by cursor, with and without a filter
+            let pastByOffset = try await database.page(ListHistory(userId: "u1", limit: 5, offset: 25))
+            let pastFailedByOffset = try await database.page(ListHistory(userId: "u1", limit: 5, offset: 10, statuses: [.failed]))
+            let lastFailed = try await database.page(ListHistory(userId: "u1", limit: 10, statuses: [.failed]))
+            let empty = try await database.page(ListHistory(userId: "u-none", limit: 5))
+            let emptyPast = try await database.page(ListHistory(userId: "u-none", limit: 5, offset: 5))
+            // Then each has no item and counts all those of its filter
+            #expect(pastByOffset.items.isEmpty && pastByOffset.totalCount == 20 && !pastByOffset.hasMore)
+            #expect(pastFailedByOffset.items.isEmpty && pastFailedByOffset.totalCount == 10)
+            #expect(lastFailed.items.count == 10 && lastFailed.totalCount == 10 && lastFailed.nextCursor == nil)
+            #expect(empty.items.isEmpty && empty.totalCount == 0 && emptyPast.totalCount == 0)
+            // And a page read newest first carries the counts of its filter
+            let first = try await database.page(ListHistory(userId: "u1", limit: 3))
+            #expect(first.items.map(\.jobId) == ["job-019", "job-018", "job-017"] && first.totalCount == 20)
+        }
+    }
+
     @Test(arguments: HistoryBackend.allCases) func aFilteredHistoryPagesByCursorThroughEveryItemOfItsStatusesNewestFirst(backend: HistoryBackend) async throws {
         try await withHistoryStore(backend) { database in
             // Given 60 items, every other one failed

@@ -222,12 +222,34 @@ public struct PostgresHistoryStore: HistoryStore {
         let pattern = HistoryReads.query(of: request).map(Self.containing)
         let offset = after == nil ? request.offset : 0
         let logger = logger
-        // One statement (one snapshot, one round trip): the page's rows, each with the total, or
-        // one row of the total alone (NULL item columns) when the page is empty. The total comes
-        // from the counts kept per status, or, for a search, from counting what matches (only the
-        // branch taken is run). A page that is not a search is a prepared statement of its shape
-        // (`PageShape`), planned once per connection.
-        if pattern == nil {
+        // One statement (one snapshot, one round trip): the page's rows, each with the total. The
+        // total comes from the counts kept per status, or, for a search, from counting what
+        // matches. A page with no row has no total: from the top it is 0, and only past the last
+        // item (an offset or a cursor beyond it) is it counted again.
+        var (items, count): ([HistoryItem], Int)
+        if let pattern {
+            // A search reads the user's matching items once: each row carries the count of all of
+            // them (a window over the matches, taken before the cursor and the limit), so the total
+            // costs no second scan. Not prepared: a generic plan of `ILIKE $pattern` reads the
+            // trigram index of every user's items (30 ms where the user's own are 1 ms).
+            (items, count) = try await database.connection { db in
+                try await Self.readPage(db.query(
+                    """
+                    SELECT * FROM (
+                        SELECT count(*) OVER (), \(unescaped: Self.itemColumns) FROM history_item
+                        WHERE user_id = \(request.userId)
+                        AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
+                        AND (prompt ILIKE \(pattern) OR effect_title ILIKE \(pattern))
+                    ) AS matches
+                    WHERE (\(after?.createdAt)::bigint IS NULL OR (created_at, job_id) < (\(after?.createdAt), \(after?.jobId)::text))
+                    ORDER BY created_at DESC, job_id DESC LIMIT \(request.limit + 1) OFFSET \(offset)
+                    """,
+                    logger: logger
+                ))
+            }
+        } else {
+            // Any other page is a prepared statement of its shape (`PageShape`), planned once per
+            // connection.
             let shape = PageShape(statuses: !statuses.isEmpty, cursor: after != nil)
             var bindings = PostgresBindings()
             bindings.append(request.userId)
@@ -238,7 +260,7 @@ public struct PostgresHistoryStore: HistoryStore {
                 bindings.append(after.createdAt)
                 bindings.append(after.jobId)
             }
-            let (items, count) = try await database.connection { [bindings] db in
+            (items, count) = try await database.connection { [bindings] db in
                 func read<Shape: PageShape.Named>(_: Shape.Type) async throws -> ([HistoryItem], Int) {
                     try await Self.readPage(db.execute(PreparedPage<Shape>(bindings: bindings), logger: logger))
                 }
@@ -249,36 +271,20 @@ public struct PostgresHistoryStore: HistoryStore {
                 case (true, true): return try await read(PageShape.AfterByStatus.self)
                 }
             }
-            return HistoryReads.page(items, total: count, request: request, signer: signer)
-        }
-        // A search reads the user's matching items once: each row carries the count of all of them
-        // (a window over the matches, taken before the cursor and the limit), so the total costs no
-        // second scan. Only a page past the last match (an offset or a cursor beyond it) has no row
-        // to carry the total, and counts again. Not prepared: a generic plan of `ILIKE $pattern`
-        // reads the trigram index of every user's items (30 ms where the user's own are 1 ms).
-        var (items, count) = try await database.connection { db in
-            try await Self.readPage(db.query(
-                """
-                SELECT * FROM (
-                    SELECT \(unescaped: Self.itemColumns), count(*) OVER () FROM history_item
-                    WHERE user_id = \(request.userId)
-                    AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
-                    AND (prompt ILIKE \(pattern) OR effect_title ILIKE \(pattern))
-                ) AS matches
-                WHERE (\(after?.createdAt)::bigint IS NULL OR (created_at, job_id) < (\(after?.createdAt), \(after?.jobId)::text))
-                ORDER BY created_at DESC, job_id DESC LIMIT \(request.limit + 1) OFFSET \(offset)
-                """,
-                logger: logger
-            ))
         }
         if items.isEmpty, offset > 0 || after != nil {
             count = try await database.connection { db in
                 try await db.first(
-                    """
-                    SELECT count(*) FROM history_item WHERE user_id = \(request.userId)
-                    AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
-                    AND (prompt ILIKE \(pattern) OR effect_title ILIKE \(pattern))
-                    """,
+                    pattern.map { pattern in
+                        """
+                        SELECT count(*) FROM history_item WHERE user_id = \(request.userId)
+                        AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
+                        AND (prompt ILIKE \(pattern) OR effect_title ILIKE \(pattern))
+                        """
+                    } ?? """
+                        SELECT coalesce(sum(count), 0)::bigint FROM history_item_count WHERE user_id = \(request.userId)
+                        AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
+                        """,
                     as: Int.self, logger: logger
                 ) ?? 0
             }
@@ -286,14 +292,16 @@ public struct PostgresHistoryStore: HistoryStore {
         return HistoryReads.page(items, total: count, request: request, signer: signer)
     }
 
-    /// A page's items and total from its rows (see `page`).
+    /// A page's items and total from its rows (see `page`): each row is the total, then an
+    /// item's columns. No row: no item, and a total of 0 (the caller counts again where that is
+    /// not so).
     static func readPage<Rows: AsyncSequence & Sendable>(_ rows: Rows) async throws -> ([HistoryItem], Int) where Rows.Element == PostgresRow {
         var items: [HistoryItem] = []
         var count = 0
         for try await row in rows {
-            let columns = row.makeRandomAccess()
-            count = try columns[Self.changeSequenceColumn + 1].decode(Int.self)
-            if try columns[0].decode(String?.self) != nil { items.append(try Self.item(from: row)) }
+            let (total, item) = try Self.numberedItem(from: row)
+            count = Int(total)
+            items.append(item)
         }
         return (items, count)
     }
@@ -303,7 +311,9 @@ public struct PostgresHistoryStore: HistoryStore {
     /// with `$x IS NULL OR ...` for the parts not given was planned again at every page (0.2 to
     /// 1 ms of PostgreSQL's time, more than running it), and its generic plan could not use the
     /// cursor as the index range. Parameters: the user, the limit, the offset, then the statuses
-    /// (with a filter), then the cursor's time and job id (after one).
+    /// (with a filter), then the cursor's time and job id (after one). The total is a scalar
+    /// subquery (run once, before the rows), so the page is the statement's own ordered index
+    /// range: no join, no sort (15 to 30 % more pages/s in pgbench than a join of the two).
     struct PageShape: Equatable {
         var statuses: Bool
         var cursor: Bool
@@ -314,13 +324,10 @@ public struct PostgresHistoryStore: HistoryStore {
             let status = statuses ? " AND status = ANY(\(parameter())::text[])" : ""
             let after = cursor ? " AND (created_at, job_id) < (\(parameter())::bigint, \(parameter())::text)" : ""
             return """
-                WITH total AS (
-                    SELECT coalesce(sum(count), 0)::bigint AS n FROM history_item_count WHERE user_id = $1\(status)
-                ), page AS (
-                    SELECT \(PostgresHistoryStore.itemColumns) FROM history_item WHERE user_id = $1\(status)\(after)
-                    ORDER BY created_at DESC, job_id DESC LIMIT $2 OFFSET $3
-                )
-                SELECT page.*, total.n FROM total LEFT JOIN page ON true ORDER BY page.created_at DESC, page.job_id DESC
+                SELECT (SELECT coalesce(sum(count), 0)::bigint FROM history_item_count WHERE user_id = $1\(status)),
+                    \(PostgresHistoryStore.itemColumns)
+                FROM history_item WHERE user_id = $1\(status)\(after)
+                ORDER BY created_at DESC, job_id DESC LIMIT $2 OFFSET $3
                 """
         }
 
@@ -366,13 +373,12 @@ public struct PostgresHistoryStore: HistoryStore {
             var upserts: [(sequence: Int64, item: HistoryItem)] = []
             for try await row in try await db.query(
                 """
-                SELECT \(unescaped: Self.itemColumns) FROM history_item WHERE user_id = \(request.userId) AND change_sequence > \(since)
+                SELECT change_sequence, \(unescaped: Self.itemColumns) FROM history_item WHERE user_id = \(request.userId) AND change_sequence > \(since)
                 ORDER BY change_sequence LIMIT \(limit + 1)
                 """,
                 logger: logger
             ) {
-                let item = try Self.item(from: row)
-                upserts.append((try row.makeRandomAccess()[Self.changeSequenceColumn].decode(Int64.self), item))
+                upserts.append(try Self.numberedItem(from: row))
             }
             let deletions = try await db.allRows(
                 """
@@ -625,21 +631,35 @@ public struct PostgresHistoryStore: HistoryStore {
         thumbnail_key, image_key, parameters, cost, last_error, version, change_sequence
         """
 
-    /// The position of `change_sequence` in `itemColumns`.
-    static let changeSequenceColumn = 17
+    /// An item's columns as postgres-nio decodes them, in one pass over the row: `itemColumns`
+    /// but the last (`change_sequence`). (Reading them cell by cell, or through
+    /// `makeRandomAccess`, which copies every cell, cost 5 to 15 % of history's time serving
+    /// first pages.)
+    typealias ItemColumns = (
+        String, String, String, String, String?, String, Double, Int64, Int64, Int64?, String?, String?, String, String?, Int, String?, Int
+    )
 
-    static func item(from row: PostgresRow) throws -> HistoryItem {
-        let row = row.makeRandomAccess()
-        return HistoryItem(
-            jobId: try row[0].decode(String.self), userId: try row[1].decode(String.self), effectId: try row[2].decode(String.self),
-            effectTitle: try row[3].decode(String.self), prompt: try row[4].decode(String?.self),
-            status: JobStatus(rawValue: try row[5].decode(String.self)) ?? .failed, progress: try row[6].decode(Double.self),
-            createdAt: Date(milliseconds: try row[7].decode(Int64.self)), updatedAt: Date(milliseconds: try row[8].decode(Int64.self)),
-            finishedAt: try row[9].decode(Int64?.self).map(Date.init(milliseconds:)), resultKey: try row[10].decode(String?.self),
-            thumbnailKey: try row[11].decode(String?.self), originalImageKey: try row[12].decode(String.self),
-            parameters: HistoryReads.parameters(try row[13].decode(String?.self)), cost: try row[14].decode(Int.self),
-            lastError: try row[15].decode(String?.self), version: try row[16].decode(Int.self)
+    static func item(_ c: ItemColumns) -> HistoryItem {
+        HistoryItem(
+            jobId: c.0, userId: c.1, effectId: c.2, effectTitle: c.3, prompt: c.4, status: JobStatus(rawValue: c.5) ?? .failed,
+            progress: c.6, createdAt: Date(milliseconds: c.7), updatedAt: Date(milliseconds: c.8), finishedAt: c.9.map(Date.init(milliseconds:)),
+            resultKey: c.10, thumbnailKey: c.11, originalImageKey: c.12, parameters: HistoryReads.parameters(c.13), cost: c.14,
+            lastError: c.15, version: c.16
         )
+    }
+
+    /// The item of a row of `itemColumns`.
+    static func item(from row: PostgresRow) throws -> HistoryItem {
+        item(try row.decode(ItemColumns.self))
+    }
+
+    /// The number (a page's total, an item's change sequence) and the item of a row of a
+    /// `bigint` and then `itemColumns`.
+    static func numberedItem(from row: PostgresRow) throws -> (Int64, HistoryItem) {
+        let c = try row.decode(
+            (Int64, String, String, String, String, String?, String, Double, Int64, Int64, Int64?, String?, String?, String, String?, Int, String?, Int).self
+        )
+        return (c.0, item((c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8, c.9, c.10, c.11, c.12, c.13, c.14, c.15, c.16, c.17)))
     }
 }
 
