@@ -146,6 +146,7 @@ let package = Package(
                 "GatewayApp", "ServiceKit",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             path: "Services/gateway/Main",
             swiftSettings: swiftSettings

@@ -519,7 +519,9 @@ public func withBusClients<T>(
 }
 
 /// CURVE keys for a client: the server's public key and the client's own pair (32 bytes each).
-public struct CurveClientKeys: Sendable {
+/// Described with the public keys only, never the secret one (a configuration holding these may
+/// be printed).
+public struct CurveClientKeys: Sendable, CustomStringConvertible, CustomDebugStringConvertible {
     public var serverPublicKey: [UInt8]
     public var publicKey: [UInt8]
     public var secretKey: [UInt8]
@@ -529,6 +531,11 @@ public struct CurveClientKeys: Sendable {
         self.publicKey = publicKey
         self.secretKey = secretKey
     }
+
+    public var description: String {
+        "CurveClientKeys(server: \(ZMQCurveKeyPair.encode(serverPublicKey)), public: \(ZMQCurveKeyPair.encode(publicKey)), secret: hidden)"
+    }
+    public var debugDescription: String { description }
 }
 
 /// The disconnections a client's monitor reports, each taken as final only once libzmq has taken

@@ -47,8 +47,7 @@ public enum BusServiceRunner {
         let group = ServiceGroup(
             configuration: .init(
                 // The exporter first: it stops last, after the spans of the others are recorded.
-                services: (tracing.map { [.init(service: $0)] } ?? []) + extraServices.map { .init(service: $0) } + [.init(service: server)],
-                gracefulShutdownSignals: [.sigterm, .sigint],
+                named: (tracing.map { [$0] } ?? []) + extraServices + [server],
                 logger: logger
             )
         )

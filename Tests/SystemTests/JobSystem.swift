@@ -61,9 +61,9 @@ final class JobSystem: @unchecked Sendable {
 
     init(workers count: Int = 1, uploadMaxBytes: Int = 20 << 20, workerCapacity: Int = 1, quota: [String: String] = [:], history: [String: String] = [:], jobs: [String: String] = [:],
          shareLifetime: Int = 7 * 86_400, dataDirectory: URL? = nil, blobs store: Store = .folder,
-         hostAddress: String = "127.0.0.1") async throws {
+         hostAddress: String = "127.0.0.1", curve useCurve: Bool = false) async throws {
         self.hostAddress = hostAddress
-        if hostAddress != "127.0.0.1" {
+        if hostAddress != "127.0.0.1" || useCurve {
             let server = try ZMQCurveKeyPair.generate()
             var own: [BusRole: ZMQCurveKeyPair] = [:]
             for role in [BusRole.gateway, .quota, .jobs, .history, .worker] { own[role] = try ZMQCurveKeyPair.generate() }
@@ -165,6 +165,19 @@ final class JobSystem: @unchecked Sendable {
         ].merging((curve[.worker] ?? [:])) { _, new in new }.merging(extra) { _, new in new })
         workers.append(worker)
         return worker
+    }
+
+    /// Every secret the system's processes were given (the bus's CURVE secret keys too, with
+    /// `curve`), for tests that look for them where they must never be.
+    var secrets: [String] {
+        [Self.secret, Self.adminToken, Self.signingSecret]
+            + curve.values.flatMap { [$0["BUS_CURVE_KEY"], $0["BUS_CURVE_SECRET"]].compactMap { $0 } }
+    }
+
+    /// What each process of the system (services, workers, the gateway replica) has written so far.
+    var processLogs: [(process: String, log: String)] {
+        services.processes.map { ($0.key.rawValue, $0.value.output) } + workers.map { ("worker", $0.output) }
+            + (replica.map { [("gateway", $0.output)] } ?? [])
     }
 
     func stop() async {

@@ -114,7 +114,8 @@ public func buildApplication(
         )),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "gateway"),
         // The clients first: a service group stops its services in reverse order.
-        services: firstServices + [clients, streams],
+        // (Each named by its type in the group's log lines, never by its value: `NamedService`.)
+        services: (firstServices + [clients, streams]).map(NamedService.init),
         logger: logger
     )
 }

@@ -3,6 +3,7 @@ import Logging
 import NIOCore
 import NIOPosix
 import ServiceKit
+import ServiceLifecycle
 
 // The gateway: REST for the app, turned into bus requests.
 // Before any task starts, with GATEWAY_TASKS_ON_EVENT_LOOPS=true: Swift's tasks run on the event
@@ -24,5 +25,5 @@ await ProcessExit.run("gateway") {
         eventLoops: tasksOnEventLoops ? MultiThreadedEventLoopGroup.singleton : nil
     )
     logger.info("gateway listening", metadata: ["url": "http://\(configuration.host):\(configuration.port)", "open-files": "\(openFiles)"])
-    try await app.runService()
+    try await ServiceGroup(configuration: .init(named: [app], logger: logger)).run()
 }

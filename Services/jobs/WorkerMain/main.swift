@@ -27,7 +27,7 @@ await ProcessExit.run("worker") {
     let tracing = try ProcessTracing.bootstrap(service: "worker", instance: configuration.workerId, logger: logger)
     // The exporter first: it stops last, after the worker's spans are recorded.
     let services: [any Service] = (tracing.map { [$0] } ?? []) + [worker]
-    let group = ServiceGroup(configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+    let group = ServiceGroup(configuration: .init(named: services, logger: logger))
     try await group.run()
     // Let libzmq send the last reports (a job's `done`) before the process ends with them queued.
     await ZMQContext.shared.terminate(within: .seconds(3))
