@@ -3,25 +3,26 @@
 # (10,000), one of whom has $BIG_ITEMS (100,000); quota, history, jobs and the gateway built for
 # release; wrk at 32 connections against the gateway's /healthz (the baseline) and, through the
 # gateway, a typical user's first page, a cursor page deep in the large history, an offset page
-# at 5,000, and a substring search, all in the same run. STORE=postgres: that run on SQLite, then
-# the same history in a PostgreSQL of its own (start_bench_postgres), history on it, and the ratio
-# of the two (`history-postgres/sqlite throughput ratio: ...`) with PostgreSQL's statements per
-# request.
+# at 5,000, and a substring search, all in the same run. STORE=postgres: the same history in a
+# PostgreSQL of its own too, a second stack on it running beside the SQLite one, and the ratio of
+# the two (`history-postgres/sqlite throughput ratio: ...`) with PostgreSQL's statements per
+# request. The two stacks are measured in turns, route by route, $BENCH_ROUNDS times (3, each
+# $BENCH_SECONDS, 5 s), and each figure is the median of its turns: this machine's speed drifts
+# by a third within minutes, which a run of one store after the other measured as a difference
+# of the stores.
 # BENCH_PERF=DIR also records a perf profile of the whole machine during each measurement.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DURATION=${BENCH_SECONDS:-10}
 ITEMS=${ITEMS:-1000000}
 USERS=${USERS:-10000}
 BIG_ITEMS=${BIG_ITEMS:-100000}
-
 source scripts/bench-lib.sh
 need wrk wrk
 build_release quota history jobs gateway history-bench
 
-# Fills history on $1 (sqlite or postgres), starts the services and the gateway on it, measures
-# each route, stops them; sets the route's figures in results_$1_ROUTE ("req/s p50 p99").
-bench_store() {
+# Fills history on $1 (sqlite or postgres) and starts quota, history, jobs and the gateway on it;
+# sets url_$1 and cursor_$1 (the deep page's: a cursor is signed by its store), and the tokens.
+start_store() {
   local store=$1 dir="$work/$1" url
   mkdir -p "$dir"
   echo "filling a history of $ITEMS items ($USERS users, one with $BIG_ITEMS; store: $store)..."
@@ -37,32 +38,60 @@ bench_store() {
   export QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" HISTORY_ENDPOINT="tcp://127.0.0.1:$(port)" JOBS_ENDPOINT="tcp://127.0.0.1:$(port)"
   export QUOTA_BIND=$QUOTA_ENDPOINT HISTORY_BIND=$HISTORY_ENDPOINT JOBS_BIND=$JOBS_ENDPOINT JOBS_WORKER_BIND="tcp://127.0.0.1:$(port)"
   export GATEWAY_PORT=$(port) JWT_SECRET="bench-history-jwt-secret-0123456789abcdef" ADMIN_TOKEN=bench
-  local started=()
-  for name in quota history jobs gateway; do "$BIN/$name" & started+=($!); done
-  pids+=("${started[@]}")
+  for name in quota history jobs gateway; do "$BIN/$name" & pids+=($!); done
   url="http://127.0.0.1:$GATEWAY_PORT"
   for _ in $(seq 1 100); do curl -fsS "$url/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
-
-  local small big cursor before=0
+  declare -g "url_$store=$url"
   small=$("$BIN/history-bench" token "$JWT_SECRET" user-00042)
   big=$("$BIN/history-bench" token "$JWT_SECRET" user-big)
-  cursor=$(curl -fsS -H "Authorization: Bearer $big" "$url/api/v1/history?limit=50&offset=90000" |
-    python3 -c 'import sys, json, urllib.parse; print(urllib.parse.quote(json.load(sys.stdin)["nextCursor"], safe=""))')
+  declare -g "cursor_$store=$(curl -fsS -H "Authorization: Bearer $big" "$url/api/v1/history?limit=50&offset=90000" |
+    python3 -c 'import sys, json, urllib.parse; print(urllib.parse.quote(json.load(sys.stdin)["nextCursor"], safe=""))')"
+}
 
-  declare -g "results_${store}_healthz=$(MEASURE_LABEL=$store-healthz measure "$url/healthz")"
-  [ "$store" = postgres ] && before=$(statements)
-  declare -g "results_${store}_first=$(MEASURE_LABEL=$store-first-page measure -H "Authorization: Bearer $small" "$url/api/v1/history")"
-  [ "$store" = postgres ] && first_statements=$(( $(statements) - before ))
-  declare -g "results_${store}_deep=$(MEASURE_LABEL=$store-deep-cursor measure -H "Authorization: Bearer $big" "$url/api/v1/history?limit=50&cursor=$cursor")"
-  declare -g "results_${store}_offset=$(MEASURE_LABEL=$store-offset measure -H "Authorization: Bearer $big" "$url/api/v1/history?limit=50&offset=5000")"
-  [ "$store" = postgres ] && before=$(statements)
-  declare -g "results_${store}_search=$(MEASURE_LABEL=$store-search measure -H "Authorization: Bearer $small" "$url/api/v1/history?q=unset")"
-  [ "$store" = postgres ] && search_statements=$(( $(statements) - before ))
-  # (Counting every match in 100,000 items per request: on PostgreSQL, 32 at once run past the 5 s
-  # deadline, so its errors are reported rather than fatal.)
-  declare -g "results_${store}_bigsearch=$(MEASURE_ALLOW_ERRORS=1 MEASURE_LABEL=$store-big-search measure -H "Authorization: Bearer $big" "$url/api/v1/history?q=storm%20%231")"
-  kill "${started[@]}" 2>/dev/null || true
-  wait "${started[@]}" 2>/dev/null || true
+# The wrk arguments of route $1 on store $2, '|' between them (the path after the gateway's URL last).
+route_arguments() {
+  local cursor="cursor_$2"
+  case $1 in
+    healthz) echo "/healthz" ;;
+    first) echo "-H|Authorization: Bearer $small|/api/v1/history" ;;
+    deep) echo "-H|Authorization: Bearer $big|/api/v1/history?limit=50&cursor=${!cursor}" ;;
+    offset) echo "-H|Authorization: Bearer $big|/api/v1/history?limit=50&offset=5000" ;;
+    search) echo "-H|Authorization: Bearer $small|/api/v1/history?q=unset" ;;
+    bigsearch) echo "-H|Authorization: Bearer $big|/api/v1/history?q=storm%20%231" ;;
+  esac
+}
+
+# Measures route $1 on each store in $STORES, in turns, $ROUNDS times; sets results_STORE_ROUTE to
+# the medians ("req/s p50 p99"), and for PostgreSQL statements_ROUTE to its statements per request.
+measure_route() {
+  local route=$1 store round args url runs before requests
+  for store in $STORES; do declare -g "runs_$store="; done
+  local total_statements=0 total_requests=0
+  for round in $(seq 1 "$ROUNDS"); do
+    for store in $STORES; do
+      url="url_$store"
+      IFS='|' read -r -a args <<<"$(route_arguments "$route" "$store")"
+      local path=${args[-1]}; unset 'args[-1]'
+      [ "$store" = postgres ] && before=$(statements)
+      # (Counting every match in 100,000 items per request: on PostgreSQL, 32 at once can run past
+      # the 5 s deadline, so that route's errors are reported rather than fatal.)
+      runs=$(MEASURE_ALLOW_ERRORS=$([ "$route" = bigsearch ] && echo 1) MEASURE_LABEL=$store-$route-$round \
+        measure ${args[@]+"${args[@]}"} "${!url}$path")
+      if [ "$store" = postgres ]; then
+        total_statements=$(( total_statements + $(statements) - before ))
+        total_requests=$(awk -v t="$total_requests" -v r="${runs%% *}" -v d="$DURATION" 'BEGIN { printf "%d", t + r * d }')
+      fi
+      declare -g "runs_$store=$(eval echo "\$runs_$store")$runs;"
+    done
+  done
+  for store in $STORES; do
+    declare -g "results_${store}_$route=$(eval echo "\$runs_$store" | python3 -c '
+import statistics, sys
+runs = [list(map(float, r.split())) for r in sys.stdin.read().strip().strip(";").split(";")]
+print("%.0f %.2f %.2f" % tuple(statistics.median(column) for column in zip(*runs)))')"
+  done
+  [ "$total_requests" -gt 0 ] && declare -g "statements_$route=$(awk -v s="$total_statements" -v r="$total_requests" 'BEGIN { printf "%.2f", s / r }')"
+  return 0
 }
 
 row() { read -r rps p50 p99 <<<"$2"; printf "%-44s %8s req/s  p50 %6s ms  p99 %6s ms\n" "$1" "$rps" "$p50" "$p99"; }
@@ -70,7 +99,7 @@ report() {
   local store=$1 healthz
   r() { local name="results_${store}_$1"; echo "${!name}"; }
   healthz=$(r healthz)
-  echo "history of $ITEMS items on $store, wrk 32 connections, ${DURATION}s each, logs at warning:"
+  echo "history of $ITEMS items on $store, wrk 32 connections, median of $ROUNDS turns of ${DURATION}s, logs at warning:"
   row "gateway /healthz (baseline)" "$healthz"
   row "first page (a user with ~90 items)" "$(r first)"
   row "cursor page at 90,000 (user with $BIG_ITEMS)" "$(r deep)"
@@ -82,20 +111,22 @@ report() {
 }
 
 if [ "${STORE:-sqlite}" = postgres ]; then
-  # The same history on SQLite first (the baseline), then on a PostgreSQL of its own.
+  # The same history on SQLite (the baseline) and on a PostgreSQL of its own, both stacks up,
+  # measured in turns.
+  STORES="sqlite postgres" ROUNDS=${BENCH_ROUNDS:-3} DURATION=${BENCH_SECONDS:-5}
   start_bench_postgres
-  bench_store sqlite
-  bench_store postgres
+  start_store sqlite
+  start_store postgres
+  for route in healthz first deep offset search bigsearch; do measure_route "$route"; done
   report sqlite
   echo
   report postgres
-  # Statements per request, from pg_stat_statements: what the measurement ran over the requests
-  # wrk made (its req/s times its seconds).
-  per() { awk -v s="$1" -v r="${2%% *}" -v d="$DURATION" 'BEGIN { printf "%.2f", s / (r * d) }'; }
-  echo "PostgreSQL statements per request: first page $(per "$first_statements" "$results_postgres_first")  search $(per "$search_statements" "$results_postgres_search")"
+  echo "PostgreSQL statements per request: first page $statements_first  search $statements_search"
   ratio() { awk -v a="${1%% *}" -v b="${2%% *}" 'BEGIN { printf "%.2f", a/b }'; }
   echo "history-postgres/sqlite throughput ratio: first page $(ratio "$results_postgres_first" "$results_sqlite_first")  search $(ratio "$results_postgres_search" "$results_sqlite_search")  deep cursor page $(ratio "$results_postgres_deep" "$results_sqlite_deep")"
 else
-  bench_store sqlite
+  STORES=sqlite ROUNDS=${BENCH_ROUNDS:-1} DURATION=${BENCH_SECONDS:-10}
+  start_store sqlite
+  for route in healthz first deep offset search bigsearch; do measure_route "$route"; done
   report sqlite
 fi
