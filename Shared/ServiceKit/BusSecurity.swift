@@ -72,12 +72,29 @@ public enum BusSecurity {
         return host == "localhost" || host == "lo" || host == "::1" || host.split(separator: ".").first == "127"
     }
 
-    /// Refuses to serve the bus in plain text where other machines can reach it: an endpoint
-    /// bound off loopback needs CURVE (`BUS_CURVE_SECRET`), unless the operator says with
-    /// `BUS_ALLOW_PLAINTEXT=1` that the network is private.
-    public static func checkExposure(_ endpoint: String, variable: String, curve: Bool, environment: Environment) throws {
-        guard !curve, !isLocal(endpoint), environment.string("BUS_ALLOW_PLAINTEXT", default: "") != "1" else { return }
-        throw PlaintextExposure(variable: variable, endpoint: endpoint)
+    /// Refuses to serve the bus where other machines can reach it without knowing its callers:
+    /// an endpoint bound off loopback needs CURVE (`BUS_CURVE_SECRET`), unless the operator says
+    /// with `BUS_ALLOW_PLAINTEXT=1` that the network is private; and with CURVE, the callers it
+    /// admits by key and role (`BUS_CURVE_CLIENTS`): without the list any holder of the server's
+    /// public key (every worker host has it) would call as any role, `quota.set-plan` included.
+    public static func checkExposure(_ endpoint: String, variable: String, curve: Bool, knownCallers: Bool, environment: Environment) throws {
+        guard !isLocal(endpoint) else { return }
+        if curve {
+            guard knownCallers else { throw UnlistedCallers(variable: variable, endpoint: endpoint) }
+        } else if environment.string("BUS_ALLOW_PLAINTEXT", default: "") != "1" {
+            throw PlaintextExposure(variable: variable, endpoint: endpoint)
+        }
+    }
+}
+
+/// A bus endpoint that other machines could reach with CURVE but no list of its callers.
+public struct UnlistedCallers: Error, CustomStringConvertible {
+    public var variable: String
+    public var endpoint: String
+
+    public var description: String {
+        "\(variable)=\(endpoint) is reachable from other machines and BUS_CURVE_CLIENTS is not set: refusing to admit callers "
+            + "without checking their roles. Set BUS_CURVE_CLIENTS to the role:PUBLICKEY list `photoedit keys` writes (docs/bus.md, \"CURVE\")."
     }
 }
 

@@ -18,7 +18,10 @@ public enum BusServiceRunner {
         register: @Sendable (inout BusRouter, ServiceConfiguration, Logger) async throws -> [any Service] = { _, _, _ in [] }
     ) async throws {
         let configuration = try ServiceConfiguration(service: service, environment: environment)
-        try BusSecurity.checkExposure(configuration.bindEndpoint, variable: service.bindVariable, curve: configuration.curveSecretKey != nil, environment: environment)
+        try BusSecurity.checkExposure(
+            configuration.bindEndpoint, variable: service.bindVariable, curve: configuration.curveSecretKey != nil,
+            knownCallers: configuration.knownCallers != nil, environment: environment
+        )
         ProcessLogging.bootstrap(level: configuration.logLevel, process: service.rawValue, format: configuration.logFormat)
         let logger = Logger(label: service.rawValue)
         ProcessMetrics.bootstrap()

@@ -150,4 +150,39 @@ struct BusKeysCommandTests {
         #expect(newPublic != oldPublic && keys["BUS_CURVE_CLIENTS"]!.contains("gateway:\(newPublic)") && keys["BUS_CURVE_CLIENTS"]!.contains("gateway:\(oldPublic)"))
         try? FileManager.default.removeItem(at: file)
     }
+
+    @Test func eachHostGetsAFileOfItsRoleOnlyAndTheServicesRunOnTheirs() async throws {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("host-keys-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let deployment = folder.appendingPathComponent("deployment.env").path
+        #expect(try await CommandLineClientTests.photoedit(["keys", "--output", deployment]).status == 0)
+        let all = Self.settings(try String(contentsOfFile: deployment, encoding: .utf8))
+        var hosts: [String: [String: String]] = [:]
+        for role in ["worker", "gateway", "quota"] {
+            let file = folder.appendingPathComponent("\(role).env").path
+            let cut = try await CommandLineClientTests.photoedit(["keys", "--from", deployment, "--role", role, "--out", file])
+            #expect(cut.status == 0, "\(cut.output)")
+            #expect((try FileManager.default.attributesOfItem(atPath: file)[.posixPermissions] as? Int) == 0o600)
+            hosts[role] = Self.settings(try String(contentsOfFile: file, encoding: .utf8))
+        }
+        // A worker host holds its own key and the server's public key, nothing else
+        #expect(hosts["worker"] == ["BUS_CURVE_PUBLIC": all["BUS_CURVE_PUBLIC"]!, "BUS_CURVE_KEY": all["WORKER_BUS_CURVE_KEY"]!])
+        #expect(hosts["gateway"] == ["BUS_CURVE_PUBLIC": all["BUS_CURVE_PUBLIC"]!, "BUS_CURVE_KEY": all["GATEWAY_BUS_CURVE_KEY"]!])
+        // A service's host also serves: the server's secret key and the list of callers
+        #expect(hosts["quota"] == [
+            "BUS_CURVE_PUBLIC": all["BUS_CURVE_PUBLIC"]!, "BUS_CURVE_KEY": all["QUOTA_BUS_CURVE_KEY"]!,
+            "BUS_CURVE_SECRET": all["BUS_CURVE_SECRET"]!, "BUS_CURVE_CLIENTS": all["BUS_CURVE_CLIENTS"]!,
+        ])
+        // An unknown role, or no deployment file: refused
+        #expect(try await CommandLineClientTests.photoedit(["keys", "--from", deployment, "--role", "admin"]).status != 0)
+        #expect(try await CommandLineClientTests.photoedit(["keys", "--from", folder.appendingPathComponent("none").path, "--role", "worker"]).status != 0)
+        // And quota serves on its host's file, to the gateway on the gateway's
+        let services = try RunningServices(only: [])
+        try services.start(.quota, extra: hosts["quota"]!)
+        try await withBusClient(.init(endpoint: services.endpoints[.quota]!, defaultTimeout: .seconds(3), curve: try BusSecurity.clientKeys(Environment(hosts["gateway"]!)))) { gateway in
+            _ = try await waitUntilHealthy(gateway)
+        }
+        await services.stopAll()
+    }
 }

@@ -17,7 +17,10 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
     try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
     let catalog = EffectCatalog(extra: configuration.extraEffects)
     let blobs = try await configuration.blobs.open()
-    try BusSecurity.checkExposure(configuration.workerEndpoint, variable: "JOBS_WORKER_BIND", curve: service.curveSecretKey != nil, environment: Environment())
+    try BusSecurity.checkExposure(
+        configuration.workerEndpoint, variable: "JOBS_WORKER_BIND", curve: service.curveSecretKey != nil,
+        knownCallers: service.knownCallers != nil, environment: Environment()
+    )
     let transfers = TransferSigner(
         blobs: blobs, lifetime: configuration.transferLifetime,
         webhooks: WebhookSigner(secret: configuration.blobs.urlSigningSecret, publicBaseURL: configuration.blobs.publicBaseURL)
