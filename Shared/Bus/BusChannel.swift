@@ -22,7 +22,7 @@ public final class BusChannel: Sendable {
         public let body: [UInt8]
     }
 
-    private enum Role { case bind, connect }
+    enum Role { case bind, connect }
 
     private struct Outgoing {
         var peer: Peer?
@@ -53,9 +53,12 @@ public final class BusChannel: Sendable {
     private let knownCallers: Bool
     private let curveClient: CurveClientKeys?
     private let encoding: BusEncoding
+    private let handshakeFailures: HandshakeFailures
 
     private init(role: Role, endpoint: String, maxQueued: Int, context: ZMQContext, logger: Logger, curveSecretKey: [UInt8]? = nil,
-                 curveClient: CurveClientKeys? = nil, knownCallers: Bool = false, encoding: BusEncoding = .binary) {
+                 curveClient: CurveClientKeys? = nil, knownCallers: Bool = false, encoding: BusEncoding = .binary,
+                 handshakeFailures: HandshakeFailures = HandshakeFailures()) {
+        self.handshakeFailures = handshakeFailures
         self.encoding = encoding
         self.curveSecretKey = curveSecretKey
         self.knownCallers = knownCallers
@@ -79,13 +82,14 @@ public final class BusChannel: Sendable {
     }
 
     /// A DEALER channel to connect to `endpoint` (CURVE with `curve`; libzmq reconnects by
-    /// itself) when it runs.
+    /// itself) when it runs. Failed handshakes are logged once each in `handshakeFailures`
+    /// (the channel's own by default).
     public static func connecting(
         _ endpoint: String, maxQueued: Int = 10_000, curve: CurveClientKeys? = nil, encoding: BusEncoding = .binary,
-        context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.channel")
+        context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.channel"), handshakeFailures: HandshakeFailures = HandshakeFailures()
     ) -> BusChannel {
         BusChannel(role: .connect, endpoint: endpoint, maxQueued: maxQueued, context: context, logger: logger, curveClient: curve,
-                   encoding: encoding)
+                   encoding: encoding, handshakeFailures: handshakeFailures)
     }
 
     /// Opens the socket on an I/O thread of its own and serves it until the task is cancelled;
@@ -206,9 +210,12 @@ public final class BusChannel: Sendable {
             return .failure(error)
         }
         settleOpen(.success(()))
+        let handshakes = HandshakeLog(role: role, endpoint: endpoint, logger: logger, logged: handshakeFailures)
+        let monitor = handshakes.monitor(socket, context: context)
         var poller = ZMQPoller()
         poller.addReadable(socket)
         let wakeIndex = poller.addReadable(fileDescriptor: wakeup.fileDescriptor)
+        let monitorIndex = monitor.map { poller.addReadable($0) }
         while true {
             do {
                 _ = try poller.poll(timeoutMilliseconds: -1)
@@ -217,6 +224,7 @@ public final class BusChannel: Sendable {
                 break
             }
             if poller.isReadable(wakeIndex) { wakeup.drain() }
+            if let monitor, let monitorIndex, poller.isReadable(monitorIndex) { handshakes.read(monitor) }
             let (batch, stopping) = state.withLock { state in
                 state.wakeScheduled = false
                 let batch = state.outbox
@@ -234,6 +242,10 @@ public final class BusChannel: Sendable {
                 default: logger.debug("dropped a malformed channel message")
                 }
             }
+        }
+        if let monitor {
+            socket.stopMonitor()
+            monitor.close()
         }
         socket.close()
         finish()
@@ -259,4 +271,85 @@ public final class BusChannel: Sendable {
         state.withLock { $0.stopping = true }
         continuation.finish()
     }
+}
+
+/// A channel's failed security handshakes, logged once per kind until one succeeds: a worker with
+/// no key, another deployment's server key, or a key jobs does not list connects its socket and is
+/// never answered, and without this neither side said why. (A key refused by the allow-list is
+/// logged by `BusAuthentication` on the serving side.)
+struct HandshakeLog {
+    let role: BusChannel.Role
+    let endpoint: String
+    let logger: Logger
+    let logged: HandshakeFailures
+    private static let monitors = Atomic<Int>(0)
+
+    init(role: BusChannel.Role, endpoint: String, logger: Logger, logged: HandshakeFailures) {
+        self.role = role
+        self.endpoint = endpoint
+        self.logger = logger
+        self.logged = logged
+    }
+
+    /// A PAIR socket hearing `socket`'s handshakes; nil (and the handshakes unlogged) if it
+    /// cannot be set up.
+    func monitor(_ socket: ZMQSocket, context: ZMQContext) -> ZMQSocket? {
+        let address = "inproc://bus-channel-monitor-\(getpid())-\(Self.monitors.add(1, ordering: .relaxed).newValue)"
+        do {
+            try socket.monitor(address, events: [.handshakeSucceeded, .handshakeFailedNoDetail, .handshakeFailedProtocol, .handshakeFailedAuth])
+            let monitor = try ZMQSocket(.pair, context: context)
+            try monitor.setLinger(milliseconds: 0)
+            try monitor.connect(address)
+            return monitor
+        } catch {
+            logger.debug("channel cannot monitor its handshakes", metadata: ["error": "\(error)"])
+            return nil
+        }
+    }
+
+    func read(_ monitor: ZMQSocket) {
+        while let message = try? monitor.receive(maxFrames: 2) {
+            guard let (event, value) = ZMQSocket.monitorEventWithValue(message) else { continue }
+            if event.contains(.handshakeSucceeded) {
+                logged.reset()
+            } else if let reason = reason(event, value), logged.first(reason) {
+                logger.warning("bus handshake failed", metadata: ["endpoint": "\(endpoint)", "reason": "\(reason)"])
+            }
+        }
+    }
+
+    /// What a failed handshake most likely means, from this side; nil for what is logged elsewhere.
+    func reason(_ event: ZMQSocket.Events, _ value: UInt32) -> String? {
+        switch (role, event) {
+        case (_, .handshakeFailedProtocol) where value == ZMQSocket.mechanismMismatch:
+            return role == .bind
+                ? "a peer connected without CURVE (its BUS_CURVE_PUBLIC is not set) or with it where this endpoint has none"
+                : "the endpoint does not speak CURVE as this process does: BUS_CURVE_PUBLIC is set on one side only"
+        case (.bind, .handshakeFailedProtocol) where value == ZMQSocket.cryptographicError:
+            return "a peer's CURVE handshake did not decrypt: its BUS_CURVE_PUBLIC is not this service's public key"
+        case (.bind, .handshakeFailedProtocol):
+            return "a peer broke the handshake (protocol error 0x\(String(value, radix: 16)))"
+        case (.connect, .handshakeFailedNoDetail):
+            return "the endpoint closed the connection during the handshake: most likely BUS_CURVE_PUBLIC is not the services' public key"
+        case (.connect, .handshakeFailedAuth):
+            return "the endpoint refused this process's key: list its public key with its role in the service's BUS_CURVE_CLIENTS"
+        case (.connect, .handshakeFailedProtocol):
+            return "the handshake broke the protocol (error 0x\(String(value, radix: 16)))"
+        default:
+            return nil
+        }
+    }
+}
+
+/// The handshake failures already logged, until a handshake succeeds: one per channel by default,
+/// or shared by the channels a caller opens one after another (a worker reconnecting), so a
+/// refusal is logged once however often it recurs.
+public final class HandshakeFailures: Sendable {
+    private let reasons = Mutex<Set<String>>([])
+
+    public init() {}
+
+    /// Whether `reason` is new (and records it).
+    func first(_ reason: String) -> Bool { reasons.withLock { $0.insert(reason).inserted } }
+    func reset() { reasons.withLock { $0.removeAll() } }
 }

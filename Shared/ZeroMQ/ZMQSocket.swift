@@ -101,7 +101,20 @@ public final class ZMQSocket {
         public static let disconnected = Events(rawValue: Int32(ZMQ_EVENT_DISCONNECTED))
         /// A reconnection was scheduled (after a failed attempt, or after a disconnection).
         public static let connectRetried = Events(rawValue: Int32(ZMQ_EVENT_CONNECT_RETRIED))
+        /// A security handshake completed (the peer is who it must be).
+        public static let handshakeSucceeded = Events(rawValue: Int32(ZMQ_EVENT_HANDSHAKE_SUCCEEDED))
+        /// The connection closed during the handshake (a CURVE client whose server key is wrong).
+        public static let handshakeFailedNoDetail = Events(rawValue: Int32(ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL))
+        /// The handshake broke the protocol; the value is a `ZMQ_PROTOCOL_ERROR_*` code.
+        public static let handshakeFailedProtocol = Events(rawValue: Int32(ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL))
+        /// The ZAP handler refused the peer; the value is its status code (400).
+        public static let handshakeFailedAuth = Events(rawValue: Int32(ZMQ_EVENT_HANDSHAKE_FAILED_AUTH))
     }
+
+    /// `ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH`: one side uses CURVE, the other not.
+    public static let mechanismMismatch = UInt32(ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+    /// `ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC`: a CURVE box did not open (the wrong server key).
+    public static let cryptographicError = UInt32(ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
 
     /// Publishes this socket's `events` on a PAIR socket bound at `address` (an `inproc://`
     /// address of the same context) that a monitor connects to (`zmq_socket_monitor`).
@@ -122,6 +135,14 @@ public final class ZMQSocket {
         guard case .frames(let frames) = message, frames.count == 2, frames[0].count == 6 else { return nil }
         let event = frames[0].withUnsafeBytes { $0.loadUnaligned(as: UInt16.self) }
         return (Events(rawValue: Int32(event)), String(decoding: frames[1], as: UTF8.self))
+    }
+
+    /// A monitor's event with its value (an error code, a status).
+    public static func monitorEventWithValue(_ message: ReceivedMessage) -> (event: Events, value: UInt32)? {
+        guard case .frames(let frames) = message, frames.count == 2, frames[0].count == 6 else { return nil }
+        let event = frames[0].withUnsafeBytes { $0.loadUnaligned(as: UInt16.self) }
+        let value = frames[0].withUnsafeBytes { $0.loadUnaligned(fromByteOffset: 2, as: UInt32.self) }
+        return (Events(rawValue: Int32(event)), value)
     }
 
     // MARK: Sending and receiving

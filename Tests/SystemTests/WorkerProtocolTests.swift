@@ -225,7 +225,8 @@ struct WorkerProtocolTests {
         let jobsService = system.services.processes[.jobs]!
         jobsService.signal(SIGSTOP)
         let worker = try system.startWorker(capacity: 1)
-        try await waitUntil { worker.output.contains("connected") }
+        // (Sent, not answered: the worker logs "connected" once the service answers.)
+        try await waitUntil { worker.output.contains("ready sent") }
         worker.signal(SIGTERM)
         try await waitUntil { worker.output.contains("stopping") }
         jobsService.signal(SIGCONT)

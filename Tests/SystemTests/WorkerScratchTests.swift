@@ -84,7 +84,7 @@ struct WorkerScratchTests {
             "TMPDIR": temporary.path, "WORKER_SCRATCH_DIR": named.path,
             "JOBS_WORKER_ENDPOINT": "tcp://127.0.0.1:\(freePort())", "WORKER_HEARTBEAT_MS": "100",
         ])
-        try await waitUntil { FileManager.default.fileExists(atPath: named.path) && worker.output.contains("connected") }
+        try await waitUntil { FileManager.default.fileExists(atPath: named.path) && worker.output.contains("ready sent") }
         // When it stops, then its folder stays, and nothing beside it was swept
         worker.signal(SIGTERM)
         #expect(try await worker.waitForExit(within: .seconds(60)) == 0)

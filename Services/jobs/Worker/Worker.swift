@@ -509,9 +509,17 @@ public struct Worker: Service {
 
     /// When the jobs service was last heard from.
     final class LastHeard: Sendable {
-        private let instant = Mutex(ContinuousClock.now)
-        func touch() { instant.withLock { $0 = .now } }
-        var silence: Duration { instant.withLock { $0 }.duration(to: .now) }
+        private let state = Mutex((instant: ContinuousClock.now, heard: false))
+        /// Records a message from the service; true for the first on this connection.
+        func touch() -> Bool {
+            state.withLock { state in
+                defer { state = (.now, true) }
+                return !state.heard
+            }
+        }
+        var silence: Duration { state.withLock { $0.instant }.duration(to: .now) }
+        /// Whether the service has said anything on this connection.
+        var heard: Bool { state.withLock { $0.heard } }
     }
 
     /// How often the worker sends its metrics to the jobs service.
@@ -545,9 +553,34 @@ public struct Worker: Service {
     }
 
     /// Connects, and connects again whenever the service falls silent, until the worker stops.
+    /// "connected" is logged once the service has answered, not when the socket connects: a worker
+    /// with the wrong keys connects its socket and is never answered. A service that never answers
+    /// is logged once (then at debug) until it does; the refusal's reason, when libzmq knows it, is
+    /// the channel's line (`BusChannel`).
     private func connect(running: Running, unrecorded: Unrecorded, renewed: Renewed, generations: Generations) async throws {
+        var unansweredLogged = false
+        let handshakeFailures = HandshakeFailures()
         while !Task.isCancelled && !Task.isShuttingDownGracefully {
-            let channel = BusChannel.connecting(configuration.endpoint, curve: configuration.curve, encoding: configuration.busEncoding, logger: logger)
+            let channel = BusChannel.connecting(
+                configuration.endpoint, curve: configuration.curve, encoding: configuration.busEncoding, logger: logger, handshakeFailures: handshakeFailures
+            )
+            let lastHeard = LastHeard()
+            defer {
+                if lastHeard.heard {
+                    unansweredLogged = false
+                } else if !Task.isCancelled && !Task.isShuttingDownGracefully {
+                    let metadata: Logger.Metadata = [
+                        "endpoint": "\(configuration.endpoint)",
+                        "check": "the endpoint is reachable from this host; BUS_CURVE_PUBLIC is the services' public key; this worker's key is listed as a worker in jobs' BUS_CURVE_CLIENTS",
+                    ]
+                    if unansweredLogged {
+                        logger.debug("the jobs service still does not answer; trying again", metadata: metadata)
+                    } else {
+                        logger.warning("the jobs service does not answer; trying again", metadata: metadata)
+                        unansweredLogged = true
+                    }
+                }
+            }
             try await channel.running {
                 let ready = WorkerMessage.ready(WorkerReady(
                     workerId: configuration.workerId, capacity: configuration.capacity, effects: effects,
@@ -557,14 +590,15 @@ public struct Worker: Service {
                 channel.send(ready)
                 unrecorded.reports.resend(Array(unrecorded.all.values), on: channel)
                 generations.submissions.resetAll()
-                logger.info("connected", metadata: [
-                    "endpoint": "\(configuration.endpoint)", "capacity": "\(configuration.capacity)", "prefetch": "\(configuration.prefetch)",
-                ])
-                let lastHeard = LastHeard()
+                logger.debug("ready sent", metadata: ["endpoint": "\(configuration.endpoint)"])
                 await withTaskGroup(of: Void.self) { group in
                     group.addTask {
                         for await message in channel.incoming {
-                            lastHeard.touch()
+                            if lastHeard.touch() {
+                                logger.info("connected", metadata: [
+                                    "endpoint": "\(configuration.endpoint)", "capacity": "\(configuration.capacity)", "prefetch": "\(configuration.prefetch)",
+                                ])
+                            }
                             guard let decoded = BusChannel.decode(DispatcherMessage.self, message) else { continue }
                             handle(decoded, channel: channel, running: running, unrecorded: unrecorded, renewed: renewed, generations: generations, ready: ready)
                         }
@@ -584,7 +618,8 @@ public struct Worker: Service {
                                 channel.send(WorkerMessage.metrics(ProcessMetrics.exposition()))
                             }
                             if lastHeard.silence > configuration.heartbeat * 3 {
-                                logger.warning("jobs service silent; reconnecting")
+                                // (Never answered: the connect loop says so, once.)
+                                if lastHeard.heard { logger.warning("jobs service silent; reconnecting") }
                                 return
                             }
                         }
