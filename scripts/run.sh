@@ -245,7 +245,9 @@ shutdown() {
 }
 trap shutdown INT TERM
 
-url="http://127.0.0.1:$GATEWAY_PORT"
+# Probed where it listens (loopback stands in for every interface).
+case "${GATEWAY_HOST:-127.0.0.1}" in 0.0.0.0|::|"[::]") probe_host=127.0.0.1 ;; *) probe_host=${GATEWAY_HOST:-127.0.0.1} ;; esac
+url="http://$probe_host:$GATEWAY_PORT"
 for _ in $(seq 1 100); do
   if curl -fsS "$url/readyz" >/dev/null 2>&1; then
     echo "[run] ready: gateway at $url (data in $DATA_DIR, blobs: ${BLOB_STORE:-folder}; Ctrl-C stops everything)"

@@ -6,7 +6,17 @@ import Foundation
 /// `PUBLIC_BASE_URL`, signed with `URL_SIGNING_SECRET`) or `BLOB_STORE=s3` (`S3_ENDPOINT`,
 /// `S3_REGION`, `S3_BUCKET`, `S3_ADDRESSING`, `S3_PUBLIC_BASE_URL`, and the standard
 /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`).
+///
+/// **Addresses per audience.** The URLs a process hands out name the store as their readers
+/// reach it, which need not be how the process itself does, nor how the other audience does:
+/// phones reach a public name, GPU hosts perhaps a private one. The gateway hands URLs to apps
+/// (`PUBLIC_BASE_URL`, `S3_PUBLIC_ENDPOINT`), jobs to workers (`WORKER_BASE_URL`,
+/// `S3_WORKER_ENDPOINT`); each defaults to the one address there is (`PUBLIC_BASE_URL`,
+/// `S3_ENDPOINT`).
 public struct BlobStoreConfiguration: Sendable {
+    /// Who reads the URLs this process signs.
+    public enum Audience: Sendable { case apps, workers }
+
     public enum Store: Sendable {
         case folder(URL)
         case s3(S3BlobStore.Configuration)
@@ -15,26 +25,34 @@ public struct BlobStoreConfiguration: Sendable {
     public var store: Store
     /// For the folder store's signed routes.
     public var urlSigningSecret: String
+    /// The gateway as apps and providers reach it (`PUBLIC_BASE_URL`): share links, webhooks.
     public var publicBaseURL: String
+    /// The gateway as this process's audience reaches it: the base of the folder store's signed
+    /// URLs (`WORKER_BASE_URL` for jobs' workers; `publicBaseURL` for apps).
+    public var presignBaseURL: String
 
-    public init(store: Store, urlSigningSecret: String, publicBaseURL: String) {
+    public init(store: Store, urlSigningSecret: String, publicBaseURL: String, presignBaseURL: String? = nil) {
         self.store = store
         self.urlSigningSecret = urlSigningSecret
         self.publicBaseURL = publicBaseURL
+        self.presignBaseURL = presignBaseURL ?? publicBaseURL
     }
 
-    /// The variables `init(environment:)` reads.
-    public static let environmentKeys = [
-        "BLOB_STORE", "BLOB_DIR", "DATA_DIR", "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "S3_ENDPOINT", "S3_REGION", "S3_BUCKET",
-        "S3_ADDRESSING", "S3_PUBLIC_BASE_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
-    ]
+    /// The variables `init(environment:audience:)` reads.
+    public static func environmentKeys(for audience: Audience) -> [String] {
+        [
+            "BLOB_STORE", "BLOB_DIR", "DATA_DIR", "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "S3_ENDPOINT", "S3_REGION", "S3_BUCKET",
+            "S3_ADDRESSING", "S3_PUBLIC_BASE_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
+        ] + (audience == .workers ? ["WORKER_BASE_URL", "S3_WORKER_ENDPOINT"] : ["S3_PUBLIC_ENDPOINT"])
+    }
 
     /// Reads the variables; a missing or malformed one is an error naming it (never its value
     /// when it is a secret).
-    public init(environment: [String: String]) throws {
+    public init(environment: [String: String], audience: Audience = .apps) throws {
         func value(_ key: String) -> String? { environment[key].flatMap { $0.isEmpty ? nil : $0 } }
         urlSigningSecret = value("URL_SIGNING_SECRET") ?? "development-url-signing-secret"
         publicBaseURL = value("PUBLIC_BASE_URL") ?? "http://127.0.0.1:\(value("GATEWAY_PORT") ?? "8080")"
+        presignBaseURL = audience == .workers ? value("WORKER_BASE_URL") ?? publicBaseURL : publicBaseURL
         switch value("BLOB_STORE") ?? "folder" {
         case "folder", "disk":
             store = .folder(URL(fileURLWithPath: value("BLOB_DIR") ?? ((value("DATA_DIR") ?? ".data") + "/blobs")))
@@ -48,6 +66,14 @@ public struct BlobStoreConfiguration: Sendable {
             guard let endpoint = URL(string: endpointText), let scheme = endpoint.scheme, ["http", "https"].contains(scheme), endpoint.host != nil else {
                 throw BlobStoreError(.misconfigured, "S3_ENDPOINT=\(endpointText) is not an http(s) URL")
             }
+            let presignVariable = audience == .workers ? "S3_WORKER_ENDPOINT" : "S3_PUBLIC_ENDPOINT"
+            var presignEndpoint: URL?
+            if let text = value(presignVariable) {
+                guard let url = URL(string: text), let scheme = url.scheme, ["http", "https"].contains(scheme), url.host != nil else {
+                    throw BlobStoreError(.misconfigured, "\(presignVariable)=\(text) is not an http(s) URL")
+                }
+                presignEndpoint = url
+            }
             let addressing = value("S3_ADDRESSING") ?? (value("S3_ENDPOINT") == nil ? "virtual" : "path")
             guard ["path", "virtual"].contains(addressing) else {
                 throw BlobStoreError(.misconfigured, "S3_ADDRESSING=\(addressing) is not path or virtual")
@@ -55,7 +81,8 @@ public struct BlobStoreConfiguration: Sendable {
             store = .s3(S3BlobStore.Configuration(
                 endpoint: endpoint, region: region, bucket: bucket, pathStyle: addressing == "path",
                 credentials: SigV4.Credentials(accessKeyId: accessKey, secretAccessKey: secret, sessionToken: value("AWS_SESSION_TOKEN")),
-                publicBaseURL: value("S3_PUBLIC_BASE_URL").map { $0.hasSuffix("/") ? String($0.dropLast()) : $0 }
+                publicBaseURL: value("S3_PUBLIC_BASE_URL").map { $0.hasSuffix("/") ? String($0.dropLast()) : $0 },
+                presignEndpoint: presignEndpoint
             ))
         case let other:
             throw BlobStoreError(.misconfigured, "BLOB_STORE=\(other) is not folder or s3")
@@ -68,7 +95,7 @@ public struct BlobStoreConfiguration: Sendable {
         switch store {
         case .folder(let root):
             do {
-                return try await FolderBlobStore.open(root: root, signer: URLSigner(secret: urlSigningSecret), publicBaseURL: publicBaseURL)
+                return try await FolderBlobStore.open(root: root, signer: URLSigner(secret: urlSigningSecret), publicBaseURL: presignBaseURL)
             } catch {
                 throw BlobStoreError(.misconfigured, "the blob folder \(root.path) cannot be used: \(error.localizedDescription)")
             }

@@ -20,14 +20,19 @@ public struct S3BlobStore: BlobStore {
         /// A public or CDN base URL in front of the bucket: download links are `base/key`,
         /// unsigned. Nil: presigned GETs of the store itself.
         public var publicBaseURL: String?
+        /// The store as the readers of this process's presigned URLs reach it, when not as the
+        /// process does (`S3_PUBLIC_ENDPOINT`, `S3_WORKER_ENDPOINT`): the URLs name it, and are
+        /// signed for its host. Nil: `endpoint`.
+        public var presignEndpoint: URL?
         /// Attempts of one request on transport errors, 5xx and `SlowDown`.
         public var maxAttempts: Int
         /// Deadline of one attempt.
         public var timeout: Duration
 
         public init(endpoint: URL, region: String, bucket: String, pathStyle: Bool, credentials: SigV4.Credentials,
-                    publicBaseURL: String? = nil, maxAttempts: Int = 4, timeout: Duration = .seconds(30)) {
+                    publicBaseURL: String? = nil, presignEndpoint: URL? = nil, maxAttempts: Int = 4, timeout: Duration = .seconds(30)) {
             self.endpoint = endpoint
+            self.presignEndpoint = presignEndpoint
             self.region = region
             self.bucket = bucket
             self.pathStyle = pathStyle
@@ -41,23 +46,33 @@ public struct S3BlobStore: BlobStore {
     public let configuration: Configuration
     let signer: SigV4
     let client: HTTPClient
-    /// The endpoint's parts, read once (Foundation's URL is slow to ask): scheme, `Host` value
+    /// An endpoint's parts, read once (Foundation's URL is slow to ask): scheme, `Host` value
     /// (with a port that is not the scheme's), and path prefix.
-    let scheme: String
-    let host: String
-    let basePath: String
+    struct Address {
+        let scheme: String
+        let host: String
+        let basePath: String
+
+        init(_ endpoint: URL) {
+            scheme = endpoint.scheme ?? "https"
+            var host = endpoint.host ?? "localhost"
+            if let port = endpoint.port, !(scheme == "http" && port == 80), !(scheme == "https" && port == 443) { host += ":\(port)" }
+            self.host = host
+            basePath = endpoint.path.hasSuffix("/") ? String(endpoint.path.dropLast()) : endpoint.path
+        }
+    }
+
+    /// Where this process reaches the store, and where its presigned URLs' readers do.
+    let own: Address
+    let presigned: Address
     public var kind: BlobStoreKind { .s3 }
 
     init(configuration: Configuration, client: HTTPClient) {
         self.configuration = configuration
         self.signer = SigV4(credentials: configuration.credentials, region: configuration.region)
         self.client = client
-        let endpoint = configuration.endpoint
-        scheme = endpoint.scheme ?? "https"
-        var host = endpoint.host ?? "localhost"
-        if let port = endpoint.port, !(scheme == "http" && port == 80), !(scheme == "https" && port == 443) { host += ":\(port)" }
-        self.host = host
-        basePath = endpoint.path.hasSuffix("/") ? String(endpoint.path.dropLast()) : endpoint.path
+        own = Address(configuration.endpoint)
+        presigned = configuration.presignEndpoint.map(Address.init) ?? own
     }
 
     /// Opens the bucket: checks that the store answers and that the bucket exists and takes our
@@ -157,13 +172,13 @@ public struct S3BlobStore: BlobStore {
 
     public func presignedGET(_ key: String, expiresIn: Int, now: Date) -> String {
         if let base = configuration.publicBaseURL { return "\(base)/\(SigV4.uriEncode(key, keepSlash: true))" }
-        let (url, host, path) = address(of: key)
+        let (url, host, path) = address(of: key, at: presigned)
         let query = signer.presignedQuery(SigV4.Request(method: "GET", path: path, headers: [("host", host)]), expires: Self.clamp(expiresIn), date: now)
         return "\(url)?\(SigV4.queryString(query))"
     }
 
     public func presignedPUT(_ key: String, contentType: String, owner: String, expiresIn: Int, now: Date) -> PresignedRequest {
-        let (url, host, path) = address(of: key)
+        let (url, host, path) = address(of: key, at: presigned)
         // The content type is signed: the client must send it as it is, so the store enforces
         // it. `If-None-Match: *` is not: a client that sends it writes the key once (the store
         // answers 412 to a second PUT), one that does not can still upload (the app's own
@@ -177,17 +192,18 @@ public struct S3BlobStore: BlobStore {
     // MARK: Requests
 
     /// The URL (without query), the `Host` value and the encoded path of `key` (the bucket
-    /// itself when nil).
-    func address(of key: String?) -> (url: String, host: String, path: String) {
-        var host = host
+    /// itself when nil) at `address` (this process's own by default).
+    func address(of key: String?, at address: Address? = nil) -> (url: String, host: String, path: String) {
+        let address = address ?? own
+        var host = address.host
         let encodedKey = key.map { "/" + SigV4.uriEncode($0, keepSlash: true) } ?? ""
         if configuration.pathStyle {
-            let path = "\(basePath)/\(SigV4.uriEncode(configuration.bucket))\(encodedKey)"
-            return ("\(scheme)://\(host)\(path)", host, path)
+            let path = "\(address.basePath)/\(SigV4.uriEncode(configuration.bucket))\(encodedKey)"
+            return ("\(address.scheme)://\(host)\(path)", host, path)
         }
         host = "\(configuration.bucket).\(host)"
-        let path = basePath + (encodedKey.isEmpty ? "/" : encodedKey)
-        return ("\(scheme)://\(host)\(path)", host, path)
+        let path = address.basePath + (encodedKey.isEmpty ? "/" : encodedKey)
+        return ("\(address.scheme)://\(host)\(path)", host, path)
     }
 
     /// Sends one signed request, retrying transport errors, 5xx and `SlowDown` with backoff.

@@ -1,5 +1,7 @@
-import Blobs
+import AsyncHTTPClient
+@testable import Blobs
 import Bus
+import Foundation
 import HistoryService
 import JobsService
 import QuotaService
@@ -92,7 +94,7 @@ struct ConfigurationVariablesTests {
     }
 
     @Test func everyProcessListsExactlyTheVariablesItReads() {
-        Self.check("gateway", listed: GatewayConfiguration.environmentKeys, storeKeys: BlobStoreConfiguration.environmentKeys) {
+        Self.check("gateway", listed: GatewayConfiguration.environmentKeys, storeKeys: BlobStoreConfiguration.environmentKeys(for: .apps)) {
             _ = try GatewayConfiguration(environment: $0)
         }
         Self.check("worker", listed: WorkerConfiguration.environmentKeys) {
@@ -108,9 +110,53 @@ struct ConfigurationVariablesTests {
             _ = try HistoryConfiguration(environment: $0, dataDirectory: "/tmp")
         }
         Self.check("jobs", listed: JobsConfiguration.environmentKeys + ServiceConfiguration.environmentKeys(for: .jobs),
-                   storeKeys: BlobStoreConfiguration.environmentKeys) {
+                   storeKeys: BlobStoreConfiguration.environmentKeys(for: .workers)) {
             try? Self.service(.jobs, $0)
             _ = try JobsConfiguration(environment: $0, dataDirectory: "/tmp")
         }
+    }
+}
+
+/// The addresses signed URLs name: each as its readers reach it (apps through the gateway, workers
+/// through jobs), each defaulting to the one address there is.
+@Suite("Addresses per audience", .timeLimit(.minutes(5)))
+struct AudienceAddressTests {
+    static let s3 = ["BLOB_STORE": "s3", "S3_BUCKET": "photos", "AWS_ACCESS_KEY_ID": "AKID", "AWS_SECRET_ACCESS_KEY": "secret",
+                     "S3_ENDPOINT": "http://127.0.0.1:7480"]
+
+    @Test func theGatewayNamesWhereItListensOrLoopbackForEveryInterface() throws {
+        let specific = try GatewayConfiguration(environment: Environment(["GATEWAY_HOST": "10.0.0.5", "GATEWAY_PORT": "9000"]))
+        #expect(specific.publicBaseURL == "http://10.0.0.5:9000" && !specific.publicBaseURLGuessed)
+        let everywhere = try GatewayConfiguration(environment: Environment(["GATEWAY_HOST": "0.0.0.0", "GATEWAY_PORT": "9000"]))
+        #expect(everywhere.publicBaseURL == "http://127.0.0.1:9000" && everywhere.publicBaseURLGuessed)
+        let told = try GatewayConfiguration(environment: Environment(["GATEWAY_HOST": "0.0.0.0", "PUBLIC_BASE_URL": "https://api.example.com"]))
+        #expect(told.publicBaseURL == "https://api.example.com" && !told.publicBaseURLGuessed)
+    }
+
+    @Test func jobsSignsForWorkersAndTheGatewayForAppsEachAtItsOwnAddress() async throws {
+        let now = Date(timeIntervalSince1970: 1_800_000_000)
+        // The folder store: workers' URLs at WORKER_BASE_URL, webhooks still at PUBLIC_BASE_URL
+        let folder = ["PUBLIC_BASE_URL": "https://api.example.com", "WORKER_BASE_URL": "http://gateway.internal:8080", "BLOB_DIR": "/tmp/unused"]
+        let jobs = try BlobStoreConfiguration(environment: folder, audience: .workers)
+        #expect(jobs.presignBaseURL == "http://gateway.internal:8080" && jobs.publicBaseURL == "https://api.example.com")
+        #expect(try BlobStoreConfiguration(environment: folder, audience: .apps).presignBaseURL == "https://api.example.com")
+        // The object store: each audience's endpoint named and signed for, the store's own used otherwise
+        let split = Self.s3.merging(["S3_WORKER_ENDPOINT": "http://10.9.0.1:7480", "S3_PUBLIC_ENDPOINT": "https://files.example.com"]) { _, new in new }
+        for (audience, expected) in [(BlobStoreConfiguration.Audience.workers, "http://10.9.0.1:7480/photos/a/b.jpg?"),
+                                     (.apps, "https://files.example.com/photos/a/b.jpg?")] {
+            guard case .s3(let configuration) = try BlobStoreConfiguration(environment: split, audience: audience).store else {
+                Issue.record("not the S3 store")
+                continue
+            }
+            let store = S3BlobStore(configuration: configuration, client: .shared)
+            let get = store.presignedGET("a/b.jpg", expiresIn: 60, now: now)
+            #expect(get.hasPrefix(expected), "\(get)")
+            #expect(store.presignedPUT("a/b.jpg", contentType: "image/jpeg", owner: "u", expiresIn: 60, now: now).url.hasPrefix(expected))
+            #expect(store.address(of: "a/b.jpg").url == "http://127.0.0.1:7480/photos/a/b.jpg")
+        }
+        guard case .s3(let plain) = try BlobStoreConfiguration(environment: Self.s3, audience: .workers).store else { return }
+        #expect(S3BlobStore(configuration: plain, client: .shared).presignedGET("k.jpg", expiresIn: 60, now: now).hasPrefix("http://127.0.0.1:7480/photos/k.jpg?"))
+        // A malformed one is refused, naming it
+        #expect(throws: BlobStoreError.self) { try BlobStoreConfiguration(environment: Self.s3.merging(["S3_WORKER_ENDPOINT": "not a url"]) { _, new in new }, audience: .workers) }
     }
 }

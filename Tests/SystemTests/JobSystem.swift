@@ -84,9 +84,10 @@ final class JobSystem: @unchecked Sendable {
         self.store = store
         var environment = try store == .s3 ? TestS3.environment() : [:]
         if hostAddress != "127.0.0.1", var endpoint = URLComponents(string: environment["S3_ENDPOINT"] ?? "") {
-            // The store as the other host reaches it: every presigned URL names this address.
+            // The store as the other host reaches it, in the URLs jobs hands workers; jobs and the
+            // gateway themselves (and the apps, here the test) reach it on loopback.
             endpoint.host = hostAddress
-            environment["S3_ENDPOINT"] = endpoint.string
+            environment["S3_WORKER_ENDPOINT"] = endpoint.string
         }
         storeEnvironment = environment
         let load = providerLoad

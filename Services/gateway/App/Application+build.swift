@@ -99,6 +99,9 @@ public func buildApplication(
     let blobs = try await configuration.blobs.open()
     logger.info("blob store open", metadata: ["store": "\(blobs.kind)"])
     let clients = ServiceClients(configuration: configuration, eventLoops: eventLoops)
+    if configuration.publicBaseURLGuessed {
+        logger.warning("PUBLIC_BASE_URL is not set and the gateway listens on every interface: signed URLs name \(configuration.publicBaseURL), which only this machine reaches; set PUBLIC_BASE_URL to the address apps reach")
+    }
     if configuration.jwtSecret == nil { logger.warning("JWT_SECRET is not set: every bearer token will be refused") }
     if configuration.adminToken == nil { logger.warning("ADMIN_TOKEN is not set: every admin call will be refused") }
     let limits = configuration.clientLimits

@@ -63,7 +63,8 @@ public struct JobsConfiguration: Sendable {
         historyEndpoint = environment.string(ServiceName.history.endpointVariable, default: ServiceName.history.defaultEndpoint)
         var blobVariables = environment.values
         blobVariables["DATA_DIR"] = dataDirectory
-        blobs = try BlobStoreConfiguration(environment: blobVariables)
+        // The URLs jobs signs are its workers' (`WORKER_BASE_URL`, `S3_WORKER_ENDPOINT`).
+        blobs = try BlobStoreConfiguration(environment: blobVariables, audience: .workers)
         transferLifetime = min(604_800, max(3, try environment.int("JOBS_TRANSFER_TTL_S", default: 3600)))
         unusedUploadAge = max(1, try environment.int("JOBS_UNUSED_UPLOAD_TTL_S", default: 86_400))
         uploadSweepInterval = .milliseconds(max(100, try environment.int("JOBS_UPLOAD_SWEEP_MS", default: 3_600_000)))
@@ -82,5 +83,5 @@ public struct JobsConfiguration: Sendable {
         "JOBS_WORKER_BIND", "JOBS_DB", "JOBS_DATABASE_URL", "JOBS_EFFECTS", "JOBS_MAX_ATTEMPTS", "JOBS_RETRY_BASE_MS",
         "JOBS_PRO_FIRST", "JOBS_MAX_QUEUED", "QUOTA_ENDPOINT", "HISTORY_ENDPOINT", "JOBS_TRANSFER_TTL_S",
         "JOBS_UNUSED_UPLOAD_TTL_S", "JOBS_UPLOAD_SWEEP_MS", "JOBS_PROVIDER_CONCURRENCY",
-    ] + BlobStoreConfiguration.environmentKeys
+    ] + BlobStoreConfiguration.environmentKeys(for: .workers)
 }

@@ -32,6 +32,9 @@ public struct GatewayConfiguration: Sendable {
     public var urlSigningSecret: String
     /// The gateway's address as clients reach it, for signed URLs (`PUBLIC_BASE_URL`).
     public var publicBaseURL: String
+    /// `PUBLIC_BASE_URL` is unset and the gateway listens on every interface: the signed URLs'
+    /// 127.0.0.1 reaches only this machine.
+    public var publicBaseURLGuessed: Bool
     /// The largest upload (`UPLOAD_MAX_BYTES`, default 20 MiB) and how long an upload or
     /// download URL stays valid (`SIGNED_URL_TTL_S`, default 900).
     public var uploadMaxBytes: Int
@@ -89,7 +92,10 @@ public struct GatewayConfiguration: Sendable {
         adminToken = environment.optional("ADMIN_TOKEN")
         blobStore = try BlobStoreConfiguration(environment: environment.values).store
         urlSigningSecret = environment.string("URL_SIGNING_SECRET", default: "development-url-signing-secret")
-        publicBaseURL = environment.optional("PUBLIC_BASE_URL") ?? "http://\(host):\(port)"
+        // Unset: the address the gateway listens on, as clients would reach it; on every interface
+        // (0.0.0.0, ::) there is no such name, and loopback stands in (logged at start).
+        publicBaseURL = environment.optional("PUBLIC_BASE_URL") ?? "http://\(Self.listensOnEveryInterface(host) ? "127.0.0.1" : host):\(port)"
+        publicBaseURLGuessed = environment.optional("PUBLIC_BASE_URL") == nil && Self.listensOnEveryInterface(host)
         uploadMaxBytes = try environment.int("UPLOAD_MAX_BYTES", default: 20 << 20)
         signedURLLifetime = try environment.int("SIGNED_URL_TTL_S", default: 900)
         shareLifetime = try environment.int("SHARE_TTL_S", default: 7 * 86_400)
@@ -112,6 +118,8 @@ public struct GatewayConfiguration: Sendable {
         )
     }
 
+    static func listensOnEveryInterface(_ host: String) -> Bool { ["0.0.0.0", "::", "[::]", "*", ""].contains(host) }
+
     /// The environment variables `init(environment:)` reads.
     public static var environmentKeys: [String] {
         ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "LOG_FORMAT", "JWT_SECRET", "ADMIN_TOKEN",
@@ -120,7 +128,7 @@ public struct GatewayConfiguration: Sendable {
          "GATEWAY_TASKS_ON_EVENT_LOOPS",
          "HTTP_IDLE_TIMEOUT_S", "HTTP_BODY_MIN_BYTES_PER_S", "HTTP_BODY_GRACE_S", "HTTP_MAX_CONNECTIONS", "TRUSTED_PROXIES",
          "APP_ATTEST_APP_ID", "APP_ATTEST_ENVIRONMENT", "APP_ATTEST_REQUIRED"]
-            + ServiceName.allCases.map(\.endpointVariable) + BlobStoreConfiguration.environmentKeys
+            + ServiceName.allCases.map(\.endpointVariable) + BlobStoreConfiguration.environmentKeys(for: .apps)
     }
 
     /// The blob store's settings, with the secret and base URL of the folder store's routes.
