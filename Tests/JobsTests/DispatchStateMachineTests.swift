@@ -27,9 +27,9 @@ struct DispatchStateMachineTests {
         var lost: [Machine.RequeueCause] = []
 
         init(proFirst: Bool = true, heartbeat: Duration = .seconds(1), maxRecording: Int = 4096, catalog: EffectCatalog = EffectCatalog(),
-             providerLimits: [String: Int] = [:]) {
+             providerLimits: [String: Int] = [:], lostWorkerGrace: Duration = .seconds(30)) {
             machine = Machine(catalog: catalog, configuration: .init(
-                heartbeat: heartbeat, proFirst: proFirst, maxRecording: maxRecording, providerLimits: providerLimits
+                heartbeat: heartbeat, proFirst: proFirst, maxRecording: maxRecording, providerLimits: providerLimits, lostWorkerGrace: lostWorkerGrace
             ))
         }
 
@@ -264,15 +264,24 @@ struct DispatchStateMachineTests {
         #expect(harness.rows["v1"]?.status == .completed && harness.machine.awaitingCount == 0)
     }
 
-    @Test func aLostWorkersGenerationIsQueuedAgainAndTheNextAttemptWaitsOnTheSameRequest() {
+    @Test func aLostWorkersGenerationWaitsForItThenIsQueuedAgainAndTheNextAttemptWaitsOnTheSameRequest() {
         var harness = Harness(catalog: Self.models)
         harness.create("v1", effect: "veo")
         harness.ready("w", capacity: 1)
         harness.from("w", .submitted(JobAttempt(jobId: "v1", attempt: 1), Self.request("v1")))
-        // The worker goes silent: the job is queued again with its provider request
+        // The worker goes silent: its generation waits for it the grace period, still processing
         harness.advance(.seconds(4))
         harness.tick()
-        #expect(harness.lost == [.workerLost])
+        #expect(harness.lost.isEmpty && harness.rows["v1"]?.status == .processing && harness.machine.strandedCount == 1)
+        #expect(harness.notes.contains { if case .workerLost("w", 1, 0) = $0 { true } else { false } })
+        harness.advance(.seconds(25))
+        harness.tick()
+        harness.reconcile()
+        #expect(harness.lost.isEmpty)
+        // Past it (30 s after it was lost), the job is queued again with its provider request
+        harness.advance(.seconds(6))
+        harness.tick()
+        #expect(harness.lost == [.workerLost] && harness.machine.strandedCount == 0)
         #expect(harness.rows["v1"]?.status == .queued && harness.rows["v1"]?.submission == Self.request("v1"))
         // The next worker's assignment names the request: nothing is submitted twice
         harness.ready("v", capacity: 1)
@@ -283,6 +292,60 @@ struct DispatchStateMachineTests {
         harness.ready("w", capacity: 1)
         harness.from("v", .submitted(JobAttempt(jobId: "v1", attempt: 1), Self.request("v1")))
         #expect(harness.messages("v").isEmpty)
+    }
+
+    @Test func aWorkerBackWithinTheGraceHoldsItsModelCallAgainWhileItsLocalJobRunsElsewhere() {
+        var harness = Harness(catalog: Self.models, providerLimits: ["gemini": 1])
+        // Given a worker running a model call and a local filter, and a second model job queued
+        harness.create("b1", effect: "banana")
+        harness.create("c1")
+        harness.create("b2", effect: "banana")
+        harness.ready("w", capacity: 3)
+        #expect(harness.assigned("w") == [JobAttempt(jobId: "b1", attempt: 1), JobAttempt(jobId: "c1", attempt: 1)])
+        // When its link to jobs is cut past three heartbeats
+        harness.advance(.seconds(4))
+        harness.tick()
+        // Then the filter is queued again at once; the model call waits, still counting at its
+        // provider (b2 does not take its place), and no repair queues it meanwhile
+        #expect(harness.lost == [.workerLost] && harness.rows["c1"]?.status == .queued)
+        #expect(harness.rows["b1"]?.status == .processing && harness.machine.activeByProvider() == ["gemini": 1])
+        harness.advance(.seconds(5))
+        harness.reconcile()
+        harness.advance(.seconds(5))
+        harness.reconcile()
+        #expect(harness.lost == [.workerLost])
+        // And when the worker comes back and names it, it holds it again: the same attempt
+        // completes, the model called once
+        harness.ready("w-again", capacity: 3)
+        harness.from("w-again", .heartbeat(running: [JobAttempt(jobId: "b1", attempt: 1)]))
+        #expect(harness.machine.holder(of: "b1")?.peer == "w-again" && harness.machine.strandedCount == 0)
+        harness.from("w-again", done("b1", 1))
+        #expect(harness.rows["b1"]?.status == .completed && harness.rows["b1"]?.attempts == 1)
+        #expect(harness.assigned("w-again").contains(JobAttempt(jobId: "b2", attempt: 1)))
+    }
+
+    @Test func aGenerationCancelledWhileItsWorkerIsAwayIsNotTakenBackNorQueuedAgain() {
+        var harness = Harness(catalog: Self.models)
+        harness.create("b1", effect: "banana")
+        harness.ready("w", capacity: 1)
+        harness.advance(.seconds(4))
+        harness.tick()
+        harness.cancel("b1")
+        #expect(harness.machine.strandedCount == 0 && harness.rows["b1"]?.status == .cancelled && harness.lost == [.workerLost])
+        harness.ready("w-again", capacity: 1)
+        harness.from("w-again", .heartbeat(running: [JobAttempt(jobId: "b1", attempt: 1)]))
+        harness.advance(.seconds(40))
+        harness.tick()
+        #expect(harness.machine.holder(of: "b1") == nil && harness.lost == [.workerLost])
+    }
+
+    @Test func withNoGraceALostWorkersModelCallIsQueuedAgainAtOnce() {
+        var harness = Harness(catalog: Self.models, lostWorkerGrace: .zero)
+        harness.create("b1", effect: "banana")
+        harness.ready("w", capacity: 1)
+        harness.advance(.seconds(4))
+        harness.tick()
+        #expect(harness.lost == [.workerLost] && harness.rows["b1"]?.status == .queued)
     }
 
     @Test func aProvidersLimitKeepsItsJobsInTheQueueNotInAWorker() {

@@ -301,10 +301,12 @@ final class JobSystem: @unchecked Sendable {
 
 /// The inference provider's load: requests being answered now, and the most at once.
 final class ProviderLoad: Sendable {
-    private let state = Mutex<(now: Int, most: Int)>((0, 0))
-    func begin() { state.withLock { $0.now += 1; $0.most = max($0.most, $0.now) } }
+    private let state = Mutex<(now: Int, most: Int, total: Int)>((0, 0, 0))
+    func begin() { state.withLock { $0.now += 1; $0.most = max($0.most, $0.now); $0.total += 1 } }
     func end() { state.withLock { $0.now -= 1 } }
     var most: Int { state.withLock { $0.most } }
+    /// Calls answered or being answered, all told.
+    var total: Int { state.withLock { $0.total } }
     /// Calls being answered now.
     var now: Int { state.withLock { $0.now } }
 }

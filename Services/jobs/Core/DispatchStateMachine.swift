@@ -13,7 +13,7 @@ import Messages
 /// The invariant it keeps: a job the database says is `processing` is held, under its current
 /// attempt, by a live worker. Every way that can stop being true is repaired: a worker silent for
 /// three of its own heartbeat intervals (announced in `ready`) is dead and its jobs are queued
-/// again; an attempt its worker's heartbeats have not named for that long never reached it and
+/// again (those at a provider after `lostWorkerGrace`, see `stranded`); an attempt its worker's heartbeats have not named for that long never reached it and
 /// is queued again; and `reconcile` finds any other processing job that nobody has held for a
 /// grace period (a failed write, a restart) and queues it again. Requeues are fenced by attempt
 /// in the store, so a late repair never undoes a result.
@@ -120,9 +120,14 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         /// The most results being written at once; past it, a result is dropped for now (its
         /// worker sends it again with its next heartbeat).
         public var maxRecording: Int
+        /// How long a lost worker's generations at a provider wait for it to come back before
+        /// they are queued again (`stranded`); zero: at once, as local jobs are.
+        public var lostWorkerGrace: Duration
 
         public init(heartbeat: Duration = .seconds(1), heartbeatRange: ClosedRange<Duration> = .milliseconds(50)...(.seconds(60)),
-                    maxCapacity: Int = 256, proFirst: Bool = true, maxRecording: Int = 4096, providerLimits: [String: Int] = [:]) {
+                    maxCapacity: Int = 256, proFirst: Bool = true, maxRecording: Int = 4096, providerLimits: [String: Int] = [:],
+                    lostWorkerGrace: Duration = .seconds(30)) {
+            self.lostWorkerGrace = lostWorkerGrace
             self.providerLimits = providerLimits
             self.heartbeat = heartbeat
             self.heartbeatRange = heartbeatRange
@@ -231,6 +236,22 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
     var submitting: Set<JobAttempt> = []
     /// Processing jobs that no worker held at a reconcile, and since when.
     var unheld: [String: Instant] = [:]
+    /// The generations of lost workers that wait for them: job id to the attempt, its worker,
+    /// its provider and when it is queued again. A worker that lost only its link to this
+    /// service (a partition, a blip longer than three heartbeats) still holds its request at the
+    /// provider: when it comes back and names the attempt, it holds it again (through `lookUp`
+    /// and `claimed`, as after a restart), and the model is not called twice, nor billed twice.
+    var stranded: [String: Stranded] = [:]
+
+    struct Stranded: Sendable, Equatable {
+        var attempt: Int
+        var workerId: String
+        /// The provider it counts against (none for one waiting in the provider's queue).
+        var provider: String?
+        /// Waiting in the provider's queue (no slot).
+        var awaiting: Bool
+        var until: Instant
+    }
 
     public init(catalog: EffectCatalog, configuration: Configuration = Configuration()) {
         self.catalog = catalog
@@ -269,7 +290,7 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
 
     /// Whether the job is queued here, waiting out a backoff, or held by a worker.
     public func knows(jobId: String, userId: String) -> Bool {
-        queue.contains(jobId: jobId, userId: userId) || delayedIds.contains(jobId) || holder(of: jobId) != nil
+        queue.contains(jobId: jobId, userId: userId) || delayedIds.contains(jobId) || holder(of: jobId) != nil || stranded[jobId] != nil
     }
 
     /// Which worker holds a job, and under which attempt (0 while its start is written).
@@ -290,8 +311,13 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         for worker in workers.values {
             for held in worker.held.values { if let provider = held.provider { active[provider, default: 0] += 1 } }
         }
+        // A stranded call is still running at its provider.
+        for job in stranded.values { if let provider = job.provider { active[provider, default: 0] += 1 } }
         return active
     }
+
+    /// Generations of lost workers waiting for them to come back.
+    public var strandedCount: Int { stranded.count }
 
     // MARK: Events: jobs
 
@@ -306,6 +332,12 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
     public mutating func cancel(jobId: String, userId: String) -> [Action] {
         if queue.remove(jobId: jobId, userId: userId) { return [] }
         if delayedIds.remove(jobId) != nil { return [] }
+        // Waiting for its lost worker: the requeue of a job whose cancel is recorded cancels it
+        // (and releases its charge); its worker, if it comes back, names an attempt no longer
+        // processing, which is not claimed.
+        if let job = stranded.removeValue(forKey: jobId) {
+            return [.requeue(JobAttempt(jobId: jobId, attempt: job.attempt), reason: "cancelled while its worker was away", cause: .workerLost)]
+        }
         guard let (peer, attempt) = holder(of: jobId) else { return [] }
         if attempt == 0 {
             workers[peer]?.held[jobId]?.cancelAfterStart = true
@@ -481,6 +513,7 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
     public mutating func claimed(_ current: [JobAttempt], by peer: Peer, effects: [String: String] = [:], now: Instant) -> [Action] {
         lookingUp.remove(peer)
         for attempt in current where workers[peer] != nil && holder(of: attempt.jobId) == nil {
+            stranded[attempt.jobId] = nil
             // In a slot until the worker says again that it waits on a provider.
             let provider = effects[attempt.jobId].flatMap { catalog.provider(of: $0) }
             workers[peer]?.held[attempt.jobId] = Held(attempt: attempt.attempt, since: now, provider: provider)
@@ -581,10 +614,23 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
             actions.append(worker.leaving && jobs == 0
                 ? .workerLeft(id: worker.id, connected: workers.count)
                 : .workerLost(id: worker.id, jobs: jobs, connected: workers.count))
+            let grace = configuration.lostWorkerGrace
             for (jobId, held) in worker.everything where held.attempt > 0 {
                 progress[jobId] = nil
-                actions.append(.requeue(JobAttempt(jobId: jobId, attempt: held.attempt), reason: "worker \(worker.id) was lost", cause: .workerLost))
+                // At a provider: a call in a slot (its provider named), or a generation waiting in
+                // the provider's queue (no slot, no provider counted).
+                if held.provider != nil || worker.awaiting[jobId] != nil, grace > .zero {
+                    stranded[jobId] = Stranded(attempt: held.attempt, workerId: worker.id, provider: held.provider,
+                                               awaiting: worker.awaiting[jobId] != nil, until: now.advanced(by: grace))
+                } else {
+                    actions.append(.requeue(JobAttempt(jobId: jobId, attempt: held.attempt), reason: "worker \(worker.id) was lost", cause: .workerLost))
+                }
             }
+        }
+        for (jobId, job) in stranded where job.until <= now {
+            stranded[jobId] = nil
+            actions.append(.requeue(JobAttempt(jobId: jobId, attempt: job.attempt),
+                                    reason: "worker \(job.workerId) was lost and did not come back for its generation", cause: .workerLost))
         }
         if lastHeartbeat.map({ $0.duration(to: now) >= configuration.heartbeat }) ?? true {
             lastHeartbeat = now
@@ -606,7 +652,7 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         for attempt in processing {
             seen.insert(attempt.jobId)
             let held = holder(of: attempt.jobId).map { $0.attempt == 0 || $0.attempt == attempt.attempt } ?? false
-            if held || recording.contains(attempt) {
+            if held || recording.contains(attempt) || stranded[attempt.jobId]?.attempt == attempt.attempt {
                 unheld[attempt.jobId] = nil
                 continue
             }

@@ -33,7 +33,7 @@ await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateE
         )
         let dispatcher = Dispatcher(
             channel: channel, store: store, catalog: catalog, transfers: transfers, proFirst: configuration.proFirst,
-            providerLimits: configuration.providerLimits, logger: logger
+            providerLimits: configuration.providerLimits, lostWorkerGrace: configuration.lostWorkerGrace, logger: logger
         )
         return (dispatcher, channel)
     }

@@ -37,13 +37,16 @@ public actor Dispatcher {
     private let writesInput: AsyncStream<@Sendable () async -> Void>.Continuation
 
     public init(channel: BusChannel, store: any JobsStore, catalog: EffectCatalog, transfers: TransferSigner, proFirst: Bool = true,
-                heartbeatInterval: Duration = .seconds(1), providerLimits: [String: Int] = [:], logger: Logger) {
+                heartbeatInterval: Duration = .seconds(1), providerLimits: [String: Int] = [:], lostWorkerGrace: Duration = .seconds(30),
+                logger: Logger) {
         self.channel = channel
         self.store = store
         self.transfers = transfers
         self.catalog = catalog
         self.logger = logger
-        self.machine = Machine(catalog: catalog, configuration: .init(heartbeat: heartbeatInterval, proFirst: proFirst, providerLimits: providerLimits))
+        self.machine = Machine(catalog: catalog, configuration: .init(
+            heartbeat: heartbeatInterval, proFirst: proFirst, providerLimits: providerLimits, lostWorkerGrace: lostWorkerGrace
+        ))
         self.failures = FailureLog(logger: logger)
         (writes, writesInput) = AsyncStream.makeStream(of: (@Sendable () async -> Void).self)
     }
@@ -200,7 +203,9 @@ public actor Dispatcher {
                 logger.info("worker ready", metadata: ["worker": "\(id)", "capacity": "\(capacity)", "heartbeat-ms": "\(heartbeat.wholeMilliseconds)"])
             case .workerLost(let id, let jobs, let connected):
                 JobsMetrics.workersConnected.record(connected)
-                logger.warning("worker lost", metadata: ["worker": "\(id)", "jobs": "\(jobs)"])
+                logger.warning("worker lost", metadata: [
+                    "worker": "\(id)", "jobs": "\(jobs)", "generations-waiting-for-lost-workers": "\(machine.strandedCount)",
+                ])
             case .workerLeft(let id, let connected):
                 JobsMetrics.workersConnected.record(connected)
                 logger.info("worker left", metadata: ["worker": "\(id)"])

@@ -21,6 +21,9 @@ public struct JobsConfiguration: Sendable {
     public var retry: RetryPolicy
     /// Whether PRO users' jobs go first (`JOBS_PRO_FIRST`, true).
     public var proFirst: Bool
+    /// How long a lost worker's generations at a provider wait for it to reconnect before they
+    /// are queued again (`JOBS_LOST_WORKER_GRACE_S`, 30; 0: at once).
+    public var lostWorkerGrace: Duration
     /// Jobs queued at most before `create` answers `jobs.queue_full` (`JOBS_MAX_QUEUED`, 100,000).
     public var maxQueued: Int
     /// The quota service, for settlements (`QUOTA_ENDPOINT`).
@@ -58,6 +61,7 @@ public struct JobsConfiguration: Sendable {
             baseDelay: .milliseconds(max(1, try environment.int("JOBS_RETRY_BASE_MS", default: 1000)))
         )
         proFirst = environment.string("JOBS_PRO_FIRST", default: "true") != "false"
+        lostWorkerGrace = .seconds(max(0, try environment.int("JOBS_LOST_WORKER_GRACE_S", default: 30)))
         maxQueued = try environment.int("JOBS_MAX_QUEUED", default: 100_000)
         quotaEndpoint = environment.string(ServiceName.quota.endpointVariable, default: ServiceName.quota.defaultEndpoint)
         historyEndpoint = environment.string(ServiceName.history.endpointVariable, default: ServiceName.history.defaultEndpoint)
@@ -82,6 +86,6 @@ public struct JobsConfiguration: Sendable {
     public static let environmentKeys = [
         "JOBS_WORKER_BIND", "JOBS_DB", "JOBS_DATABASE_URL", "JOBS_EFFECTS", "JOBS_MAX_ATTEMPTS", "JOBS_RETRY_BASE_MS",
         "JOBS_PRO_FIRST", "JOBS_MAX_QUEUED", "QUOTA_ENDPOINT", "HISTORY_ENDPOINT", "JOBS_TRANSFER_TTL_S",
-        "JOBS_UNUSED_UPLOAD_TTL_S", "JOBS_UPLOAD_SWEEP_MS", "JOBS_PROVIDER_CONCURRENCY",
+        "JOBS_UNUSED_UPLOAD_TTL_S", "JOBS_UPLOAD_SWEEP_MS", "JOBS_PROVIDER_CONCURRENCY", "JOBS_LOST_WORKER_GRACE_S",
     ] + BlobStoreConfiguration.environmentKeys(for: .workers)
 }
