@@ -339,6 +339,20 @@ struct DispatchStateMachineTests {
         #expect(harness.machine.holder(of: "b1") == nil && harness.lost == [.workerLost])
     }
 
+    @Test func aWorkerThatComesBackUnderItsIdWithoutItsModelCallHasItQueuedAgainAtOnce() {
+        var harness = Harness(catalog: Self.models)
+        harness.create("b1", effect: "banana")
+        harness.ready("w", capacity: 1)
+        harness.advance(.seconds(4))
+        harness.tick()
+        #expect(harness.lost.isEmpty && harness.machine.strandedCount == 1)
+        // It restarted: the same id, holding nothing
+        harness.ready("w", capacity: 1)
+        harness.from("w", .heartbeat(running: []))
+        #expect(harness.lost == [.workerLost] && harness.machine.strandedCount == 0)
+        #expect(harness.assigned("w").last == JobAttempt(jobId: "b1", attempt: 2))
+    }
+
     @Test func withNoGraceALostWorkersModelCallIsQueuedAgainAtOnce() {
         var harness = Harness(catalog: Self.models, lostWorkerGrace: .zero)
         harness.create("b1", effect: "banana")

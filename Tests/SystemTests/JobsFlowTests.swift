@@ -73,7 +73,9 @@ struct JobsFlowTests {
     }
 
     @Test func killedWorkersJobIsFinishedByAnotherAndChargedOnce() async throws {
-        let system = try await JobSystem(workers: 2)
+        // (A killed worker's model call waits JOBS_LOST_WORKER_GRACE_S for it to come back,
+        // 3 s here, before it runs again: WorkerLinkTests is the worker that does come back.)
+        let system = try await JobSystem(workers: 2, jobs: ["JOBS_LOST_WORKER_GRACE_S": "3"])
         let user = JobSystem.guest(UUID())
         try await system.gateway { client in
             let key = try await JobSystem.upload(client, as: user)

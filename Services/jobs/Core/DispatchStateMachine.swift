@@ -500,6 +500,13 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
                 actions.append(.requeue(attempt, reason: "worker \(worker.id) does not hold the job", cause: .assignmentLost))
             }
         }
+        // Its own stranded calls that it does not name: it came back without them (it restarted
+        // under the same id), so no one waits on them any more.
+        for (jobId, job) in stranded where job.workerId == worker.id && !names.contains(JobAttempt(jobId: jobId, attempt: job.attempt)) {
+            stranded[jobId] = nil
+            actions.append(.requeue(JobAttempt(jobId: jobId, attempt: job.attempt),
+                                    reason: "worker \(worker.id) came back without its generation", cause: .workerLost))
+        }
         let unknown = named.filter { holder(of: $0.jobId) == nil }
         if !unknown.isEmpty, !lookingUp.contains(peer) {
             lookingUp.insert(peer)
