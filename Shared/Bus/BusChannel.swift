@@ -211,7 +211,7 @@ public final class BusChannel: Sendable {
         }
         settleOpen(.success(()))
         let handshakes = HandshakeLog(role: role, endpoint: endpoint, logger: logger, logged: handshakeFailures)
-        let monitor = handshakes.monitor(socket, context: context)
+        let monitor = handshakes.monitor(socket)
         var poller = ZMQPoller()
         poller.addReadable(socket)
         let wakeIndex = poller.addReadable(fileDescriptor: wakeup.fileDescriptor)
@@ -282,7 +282,6 @@ struct HandshakeLog {
     let endpoint: String
     let logger: Logger
     let logged: HandshakeFailures
-    private static let monitors = Atomic<Int>(0)
 
     init(role: BusChannel.Role, endpoint: String, logger: Logger, logged: HandshakeFailures) {
         self.role = role
@@ -293,14 +292,9 @@ struct HandshakeLog {
 
     /// A PAIR socket hearing `socket`'s handshakes; nil (and the handshakes unlogged) if it
     /// cannot be set up.
-    func monitor(_ socket: ZMQSocket, context: ZMQContext) -> ZMQSocket? {
-        let address = "inproc://bus-channel-monitor-\(getpid())-\(Self.monitors.add(1, ordering: .relaxed).newValue)"
+    func monitor(_ socket: ZMQSocket) -> ZMQSocket? {
         do {
-            try socket.monitor(address, events: [.handshakeSucceeded, .handshakeFailedNoDetail, .handshakeFailedProtocol, .handshakeFailedAuth])
-            let monitor = try ZMQSocket(.pair, context: context)
-            try monitor.setLinger(milliseconds: 0)
-            try monitor.connect(address)
-            return monitor
+            return try socket.openMonitor("bus-channel", events: [.handshakeSucceeded, .handshakeFailedNoDetail, .handshakeFailedProtocol, .handshakeFailedAuth])
         } catch {
             logger.debug("channel cannot monitor its handshakes", metadata: ["error": "\(error)"])
             return nil

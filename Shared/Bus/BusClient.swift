@@ -297,7 +297,7 @@ public final class BusClient: Sendable, Service {
         }
         // Disconnections, so that calls already sent to a service that died fail at once
         // (`connection_lost`) instead of at their deadline. Without a monitor, only the deadline.
-        let monitor = Self.monitor(socket, context: context, logger: logger)
+        let monitor = Self.monitor(socket, logger: logger)
         var poller = ZMQPoller()
         poller.addReadable(socket)
         let wakeIndex = poller.addReadable(fileDescriptor: wakeup.fileDescriptor)
@@ -380,17 +380,10 @@ public final class BusClient: Sendable, Service {
         return socket
     }
 
-    private static let monitors = Atomic<Int>(0)
-
     /// A PAIR socket that hears `socket`'s disconnections; nil if the monitor cannot be set up.
-    static func monitor(_ socket: ZMQSocket, context: ZMQContext, logger: Logger) -> ZMQSocket? {
-        let address = "inproc://bus-client-monitor-\(getpid())-\(monitors.add(1, ordering: .relaxed).newValue)"
+    static func monitor(_ socket: ZMQSocket, logger: Logger) -> ZMQSocket? {
         do {
-            try socket.monitor(address, events: [.disconnected, .connectRetried])
-            let monitor = try ZMQSocket(.pair, context: context)
-            try monitor.setLinger(milliseconds: 0)
-            try monitor.connect(address)
-            return monitor
+            return try socket.openMonitor("bus-client", events: [.disconnected, .connectRetried])
         } catch {
             logger.warning("bus client cannot monitor its connection; lost calls wait for their deadline", metadata: ["error": "\(error)"])
             return nil

@@ -127,7 +127,7 @@ final class EventLoopLane: @unchecked Sendable {
             socket.close()
             return nil
         }
-        let monitor = BusClient.monitor(socket, context: client.context, logger: client.logger)
+        let monitor = BusClient.monitor(socket, logger: client.logger)
         let lane = EventLoopLane(eventLoop: loop, client: client, socket: socket, monitor: monitor)
         lane.watch(fd)
         if let monitor, let monitorFD = try? monitor.fileDescriptor() { lane.watch(monitorFD) }

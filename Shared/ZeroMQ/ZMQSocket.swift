@@ -1,4 +1,6 @@
 import Clibzmq
+import Foundation
+import Synchronization
 
 /// A libzmq socket (`zmq_socket`). Not thread-safe: create it on the thread that uses it and use
 /// it from that thread only, which is why it is not `Sendable`.
@@ -120,6 +122,20 @@ public final class ZMQSocket {
     /// address of the same context) that a monitor connects to (`zmq_socket_monitor`).
     public func monitor(_ address: String, events: Events) throws(ZMQError) {
         try zmqTry(zmq_socket_monitor(handle, address, events.rawValue))
+    }
+
+    private static let monitors = Atomic<Int>(0)
+
+    /// A PAIR socket (no linger) that hears this socket's `events`, published on an `inproc://`
+    /// address of its own named after `name`. Read it with `monitorEvent`; call `stopMonitor`
+    /// before closing it.
+    public func openMonitor(_ name: String, events: Events) throws(ZMQError) -> ZMQSocket {
+        let address = "inproc://\(name)-monitor-\(getpid())-\(Self.monitors.add(1, ordering: .relaxed).newValue)"
+        try monitor(address, events: events)
+        let monitor = try ZMQSocket(.pair, context: context)
+        try monitor.setLinger(milliseconds: 0)
+        try monitor.connect(address)
+        return monitor
     }
 
     /// Stops publishing events (`zmq_socket_monitor` with no address). Call it before closing the
