@@ -6,10 +6,12 @@ import Testing
 
 @Suite("History pages and search", .timeLimit(.minutes(5)))
 struct HistoryPagingTests {
-    /// `count` completed items of `u1`, one a minute, the newest last.
-    func fill(_ database: any HistoryStore, _ count: Int) async throws {
+    /// `count` completed items of `u1`, one a minute, the newest last; with `everyOtherFailed`,
+    /// the even-numbered ones failed.
+    func fill(_ database: any HistoryStore, _ count: Int, everyOtherFailed: Bool = false) async throws {
         let events = (0..<count).map { index in
-            Events.job(String(format: "job-%03d", index), createdAt: Events.epoch.addingTimeInterval(Double(index) * 60))
+            Events.job(String(format: "job-%03d", index), status: everyOtherFailed && index % 2 == 0 ? .failed : .completed,
+                       createdAt: Events.epoch.addingTimeInterval(Double(index) * 60))
         }
         _ = try await database.applyJobEvents(events)
     }
@@ -113,11 +115,7 @@ struct HistoryPagingTests {
     @Test(arguments: HistoryBackend.allCases) func aPagePastTheLastItemOrOfAnEmptyHistoryCountsEveryItem(backend: HistoryBackend) async throws {
         try await withHistoryStore(backend) { database in
             // Given 20 items, every other one failed, and a user with none
-            let events = (0..<20).map { index in
-                Events.job(String(format: "job-%03d", index), status: index % 2 == 0 ? .failed : .completed,
-                           createdAt: Events.epoch.addingTimeInterval(Double(index) * 60))
-            }
-            _ = try await database.applyJobEvents(events)
+            try await fill(database, 20, everyOtherFailed: true)
             // When pages are asked for past the last item, by offset and by cursor, with and without a filter
             let pastByOffset = try await database.page(ListHistory(userId: "u1", limit: 5, offset: 25))
             let pastFailedByOffset = try await database.page(ListHistory(userId: "u1", limit: 5, offset: 10, statuses: [.failed]))
@@ -138,11 +136,7 @@ struct HistoryPagingTests {
     @Test(arguments: HistoryBackend.allCases) func aFilteredHistoryPagesByCursorThroughEveryItemOfItsStatusesNewestFirst(backend: HistoryBackend) async throws {
         try await withHistoryStore(backend) { database in
             // Given 60 items, every other one failed
-            let events = (0..<60).map { index in
-                Events.job(String(format: "job-%03d", index), status: index % 2 == 0 ? .failed : .completed,
-                           createdAt: Events.epoch.addingTimeInterval(Double(index) * 60))
-            }
-            _ = try await database.applyJobEvents(events)
+            try await fill(database, 60, everyOtherFailed: true)
             // When the failed ones are paged by cursor, 7 at a time, and by offset
             var byCursor: [String] = []
             var cursor: String? = nil
