@@ -10,10 +10,46 @@ public struct Environment: Sendable {
     /// The names asked for, when `keysRead(by:)` records them.
     private let reads: Reads?
 
-    /// The process's environment.
+    /// The process's environment, with the variables given as files (`loadFiles`).
     public init() {
-        values = ProcessInfo.processInfo.environment
+        let files = Self.files.withLock { $0 }
+        values = ProcessInfo.processInfo.environment.merging(files) { given, file in given.isEmpty ? file : given }
         reads = nil
+    }
+
+    /// The variables given as files (`NAME_FILE=/path`, as Docker and Kubernetes mount secrets):
+    /// each file's text, less a trailing newline, is `NAME`'s value, unless `NAME` itself is set
+    /// and not empty. Read once by `loadFiles`.
+    private static let files = Mutex<[String: String]>([:])
+
+    /// The variables that may be given as files: the secrets and what goes with them. (Only
+    /// these: any `_FILE` of the environment would be read otherwise, `TF_CLI_CONFIG_FILE` and
+    /// the like.)
+    public static let fileKeys = [
+        "JWT_SECRET", "ADMIN_TOKEN", "URL_SIGNING_SECRET", "ADAPTY_WEBHOOK_SECRET",
+        "BUS_CURVE_SECRET", "BUS_CURVE_PUBLIC", "BUS_CURVE_KEY", "BUS_CURVE_CLIENTS",
+        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+        "QUOTA_DATABASE_URL", "HISTORY_DATABASE_URL", "JOBS_DATABASE_URL",
+        "GEMINI_API_KEY", "OPENAI_API_KEY", "FAL_KEY",
+    ]
+
+    /// Reads every `NAME_FILE` of the process's environment (see `files`). A process's main calls
+    /// it first, on the main thread, before any task runs: it reads files, which is never done on
+    /// the cooperative pool. The failure is an unreadable file, named by its variable (never its
+    /// contents); `ProcessExit.run` reports it.
+    public static func loadFiles() -> Result<Void, ConfigurationError> {
+        var read: [String: String] = [:]
+        let environment = ProcessInfo.processInfo.environment
+        for name in fileKeys {
+            guard let path = environment[name + "_FILE"], !path.isEmpty else { continue }
+            guard let data = FileManager.default.contents(atPath: path), var text = String(data: data, encoding: .utf8) else {
+                return .failure(ConfigurationError(key: name + "_FILE", value: path, expected: "a readable UTF-8 file holding \(name)'s value"))
+            }
+            while text.hasSuffix("\n") || text.hasSuffix("\r") { text.removeLast() }
+            read[name] = text
+        }
+        files.withLock { $0 = read }
+        return .success(())
     }
 
     /// A given set of variables, for tests.

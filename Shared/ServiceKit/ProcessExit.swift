@@ -13,9 +13,12 @@ import Glibc
 /// usual graceful stop, and exits at once if it is still running 10 s later. The test harness sets
 /// it, so that a test run that crashes leaves no service running behind it.
 public enum ProcessExit {
-    public static func run(_ name: String, _ body: () async throws -> Void) async {
+    /// `files`: what `Environment.loadFiles()` gave, called by the main before this (its
+    /// failure is reported as the body's would be).
+    public static func run(_ name: String, files: Result<Void, ConfigurationError>, _ body: () async throws -> Void) async {
         if let parent = ProcessInfo.processInfo.environment["EXIT_WITH_PARENT"].flatMap(Int32.init) { watch(parent: parent) }
         do {
+            try files.get()
             try await body()
         } catch {
             print("\(name): fatal: \(error)")

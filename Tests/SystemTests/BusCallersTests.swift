@@ -185,4 +185,36 @@ struct BusKeysCommandTests {
         }
         await services.stopAll()
     }
+
+    @Test func keysAreReadFromFilesAndAnUnreadableOneStopsTheServiceNamingIt() async throws {
+        // Given the server's secret key and the callers' list in files (as Docker and Kubernetes
+        // mount secrets), the variable itself empty as compose passes an unset one
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("key-files-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let server = try ZMQCurveKeyPair.generate(), gateway = try ZMQCurveKeyPair.generate()
+        let secretFile = folder.appendingPathComponent("secret").path, clientsFile = folder.appendingPathComponent("clients").path
+        try Data((server.secretKey + "\n").utf8).write(to: URL(fileURLWithPath: secretFile))
+        try Data("gateway:\(gateway.publicKey)\n".utf8).write(to: URL(fileURLWithPath: clientsFile))
+        // When quota serves on every interface from them (which needs both)
+        let port = freePort()
+        let data = folder.appendingPathComponent("data").path
+        let quota = try ServiceProcess("quota", environment: [
+            "QUOTA_BIND": "tcp://0.0.0.0:\(port)", "DATA_DIR": data, "BUS_CURVE_SECRET": "", "BUS_CURVE_SECRET_FILE": secretFile,
+            "BUS_CURVE_CLIENTS_FILE": clientsFile,
+        ])
+        // Then the listed gateway key is served
+        let curve = try BusSecurity.clientKeys(Environment(["BUS_CURVE_PUBLIC": server.publicKey, "BUS_CURVE_KEY": gateway.secretKey]))
+        try await withBusClient(.init(endpoint: "tcp://127.0.0.1:\(port)", defaultTimeout: .seconds(3), curve: curve)) { client in
+            _ = try await waitUntilHealthy(client)
+        }
+        await quota.stop()
+        // And a file that cannot be read stops the service at start, naming its variable
+        let broken = try ServiceProcess("quota", environment: [
+            "QUOTA_BIND": "tcp://127.0.0.1:\(freePort())", "DATA_DIR": data, "BUS_CURVE_SECRET_FILE": folder.appendingPathComponent("missing").path,
+        ])
+        let status = try await broken.waitForExit()
+        #expect(status != nil && status != 0)
+        #expect(broken.output.contains("BUS_CURVE_SECRET_FILE"), "\(broken.output)")
+    }
 }

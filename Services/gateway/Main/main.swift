@@ -5,13 +5,16 @@ import NIOPosix
 import ServiceKit
 import ServiceLifecycle
 
+// Variables given as files (NAME_FILE), read on the main thread before any task runs.
+let files = Environment.loadFiles()
+
 // The gateway: REST for the app, turned into bus requests.
 // Before any task starts, with GATEWAY_TASKS_ON_EVENT_LOOPS=true: Swift's tasks run on the event
 // loops that serve HTTP (the ones Hummingbird uses), so a request's handler, its bus calls and its
 // answer stay on the loop that read it (`EventLoopLane`). Off by default (docs/bus.md).
 let tasksOnEventLoops = (try? GatewayConfiguration(environment: Environment()))?.tasksOnEventLoops ?? false
     && NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor()
-await ProcessExit.run("gateway") {
+await ProcessExit.run("gateway", files: files) {
     let configuration = try GatewayConfiguration(environment: Environment())
     ProcessLogging.bootstrap(level: configuration.logLevel, process: "gateway", format: configuration.logFormat)
     let logger = Logger(label: "gateway")

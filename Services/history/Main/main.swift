@@ -6,10 +6,13 @@ import ServiceKit
 import ServiceLifecycle
 import Storage
 
+// Variables given as files (NAME_FILE), read on the main thread before any task runs.
+let files = Environment.loadFiles()
+
 // The history service: the read model of users' past edits in $DATA_DIR/history.sqlite (or on
 // PostgreSQL, HISTORY_DATABASE_URL, for replicas), fed by job events from jobs; deletes purge
 // jobs through jobs; retention asks quota for each plan's.
-await ProcessExit.run("history") { try await BusServiceRunner.run(.history, translateErrors: StorageFailure.translator) { router, service, logger in
+await ProcessExit.run("history", files: files) { try await BusServiceRunner.run(.history, translateErrors: StorageFailure.translator) { router, service, logger in
     let configuration = try HistoryConfiguration(environment: Environment(), dataDirectory: service.dataDirectory)
     try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
     let store: any HistoryStore

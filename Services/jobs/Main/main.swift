@@ -8,11 +8,14 @@ import ServiceKit
 import ServiceLifecycle
 import Storage
 
+// Variables given as files (NAME_FILE), read on the main thread before any task runs.
+let files = Environment.loadFiles()
+
 // The jobs service: the job queue and lifecycle in $DATA_DIR/jobs.sqlite (or on PostgreSQL,
 // JOBS_DATABASE_URL, for replicas of which one, elected, dispatches); workers connect to
 // JOBS_WORKER_BIND; quota settlements and history's job events leave through the outbox; purged
 // jobs' files are deleted from the blob store, whose presigned URLs the workers are given.
-await ProcessExit.run("jobs") { try await BusServiceRunner.run(.jobs, translateErrors: StorageFailure.translator) { router, service, logger in
+await ProcessExit.run("jobs", files: files) { try await BusServiceRunner.run(.jobs, translateErrors: StorageFailure.translator) { router, service, logger in
     let configuration = try JobsConfiguration(environment: Environment(), dataDirectory: service.dataDirectory)
     try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
     let catalog = EffectCatalog(extra: configuration.extraEffects)

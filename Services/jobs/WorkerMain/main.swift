@@ -6,8 +6,11 @@ import ServiceLifecycle
 import WorkerKit
 import ZeroMQ
 
+// Variables given as files (NAME_FILE), read on the main thread before any task runs.
+let files = Environment.loadFiles()
+
 // A worker: runs edits for the jobs service. Start as many as the machine affords.
-await ProcessExit.run("worker") {
+await ProcessExit.run("worker", files: files) {
     let configuration = try WorkerConfiguration(environment: Environment())
     ProcessLogging.bootstrap(level: configuration.logLevel, process: configuration.workerId, format: configuration.logFormat)
     let logger = Logger(label: configuration.workerId)

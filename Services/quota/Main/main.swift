@@ -5,8 +5,11 @@ import ServiceKit
 import ServiceLifecycle
 import Storage
 
+// Variables given as files (NAME_FILE), read on the main thread before any task runs.
+let files = Environment.loadFiles()
+
 // The quota service: plans, usage windows, and the ledger of charges, in $DATA_DIR/quota.sqlite.
-await ProcessExit.run("quota") { try await BusServiceRunner.run(.quota, translateErrors: StorageFailure.translator) { router, service, logger in
+await ProcessExit.run("quota", files: files) { try await BusServiceRunner.run(.quota, translateErrors: StorageFailure.translator) { router, service, logger in
     let configuration = try QuotaConfiguration(environment: Environment(), dataDirectory: service.dataDirectory)
     try FileManager.default.createDirectory(atPath: service.dataDirectory, withIntermediateDirectories: true)
     let store: any QuotaStore

@@ -8,7 +8,7 @@ import ServiceKit
 // `fixture.replica`.
 // It runs as the `jobs` service, so `JOBS_BIND` says where it listens.
 
-await ProcessExit.run("bus-fixture") {
+await ProcessExit.run("bus-fixture", files: Environment.loadFiles()) {
     try await BusServiceRunner.run(.jobs) { router, _, _ in
     router.register(FixtureMethods.echo) { text, _ in text }
     router.register(FixtureMethods.sleep) { milliseconds, context in
