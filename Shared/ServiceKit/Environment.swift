@@ -33,7 +33,7 @@ public struct Environment: Sendable {
         "GEMINI_API_KEY", "OPENAI_API_KEY", "FAL_KEY",
     ]
 
-    /// Reads every `NAME_FILE` of the process's environment (see `files`). A process's main calls
+    /// Reads the `NAME_FILE` of each of `fileKeys` the environment sets (see `files`). A process's main calls
     /// it first, on the main thread, before any task runs: it reads files, which is never done on
     /// the cooperative pool. The failure is an unreadable file, named by its variable (never its
     /// contents); `ProcessExit.run` reports it.
