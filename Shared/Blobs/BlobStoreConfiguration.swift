@@ -62,18 +62,16 @@ public struct BlobStoreConfiguration: Sendable {
                 throw BlobStoreError(.misconfigured, "BLOB_STORE=s3 needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
             }
             let region = value("S3_REGION") ?? value("AWS_REGION") ?? "us-east-1"
-            let endpointText = value("S3_ENDPOINT") ?? "https://s3.\(region).amazonaws.com"
-            guard let endpoint = URL(string: endpointText), let scheme = endpoint.scheme, ["http", "https"].contains(scheme), endpoint.host != nil else {
-                throw BlobStoreError(.misconfigured, "S3_ENDPOINT=\(endpointText) is not an http(s) URL")
-            }
-            let presignVariable = audience == .workers ? "S3_WORKER_ENDPOINT" : "S3_PUBLIC_ENDPOINT"
-            var presignEndpoint: URL?
-            if let text = value(presignVariable) {
+            /// `text`, the value of `variable`, as an http(s) URL with a host.
+            func httpURL(_ variable: String, _ text: String) throws -> URL {
                 guard let url = URL(string: text), let scheme = url.scheme, ["http", "https"].contains(scheme), url.host != nil else {
-                    throw BlobStoreError(.misconfigured, "\(presignVariable)=\(text) is not an http(s) URL")
+                    throw BlobStoreError(.misconfigured, "\(variable)=\(text) is not an http(s) URL")
                 }
-                presignEndpoint = url
+                return url
             }
+            let endpoint = try httpURL("S3_ENDPOINT", value("S3_ENDPOINT") ?? "https://s3.\(region).amazonaws.com")
+            let presignVariable = audience == .workers ? "S3_WORKER_ENDPOINT" : "S3_PUBLIC_ENDPOINT"
+            let presignEndpoint = try value(presignVariable).map { try httpURL(presignVariable, $0) }
             let addressing = value("S3_ADDRESSING") ?? (value("S3_ENDPOINT") == nil ? "virtual" : "path")
             guard ["path", "virtual"].contains(addressing) else {
                 throw BlobStoreError(.misconfigured, "S3_ADDRESSING=\(addressing) is not path or virtual")

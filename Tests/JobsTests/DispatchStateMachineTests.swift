@@ -324,12 +324,19 @@ struct DispatchStateMachineTests {
         #expect(harness.assigned("w-again").contains(JobAttempt(jobId: "b2", attempt: 1)))
     }
 
-    @Test func aGenerationCancelledWhileItsWorkerIsAwayIsNotTakenBackNorQueuedAgain() {
-        var harness = Harness(catalog: Self.models)
+    /// A model call ("b1", Gemini) whose worker "w" fell silent past its deadline: the tick that
+    /// found it lost is done.
+    static func modelCallOfALostWorker(grace: Duration = .seconds(30)) -> Harness {
+        var harness = Harness(catalog: models, lostWorkerGrace: grace)
         harness.create("b1", effect: "banana")
         harness.ready("w", capacity: 1)
         harness.advance(.seconds(4))
         harness.tick()
+        return harness
+    }
+
+    @Test func aGenerationCancelledWhileItsWorkerIsAwayIsNotTakenBackNorQueuedAgain() {
+        var harness = Self.modelCallOfALostWorker()
         harness.cancel("b1")
         #expect(harness.machine.strandedCount == 0 && harness.rows["b1"]?.status == .cancelled && harness.lost == [.workerLost])
         harness.ready("w-again", capacity: 1)
@@ -340,11 +347,7 @@ struct DispatchStateMachineTests {
     }
 
     @Test func aWorkerThatComesBackUnderItsIdWithoutItsModelCallHasItQueuedAgainAtOnce() {
-        var harness = Harness(catalog: Self.models)
-        harness.create("b1", effect: "banana")
-        harness.ready("w", capacity: 1)
-        harness.advance(.seconds(4))
-        harness.tick()
+        var harness = Self.modelCallOfALostWorker()
         #expect(harness.lost.isEmpty && harness.machine.strandedCount == 1)
         // It restarted: the same id, holding nothing
         harness.ready("w", capacity: 1)
@@ -354,11 +357,7 @@ struct DispatchStateMachineTests {
     }
 
     @Test func withNoGraceALostWorkersModelCallIsQueuedAgainAtOnce() {
-        var harness = Harness(catalog: Self.models, lostWorkerGrace: .zero)
-        harness.create("b1", effect: "banana")
-        harness.ready("w", capacity: 1)
-        harness.advance(.seconds(4))
-        harness.tick()
+        let harness = Self.modelCallOfALostWorker(grace: .zero)
         #expect(harness.lost == [.workerLost] && harness.rows["b1"]?.status == .queued)
     }
 

@@ -13,7 +13,8 @@ import Messages
 /// The invariant it keeps: a job the database says is `processing` is held, under its current
 /// attempt, by a live worker. Every way that can stop being true is repaired: a worker silent for
 /// three of its own heartbeat intervals (announced in `ready`) is dead and its jobs are queued
-/// again (those at a provider after `lostWorkerGrace`, see `stranded`); an attempt its worker's heartbeats have not named for that long never reached it and
+/// again (those at a provider after `lostWorkerGrace`, see `stranded`); an attempt its worker's
+/// heartbeats have not named for that long never reached it and
 /// is queued again; and `reconcile` finds any other processing job that nobody has held for a
 /// grace period (a failed write, a restart) and queues it again. Requeues are fenced by attempt
 /// in the store, so a late repair never undoes a result.
@@ -248,8 +249,6 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         var workerId: String
         /// The provider it counts against (none for one waiting in the provider's queue).
         var provider: String?
-        /// Waiting in the provider's queue (no slot).
-        var awaiting: Bool
         var until: Instant
     }
 
@@ -627,8 +626,7 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
                 // At a provider: a call in a slot (its provider named), or a generation waiting in
                 // the provider's queue (no slot, no provider counted).
                 if held.provider != nil || worker.awaiting[jobId] != nil, grace > .zero {
-                    stranded[jobId] = Stranded(attempt: held.attempt, workerId: worker.id, provider: held.provider,
-                                               awaiting: worker.awaiting[jobId] != nil, until: now.advanced(by: grace))
+                    stranded[jobId] = Stranded(attempt: held.attempt, workerId: worker.id, provider: held.provider, until: now.advanced(by: grace))
                 } else {
                     actions.append(.requeue(JobAttempt(jobId: jobId, attempt: held.attempt), reason: "worker \(worker.id) was lost", cause: .workerLost))
                 }

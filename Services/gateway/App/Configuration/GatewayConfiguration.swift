@@ -94,8 +94,9 @@ public struct GatewayConfiguration: Sendable {
         urlSigningSecret = environment.string("URL_SIGNING_SECRET", default: "development-url-signing-secret")
         // Unset: the address the gateway listens on, as clients would reach it; on every interface
         // (0.0.0.0, ::) there is no such name, and loopback stands in (logged at start).
-        publicBaseURL = environment.optional("PUBLIC_BASE_URL") ?? "http://\(Self.listensOnEveryInterface(host) ? "127.0.0.1" : host):\(port)"
-        publicBaseURLGuessed = environment.optional("PUBLIC_BASE_URL") == nil && Self.listensOnEveryInterface(host)
+        let everyInterface = ["0.0.0.0", "::", "[::]", "*", ""].contains(host)
+        publicBaseURL = environment.optional("PUBLIC_BASE_URL") ?? "http://\(everyInterface ? "127.0.0.1" : host):\(port)"
+        publicBaseURLGuessed = environment.optional("PUBLIC_BASE_URL") == nil && everyInterface
         uploadMaxBytes = try environment.int("UPLOAD_MAX_BYTES", default: 20 << 20)
         signedURLLifetime = try environment.int("SIGNED_URL_TTL_S", default: 900)
         shareLifetime = try environment.int("SHARE_TTL_S", default: 7 * 86_400)
@@ -117,8 +118,6 @@ public struct GatewayConfiguration: Sendable {
             maxConnections: max(1, try environment.int("HTTP_MAX_CONNECTIONS", default: 10_000))
         )
     }
-
-    static func listensOnEveryInterface(_ host: String) -> Bool { ["0.0.0.0", "::", "[::]", "*", ""].contains(host) }
 
     /// The environment variables `init(environment:)` reads.
     public static var environmentKeys: [String] {
