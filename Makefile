@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CONFIG ?= debug
 
-.PHONY: deps build run test chaos-postgres conformance generate loadtest bench-gateway bench-bus bench-quota bench-jobs bench-history bench-blobs bench-models stream-cost clean
+.PHONY: deps build run test hosts-chaos chaos-postgres conformance generate loadtest bench-gateway bench-bus bench-quota bench-jobs bench-history bench-blobs bench-models stream-cost clean
 
 deps:
 	@scripts/install-deps.sh
@@ -21,6 +21,12 @@ STORE_TESTS := ^(QuotaTests|JobsTests|HistoryTests)\.|\.PostgresPoolTests/
 ## The suites that start many processes, kill them with SIGKILL or open thousands of sockets: they
 ## run after the rest, one at a time (`--no-parallel`), not beside every other suite.
 HEAVY_TESTS := SlowClientsTests|QuotaProcessTests|BusProcessTests|BusReplicaTests|JobsReplicaTests|QuotaReplicaTests|HistoryReplicaTests
+
+## The whole system over nine hosts (network and mount namespaces, scripts/hosts.sh): hosts crashed
+## and partitioned under a steady load, every invariant checked after each fault (root; about 10
+## minutes; CI runs it as a step of its own after `make test`). docs/operating.md, "Faults".
+hosts-chaos: deps
+	scripts/hosts-chaos.sh
 
 ## Builds everything (services, fixtures, tests), runs the bus tests (alone: they time requests
 ## in milliseconds), then the rest of the suite beside a RADOS Gateway of its own (scripts/with-s3.sh:

@@ -80,6 +80,11 @@ if [ ! -f "$dir/data/PG_VERSION" ]; then
         --pwfile="$home/password" -E UTF8 --locale=C.UTF-8 >"$home/initdb.log" 2>&1 || { cat "$home/initdb.log" >&2; die "initdb failed"; }
     fresh=1
 fi
+# POSTGRES_HBA_NETWORK (a CIDR, e.g. 10.197.3.0/24): clients on that network may log in with the
+# password too (scripts/hosts.sh: the services on other hosts), beside loopback's.
+if [ -n "${POSTGRES_HBA_NETWORK:-}" ] && ! grep -q "^host all all $POSTGRES_HBA_NETWORK " "$home/data/pg_hba.conf"; then
+    as_owner bash -c "echo 'host all all $POSTGRES_HBA_NETWORK scram-sha-256' >> '$home/data/pg_hba.conf'"
+fi
 bind=${POSTGRES_BIND:-127.0.0.1}
 settings="-c fsync=on"
 [ "${POSTGRES_THROWAWAY:-0}" = 1 ] && settings="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"

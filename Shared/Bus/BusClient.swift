@@ -157,11 +157,12 @@ public final class BusClient: Sendable, Service {
         let deadline = ContinuousClock.now.advanced(by: timeout ?? configuration.defaultTimeout)
         return try await BusTracing.call(method.name) { traceContext -> Result<Reply, BusError> in
             var outcome = await send(method: method.name, body: body, timeout: ContinuousClock.now.duration(to: deadline), traceContext: traceContext)
-            // A replica died with the call in flight: a retry-safe call goes again (to another
-            // replica, if the endpoint names several), within the same deadline.
+            // A replica died with the call in flight, or answered that it cannot serve now (its
+            // database out of its reach: nothing was done): a retry-safe call goes again (to
+            // another replica, if the endpoint names several), within the same deadline.
             var retries = 0
-            while case .failure(let error) = outcome, error.code == .connectionLost, method.retrySafe, retries < Self.maxRetries,
-                  ContinuousClock.now < deadline {
+            while case .failure(let error) = outcome, [.connectionLost, .unavailable].contains(error.code), method.retrySafe,
+                  retries < Self.maxRetries, ContinuousClock.now < deadline {
                 retries += 1
                 outcome = await send(method: method.name, body: body, timeout: ContinuousClock.now.duration(to: deadline), traceContext: traceContext)
             }
@@ -178,7 +179,7 @@ public final class BusClient: Sendable, Service {
         }.get()
     }
 
-    /// How many times a retry-safe call is sent again after `connection_lost`.
+    /// How many times a retry-safe call is sent again after `connection_lost` or `unavailable`.
     static let maxRetries = 2
 
     /// Sends already-encoded frames; the seam `call` and tests of raw bodies share.

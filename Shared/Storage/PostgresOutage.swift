@@ -21,6 +21,11 @@ import Synchronization
 /// connected to without a name lookup. Nothing is authenticated: the probe closes the connection
 /// at the first answer.
 ///
+/// A server whose connections never go through, probe after probe, for `unreachableLimit` is
+/// down too: cut off from this host (a partition drops the packets: neither refused nor answered).
+/// The limit is far past what a busy machine's full accept queue costs a connection (a SYN
+/// dropped once is sent again after 1 s).
+///
 /// Probes are asked for by operations that waited long for a connection or lost one; while the
 /// server is down, the watch probes it every `probeEvery` by itself, so that it is found back
 /// without any call having to try it.
@@ -37,8 +42,14 @@ final class PostgresOutage: Sendable {
     /// How long a server that took the probe's connection has to answer it (past it: frozen, down).
     static let silenceLimit = TimeAmount.seconds(2)
 
+    /// How long probes may find no connection through before the server is taken for down.
+    static let unreachableLimit = Duration.seconds(3)
+
     /// Since when the server is found down; nil while it is up (or not probed yet).
     private let downSince = Mutex<ContinuousClock.Instant?>(nil)
+    /// Since when every probe's connection has not gone through, and the last such probe; nil
+    /// after any answer. Probes a second or more apart are not one run: the window starts again.
+    private let unreachable = Mutex<(since: ContinuousClock.Instant, last: ContinuousClock.Instant)?>(nil)
     private let requests: AsyncStream<Void>
     private let request: AsyncStream<Void>.Continuation
 
@@ -60,16 +71,33 @@ final class PostgresOutage: Sendable {
     func run() async {
         for await _ in requests {
             while !Task.isCancelled {
-                let reachable = await probe()
+                let finding = await probe()
+                let reachable: Bool
+                switch finding {
+                case .accepting, .refusing:
+                    unreachable.withLock { $0 = nil }
+                    reachable = finding == .accepting
+                case .notThrough:
+                    let now = ContinuousClock.now
+                    let since = unreachable.withLock { run in
+                        let since = run.flatMap { $0.last.duration(to: now) < .seconds(1) ? $0.since : nil } ?? now
+                        run = (since, now)
+                        return since
+                    }
+                    reachable = since.duration(to: now) < Self.unreachableLimit
+                }
                 downSince.withLock { $0 = reachable ? nil : ($0 ?? .now) }
                 guard (try? await Task.sleep(for: Self.probeEvery)) != nil, !reachable else { break }
             }
         }
     }
 
-    /// Whether the server accepts connections now (or its connection is not through in time:
-    /// taken for up).
-    private func probe() async -> Bool {
+    /// What one probe found.
+    enum Finding { case accepting, refusing, notThrough }
+
+    /// Whether the server accepts connections now, refuses them (closed, an error, silent once
+    /// connected), or could not be reached within `probeTimeout`.
+    private func probe() async -> Finding {
         let startup = Self.startupMessage(username: username, database: database)
         let group = MultiThreadedEventLoopGroup.singleton
         let answer = group.any().makePromise(of: Bool.self)
@@ -88,14 +116,14 @@ final class PostgresOutage: Sendable {
             channel.eventLoop.scheduleTask(in: Self.silenceLimit) { answer.succeed(false) }
             let accepting = (try? await answer.futureResult.get()) ?? false
             try? await channel.close()
-            return accepting
+            return accepting ? .accepting : .refusing
         } catch ChannelError.connectTimeout {
-            // No answer in time is no finding: taken for up (see the type's notes).
+            // No answer in time is no finding by itself (see the type's notes).
             answer.succeed(true)
-            return true
+            return .notThrough
         } catch {
             answer.succeed(false)
-            return false
+            return .refusing
         }
     }
 

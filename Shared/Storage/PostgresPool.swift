@@ -161,6 +161,12 @@ public final class PostgresPool: Service, Sendable {
         // connection was closed (PostgreSQL restarted, or an operation abandoned) would wait for
         // the next call to make one.
         configuration.options.minimumConnections = 1
+        // A session whose client went silent inside a transaction (its host cut off from the
+        // database by a partition: its packets dropped, its connection not closed) is ended by the
+        // server after 5 s, and its locks with it: else the other replicas' transactions on the
+        // same rows (a user's quota, a job) waited until the partition healed. No transaction here
+        // waits between its statements: they are sent one after another.
+        configuration.options.additionalStartupParameters = [("idle_in_transaction_session_timeout", "5s")]
         // The pool's own lines (each failed attempt to connect, while the server is down) only
         // from warnings up: the stores say what failed, once, at the level that matters. Not its
         // warning of a lease before its `run()`: operations start with the pool's own run, and

@@ -209,4 +209,43 @@ struct BusCurveTests {
         bus.requestStop()
         try await running.value
     }
+
+    /// A replica that answers `unavailable` (its database out of its reach: nothing done) does not
+    /// fail the calls it gets while another replica serves: a retry-safe call goes again, to the
+    /// other. A call not safe to send twice is not retried, and is answered `unavailable`.
+    @Test func aRetrySafeCallAnsweredUnavailableByOneReplicaIsServedByTheOther() async throws {
+        let safe = BusMethod<Tagged, Tagged>("test.safe", roles: Set(BusRole.known), retrySafe: true)
+        let once = BusMethod<Tagged, Tagged>("test.once", roles: Set(BusRole.known))
+        var cutOff = BusRouter()
+        cutOff.register(safe) { _, _ in throw BusError(.unavailable, "the service's database cannot be reached now") }
+        cutOff.register(once) { _, _ in throw BusError(.unavailable, "the service's database cannot be reached now") }
+        var serving = BusRouter()
+        serving.register(safe) { request, _ in request }
+        serving.register(once) { request, _ in request }
+        let (first, second) = ("tcp://127.0.0.1:\(freePort())", "tcp://127.0.0.1:\(freePort())")
+        try await withServer(endpoint: first, router: cutOff) { [serving] _ in
+            try await withServer(endpoint: second, router: serving) { _ in
+                try await withClient(endpoint: "\(first),\(second)") { client in
+                    // Given both replicas connected: a call not safe to retry is answered by
+                    // each in turn, unavailable by one
+                    var answeredBy: Set<Bool> = []
+                    let end = ContinuousClock.now.advanced(by: .seconds(30))
+                    while answeredBy.count < 2, ContinuousClock.now < end {
+                        do {
+                            _ = try await client.call(once, Tagged(tag: 0, text: "once"))
+                            answeredBy.insert(true)
+                        } catch {
+                            if (error as? BusError)?.code == .unavailable { answeredBy.insert(false) }
+                        }
+                    }
+                    #expect(answeredBy == [true, false])
+                    // Then every retry-safe call is served
+                    for tag in 0..<40 {
+                        let reply = try await client.call(safe, Tagged(tag: tag, text: "safe"))
+                        #expect(reply == Tagged(tag: tag, text: "safe"))
+                    }
+                }
+            }
+        }
+    }
 }

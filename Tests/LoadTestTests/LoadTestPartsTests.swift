@@ -113,4 +113,38 @@ struct LoadTestPartsTests {
         #expect(Recorder.percentile([1000, 2000, 3000, 4000], 50) == 2)
         #expect(Recorder.percentile(Array(1...100).map { UInt64($0) * 1000 }, 99) == 99)
     }
+
+    /// A fault from 10 s to 20 s of a 40 s run: 10 requests a second, half failing during it,
+    /// two slow seconds after the heal, then the earlier rate again.
+    @Test func faultFiguresSplitTheRunAtTheFaultAndTheHealAndFindTheRecovery() {
+        var seconds: [Recorder.SecondOfRoute] = []
+        for second in 0..<40 {
+            let during = (10..<20).contains(second)
+            let slow = (20..<22).contains(second)
+            seconds.append(.init(second: second, count: slow ? 4 : 10, errors: during ? 5 : 0, p50Ms: 1, p99Ms: 2))
+        }
+        let figures = Fault.figures(name: "partition svc1", timeline: ["GET /x": seconds], faultAt: 10, healAt: 20, loadSeconds: 40)
+        #expect(figures.requestsBefore == 100 && figures.requestsDuring == 100 && figures.requestsAfter == 20 * 10 - 12)
+        #expect(figures.successBefore == 1 && figures.successDuring == 0.5 && figures.successAfter == 1)
+        #expect(figures.recoverySeconds == 2)
+        // A rate that never comes back is said so, not reported as a recovery.
+        let never = seconds.map { second in Recorder.SecondOfRoute(second: second.second, count: second.second >= 10 ? 4 : 10, errors: 0, p50Ms: 1, p99Ms: 2) }
+        #expect(Fault.figures(name: "crash", timeline: ["GET /x": never], faultAt: 10, healAt: 20, loadSeconds: 40).recoverySeconds == nil)
+    }
+
+    /// The fault's commands run in a shell, their status read back; a failing one fails the run.
+    @Test func faultCommandsRunAndAFailingOneIsAnEventOfItsOwn() async throws {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("fault-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let recorder = Recorder(start: .now)
+        let fault = Fault(name: "cut", command: "touch \(folder.path)/cut", healCommand: "exit 3", at: 0.1, length: 0.1, recovery: 5, recorder: recorder)
+        await fault.run()
+        #expect(FileManager.default.fileExists(atPath: folder.appendingPathComponent("cut").path))
+        #expect(fault.events.map(\.kind) == ["fault", "heal-failed"] && !fault.succeeded)
+        let window = try #require(fault.window(runEnd: 10))
+        #expect(window.lowerBound == fault.events[0].at && window.upperBound == fault.events[1].at + 5)
+        #expect(throws: (any Error).self) { try LoadTest.parse(["--fault-command", "true"]) }
+        #expect(throws: (any Error).self) { try LoadTest.parse(["--duration", "20s", "--fault-command", "true", "--heal-command", "true", "--fault-at", "10s", "--fault-for", "10s"]) }
+    }
 }

@@ -6,7 +6,7 @@ import Glibc
 import Logging
 import Messages
 import PostgresNIO
-import Storage
+@testable import Storage
 import Synchronization
 import Testing
 import TestSupport
@@ -48,6 +48,37 @@ struct PostgresPoolTests {
             try await waitUntil(within: .seconds(60)) {
                 (try? await pool.connection { db in try await db.first("SELECT 1", as: Int.self, logger: logger) }) == 1
             }
+        }
+    }
+
+    @Test func aServerWhoseConnectionsNeverGoThroughIsTakenForDownAfterTheUnreachableLimit() async throws {
+        // Given a pool of the test database at a port whose connections never go through: a
+        // listener whose accept queue is full drops every SYN, as a partition between this host
+        // and the database's does (neither refused nor answered)
+        var location = try await TestPostgres.freshDatabase()
+        let blackhole = try #require(UnreachablePort())
+        defer { blackhole.close() }
+        location.port = blackhole.port
+        let logger = logger
+        try await PostgresPool(location: location, logger: logger).running { pool in
+            // When a call for a request with a minute left is made
+            let clock = ContinuousClock()
+            var thrown: (any Error)?
+            let took = await clock.measure {
+                do {
+                    try await BusDeadline.$current.withValue(.now.advanced(by: .seconds(60))) {
+                        _ = try await pool.connection { db in try await db.query("SELECT 1", logger: logger) }
+                    }
+                } catch {
+                    thrown = error
+                }
+            }
+            // Then, once its probes have found no way through for the unreachable limit, it is
+            // answered unavailable (nothing was done: another replica may serve it), long before
+            // its deadline; a single probe without an answer is no finding, so not before
+            #expect(thrown is PostgresUnavailable, "\(String(describing: thrown))")
+            #expect(took >= PostgresPool.acquireLimit + PostgresOutage.unreachableLimit, "answered after \(took)")
+            #expect(took < .seconds(40), "answered after \(took), its deadline 60 s")
         }
     }
 
@@ -330,4 +361,39 @@ struct PostgresPoolTests {
         #expect(endedFirst)
         await operation.value
     }
+}
+
+/// A port on loopback whose connections never go through: a listener with an accept queue of one,
+/// filled and never accepted, so the kernel drops every further SYN (what a partition does to a
+/// connection: no refusal, no answer).
+final class UnreachablePort: Sendable {
+    let port: Int
+    private let descriptors: [Int32]
+
+    init?() {
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let ready = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(listener, $0, length) == 0 && listen(listener, 0) == 0 && getsockname(listener, $0, &length) == 0
+            }
+        }
+        guard ready else { Glibc.close(listener); return nil }
+        port = Int(UInt16(bigEndian: address.sin_port))
+        // Two connections fill a queue of one (the kernel takes one more than the backlog).
+        var fillers: [Int32] = []
+        for _ in 0..<2 {
+            let filler = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+            _ = withUnsafePointer(to: &address) { pointer in
+                pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(filler, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            fillers.append(filler)
+        }
+        descriptors = [listener] + fillers
+    }
+
+    func close() { for descriptor in descriptors { Glibc.close(descriptor) } }
 }

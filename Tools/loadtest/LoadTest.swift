@@ -59,6 +59,18 @@ struct LoadTest: AsyncParsableCommand {
     var chaosOnly: String?
     @Option(help: "The first processes killed, in order (comma-separated, e.g. radosgw, or jobs-1,jobs-2 so that a short run surely kills the leading jobs replica); then at random.")
     var chaosFirst: String?
+    @Option(help: "A fault to apply during the load: a shell command run at --fault-at (e.g. `scripts/hosts.sh partition DIR svc1`); --heal-command undoes it --fault-for later. The run reports the share of requests answered before, during and after it, and how long after the heal the earlier rate came back.")
+    var faultCommand: String?
+    @Option(help: "The command that heals the fault (run even if the load ends first).")
+    var healCommand: String?
+    @Option(help: "The fault's name in the report (default: its command).")
+    var faultName: String?
+    @Option(name: .customLong("fault-at"), help: "When the fault starts, from the start of the run (10s).")
+    var faultAtGiven = DurationArgument(seconds: 10)
+    @Option(name: .customLong("fault-for"), help: "How long the fault lasts (15s).")
+    var faultForGiven = DurationArgument(seconds: 15)
+    @Option(name: .customLong("fault-recovery"), help: "How long after the heal 503s and unanswered requests are still expected (15s).")
+    var faultRecoveryGiven = DurationArgument(seconds: 15)
     @Option(help: "The folder of the stack's pid files (default $DATA_DIR/pids, else .data/pids).")
     var pids: String?
     @Option(help: "Random seed (default: from the clock); the same seed picks the same mix and victims.")
@@ -71,6 +83,8 @@ struct LoadTest: AsyncParsableCommand {
     var drain: Double { drainGiven.seconds }
     var settle: Double { settleGiven.seconds }
     var chaosInterval: Double { chaosIntervalGiven.seconds }
+    var faultAt: Double { faultAtGiven.seconds }
+    var faultFor: Double { faultForGiven.seconds }
 
     func validate() throws {
         guard duration > 0, duration <= 24 * 3600 else { throw ValidationError("--duration: 1 s to 24 h") }
@@ -81,6 +95,12 @@ struct LoadTest: AsyncParsableCommand {
             throw ValidationError("--chaos-interval at least 1 s; --drain and --settle not negative; --connections 1 to 10000")
         }
         for threshold in thresholds { _ = try Threshold(threshold) }
+        guard (faultCommand == nil) == (healCommand == nil) else { throw ValidationError("--fault-command and --heal-command go together") }
+        if faultCommand != nil {
+            guard faultAt > 0, faultFor > 0, faultAt + faultFor < duration, faultRecoveryGiven.seconds >= 0 else {
+                throw ValidationError("--fault-at and --fault-for: more than 0, the fault healed before --duration ends")
+            }
+        }
     }
 
     func run() async throws {
@@ -116,6 +136,10 @@ struct LoadTest: AsyncParsableCommand {
             throw ValidationError("--chaos: no live process in \(chaosRunner.directory.path) (make run writes one pid file per process there)")
         }
 
+        let fault = faultCommand.map { command in
+            Fault(name: faultName ?? command, command: command, healCommand: healCommand ?? "", at: faultAt, length: faultFor,
+                  recovery: faultRecoveryGiven.seconds, recorder: recorder)
+        }
         let loadEnd = start + .milliseconds(Int(duration * 1000))
         let stopAt = loadEnd + .milliseconds(Int(drain * 1000))
         let terminal = isatty(STDOUT_FILENO) == 1
@@ -124,6 +148,7 @@ struct LoadTest: AsyncParsableCommand {
         let sessions = Counter()
         let live = Task { await liveLine(recorder: recorder, chaos: chaosRunner, terminal: terminal, until: stopAt, loadEnd: loadEnd) }
         let chaosTask = Task { await chaosRunner?.run(until: loadEnd, seed: seed ^ 0xC4A05) }
+        let faultTask = Task { await fault?.run() }
         let load = Task {
             switch model {
             case .open:
@@ -142,19 +167,22 @@ struct LoadTest: AsyncParsableCommand {
         await load.value
         stopper.cancel()
         await chaosTask.value
+        await faultTask.value
         let seconds = min(recorder.elapsed(), duration + drain)
         live.cancel()
         await live.value
         if terminal { print("") }
         print("load done; checking invariants (up to \(Int(settle)) s for the system to settle)...")
+        fflush(nil)
 
-        let windows = chaosRunner?.downWindows(runEnd: recorder.elapsed()) ?? []
+        let windows = (chaosRunner?.downWindows(runEnd: recorder.elapsed()) ?? []) + [fault?.window(runEnd: recorder.elapsed())].compactMap { $0 }
         let invariants = await InvariantChecker(client: client, ledger: ledger, recorder: recorder, chaosWindows: windows,
                                                 settle: .milliseconds(Int(settle * 1000))).check()
         await client.shutdown()
 
         let summary = makeSummary(recorder: recorder, target: target, startedAt: startedAt, seconds: seconds, seed: seed,
-                                  sessions: sessions.value, chaos: chaosRunner?.events ?? [], invariants: invariants, thresholds: thresholds)
+                                  sessions: sessions.value, chaos: (chaosRunner?.events ?? []) + (fault?.events ?? []), invariants: invariants,
+                                  thresholds: thresholds, fault: fault)
         print(Report.text(summary))
         if let json {
             try Report.json(summary).write(to: URL(fileURLWithPath: json))
@@ -240,13 +268,15 @@ struct LoadTest: AsyncParsableCommand {
                 print("\r\u{1B}[2K" + line, terminator: "")
                 fflush(nil)
             } else if second % 5 == 0 {
+                // Flushed: scripts keep the output in a file and read it while it runs.
                 print(line)
+                fflush(nil)
             }
         }
     }
 
     func makeSummary(recorder: Recorder, target: String, startedAt: String, seconds: Double, seed: UInt64, sessions: Int,
-                     chaos: [Chaos.Event], invariants: [InvariantResult], thresholds: [Threshold]) -> RunSummary {
+                     chaos: [Chaos.Event], invariants: [InvariantResult], thresholds: [Threshold], fault: Fault?) -> RunSummary {
         let byKey = recorder.histograms
         let byRoute = recorder.routeHistograms
         var requests: [String: Int] = [:], errors: [String: Int] = [:]
@@ -268,8 +298,9 @@ struct LoadTest: AsyncParsableCommand {
             target: target, model: model.rawValue, startedAt: startedAt, seconds: seconds, seed: seed, sessions: sessions,
             droppedSessions: recorder.droppedSessions, requests: totals.requests, errors: totals.errors,
             requestsPerSecond: Double(totals.requests) / max(seconds, 1), jobsAccepted: totals.jobsAccepted, jobsFinished: totals.jobsFinished,
-            routes: routes, problems: recorder.problems, timeline: recorder.timeline, chaos: chaos, invariants: invariants,
-            thresholds: thresholdResults, passed: invariants.allSatisfy(\.held) && thresholdResults.allSatisfy(\.passed)
+            routes: routes, problems: recorder.problems, timeline: recorder.timeline, chaos: chaos,
+            fault: fault?.figures(timeline: recorder.timeline, loadSeconds: min(seconds, duration)), invariants: invariants, thresholds: thresholdResults,
+            passed: invariants.allSatisfy(\.held) && thresholdResults.allSatisfy(\.passed) && (fault?.succeeded ?? true)
         )
     }
 }

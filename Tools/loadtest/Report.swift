@@ -36,6 +36,8 @@ struct RunSummary: Codable, Sendable {
     var problems: [String: Int]
     var timeline: [String: [Recorder.SecondOfRoute]]
     var chaos: [Chaos.Event]
+    /// With --fault-command: availability before, during and after the fault.
+    var fault: Fault.Figures?
     var invariants: [InvariantResult]
     var thresholds: [Threshold.Result]
     var passed: Bool
@@ -86,11 +88,18 @@ enum Report {
             lines.append("")
             lines.append("problems: " + summary.problems.sorted { $0.key < $1.key }.map { "\($0.key) ×\($0.value)" }.joined(separator: ", "))
         }
-        if !summary.chaos.isEmpty {
+        if summary.chaos.contains(where: { $0.kind == "kill" }) {
             let kills = summary.chaos.filter { $0.kind == "kill" }
             let restarts = summary.chaos.filter { $0.kind == "restart" }
             lines.append("")
             lines.append("chaos: \(kills.count) kills, \(restarts.count) restarts: " + kills.map { String(format: "%@ at %.0f s", $0.process, $0.at) }.joined(separator: ", "))
+        }
+        if let fault = summary.fault {
+            lines.append("")
+            lines.append(String(format: "fault %@ from %.1f s to %.1f s: answered %.1f%% of %d requests before, %.1f%% of %d during, %.1f%% of %d after; earlier rate back %@",
+                                fault.name, fault.faultAt, fault.healAt, 100 * fault.successBefore, fault.requestsBefore,
+                                100 * fault.successDuring, fault.requestsDuring, 100 * fault.successAfter, fault.requestsAfter,
+                                fault.recoverySeconds.map { String(format: "%.0f s after the heal", $0) } ?? "not within the run"))
         }
         lines.append("")
         lines.append("invariants:")
@@ -131,7 +140,7 @@ enum Report {
         var points: [(Double, Double)]
     }
 
-    /// An SVG line chart; `events` are drawn as vertical lines (kills red, restarts green).
+    /// An SVG line chart; `events` are drawn as vertical lines (kills and faults red, restarts and heals green).
     static func chart(_ title: String, yLabel: String, series: [Series], xMax: Double, events: [Chaos.Event] = [],
                       xLabel: String = "seconds", xTicks: [(Double, String)]? = nil, logY: Bool = false, bars: Bool = false) -> String {
         let width = 960.0, height = 280.0, left = 64.0, right = 16.0, top = 28.0, bottom = 40.0
@@ -169,7 +178,7 @@ enum Report {
         svg += "<text x='\(left + plotWidth / 2)' y='\(height - 4)' class='axis' text-anchor='middle'>\(escape(xLabel))</text>"
         // Chaos events
         for event in events {
-            let kill = event.kind == "kill"
+            let kill = event.kind == "kill" || event.kind.hasPrefix("fault")
             svg += "<line x1='\(x(event.at))' x2='\(x(event.at))' y1='\(top)' y2='\(top + plotHeight)' class='\(kill ? "kill" : "restart")'><title>\(escape("\(event.kind) \(event.process) at \(format(event.at)) s"))</title></line>"
             if kill { svg += "<text x='\(x(event.at) + 3)' y='\(top + 10)' class='event'>✕ \(escape(event.process))</text>" }
         }

@@ -19,7 +19,8 @@ import Synchronization
 // fal, `nowebhook` sends no webhook and `twicehook` sends it twice. Images come back as the
 // photo sent (a real image); videos as a real MP4 made by ffmpeg at start.
 //
-// FIXTURE_PORT (required), FIXTURE_IMAGE_MS (50: an image's time), FIXTURE_VIDEO_MS (5000: a
+// FIXTURE_PORT (required), FIXTURE_HOST (127.0.0.1: the address it listens on and names in fal's
+// status and result URLs; scripts/hosts.sh gives workers on other hosts one they reach), FIXTURE_IMAGE_MS (50: an image's time), FIXTURE_VIDEO_MS (5000: a
 // queued generation's time), FIXTURE_GEMINI_KEY / FIXTURE_OPENAI_KEY / FIXTURE_FAL_KEY (the
 // keys it accepts).
 
@@ -76,6 +77,7 @@ final class State: Sendable {
 
 @main
 struct ProviderFixture: Sendable {
+    let host: String
     let port: Int
     let imageDelay: Duration
     let videoDelay: Duration
@@ -84,7 +86,7 @@ struct ProviderFixture: Sendable {
     let falKey: String
     let video: Data
     let state = State()
-    var base: String { "http://127.0.0.1:\(port)" }
+    var base: String { "http://\(host):\(port)" }
 
     static func main() async throws {
         let environment = ProcessInfo.processInfo.environment
@@ -93,6 +95,7 @@ struct ProviderFixture: Sendable {
             exit(2)
         }
         let fixture = ProviderFixture(
+            host: environment["FIXTURE_HOST"] ?? "127.0.0.1",
             port: port,
             imageDelay: .milliseconds(Int(environment["FIXTURE_IMAGE_MS"] ?? "") ?? 50),
             videoDelay: .milliseconds(Int(environment["FIXTURE_VIDEO_MS"] ?? "") ?? 5000),
@@ -213,7 +216,7 @@ struct ProviderFixture: Sendable {
         router.on("/**", method: .put) { request, _ in falCancel(request) }
         var logger = Logger(label: "provider-fixture")
         logger.logLevel = .warning
-        let app = Application(router: router, configuration: .init(address: .hostname("127.0.0.1", port: port)), logger: logger)
+        let app = Application(router: router, configuration: .init(address: .hostname(host, port: port)), logger: logger)
         print("provider-fixture listening on \(port)")
         try await app.runService()
     }

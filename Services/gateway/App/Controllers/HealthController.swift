@@ -32,17 +32,25 @@ struct HealthController<Context: RequestContext>: Sendable {
         var error: String?
     }
 
-    /// Asks every service's `health` at once, each with the readiness deadline.
+    /// Asks every service's `health` at once, each with the readiness deadline. A service with
+    /// replicas is asked once per replica at most, until one answers: the calls are spread over
+    /// the replicas, so one that is cut off but not yet seen gone (a partition is found by the
+    /// bus's heartbeats, in seconds) does not make the gateway unready while another serves.
     func readiness() async throws -> Response {
         let statuses = await withTaskGroup(of: (ServiceName, ServiceStatus).self) { group in
             for service in ServiceName.allCases {
                 group.addTask {
-                    do throws(BusError) {
-                        let report = try await clients.client(for: service).call(Health.check, Empty(), timeout: readinessTimeout)
-                        return (service, ServiceStatus(status: "up", version: report.version, uptimeSeconds: report.uptimeSeconds, pid: report.pid))
-                    } catch {
-                        return (service, ServiceStatus(status: "down", error: "\(error.code.rawValue): \(error.message)"))
+                    let client = clients.client(for: service)
+                    var failure: BusError?
+                    for _ in 0..<max(1, client.configuration.endpoints.count) {
+                        do throws(BusError) {
+                            let report = try await client.call(Health.check, Empty(), timeout: readinessTimeout)
+                            return (service, ServiceStatus(status: "up", version: report.version, uptimeSeconds: report.uptimeSeconds, pid: report.pid))
+                        } catch {
+                            failure = error
+                        }
                     }
+                    return (service, ServiceStatus(status: "down", error: failure.map { "\($0.code.rawValue): \($0.message)" }))
                 }
             }
             var statuses: [String: ServiceStatus] = [:]
