@@ -13,8 +13,8 @@ struct ComposeFileTests {
     /// The repository's root, found from this file's path.
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
 
-    func services() throws -> [String: [String: Any]] {
-        let text = try String(contentsOf: Self.root.appendingPathComponent("compose.yaml"), encoding: .utf8)
+    func services(_ file: String = "compose.yaml") throws -> [String: [String: Any]] {
+        let text = try String(contentsOf: Self.root.appendingPathComponent(file), encoding: .utf8)
         let document = try Yams.load(yaml: text) as? [String: Any]
         return try #require(document?["services"] as? [String: [String: Any]])
     }
@@ -89,5 +89,53 @@ struct ComposeFileTests {
             volumes.insert(volume)
         }
         #expect(volumes.count == ServiceName.allCases.count)
+    }
+
+    /// The bus is offered with CURVE only: every process takes its key and the services their
+    /// allow-list from the keys file, none may bind in plain text.
+    @Test func theBusIsOfferedWithCurveAndRolesOnly() throws {
+        let services = try services()
+        for name in ["gateway", "quota", "history", "jobs", "worker"] {
+            let environment = environment(of: try #require(services[name]))
+            #expect(environment["BUS_CURVE_KEY"]?.hasPrefix("${\(name.uppercased())_BUS_CURVE_KEY:-${BUS_CURVE_KEY:?") == true, "\(name)")
+            #expect(environment["BUS_CURVE_PUBLIC"]?.hasPrefix("${BUS_CURVE_PUBLIC:?") == true, "\(name)")
+            if ServiceName(rawValue: name) != nil {
+                #expect(environment["BUS_CURVE_SECRET"]?.hasPrefix("${BUS_CURVE_SECRET:?") == true, "\(name)")
+                #expect(environment["BUS_CURVE_CLIENTS"]?.hasPrefix("${BUS_CURVE_CLIENTS:?") == true, "\(name)")
+                #expect(environment["BUS_ALLOW_PLAINTEXT"] == "0", "\(name)")
+            }
+        }
+    }
+
+    /// deploy/hosts: one file per kind of host. The gateway and service hosts extend compose.yaml's
+    /// services on the host's network, listening on HOST_ADDRESS; the worker host's file holds the
+    /// worker's whole configuration and no secret but its key; hosts.env.example names only
+    /// variables something reads.
+    @Test func theHostFilesRunComposeServicesOnTheirHostsAddress() throws {
+        let base = try services()
+        let gateway = try #require(try services("deploy/hosts/gateway-host.yaml")["gateway"])
+        let servicesHost = try services("deploy/hosts/service-host.yaml")
+        for (name, service) in [("gateway", gateway)] + ServiceName.allCases.map { ($0.rawValue, servicesHost[$0.rawValue] ?? [:]) } {
+            let extends = try #require(service["extends"] as? [String: Any], "\(name) extends nothing")
+            #expect(extends["file"] as? String == "../../compose.yaml" && extends["service"] as? String == name)
+            #expect(base[name] != nil)
+            #expect(service["network_mode"] as? String == "host", "\(name)")
+        }
+        #expect(environment(of: gateway)["GATEWAY_HOST"]?.hasPrefix("${HOST_ADDRESS:?") == true)
+        for service in ServiceName.allCases {
+            let bound = environment(of: try #require(servicesHost[service.rawValue]))[service.bindVariable] ?? ""
+            #expect(bound.hasPrefix("tcp://${HOST_ADDRESS:?"), "\(service): \(bound)")
+        }
+        let worker = environment(of: try #require(try services("deploy/hosts/worker-host.yaml")["worker"]))
+        for key in WorkerConfiguration.environmentKeys { #expect(worker[key] != nil, "the worker host lacks \(key)") }
+        for secret in ["AWS_SECRET_ACCESS_KEY", "URL_SIGNING_SECRET", "JWT_SECRET", "BUS_CURVE_SECRET"] { #expect(worker[secret] == nil, "a worker host holds \(secret)") }
+        let example = try String(contentsOf: Self.root.appendingPathComponent("deploy/hosts/hosts.env.example"), encoding: .utf8)
+        let named = example.split(separator: "\n").filter { !$0.hasPrefix("#") && $0.contains("=") }.map { String($0.split(separator: "=")[0]) }
+        let read = Set(GatewayConfiguration.environmentKeys + ServiceName.allCases.flatMap { ServiceConfiguration.environmentKeys(for: $0) }
+            + QuotaConfiguration.environmentKeys + JobsConfiguration.environmentKeys + HistoryConfiguration.environmentKeys + WorkerConfiguration.environmentKeys)
+        let text = try String(contentsOf: Self.root.appendingPathComponent("compose.yaml"), encoding: .utf8)
+            + String(contentsOf: Self.root.appendingPathComponent("deploy/hosts/edge-host.yaml"), encoding: .utf8)
+        #expect(!named.isEmpty)
+        for variable in named { #expect(read.contains(variable) || text.contains("${\(variable)"), "hosts.env.example names \(variable), which nothing reads") }
     }
 }
