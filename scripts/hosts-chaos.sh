@@ -67,7 +67,10 @@ run_fault partition-leader-host "$leader && '$H' partition '$DIR' \$h" "'$H' hea
 run_fault partition-follower-host-from-db "$other && '$H' partition '$DIR' \$(cat '$F') db" "'$H' heal '$DIR' \$(cat '$F')"
 run_fault partition-leader-host-from-db "$leader && '$H' partition '$DIR' \$h db" "'$H' heal '$DIR' \$(cat '$F')"
 run_fault partition-s3-from-gateways "'$H' partition '$DIR' s3 gw1 gw2" "'$H' heal '$DIR' s3"
-run_fault partition-worker-host "'$H' partition '$DIR' wk1" "'$H' heal '$DIR' wk1"
+# wk1 takes the videos: the partition waits (up to 20 s) for a generation waiting at fal, so the
+# worker cut off holds one (its grace, JOBS_LOST_WORKER_GRACE_S, outlasts the partition).
+waiting="for i in \$(seq 1 100); do curl -fsS \$(cat '$DIR/root/fixture.url')/_fixture/stats | grep -q '\"falRequestsWaiting\":[1-9]' && break; sleep 0.2; done"
+run_fault partition-worker-host-holding-a-video "$waiting; '$H' partition '$DIR' wk1" "'$H' heal '$DIR' wk1"
 run_fault partition-leader-from-other-service-host "$leader && '$H' partition '$DIR' \$h \$([ \$h = svc1 ] && echo svc2 || echo svc1)" \
   "'$H' heal '$DIR' \$(cat '$F')"
 

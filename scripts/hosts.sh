@@ -27,7 +27,7 @@
 #   (.21, .22)      :7104), all on PostgreSQL
 #   db (.31)        PostgreSQL 15 on :5432
 #   s3 (.32)        Ceph's RADOS Gateway on :7480
-#   wk1, wk2        a worker each (capacity 2)
+#   wk1, wk2        a worker each (capacity 2; videos at fal go to wk1 only)
 # The bus runs with CURVE between hosts; each host holds only its own roles' keys
 # (`photoedit keys --role`), as the README's "Keys across hosts" says. Each host's processes run
 # under a small init (this script's `init`) that restarts a process that exits; a crash kills the
@@ -165,6 +165,7 @@ up() {
     setsid "$BIN/provider-fixture" > "$DIR/root/provider-fixture.log" 2>&1 < /dev/null &
   echo $! > "$DIR/root/provider-fixture.pid"
   local fixture="http://$(addr root):$fixture_port"
+  echo "$fixture" > "$DIR/root/fixture.url"
   local effects="[{\"id\": \"nano-banana\", \"title\": \"Nano Banana\", \"processor\": \"gemini\", \"model\": \"gemini-2.5-flash-image\", \"credits\": 2, \"endpoint\": \"$fixture\"}, {\"id\": \"veo\", \"title\": \"FalAI Veo 3.1\", \"processor\": \"fal\", \"model\": \"fal-ai/veo3.1/image-to-video\", \"kind\": \"video\", \"credits\": 4, \"endpoint\": \"$fixture\"}]"
 
   # db and s3 first: the services need them.
@@ -206,8 +207,13 @@ up() {
     write_env "$DIR/$host/host.env" "${common[@]}" $(cat "$DIR/deploy/secrets.env") \
       "GATEWAY_HOST=$(addr "$host")" "GATEWAY_PORT=8080" "TRUSTED_PROXIES=$(addr edge)/32" "DATA_DIR=$DIR/$host/data"
   done
+  # Videos (veo, at fal) go to wk1 only, so that a partition of wk1 surely cuts off the worker
+  # holding a generation at the provider (scripts/hosts-chaos.sh waits for one first).
+  local effects_of
   for host in wk1 wk2; do
-    write_env "$DIR/$host/host.env" "LOG_LEVEL=${LOG_LEVEL:-info}" "JOBS_WORKER_ENDPOINT=$list_workers" "WORKER_ID=$host" \
+    effects_of="*"
+    [ "$host" = wk2 ] && effects_of="copy,grayscale,blur,sharpen,upscale,auto-enhance,nano-banana"
+    write_env "$DIR/$host/host.env" "LOG_LEVEL=${LOG_LEVEL:-info}" "JOBS_WORKER_ENDPOINT=$list_workers" "WORKER_ID=$host" "WORKER_EFFECTS=$effects_of" \
       "WORKER_CAPACITY=2" "GEMINI_API_KEY=test-gemini-key" "OPENAI_API_KEY=test-openai-key" "FAL_KEY=test-fal-key" \
       "DATA_DIR=$DIR/$host/data" "TMPDIR=$DIR/$host/tmp"
   done
