@@ -6,12 +6,15 @@ import ServiceKit
 
 extension HistoryDatabase {
     /// Deletes one of the user's items for good: it leaves every read at once, and the purge of
-    /// its job and files is queued for jobs in the same transaction. Nil for anyone else's item,
-    /// an unknown id, or one already deleted.
+    /// its job and files is queued for jobs in the same transaction. Nil for anyone else's item
+    /// or an unknown id. An item this user deleted before is answered as the first delete was
+    /// (while its tombstone is kept, `HISTORY_CHANGES_KEEP_S`): a delete whose answer was lost
+    /// (a 503 that may have committed) can be sent again and learn that it happened.
     public func deleteItem(_ jobId: String, userId: String, now: Date) async throws -> DeletedHistoryItem? {
         try await write { db in
             guard let row = try Row.fetchOne(db, sql: "SELECT * FROM item WHERE jobId = ? AND userId = ?", arguments: [jobId, userId]) else {
-                return nil
+                let deletedBefore = try Int.fetchOne(db, sql: "SELECT 1 FROM deletion WHERE jobId = ? AND userId = ?", arguments: [jobId, userId])
+                return deletedBefore == nil ? nil : DeletedHistoryItem(jobId: jobId)
             }
             try Self.removeItem(db, row: row, now: now)
             return DeletedHistoryItem(jobId: jobId)

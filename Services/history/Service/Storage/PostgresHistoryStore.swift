@@ -412,7 +412,12 @@ public struct PostgresHistoryStore: HistoryStore {
         let logger = logger
         return try await database.transaction { db in
             try await Self.lockUser(db, userId, logger: logger)
-            return try await Self.removeItem(db, jobId: jobId, userId: userId, now: now, logger: logger) ? DeletedHistoryItem(jobId: jobId) : nil
+            if try await Self.removeItem(db, jobId: jobId, userId: userId, now: now, logger: logger) { return DeletedHistoryItem(jobId: jobId) }
+            // Deleted before by this user (a retry of a delete whose answer was lost): the same answer.
+            let deletedBefore = try await db.first(
+                "SELECT 1 FROM history_deletion WHERE job_id = \(jobId) AND user_id = \(userId)", as: Int.self, logger: logger
+            )
+            return deletedBefore == nil ? nil : DeletedHistoryItem(jobId: jobId)
         }
     }
 
