@@ -144,7 +144,6 @@ up() {
   mkdir -p "$DIR/root" "$DIR/deploy"
 
   # The deployment's secrets and keys (DIR/deploy, seen by no host), and each host's share.
-  local secret
   secret() { head -c 24 /dev/urandom | base64 | tr -d '/+='; }
   write_env "$DIR/deploy/secrets.env" "JWT_SECRET=$(secret)$(secret)" "URL_SIGNING_SECRET=$(secret)" \
     "ADAPTY_WEBHOOK_SECRET=$(secret)" "ADMIN_TOKEN=$(secret)"
@@ -254,7 +253,7 @@ init() {
   done
   local hdir="$DIR/$host" children=()
   trap 'touch "$hdir/stopping"; kill -TERM "${children[@]}" 2>/dev/null; wait; exit 0' TERM INT
-  # Runs NAME (a command line) with its environment files, restarted 1 s after it exits.
+  # Runs the command after NAME, its output in log/NAME.log, again 1 s after it exits.
   supervise() {
     local name=$1; shift
     local child=0

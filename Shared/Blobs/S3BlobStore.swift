@@ -28,9 +28,15 @@ public struct S3BlobStore: BlobStore {
         public var maxAttempts: Int
         /// Deadline of one attempt.
         public var timeout: Duration
+        /// Deadline of a `HEAD` or `DELETE`, its attempts included: what a request's path waits
+        /// on (an upload checked before its job is created). A store cut off from this process
+        /// (a partition: no refusal, no answer) makes such a call fail as unavailable, the
+        /// request 503, rather than hold it for the attempts' 2 minutes.
+        public var controlTimeout: Duration
 
         public init(endpoint: URL, region: String, bucket: String, pathStyle: Bool, credentials: SigV4.Credentials,
-                    publicBaseURL: String? = nil, presignEndpoint: URL? = nil, maxAttempts: Int = 4, timeout: Duration = .seconds(30)) {
+                    publicBaseURL: String? = nil, presignEndpoint: URL? = nil, maxAttempts: Int = 4, timeout: Duration = .seconds(30),
+                    controlTimeout: Duration = .seconds(5)) {
             self.endpoint = endpoint
             self.presignEndpoint = presignEndpoint
             self.region = region
@@ -40,6 +46,7 @@ public struct S3BlobStore: BlobStore {
             self.publicBaseURL = publicBaseURL
             self.maxAttempts = maxAttempts
             self.timeout = timeout
+            self.controlTimeout = controlTimeout
         }
     }
 
@@ -132,7 +139,7 @@ public struct S3BlobStore: BlobStore {
 
     public func head(_ key: String) async throws -> BlobMetadata? {
         guard BlobKey.isValid(key) else { throw BlobError.invalidKey }
-        let response = try await send("HEAD", key: key)
+        let response = try await send("HEAD", key: key, within: configuration.controlTimeout)
         switch response.status.code {
         case 200..<300:
             var metadata = Self.metadata(response.headers)
@@ -145,7 +152,7 @@ public struct S3BlobStore: BlobStore {
 
     public func delete(_ key: String) async throws {
         guard BlobKey.isValid(key) else { throw BlobError.invalidKey }
-        let response = try await send("DELETE", key: key)
+        let response = try await send("DELETE", key: key, within: configuration.controlTimeout)
         guard (200..<300).contains(response.status.code) || response.status.code == 404 else {
             throw try await failure(response, doing: "DELETE \(key)")
         }
@@ -206,12 +213,16 @@ public struct S3BlobStore: BlobStore {
         return ("\(address.scheme)://\(host)\(path)", host, path)
     }
 
-    /// Sends one signed request, retrying transport errors, 5xx and `SlowDown` with backoff.
-    func send(_ method: String, key: String?, query: [(String, String)] = [], headers: [(String, String)] = [], body: BlobSource? = nil) async throws -> HTTPClientResponse {
+    /// Sends one signed request, retrying transport errors, 5xx and `SlowDown` with backoff, all
+    /// within `limit` if given.
+    func send(_ method: String, key: String?, query: [(String, String)] = [], headers: [(String, String)] = [], body: BlobSource? = nil,
+              within limit: Duration? = nil) async throws -> HTTPClientResponse {
         let (url, host, path) = address(of: key)
+        let deadline = limit.map { ContinuousClock.now.advanced(by: $0) }
         var attempt = 0
         while true {
             attempt += 1
+            let pause = Self.backoff(attempt)
             var request = HTTPClientRequest(url: query.isEmpty ? url : "\(url)?\(SigV4.queryString(query))")
             request.method = HTTPMethod(rawValue: method)
             if let body { request.body = try await Self.payload(body) }
@@ -220,18 +231,24 @@ public struct S3BlobStore: BlobStore {
                                               payloadHash: SigV4.unsignedPayload, date: Date())
             for (name, value) in headers + signed { request.headers.add(name: name, value: value) }
             do {
-                let response = try await client.execute(request, timeout: TimeAmount(configuration.timeout))
+                let left = deadline.map { ContinuousClock.now.duration(to: $0) } ?? configuration.timeout
+                let response = try await client.execute(request, timeout: TimeAmount(min(configuration.timeout, max(left, .milliseconds(1)))))
                 let code = response.status.code
                 guard code >= 500 || code == 429 else { return response }
-                if attempt >= configuration.maxAttempts { return response }
+                if attempt >= configuration.maxAttempts || Self.past(deadline, after: pause) { return response }
                 _ = try? await response.body.collect(upTo: 64 << 10)
             } catch {
-                if attempt >= configuration.maxAttempts {
+                if attempt >= configuration.maxAttempts || Self.past(deadline, after: pause) {
                     throw BlobStoreError(.unavailable, "\(configuration.endpoint.absoluteString) could not be reached (\(Self.describe(error)))")
                 }
             }
-            try await Task.sleep(for: Self.backoff(attempt))
+            try await Task.sleep(for: pause)
         }
+    }
+
+    /// Whether `deadline` would be past after waiting `wait` (no deadline: never).
+    static func past(_ deadline: ContinuousClock.Instant?, after wait: Duration) -> Bool {
+        deadline.map { ContinuousClock.now.advanced(by: wait) >= $0 } ?? false
     }
 
     /// Full jitter over 100 ms doubling, at most 2 s.

@@ -51,6 +51,22 @@ struct PostgresPoolTests {
         }
     }
 
+    /// A call made for a request with a minute left: what it threw, and how long it took.
+    func callForARequest(_ pool: PostgresPool) async -> (thrown: (any Error)?, took: Duration) {
+        let logger = logger
+        var thrown: (any Error)?
+        let took = await ContinuousClock().measure {
+            do {
+                try await BusDeadline.$current.withValue(.now.advanced(by: .seconds(60))) {
+                    _ = try await pool.connection { db in try await db.query("SELECT 1", logger: logger) }
+                }
+            } catch {
+                thrown = error
+            }
+        }
+        return (thrown, took)
+    }
+
     @Test func aServerWhoseConnectionsNeverGoThroughIsTakenForDownAfterTheUnreachableLimit() async throws {
         // Given a pool of the test database at a port whose connections never go through: a
         // listener whose accept queue is full drops every SYN, as a partition between this host
@@ -62,17 +78,7 @@ struct PostgresPoolTests {
         let logger = logger
         try await PostgresPool(location: location, logger: logger).running { pool in
             // When a call for a request with a minute left is made
-            let clock = ContinuousClock()
-            var thrown: (any Error)?
-            let took = await clock.measure {
-                do {
-                    try await BusDeadline.$current.withValue(.now.advanced(by: .seconds(60))) {
-                        _ = try await pool.connection { db in try await db.query("SELECT 1", logger: logger) }
-                    }
-                } catch {
-                    thrown = error
-                }
-            }
+            let (thrown, took) = await callForARequest(pool)
             // Then, once its probes have found no way through for the unreachable limit, it is
             // answered unavailable (nothing was done: another replica may serve it), long before
             // its deadline; a single probe without an answer is no finding, so not before
@@ -96,17 +102,8 @@ struct PostgresPoolTests {
             // Then a call made for a request with a minute left is answered long before that
             // deadline, though its statement went to a connection of the frozen server: it may
             // have committed, so timed out (storage_unavailable)
-            let clock = ContinuousClock()
-            var thrown: (any Error)?
-            let took = await clock.measure {
-                do {
-                    try await BusDeadline.$current.withValue(.now.advanced(by: .seconds(60))) {
-                        _ = try await pool.connection { db in try await db.query("SELECT 1", logger: logger) }
-                    }
-                } catch {
-                    thrown = error
-                }
-            }
+            let (timedOut, took) = await callForARequest(pool)
+            var thrown = timedOut
             #expect(thrown is PostgresOperationTimedOut, "\(String(describing: thrown))")
             #expect(took < .seconds(40), "answered after \(took), its deadline 60 s")
             // And the calls after it fail at once as unavailable (nothing was done)

@@ -180,4 +180,24 @@ import Testing
         gone.timeout = .seconds(2)
         await #expect { try await S3BlobStore.open(gone) } throws: { ($0 as? BlobStoreError)?.kind == .unavailable }
     }
+
+    @Test func aStoreThatStopsAnsweringFailsAHeadWithinItsControlTimeout() async throws {
+        // Given a store reached through a proxy, opened
+        var configuration = try TestS3.configuration()
+        let upstream = try #require(configuration.endpoint.port)
+        let proxy = try #require(FreezableProxy(upstream: upstream))
+        defer { proxy.stop() }
+        configuration.endpoint = try #require(URL(string: "http://127.0.0.1:\(proxy.port)"))
+        configuration.controlTimeout = .seconds(3)
+        let store = try await S3BlobStore.open(configuration)
+        // When it stops answering (a partition between this process and the store: connections
+        // neither refused nor answered)
+        proxy.freeze()
+        // Then a HEAD, what an upload's check before its job waits on, fails as unavailable once
+        // its control timeout has passed, not after its attempts' 2 minutes (4 × 30 s)
+        let took = await ContinuousClock().measure {
+            await #expect { _ = try await store.head("any/key.jpg") } throws: { ($0 as? BlobStoreError)?.kind == .unavailable }
+        }
+        #expect(took < .seconds(30), "answered after \(took)")
+    }
 }
