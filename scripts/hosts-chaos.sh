@@ -26,7 +26,12 @@ H="$PWD/scripts/hosts.sh"
 cleanup() { "$H" down "$DIR" >/dev/null 2>&1; rm -rf "$DIR"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-LOG_LEVEL=info "$H" up "$DIR" || { echo "hosts-chaos: the hosts did not come up"; cp -r "$DIR"/*/log "$OUT/" 2>/dev/null; exit 1; }
+# Each host's logs, kept under $OUT/$1.
+keep_logs() {
+  local host
+  for host in edge gw1 gw2 svc1 svc2 db s3 wk1 wk2; do mkdir -p "$OUT/$1"; cp -r "$DIR/$host/log" "$OUT/$1/$host" 2>/dev/null; done
+}
+LOG_LEVEL=info "$H" up "$DIR" || { echo "hosts-chaos: the hosts did not come up (their logs: $OUT/up-logs)"; keep_logs up-logs; exit 1; }
 set -a; source "$DIR/root/loadtest.env"; set +a
 
 # The mix: the default flows, with model edits at the fixture (an image at Gemini, a video at fal)
@@ -51,9 +56,7 @@ run_fault() {
   sed -n '/^fault /p; /^invariants:/,$p' "$OUT/$name.txt"
   if [ "$status" -ne 0 ]; then
     echo "hosts-chaos: $name FAILED (status $status; all of it in $OUT/$name.txt, the hosts' logs in $OUT/$name-logs)"
-    mkdir -p "$OUT/$name-logs"
-    local host
-    for host in edge gw1 gw2 svc1 svc2 db s3 wk1 wk2; do cp -r "$DIR/$host/log" "$OUT/$name-logs/$host" 2>/dev/null; done
+    keep_logs "$name-logs"
   fi
   results+=("$name:$status")
   # The next fault starts from a whole system: every host back and ready.
