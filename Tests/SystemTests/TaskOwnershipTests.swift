@@ -31,8 +31,8 @@ struct TaskOwnershipTests {
             one per request, on the server's executor: counted in flight (at most \
             BUS_MAX_IN_FLIGHT), and a stop drains them (answered) before the socket closes
             """),
-        "Tools/loadtest/LoadTest.swift": (5, """
-            the load run's live line, chaos, load and stopper tasks, each cancelled or awaited \
+        "Tools/loadtest/LoadTest.swift": (6, """
+            the load run's live line, chaos, fault, load and stopper tasks, each cancelled or awaited \
             before the run ends; the client's shutdown as the command returns
             """),
     ]
