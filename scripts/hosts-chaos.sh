@@ -59,7 +59,10 @@ run_fault() {
     keep_logs "$name-logs"
   fi
   results+=("$name:$status")
-  # The next fault starts from a whole system: every host back and ready.
+  # The next fault starts from a whole system: every partition undone (a run cut short by its
+  # time limit may not have healed its own), every host back and ready.
+  local host
+  for host in edge gw1 gw2 svc1 svc2 db s3 wk1 wk2; do "$H" heal "$DIR" "$host"; done
   for _ in $(seq 1 120); do curl -fsS "$LOADTEST_TARGET/readyz" >/dev/null 2>&1 && break; sleep 0.5; done
 }
 
