@@ -159,10 +159,11 @@ public final class BusClient: Sendable, Service {
             var outcome = await send(method: method.name, body: body, timeout: ContinuousClock.now.duration(to: deadline), traceContext: traceContext)
             // A replica died with the call in flight, or answered that it cannot serve now (its
             // database out of its reach: nothing was done): a retry-safe call goes again (to
-            // another replica, if the endpoint names several), within the same deadline.
+            // another replica, if the endpoint names several), within the same deadline. Not when
+            // this client itself cannot send (`unavailable` and not retryable: it cannot connect).
             var retries = 0
-            while case .failure(let error) = outcome, [.connectionLost, .unavailable].contains(error.code), method.retrySafe,
-                  retries < Self.maxRetries, ContinuousClock.now < deadline {
+            while case .failure(let error) = outcome, error.code == .connectionLost || (error.code == .unavailable && error.retryable),
+                  method.retrySafe, retries < Self.maxRetries, ContinuousClock.now < deadline {
                 retries += 1
                 outcome = await send(method: method.name, body: body, timeout: ContinuousClock.now.duration(to: deadline), traceContext: traceContext)
             }
