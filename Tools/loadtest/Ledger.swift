@@ -13,6 +13,11 @@ final class Ledger: Sendable {
         /// Job id to the last state seen.
         var states: [String: String] = [:]
         var deleted: Set<String> = []
+        /// Jobs whose delete got no answer, or a 502, 503 or 504, after every try: deleted or not.
+        var mayBeDeleted: Set<String> = []
+
+        /// Jobs it deleted, or may have: the checks that need the job skip them.
+        func gone(_ job: String) -> Bool { deleted.contains(job) || mayBeDeleted.contains(job) }
     }
 
     private let users = Mutex<[String: User]>([:])
@@ -40,6 +45,7 @@ final class Ledger: Sendable {
 
     func saw(_ state: String, job: String, user: String) { users.withLock { $0[user]?.states[job] = state } }
     func deleted(_ job: String, user: String) { users.withLock { _ = $0[user]?.deleted.insert(job) } }
+    func mayHaveDeleted(_ job: String, user: String) { users.withLock { _ = $0[user]?.mayBeDeleted.insert(job) } }
 
     var all: [User] { users.withLock { Array($0.values) }.sorted { $0.credentials.userId < $1.credentials.userId } }
 }

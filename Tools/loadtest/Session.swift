@@ -101,8 +101,19 @@ struct Session {
             think()
         }
         if rng.chance(mix.flows.delete), !stopped, let victim = finished.randomElement(using: &rng) {
-            let answer = await client.send("DELETE /api/v1/history/{id}", .DELETE, "/api/v1/history/\(victim)", as: user, planned: next)
-            if let status = answer?.status, (200..<300).contains(status) { ledger.deleted(victim, user: user.userId) }
+            // A delete sent again by its user answers as the first did, so a delete whose answer
+            // was lost (its gateway killed after history committed it) is retried as the app does.
+            // One that never gets an answer may or may not have happened: the invariants accept
+            // either for it.
+            let client = self.client
+            let answer = await retrying { planned in
+                await client.send("DELETE /api/v1/history/{id}", .DELETE, "/api/v1/history/\(victim)", as: user, planned: planned)
+            }
+            if let status = answer?.status, (200..<300).contains(status) {
+                ledger.deleted(victim, user: user.userId)
+            } else if answer == nil || [502, 503, 504].contains(answer!.status) {
+                ledger.mayHaveDeleted(victim, user: user.userId)
+            }
         }
     }
 
