@@ -1,4 +1,3 @@
-import Dispatch
 import Bus
 import Foundation
 import GRDB
@@ -9,11 +8,10 @@ import Tracing
 /// Runs concurrent writes together: everything submitted while a transaction is being written
 /// and synced goes into the next one, so one fsync answers many requests (group commit).
 ///
-/// The transactions run on a thread of the committer's own (never the cooperative pool), which
-/// takes everything queued each time it wakes and resumes each caller once its transaction is
+/// The transactions run on the committer's `BatchThread` (never the cooperative pool), which
+/// takes everything queued each time it wakes; each caller is resumed once its transaction is
 /// durable: a caller hears its answer only after the batch is committed, so an answer always
-/// describes durable state. The thread ends after a second without work and starts again with
-/// the next.
+/// describes durable state. Its owner (the store that makes it) calls `close()` when it stops.
 ///
 /// A piece of work that throws without having changed a row fails alone and the rest of its batch
 /// goes on. One that throws after changing rows would leave half its changes in the batch: the
@@ -33,102 +31,90 @@ public final class GroupCommitter: Sendable {
         public var savepointRetries = 0
     }
 
-    private struct Pending {
-        var work: @Sendable (Database) throws -> any Sendable
+    /// A piece of work: `run` does it in the batch's transaction and answers how to resume its
+    /// caller with what it produced (called once the transaction is durable), so each caller
+    /// gets its own type back; `fail` answers it with an error instead.
+    private struct Pending: Sendable {
+        var run: @Sendable (Database) throws -> @Sendable () -> Void
+        var fail: @Sendable (any Error) -> Void
         /// The caller's trace (`traceparent`), or empty: the batch's span links to each.
         var traceParent: String
-        var continuation: CheckedContinuation<Result<any Sendable, any Error>, Never>
-    }
-
-    private struct State {
-        var pending: [Pending] = []
-        var threadRunning = false
-        var statistics = Statistics()
     }
 
     private let writer: any DatabaseWriter
-    private let maxBatch: Int
-    private let maxQueued: Int
-    private let state = Mutex(State())
-    private let workArrived = DispatchSemaphore(value: 0)
+    private final class Counters: Sendable {
+        let state = Mutex(Statistics())
+    }
+
+    private let counters = Counters()
+    private let thread: BatchThread<Pending>
 
     /// Batches writes to `writer`, at most `maxBatch` pieces of work a transaction and `maxQueued`
     /// waiting (past it, `perform` fails at once with `overloaded`).
     public init(writer: any DatabaseWriter, maxBatch: Int = 1024, maxQueued: Int = 65_536) {
         self.writer = writer
-        self.maxBatch = maxBatch
-        self.maxQueued = maxQueued
+        let counters = self.counters
+        thread = BatchThread(name: "group-commit", maxBatch: maxBatch, maxQueued: maxQueued) { batch in
+            Self.commit(batch, to: writer, counters: counters)
+        }
     }
 
-    public var statistics: Statistics { state.withLock { $0.statistics } }
+    public var statistics: Statistics { counters.state.withLock { $0 } }
 
     /// Runs `work` in the next batch's transaction and returns once that transaction is durable.
     public func perform<T: Sendable>(_ work: @escaping @Sendable (Database) throws -> T) async throws -> T {
         let traceParent = BusTracing.currentTraceParent()
-        let result = await withCheckedContinuation { continuation in
-            let (accepted, startThread, wake) = state.withLock { state -> (Bool, Bool, Bool) in
-                guard state.pending.count < maxQueued else { return (false, false, false) }
-                state.pending.append(Pending(work: { try work($0) }, traceParent: traceParent, continuation: continuation))
-                state.statistics.accepted += 1
-                let start = !state.threadRunning
-                state.threadRunning = true
-                return (true, start, !start && state.pending.count == 1)
-            }
-            if !accepted {
-                continuation.resume(returning: .failure(BusError(.overloaded, "\(maxQueued) writes already waiting")))
-            } else if startThread {
-                IOThread.start(name: "group-commit") { [self] in writeLoop() }
-            } else if wake {
-                workArrived.signal()
+        return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+            let pending = Pending(
+                run: { db in
+                    let value = try work(db)
+                    return { continuation.resume(returning: value) }
+                },
+                fail: { continuation.resume(throwing: $0) },
+                traceParent: traceParent
+            )
+            switch thread.submit(pending) {
+            case nil: counters.state.withLock { $0.accepted += 1 }
+            case .full?: continuation.resume(throwing: BusError(.overloaded, "\(thread.maxQueued) writes already waiting"))
+            case .closed?: continuation.resume(throwing: BusError(.unavailable, "the database is closing"))
             }
         }
-        // The value was produced by `work`, so it is a T.
-        return try result.get() as! T
     }
 
-    private func writeLoop() {
-        while true {
-            let batch = state.withLock { state -> [Pending] in
-                let batch = Array(state.pending.prefix(maxBatch))
-                state.pending.removeFirst(batch.count)
-                return batch
-            }
-            if batch.isEmpty {
-                // Idle: wait a little for more, then end the thread.
-                if workArrived.wait(timeout: .now() + 1) == .timedOut {
-                    let ended = state.withLock { state -> Bool in
-                        if state.pending.isEmpty { state.threadRunning = false }
-                        return !state.threadRunning
-                    }
-                    if ended { return }
-                }
-                continue
-            }
-            // One span a traced batch, linked to the requests it carries (a transaction serves them
-            // all, so it is no one's child).
-            let span = BusTracing.linkedSpan("sqlite.group-commit", linking: batch.map(\.traceParent), attributes: [
-                "db.system": "sqlite", "photoedit.batch.size": "\(batch.count)",
-            ])
-            let (results, retried) = write(batch.map(\.work))
-            span?.end()
-            state.withLock { state in
-                state.statistics.transactions += retried ? 2 : 1
-                state.statistics.works += batch.count
-                if retried { state.statistics.savepointRetries += 1 }
-            }
-            for (item, result) in zip(batch, results) {
-                item.continuation.resume(returning: result)
+    /// Refuses new work, and returns once everything accepted is committed and answered.
+    public func close() async { await thread.close() }
+
+    private static func commit(_ batch: [Pending], to writer: any DatabaseWriter, counters: Counters) {
+        // One span a traced batch, linked to the requests it carries (a transaction serves them
+        // all, so it is no one's child).
+        let span = BusTracing.linkedSpan("sqlite.group-commit", linking: batch.map(\.traceParent), attributes: [
+            "db.system": "sqlite", "photoedit.batch.size": "\(batch.count)",
+        ])
+        let (outcomes, retried) = write(batch.map(\.run), to: writer)
+        span?.end()
+        counters.state.withLock { statistics in
+            statistics.transactions += retried ? 2 : 1
+            statistics.works += batch.count
+            if retried { statistics.savepointRetries += 1 }
+        }
+        for (item, outcome) in zip(batch, outcomes) {
+            switch outcome {
+            case .success(let resume): resume()
+            case .failure(let error): item.fail(error)
             }
         }
     }
 
     private struct NeedsSavepoints: Error {}
 
-    /// Runs `works` in one transaction; the results, and whether it took a second transaction with
-    /// savepoints.
-    private func write(_ works: [@Sendable (Database) throws -> any Sendable]) -> ([Result<any Sendable, any Error>], Bool) {
+    private typealias Work = @Sendable (Database) throws -> @Sendable () -> Void
+    private typealias Outcome = Result<@Sendable () -> Void, any Error>
+
+    /// Runs `works` in one transaction; their outcomes, and whether it took a second transaction
+    /// with savepoints.
+    private static func write(_ works: [Work], to writer: any DatabaseWriter) -> ([Outcome], Bool) {
         do {
-            let results = try writer.write { db -> [Result<any Sendable, any Error>] in
+            let outcomes = try writer.write { db -> [Outcome] in
                 try works.map { work in
                     let changesBefore = db.totalChangesCount
                     do {
@@ -140,20 +126,20 @@ public final class GroupCommitter: Sendable {
                     }
                 }
             }
-            return (results, false)
+            return (outcomes, false)
         } catch is NeedsSavepoints {
-            return (writeWithSavepoints(works), true)
+            return (writeWithSavepoints(works, to: writer), true)
         } catch {
             // The transaction itself failed: nothing in the batch was written.
             return (works.map { _ in .failure(error) }, false)
         }
     }
 
-    private func writeWithSavepoints(_ works: [@Sendable (Database) throws -> any Sendable]) -> [Result<any Sendable, any Error>] {
+    private static func writeWithSavepoints(_ works: [Work], to writer: any DatabaseWriter) -> [Outcome] {
         do {
             return try writer.write { db in
                 works.map { work in
-                    var outcome: Result<any Sendable, any Error> = .failure(CancellationError())
+                    var outcome: Outcome = .failure(CancellationError())
                     do {
                         try db.inSavepoint {
                             do {

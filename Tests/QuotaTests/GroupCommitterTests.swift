@@ -6,7 +6,10 @@ import Messages
 import QuotaCore
 @testable import QuotaService
 import Storage
+import Synchronization
+import Dispatch
 import Testing
+import TestSupport
 
 /// A quota database in a fresh temporary folder (removed by the caller), as the service opens it.
 func temporaryDatabase() throws -> (QuotaDatabase, URL) {
@@ -121,5 +124,76 @@ struct GroupCommitterTests {
 extension Result where Failure == any Error {
     init(catching body: () async throws -> Success) async {
         do { self = .success(try await body()) } catch { self = .failure(error) }
+    }
+}
+
+@Suite("The batch thread", .timeLimit(.minutes(2)))
+struct BatchThreadTests {
+    /// An item that says when it was handled.
+    struct Item: Sendable {
+        var value: Int
+        var done: @Sendable () -> Void
+    }
+
+    @Test func closeAnswersWhatIsQueuedThenRefusesAndTheThreadEnds() async throws {
+        let handled = Mutex<[Int]>([])
+        // A handler slow enough that items queue behind the first batch
+        let thread = BatchThread<Item>(name: "test-batch", maxBatch: 4, maxQueued: 8) { batch in
+            Thread.sleep(forTimeInterval: 0.05)
+            handled.withLock { $0 += batch.map(\.value) }
+            for item in batch { item.done() }
+        }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for value in 0..<8 {
+                group.addTask {
+                    await withCheckedContinuation { continuation in
+                        #expect(thread.submit(Item(value: value, done: { continuation.resume() })) == nil)
+                    }
+                }
+            }
+            try await waitUntil { thread.isRunning }
+            await thread.close()
+            // Closed: nothing more is queued, the thread has ended and everything queued was handled
+            #expect(!thread.isRunning)
+            #expect(thread.submit(Item(value: 99, done: {})) == .closed)
+            try await group.waitForAll()
+        }
+        #expect(handled.withLock { $0.sorted() } == Array(0..<8))
+        #expect(thread.batches >= 2, "8 items in batches of at most 4")
+    }
+
+    @Test func pastMaxQueuedAnItemIsRefusedAndTheThreadEndsWhenIdle() async throws {
+        let gate = DispatchSemaphore(value: 0)
+        let thread = BatchThread<Item>(name: "test-batch", maxBatch: 1, maxQueued: 2, idleTimeout: .milliseconds(50)) { batch in
+            gate.wait()
+            for item in batch { item.done() }
+        }
+        let answered = Atomic<Int>(0)
+        let done: @Sendable () -> Void = { answered.add(1, ordering: .relaxed) }
+        #expect(thread.submit(Item(value: 1, done: done)) == nil)
+        // The first is taken by the thread (blocked in the handler); two more fill the queue
+        try await waitUntil { thread.batches == 1 }
+        #expect(thread.submit(Item(value: 2, done: done)) == nil)
+        #expect(thread.submit(Item(value: 3, done: done)) == nil)
+        #expect(thread.submit(Item(value: 4, done: done)) == .full)
+        for _ in 0..<3 { gate.signal() }
+        try await waitUntil { answered.load(ordering: .relaxed) == 3 }
+        // Idle past its timeout: the thread ends, and the next item starts it again
+        try await waitUntil { !thread.isRunning }
+        gate.signal()
+        #expect(thread.submit(Item(value: 5, done: done)) == nil)
+        try await waitUntil { answered.load(ordering: .relaxed) == 4 }
+    }
+
+    @Test func aClosedCommitterRefusesWorkAfterCommittingWhatItAccepted() async throws {
+        let (pool, folder) = try itemsDatabase()
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let committer = GroupCommitter(writer: pool)
+        try await committer.perform { try $0.execute(sql: "INSERT INTO item (id, owner) VALUES ('a', 'u')") }
+        await committer.close()
+        await #expect(throws: BusError.self) {
+            try await committer.perform { try $0.execute(sql: "INSERT INTO item (id, owner) VALUES ('b', 'u')") }
+        }
+        #expect(try await pool.read { try String.fetchAll($0, sql: "SELECT id FROM item") } == ["a"])
     }
 }

@@ -115,7 +115,8 @@ struct ComposeFileTests {
         let base = try services()
         let gateway = try #require(try services("deploy/hosts/gateway-host.yaml")["gateway"])
         let servicesHost = try services("deploy/hosts/service-host.yaml")
-        for (name, service) in [("gateway", gateway)] + ServiceName.allCases.map { ($0.rawValue, servicesHost[$0.rawValue] ?? [:]) } {
+        let hosted = [("gateway", gateway)] + ServiceName.allCases.map { ($0.rawValue, servicesHost[$0.rawValue] ?? [:]) }
+        for (name, service) in hosted {
             let extends = try #require(service["extends"] as? [String: Any], "\(name) extends nothing")
             #expect(extends["file"] as? String == "../../compose.yaml" && extends["service"] as? String == name)
             #expect(base[name] != nil)

@@ -1,8 +1,8 @@
 import Bus
-import Dispatch
 import Foundation
 import GRDB
 import Messages
+import Storage
 import Synchronization
 import Tracing
 
@@ -22,104 +22,93 @@ import Tracing
 /// nothing more is decided until the process restarts (after a failed fsync the file's state is
 /// not known), and every change answers `storage_unavailable`.
 final class QuotaEngine: Sendable {
-    private struct Pending {
+    /// An operation: `run` decides it in memory and answers how to resume its caller with what it
+    /// produced (called once the batch is durable); `fail` answers it with an error instead.
+    fileprivate struct Pending: Sendable {
         var need: QuotaMemory.Need?
-        var work: @Sendable (inout QuotaMemory) throws -> any Sendable
+        var run: @Sendable (inout QuotaMemory) throws -> @Sendable () -> Void
+        var fail: @Sendable (any Error) -> Void
         var traceParent: String
-        var continuation: CheckedContinuation<Result<any Sendable, any Error>, Never>
     }
 
-    private struct Queue {
-        var pending: [Pending] = []
-        var threadRunning = false
-    }
-
-    private let queue = Mutex(Queue())
-    private let workArrived = DispatchSemaphore(value: 0)
-    private let memory: Mutex<QuotaMemory>
-    private let log: LedgerLog?
-    let checkpointer: LedgerCheckpointer
-    /// Set when a sync failed: every later change is refused with it.
-    private let broken = Mutex<BusError?>(nil)
-    private let maxBatch: Int
-    private let maxQueued: Int
+    private let ledger: Ledger
+    private let thread: BatchThread<Pending>
+    var checkpointer: LedgerCheckpointer { ledger.checkpointer }
     /// How many batches the ledger's thread has run.
-    private let batchCount = Atomic<Int>(0)
-    var batches: Int { batchCount.load(ordering: .relaxed) }
+    var batches: Int { thread.batches }
 
     init(memory: sending QuotaMemory, log: LedgerLog?, checkpointer: LedgerCheckpointer, maxBatch: Int = 4096, maxQueued: Int = 65_536) {
-        self.memory = Mutex(memory)
-        self.log = log
-        self.checkpointer = checkpointer
-        self.maxBatch = maxBatch
-        self.maxQueued = maxQueued
+        let ledger = Ledger(memory: memory, log: log, checkpointer: checkpointer)
+        self.ledger = ledger
+        thread = BatchThread(name: "quota-ledger", maxBatch: maxBatch, maxQueued: maxQueued) { ledger.decide($0) }
     }
 
     /// Runs `work` on the ledger's thread, after loading what `need` names if memory lacks it,
     /// and returns once the changes it made (with the rest of its batch) are durable.
     func perform<T: Sendable>(_ need: QuotaMemory.Need? = nil, _ work: @escaping @Sendable (inout QuotaMemory) throws -> T) async throws -> T {
         let traceParent = BusTracing.currentTraceParent()
-        let result = await withCheckedContinuation { continuation in
-            let (accepted, startThread, wake) = queue.withLock { queue -> (Bool, Bool, Bool) in
-                guard queue.pending.count < maxQueued else { return (false, false, false) }
-                queue.pending.append(Pending(need: need, work: { try work(&$0) }, traceParent: traceParent, continuation: continuation))
-                let start = !queue.threadRunning
-                queue.threadRunning = true
-                return (true, start, !start && queue.pending.count == 1)
-            }
-            if !accepted {
-                continuation.resume(returning: .failure(BusError(.overloaded, "\(maxQueued) quota operations already waiting")))
-            } else if startThread {
-                IOThread.start(name: "quota-ledger") { [self] in loop() }
-            } else if wake {
-                workArrived.signal()
+        return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+            let pending = Pending(
+                need: need,
+                run: { memory in
+                    let value = try work(&memory)
+                    return { continuation.resume(returning: value) }
+                },
+                fail: { continuation.resume(throwing: $0) },
+                traceParent: traceParent
+            )
+            switch thread.submit(pending) {
+            case nil: break
+            case .full?: continuation.resume(throwing: BusError(.overloaded, "\(thread.maxQueued) quota operations already waiting"))
+            case .closed?: continuation.resume(throwing: BusError(.unavailable, "the quota ledger is closing"))
             }
         }
-        // The value was produced by `work`, so it is a T.
-        return try result.get() as! T
     }
+
+    /// Refuses new operations, and returns once everything accepted is durable and answered.
+    func close() async { await thread.close() }
 
     /// Runs `read` on memory now, on the caller's thread, if no batch holds memory at this
     /// moment (what memory holds between batches is durable); nil if a batch does, or if `read`
     /// answers nil. For reads that must not wait for a batch's sync: the caller then asks
     /// through `perform`.
     func readNow<T: Sendable>(_ read: (borrowing QuotaMemory) throws -> T?) throws -> T? {
-        try memory.withLockIfAvailable { memory in try read(memory) } ?? nil
+        try ledger.memory.withLockIfAvailable { memory in try read(memory) } ?? nil
+    }
+}
+
+/// What the ledger's thread works on: memory, the log and the checkpointer.
+private final class Ledger: Sendable {
+    let memory: Mutex<QuotaMemory>
+    let log: LedgerLog?
+    let checkpointer: LedgerCheckpointer
+    /// Set when a sync failed: every later change is refused with it.
+    let broken = Mutex<BusError?>(nil)
+
+    init(memory: sending QuotaMemory, log: LedgerLog?, checkpointer: LedgerCheckpointer) {
+        self.memory = Mutex(memory)
+        self.log = log
+        self.checkpointer = checkpointer
     }
 
-    private func loop() {
-        while true {
-            let batch = queue.withLock { queue -> [Pending] in
-                let batch = Array(queue.pending.prefix(maxBatch))
-                queue.pending.removeFirst(batch.count)
-                return batch
-            }
-            if batch.isEmpty {
-                // Idle: wait a little for more, then end the thread (it starts again with the next).
-                if workArrived.wait(timeout: .now() + 1) == .timedOut {
-                    let ended = queue.withLock { queue -> Bool in
-                        if queue.pending.isEmpty { queue.threadRunning = false }
-                        return !queue.threadRunning
-                    }
-                    if ended { return }
-                }
-                continue
-            }
-            // The checkpointer's backlog is bounded: wait for it rather than grow it.
-            checkpointer.waitForRoom()
-            let span = BusTracing.linkedSpan("quota.ledger-commit", linking: batch.map(\.traceParent), attributes: [
-                "photoedit.batch.size": "\(batch.count)",
-            ])
-            let results = run(batch)
-            batchCount.add(1, ordering: .relaxed)
-            span?.end()
-            for (item, result) in zip(batch, results) {
-                item.continuation.resume(returning: result)
+    /// One batch, on the ledger's thread: decided in memory, made durable, then answered.
+    func decide(_ batch: [QuotaEngine.Pending]) {
+        // The checkpointer's backlog is bounded: wait for it rather than grow it.
+        checkpointer.waitForRoom()
+        let span = BusTracing.linkedSpan("quota.ledger-commit", linking: batch.map(\.traceParent), attributes: [
+            "photoedit.batch.size": "\(batch.count)",
+        ])
+        let outcomes = run(batch)
+        span?.end()
+        for (item, outcome) in zip(batch, outcomes) {
+            switch outcome {
+            case .success(let resume): resume()
+            case .failure(let error): item.fail(error)
             }
         }
     }
 
-    private func run(_ batch: [Pending]) -> [Result<any Sendable, any Error>] {
+    private func run(_ batch: [QuotaEngine.Pending]) -> [Result<@Sendable () -> Void, any Error>] {
         let applied = checkpointer.appliedSeq
         let broken = self.broken.withLock { $0 }
         return memory.withLock { memory in
@@ -127,13 +116,13 @@ final class QuotaEngine: Sendable {
             // One read transaction for whatever the batch needs that memory lacks. If it fails,
             // each operation reads for itself below and fails alone.
             try? memory.prefetch(batch.compactMap(\.need))
-            var results: [Result<any Sendable, any Error>] = []
+            var results: [Result<@Sendable () -> Void, any Error>] = []
             var changed: [Bool] = []
             results.reserveCapacity(batch.count)
             for item in batch {
                 let before = memory.pendingChanges
                 do {
-                    results.append(.success(try item.work(&memory)))
+                    results.append(.success(try item.run(&memory)))
                 } catch {
                     results.append(.failure(error))
                 }
