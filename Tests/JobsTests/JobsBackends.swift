@@ -29,7 +29,7 @@ func withJobsStore<T>(_ backend: JobsBackend, _ body: (JobsStoreHarness) async t
     case .sqlite:
         let store = SQLiteJobsStore(database: try JobsDatabase.inMemory(), retry: retry, effectTitles: titles)
         return try await body(JobsStoreHarness(store: store, history: JobsHistoryFeed(store: store), settlements: JobsOutbox(database: store.database, topic: "quota"), outbox: {
-            try await store.database.writer.read { try OutboxEntry.order(Column("id")).fetchAll($0) }
+            try await store.database.read { try OutboxEntry.order(Column("id")).fetchAll($0) }
         }))
     case .postgres:
         let location = try await TestPostgres.freshDatabase()

@@ -24,7 +24,7 @@ struct OutboxRelayTests {
     }
 
     func settlements() async throws -> [(jobId: String, attempts: Int)] {
-        try await store.database.writer.read {
+        try await store.database.read {
             try Row.fetchAll($0, sql: "SELECT jobId, attempts FROM outbox WHERE topic = 'quota' ORDER BY id").map { ($0["jobId"], $0["attempts"]) }
         }
     }
@@ -62,7 +62,7 @@ struct OutboxRelayTests {
     }
 
     @Test func anEntryThisVersionCannotReadIsNamedAsSuch() async throws {
-        try await store.database.writer.write { db in
+        try await store.database.write { db in
             try db.execute(sql: """
                 INSERT INTO outbox (topic, kind, jobId, version, payload, createdAt, attempts, nextAttemptAt)
                 VALUES ('quota', 'refund', 'x', 1, NULL, '2020-01-01 00:00:00.000', 0, '2020-01-01 00:00:00.000')

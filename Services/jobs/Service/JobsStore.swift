@@ -22,18 +22,10 @@ public protocol JobsStore: Sendable {
     func states(_ ids: [String]) async throws -> [String: JobState]
     /// How many jobs are in each state, and how many outbox entries wait for each topic.
     func counts() async throws -> JobCounts
-    /// A queued job handed to a worker: processing, as a new attempt; nil if it is not queued.
-    func start(_ id: String, now: Date) async throws -> JobRecord?
-    /// The current attempt completed.
-    func complete(_ attempt: JobAttempt, output: JobOutput, now: Date) async throws -> JobReportOutcome
-    /// The current attempt failed: queued again after a backoff (returned), or failed for good.
-    func fail(_ attempt: JobAttempt, error: String, retryable: Bool, now: Date) async throws -> (JobReportOutcome, retryAfter: Duration?)
     /// No worker holds the attempt any more: queued again, failed or cancelled.
     func requeue(_ attempt: JobAttempt, reason: String, now: Date) async throws -> JobRecord?
     /// A generation was submitted to a provider for the attempt.
     func recordSubmission(_ attempt: JobAttempt, _ request: ProviderRequest) async throws -> JobReportOutcome
-    /// The worker stopped the attempt for a cancel.
-    func cancelled(_ attempt: JobAttempt, now: Date) async throws -> JobReportOutcome
     /// Every processing attempt, for the dispatcher's reconcile.
     func processingAttempts() async throws -> [JobAttempt]
     /// Cancels one of the user's jobs.
@@ -47,10 +39,12 @@ public protocol JobsStore: Sendable {
     /// At start-up: settles what was left mid-cancel; every queued job, oldest first.
     func recover(now: Date) async throws -> [JobRecord]
 
-    /// The dispatcher's writes of one event: starts of queued jobs (each as `start`) and results
-    /// of workers' attempts (each as `complete`, with a refused result's files discarded, `fail`
-    /// or `cancelled`), each on its own (one that fails leaves the others). A store may write them
-    /// in one transaction.
+    /// The dispatcher's writes of one event, the one path of every start and result: starts of
+    /// queued jobs (processing, as a new attempt; nil if no longer queued) and results of
+    /// workers' attempts (`JobRules.report`: completed with the quota `commit` settlement in the
+    /// outbox, failed or queued again after a backoff, or cancelled; a refused result's files
+    /// discarded), each on its own (one that fails leaves the others). A store may write them in
+    /// one transaction.
     func write(starts: [String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome
 }
 
@@ -66,37 +60,8 @@ public struct JobsBatchOutcome: Sendable {
     }
 }
 
-extension ReportingJobsStore {
-    /// Each write on its own, concurrently (a group-committing store still shares transactions).
-    public func write(starts: [String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome {
-        async let started = Self.concurrently(starts) { id in try await start(id, now: now) }
-        let recorded = await Self.concurrently(results) { [retry] attempt, result in
-            let written = try await report(attempt) { job in JobRules.report(job, attempt, result, retry: retry, now: now) }
-            if case .refused = written.outcome, case .done(let output) = result { try await discardOutput(output, of: attempt, now: now) }
-            return written
-        }
-        return JobsBatchOutcome(starts: await started, results: recorded)
-    }
-
-    /// `body` for each element, concurrently; the results in order.
-    static func concurrently<Element: Sendable, Value: Sendable>(
-        _ elements: [Element], _ body: @escaping @Sendable (Element) async throws -> Value
-    ) async -> [Result<Value, any Error>] {
-        await withTaskGroup(of: (Int, Result<Value, any Error>).self) { group in
-            for (index, element) in elements.enumerated() {
-                group.addTask {
-                    do { return (index, .success(try await body(element))) } catch { return (index, .failure(error)) }
-                }
-            }
-            var results = [Result<Value, any Error>?](repeating: nil, count: elements.count)
-            for await (index, result) in group { results[index] = result }
-            return results.map { $0 ?? .failure(CancellationError()) }
-        }
-    }
-}
-
-/// A store whose workers' reports (complete, fail, requeue, cancelled) each read the job, ask
-/// `JobRules`, and write what they decide, in one transaction: `report`. The four follow from it.
+/// A store whose reports (a worker's result, a requeue) each read the job, ask `JobRules`, and
+/// write what they decide, in one transaction: `report`.
 public protocol ReportingJobsStore: JobsStore {
     var retry: RetryPolicy { get }
     /// Reads the job an attempt belongs to, asks `decide`, and writes what it decides.
@@ -104,17 +69,6 @@ public protocol ReportingJobsStore: JobsStore {
 }
 
 extension ReportingJobsStore {
-    /// The current attempt finished: completed, quota committed.
-    public func complete(_ attempt: JobAttempt, output: JobOutput, now: Date) async throws -> JobReportOutcome {
-        try await report(attempt) { job in JobRules.complete(job, attempt, output: output, now: now) }.outcome
-    }
-
-    /// The current attempt failed: queued again after a backoff if retryable and attempts remain
-    /// (returned with the delay), else failed with the error and the charge released.
-    public func fail(_ attempt: JobAttempt, error: String, retryable: Bool, now: Date) async throws -> (JobReportOutcome, retryAfter: Duration?) {
-        try await report(attempt) { [retry] job in JobRules.fail(job, attempt, error: error, retryable: retryable, retry: retry, now: now) }
-    }
-
     /// No worker holds the current attempt any more (lost, or never told): queued again, or
     /// failed when attempts are used up, or cancelled when a cancel was asked for meanwhile.
     /// Nil when `attempt` is no longer the job's current processing attempt (fencing).
@@ -122,11 +76,6 @@ extension ReportingJobsStore {
         let (outcome, _) = try await report(attempt) { [retry] job in JobRules.requeue(job, attempt, reason: reason, retry: retry, now: now) }
         if case .applied(let job) = outcome { return job }
         return nil
-    }
-
-    /// The worker stopped the current attempt after a cancel: cancelled, charge released.
-    public func cancelled(_ attempt: JobAttempt, now: Date) async throws -> JobReportOutcome {
-        try await report(attempt) { job in JobRules.cancelled(job, attempt, now: now) }.outcome
     }
 }
 

@@ -5,16 +5,43 @@ import Messages
 
 /// The jobs service's database: jobs (which history's events are read from) and the outbox of
 /// quota settlements and file deletions.
+///
+/// It is the tables' one owner: every write goes through its group committer (`write`), the
+/// store's and the outboxes' alike, and its writer is seen by no one else.
 public struct JobsDatabase: Sendable {
-    let writer: any DatabaseWriter
+    private let writer: any DatabaseWriter
+    /// Creations, state changes and outbox acknowledgements arriving together share one
+    /// transaction and one fsync (group commit); each caller hears back once its change is durable.
+    private let writes: GroupCommitter
     /// Checkpoints the WAL of a database file outside the group committer's commits; stops when
     /// the last copy of this database is released.
     let checkpointer: WALCheckpointer?
 
     public init(_ writer: any DatabaseWriter, checkpointer: WALCheckpointer? = nil) throws {
         self.writer = writer
+        self.writes = GroupCommitter(writer: writer)
         self.checkpointer = checkpointer
         try Self.migrator.migrate(writer)
+    }
+
+    /// Runs `body` in the group committer's next transaction; returns once it is durable.
+    func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        try await writes.perform(body)
+    }
+
+    /// Runs `body` on a read-only connection (a snapshot, beside the writer).
+    func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        try await writer.read(body)
+    }
+
+    /// The group committer's counts: transactions and the changes they carried.
+    public var writeStatistics: GroupCommitter.Statistics { writes.statistics }
+
+    /// Refuses new writes, and returns once every write accepted is durable and answered: the
+    /// service's main calls it as it stops (`ClosedAtShutdown`).
+    public func close() async {
+        await writes.close()
+        await checkpointer?.close()
     }
 
     /// Opens (or creates) the file at `path`, WAL with `synchronous=FULL`, checkpointed in the

@@ -30,7 +30,7 @@ public struct JobsOutbox: Outbox {
     }
 
     public func due(now: Date, limit: Int) async throws -> [OutboxItem<JobsOutboxKind>] {
-        try await database.writer.read { [topic] db in
+        try await database.read { [topic] db in
             try Row.fetchAll(
                 db.cachedStatement(sql: """
                     SELECT id, kind, jobId, attempts, payload FROM outbox WHERE topic = ? AND nextAttemptAt <= ? ORDER BY nextAttemptAt, id LIMIT ?
@@ -44,11 +44,11 @@ public struct JobsOutbox: Outbox {
 
     public func acknowledge(_ ids: [String]) async throws {
         let keys = ids.compactMap { Int64($0) }
-        try await database.writer.write { db in _ = try OutboxEntry.deleteAll(db, keys: keys) }
+        try await database.write { db in _ = try OutboxEntry.deleteAll(db, keys: keys) }
     }
 
     public func retry(_ entries: [OutboxRetry]) async throws {
-        try await database.writer.write { db in
+        try await database.write { db in
             let statement = try db.cachedStatement(sql: "UPDATE outbox SET attempts = ?, nextAttemptAt = ? WHERE id = ?")
             for entry in entries { try statement.execute(arguments: [entry.attempts, StoredDate.text(entry.at), entry.id]) }
         }
@@ -84,7 +84,7 @@ public struct JobsHistoryFeed: Outbox {
     }
 
     public func due(now: Date, limit: Int) async throws -> [OutboxItem<JobsOutboxKind>] {
-        try await database.writer.read { [effectTitles] db in
+        try await database.read { [effectTitles] db in
             let rows = try Row.fetchCursor(
                 db.cachedStatement(sql: """
                     SELECT \(JobRows.columns), historyAttempts FROM job WHERE historyDueAt IS NOT NULL AND historyDueAt <= ? ORDER BY historyDueAt LIMIT ?
@@ -107,14 +107,14 @@ public struct JobsHistoryFeed: Outbox {
     public func acknowledge(_ ids: [String]) async throws {
         let versions = ids.compactMap(HistoryFeedItem.parse)
         guard !versions.isEmpty else { return }
-        try await database.writer.write { db in
+        try await database.write { db in
             let statement = try db.cachedStatement(sql: "UPDATE job SET historyDueAt = NULL, historyAttempts = 0 WHERE id = ? AND version = ?")
             for (jobId, version) in versions { try statement.execute(arguments: [jobId, version]) }
         }
     }
 
     public func retry(_ entries: [OutboxRetry]) async throws {
-        try await database.writer.write { db in
+        try await database.write { db in
             let statement = try db.cachedStatement(sql: "UPDATE job SET historyAttempts = ?, historyDueAt = ? WHERE id = ? AND version = ?")
             for entry in entries {
                 guard let (jobId, version) = HistoryFeedItem.parse(entry.id) else { continue }

@@ -236,14 +236,6 @@ public struct PostgresJobsStore: ReportingJobsStore {
 
     // MARK: The dispatcher's (fenced)
 
-    public func start(_ id: String, now: Date) async throws -> JobRecord? {
-        try await write(fenced: true) { store, db in
-            guard let job = try await store.row(db, id, lock: true), let transition = JobRules.start(job, now: now) else { return nil }
-            try await store.apply(db, transition)
-            return transition.job
-        }
-    }
-
     public func recordSubmission(_ attempt: JobAttempt, _ request: ProviderRequest) async throws -> JobReportOutcome {
         try await write(fenced: true) { store, db in
             guard let job = try await store.row(db, attempt.jobId, lock: true) else { return .refused("no such job") }

@@ -13,15 +13,11 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     public let retry: RetryPolicy
     /// Effect ids to the titles the app shows, carried in history events.
     public let effectTitles: [String: String]
-    /// Creations and state changes arriving together share one transaction and one fsync
-    /// (group commit); each caller hears back once its change is durable.
-    private let writes: GroupCommitter
 
     public init(database: JobsDatabase, retry: RetryPolicy = RetryPolicy(), effectTitles: [String: String] = [:]) {
         self.database = database
         self.retry = retry
         self.effectTitles = effectTitles
-        self.writes = GroupCommitter(writer: database.writer)
     }
 
     public typealias Outcome = JobReportOutcome
@@ -31,10 +27,10 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     /// Creates a queued job; the same id for the same user returns the existing job. Answers once
     /// the job is durable, in a transaction shared with the creations that arrived meanwhile.
     /// The group committer's counts: transactions and the changes they carried.
-    public var writeStatistics: GroupCommitter.Statistics { writes.statistics }
+    public var writeStatistics: GroupCommitter.Statistics { database.writeStatistics }
 
     public func create(_ request: CreateJob, effectId: String, parameters: [String: Double], now: Date) async throws -> (job: JobRecord, created: Bool) {
-        try await writes.perform { [retry] db in
+        try await database.write { [retry] db in
             // A new id (the usual case) is told by one column, without reading a whole row.
             if let owner = try String.fetchOne(db.cachedStatement(sql: "SELECT userId FROM job WHERE id = ?"), arguments: [request.jobId]) {
                 guard owner == request.userId, let existing = try JobRows.job(db, request.jobId) else {
@@ -63,7 +59,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     /// in the outbox), so that quota settles it the same way.
     public func lookup(_ id: String, abandonIfAbsent: Bool, now: Date) async throws -> JobStatus? {
         guard abandonIfAbsent else { return try await job(id)?.status }
-        return try await writes.perform { db in
+        return try await database.write { db in
             if let job = try JobRows.job(db, id) { return job.status }
             // Purged, its settlement not yet delivered: the job ended as that settlement says.
             if let settlement = try String.fetchOne(db, sql: "SELECT kind FROM outbox WHERE topic = 'quota' AND jobId = ? ORDER BY id DESC LIMIT 1", arguments: [id]) {
@@ -76,7 +72,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
 
     /// The job, if `userId` owns it (nil for anyone else: their ids answer 404).
     public func job(_ id: String, userId: String? = nil) async throws -> JobRecord? {
-        try await database.writer.read { db in
+        try await database.read { db in
             guard let job = try JobRows.job(db, id) else { return nil }
             if let userId, job.userId != userId { return nil }
             return job
@@ -87,13 +83,13 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     /// reads them: GRDB's `Codable` records cost most of a watch's time).
     public func jobs(_ ids: [String]) async throws -> [JobRecord] {
         guard !ids.isEmpty else { return [] }
-        return try await database.writer.read { db in try JobRows.jobs(db, ids) }
+        return try await database.read { db in try JobRows.jobs(db, ids) }
     }
 
     /// The states of the jobs of these ids that exist, in one read of four columns.
     public func states(_ ids: [String]) async throws -> [String: State] {
         guard !ids.isEmpty else { return [:] }
-        return try await database.writer.read { db in
+        return try await database.read { db in
             let rows = try Row.fetchCursor(
                 db.cachedStatement(sql: "SELECT id, userId, version, status, progress FROM job WHERE id IN (SELECT value FROM json_each(?))"),
                 arguments: [JobRows.jsonArray(ids)]
@@ -111,7 +107,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     /// the rows due for it), and when the oldest queued job was created (the first row of the
     /// status index).
     public func counts() async throws -> JobCounts {
-        try await database.writer.read { db in
+        try await database.read { db in
             var counts = JobCounts()
             for row in try Row.fetchAll(db, sql: "SELECT status, COUNT(*) AS n FROM job GROUP BY status") {
                 if let status = JobStatus(rawValue: row["status"]) { counts.states[status] = row["n"] }
@@ -125,15 +121,10 @@ public struct SQLiteJobsStore: ReportingJobsStore {
         }
     }
 
-    /// Starts attempt `attempts + 1`: the job is processing. Nil if it is no longer queued.
-    public func start(_ id: String, now: Date) async throws -> JobRecord? {
-        try await writes.perform { [self] db in try startRow(db, id, now: now) }
-    }
-
     /// The current attempt submitted its generation to a provider's queue: the request is kept
     /// on the job (not a state change: the job stays processing, its version unchanged).
     public func recordSubmission(_ attempt: JobAttempt, _ request: ProviderRequest) async throws -> Outcome {
-        try await writes.perform { db in
+        try await database.write { db in
             guard let job = try JobRows.job(db, attempt.jobId) else { return .refused("no such job") }
             switch JobRules.submitted(job, attempt, request) {
             case .refuse(let reason): return .refused(reason)
@@ -147,7 +138,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
 
     /// The current attempt of every processing job, for the dispatcher's reconcile.
     public func processingAttempts() async throws -> [JobAttempt] {
-        try await database.writer.read { db in
+        try await database.read { db in
             try Row.fetchAll(db, sql: "SELECT id, attempts FROM job WHERE status = ?", arguments: [JobStatus.processing.rawValue])
                 .map { JobAttempt(jobId: $0["id"], attempt: $0["attempts"]) }
         }
@@ -156,7 +147,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     /// Cancels: a queued job at once (charge released); a processing job is marked and the
     /// dispatcher tells its worker. Finished jobs answer `jobs.already_finished`.
     public func cancel(_ id: String, userId: String, now: Date) async throws -> JobRecord {
-        try await writes.perform { [self] db in
+        try await database.write { [self] db in
             guard let job = try JobRows.job(db, id), job.userId == userId else {
                 throw BusError(.notFound, "no job \(id)")
             }
@@ -182,7 +173,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     /// janitor) its result, thumbnail and, when no other job of the user uses it, its original
     /// upload.
     public func purge(_ id: String, userId: String, now: Date) async throws -> Purge {
-        try await writes.perform { db in
+        try await database.write { db in
             guard let job = try JobRecord.fetchOne(db, key: id), job.userId == userId else { return Purge(job: nil) }
             // A job that has not ended gives its charge back, as a cancel would.
             if let settlement = JobRules.purgeSettlement(job) { try Self.settle(db, job: job, settlement, now: now) }
@@ -200,7 +191,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     /// Those of `keys` that no job uses as its original.
     public func unused(_ keys: [String]) async throws -> [String] {
         guard !keys.isEmpty else { return [] }
-        let used = try await database.writer.read { db in
+        let used = try await database.read { db in
             try Set(String.fetchAll(db, JobRecord.select(JobRecord.Columns.imageKey).filter(keys.contains(JobRecord.Columns.imageKey))))
         }
         return keys.filter { !used.contains($0) }
@@ -209,7 +200,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     /// A refused result's files, unless they are the job's own (a repeated report of the accepted
     /// attempt): nothing will ever point at them.
     public func discardOutput(_ output: JobOutput, of attempt: JobAttempt, now: Date) async throws {
-        try await writes.perform { db in try Self.discardOutput(db, output, of: attempt, now: now) }
+        try await database.write { db in try Self.discardOutput(db, output, of: attempt, now: now) }
     }
 
     static func discardOutput(_ db: Database, _ output: JobOutput, of attempt: JobAttempt, now: Date) throws {
@@ -223,7 +214,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     /// them back, and the dispatcher's reconcile queues again any that no worker claims.
     /// Returns every queued job, oldest first, for the dispatcher.
     public func recover(now: Date) async throws -> [JobRecord] {
-        try await writes.perform { [self] db in
+        try await database.write { [self] db in
             let orphans = try JobRecord.filter(JobRecord.Columns.status == JobStatus.processing.rawValue && Column("cancelRequested") == true).fetchAll(db)
             for job in orphans {
                 if let transition = JobRules.recover(job, now: now) { try apply(db, transition) }
@@ -246,7 +237,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     public func write(starts: [String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome {
         guard !starts.isEmpty || !results.isEmpty else { return JobsBatchOutcome(starts: [], results: []) }
         do {
-            return try await writes.perform { [self] db in
+            return try await database.write { [self] db in
                 let together = Self.alone(db) {
                     let batch = try BatchJobs(db, ids: starts + results.map(\.attempt.jobId))
                     return JobsBatchOutcome(
@@ -337,7 +328,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     /// Reads the job an attempt belongs to, asks the rules, and writes what they decide, in one
     /// group-committed transaction.
     public func report(_ attempt: JobAttempt, _ decide: @escaping @Sendable (JobRecord) -> JobRules.Decision) async throws -> (outcome: Outcome, retryAfter: Duration?) {
-        try await writes.perform { [self] db in try reportRow(db, attempt, decide) }
+        try await database.write { [self] db in try reportRow(db, attempt, decide) }
     }
 
     func reportRow(_ db: Database, _ attempt: JobAttempt, batch: BatchJobs? = nil, _ decide: (JobRecord) -> JobRules.Decision) throws
