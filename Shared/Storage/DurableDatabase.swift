@@ -17,7 +17,7 @@ public enum DurableDatabase {
 
     /// Opens the database at `path` as `open` does, with its WAL checkpointed by a
     /// `WALCheckpointer` rather than inside the writer's commits: for a database written
-    /// continuously. The checkpointer runs as long as it is kept.
+    /// continuously. The checkpointer runs until its `close()` (or its release).
     public static func openWithBackgroundCheckpoints(
         path: String, prepare: @escaping @Sendable (Database) throws -> Void = { _ in }
     ) throws -> (DatabasePool, WALCheckpointer) {
@@ -25,6 +25,6 @@ public enum DurableDatabase {
             try prepare(db)
             try db.execute(sql: "PRAGMA wal_autocheckpoint = \(WALCheckpointer.safetyPages)")
         }
-        return (pool, try WALCheckpointer(path: path))
+        return (pool, try WALCheckpointer.start(path: path))
     }
 }

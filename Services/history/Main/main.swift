@@ -27,7 +27,10 @@ await ProcessExit.run("history", files: files) { try await BusServiceRunner.run(
         store = PostgresHistoryStore(database: database, tokenKey: key, logger: logger)
         logger.info("history database open", metadata: ["postgres": "\(location)"])
     } else {
-        store = try HistoryDatabase.open(path: configuration.databasePath)
+        let database = try HistoryDatabase.open(path: configuration.databasePath)
+        store = database
+        // Listed first: it closes after everything that writes through it has stopped.
+        storage.append(ClosedAtShutdown(database.close))
         logger.info("history database open", metadata: ["path": "\(configuration.databasePath)"])
     }
     // Listed before the services that call through them, so that they stop after them.

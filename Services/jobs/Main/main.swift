@@ -45,6 +45,8 @@ await ProcessExit.run("jobs", files: files) { try await BusServiceRunner.run(.jo
     let history = BusClient(configuration: service.client(of: configuration.historyEndpoint), logger: logger)
     let store: any JobsStore
     let dispatch: any JobDispatch
+    /// The dispatcher this replica runs now, if it runs one (on PostgreSQL, only while it leads).
+    let localDispatcher: @Sendable () async -> Dispatcher?
     var services: [any Service] = []
     var relays: [any Service] = []
     if let location = configuration.databaseURL {
@@ -55,6 +57,7 @@ await ProcessExit.run("jobs", files: files) { try await BusServiceRunner.run(.jo
         let link = ReplicatedDispatch(database: database, logger: logger)
         store = postgres
         dispatch = link
+        localDispatcher = { link.dispatcher }
         services = [database, quota, history]
         services.append(DispatchLeadership(election: DispatchElection(database: database, logger: logger), store: postgres, link: link, logger: logger) {
             makeDispatcher($0)
@@ -73,7 +76,9 @@ await ProcessExit.run("jobs", files: files) { try await BusServiceRunner.run(.jo
         await dispatcher.load(try await sqlite.recover(now: Date()))
         store = sqlite
         dispatch = dispatcher
-        services = [quota, history, DispatcherService(dispatcher: dispatcher, channel: channel)]
+        localDispatcher = { dispatcher }
+        // The database first: it closes after everything that writes through it has stopped.
+        services = [ClosedAtShutdown(database.close), quota, history, DispatcherService(dispatcher: dispatcher, channel: channel)]
         relays = [
             JobsRelays.settlements(outbox: JobsOutbox(database: database, topic: OutboxEntry.Topic.quota), quota: quota, logger: logger),
             JobsRelays.historyEvents(outbox: JobsHistoryFeed(store: sqlite), history: history, logger: logger),
@@ -84,7 +89,7 @@ await ProcessExit.run("jobs", files: files) { try await BusServiceRunner.run(.jo
     }
     ProcessMetrics.onScrape {
         guard let counts = try? await store.counts() else { return }
-        let dispatcher = (dispatch as? ReplicatedDispatch)?.dispatcher ?? dispatch as? Dispatcher
+        let dispatcher = await localDispatcher()
         JobsMetrics.refresh(
             states: counts.states, outbox: counts.outbox, queued: await dispatch.queuedCount, awaiting: await dispatcher?.awaitingCount ?? 0,
             slotsHeld: await dispatcher?.slotsHeld ?? 0, oldestQueuedAge: counts.oldestQueued.map { max(0, Date().timeIntervalSince($0)) } ?? 0

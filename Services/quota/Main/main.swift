@@ -22,7 +22,10 @@ await ProcessExit.run("quota", files: files) { try await BusServiceRunner.run(.q
         store = PostgresQuotaStore(database: database, plans: configuration.plans, guests: configuration.guests, logger: logger)
         logger.info("quota database open", metadata: ["postgres": "\(location)"])
     } else {
-        store = try QuotaDatabase.open(path: configuration.databasePath, plans: configuration.plans, guests: configuration.guests, logger: logger)
+        let database = try QuotaDatabase.open(path: configuration.databasePath, plans: configuration.plans, guests: configuration.guests, logger: logger)
+        store = database
+        // Listed first: it closes after everything that writes through it has stopped.
+        storage.append(ClosedAtShutdown(database.close))
         logger.info("quota database open", metadata: ["path": "\(configuration.databasePath)"])
     }
     QuotaHandler(store: store, plans: configuration.plans).register(on: &router)

@@ -11,7 +11,7 @@ import Storage
 public struct HistoryDatabase: Sendable {
     private let writer: any DatabaseWriter
     /// Checkpoints the WAL of a database file outside the writer's commits (those that apply
-    /// jobs' events come continuously); stops when the last copy of this database is released.
+    /// jobs' events come continuously); stops at `close()`.
     private let checkpointer: WALCheckpointer?
     /// Mints and opens page cursors and changes tokens; its key lives in the database.
     public let signer: TokenSigner
@@ -28,6 +28,10 @@ public struct HistoryDatabase: Sendable {
         let key = try writer.read { db in try Data.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'tokenKey'") }
         signer = TokenSigner(key: Array(key ?? Data()))
     }
+
+    /// Stops the background checkpoints: the service's main calls it as it stops
+    /// (`ClosedAtShutdown`). Writes go straight to the writer, which answers each once durable.
+    public func close() async { await checkpointer?.close() }
 
     /// Opens (or creates) the file at `path`, WAL with `synchronous=FULL`, checkpointed in the
     /// background as jobs' and quota's are.

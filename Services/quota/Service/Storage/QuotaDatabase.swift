@@ -23,7 +23,7 @@ public struct QuotaDatabase: QuotaStore {
     let ledger: QuotaLedger
     /// Decides in memory, in batches, durable before it answers.
     let engine: QuotaEngine
-    /// Checkpoints the file's WAL outside the writer's commits, for as long as the database is open.
+    /// Checkpoints the file's WAL outside the writer's commits, until `close()`.
     private let walCheckpointer: WALCheckpointer?
 
     private init(_ writer: any DatabaseWriter, ledger: QuotaLedger, log: LedgerLog?, applied: UInt64,
@@ -35,6 +35,15 @@ public struct QuotaDatabase: QuotaStore {
         try memory.warm(now: Date())
         engine = QuotaEngine(memory: memory, log: log, checkpointer: checkpointer)
         self.walCheckpointer = walCheckpointer
+    }
+
+    /// Refuses new operations and returns once every one accepted is durable and answered, and the
+    /// WAL's checkpoints have stopped: the service's main calls it as it stops (`ClosedAtShutdown`).
+    /// (The ledger's own checkpointer ends by itself once the tables hold the log; what it has
+    /// not written yet is in the log, which the next start reads.)
+    public func close() async {
+        await engine.close()
+        await walCheckpointer?.close()
     }
 
     /// Opens (or creates) the database file at `path` and its ledger folder, applying whatever
