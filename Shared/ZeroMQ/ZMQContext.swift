@@ -1,5 +1,5 @@
 import Clibzmq
-import Dispatch
+import Foundation
 import Synchronization
 
 /// A libzmq context (`zmq_ctx_new`). Thread-safe; sockets keep their context alive.
@@ -38,11 +38,15 @@ public final class ZMQContext: @unchecked Sendable {
         guard terminated.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return true }
         let (outcome, report) = AsyncStream.makeStream(of: Bool.self, bufferingPolicy: .bufferingNewest(2))
         let context = TerminatingHandle(pointer: handle)
-        // zmq_ctx_term blocks: on a Dispatch thread of its own, never on the cooperative pool.
-        DispatchQueue.global().async {
+        // zmq_ctx_term blocks: on a thread of its own, never on the cooperative pool (nor a
+        // Dispatch worker). Awaited here for at most `limit`; past it the process is ending
+        // with a socket open, and the thread ends with it.
+        let thread = Thread {
             Self.term(context.pointer)
             report.yield(true)
         }
+        thread.name = "zmq-term"
+        thread.start()
         return await withTaskGroup(of: Bool.self) { group in
             group.addTask {
                 for await finished in outcome { return finished }

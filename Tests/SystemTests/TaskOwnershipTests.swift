@@ -1,10 +1,11 @@
 import Foundation
 import Testing
 
-/// Every task has an owner that cancels and awaits it: long-running work runs in a service's
-/// `run()` or a task group. The unstructured tasks left (`Task {`, `Task.detached`,
-/// `Task(executorPreference:)`) are listed here, each with why it is owned anyway; a new one
-/// fails this test until it is either made structured or listed with its reason.
+/// Every task and thread has an owner that ends and awaits it: long-running work runs in a
+/// service's `run()` or a task group. The unstructured tasks left (`Task {`, `Task.detached`,
+/// `Task(executorPreference:)`) and every thread started (`IOThread`, `Thread`, a Dispatch queue)
+/// are listed here, each with its owner; a new one fails this test until it is either made
+/// structured or listed with its reason.
 @Suite("Task ownership", .timeLimit(.minutes(5)))
 struct TaskOwnershipTests {
     /// File (from the repository root), how many unstructured tasks it starts, and why each is owned.
@@ -37,11 +38,67 @@ struct TaskOwnershipTests {
             """),
     ]
 
+    /// File, how many threads it starts (`IOThread`, `Thread`, a Dispatch queue), and who owns
+    /// each: who ends it and awaits its end.
+    static let allowedThreads: [String: (count: Int, reason: String)] = [
+        "Shared/Storage/BatchThread.swift": (1, """
+            the group committer's and the quota ledger's batch thread: started with the first item, \
+            it ends after a second idle; its owner (the store) calls `close()`, which lets it \
+            answer what is queued and awaits its end (`ClosedAtShutdown` in each service's main)
+            """),
+        "Shared/Storage/WALCheckpointer.swift": (1, """
+            started by `WALCheckpointer.start` (not an init), ended and awaited by `close()`, \
+            which its database's `close()` calls
+            """),
+        "Services/quota/Service/Storage/LedgerCheckpointer.swift": (1, """
+            started by changes to write into the tables, it ends once the tables hold them all; \
+            what it has not written is in the ledger's log, read again at the next start
+            """),
+        "Services/jobs/Worker/BlockingPool.swift": (1, """
+            the worker's fixed pool for libvips and file copies (one per core), started on first \
+            use and kept for the process's life: owned by the process, which has one
+            """),
+        "Shared/Bus/BusClient.swift": (1, """
+            the client's I/O loop, run by `IOThread.run` from the client's `run()`, which awaits it
+            """),
+        "Shared/Bus/BusServer.swift": (1, """
+            the server's I/O loop, run by `IOThread.run` from the server's `run()`, which awaits it
+            """),
+        "Shared/Bus/BusChannel.swift": (1, """
+            the channel's I/O loop, run by `IOThread.run` from the channel's `run()`, which awaits it
+            """),
+        "Shared/Bus/BusAuthentication.swift": (1, """
+            the process's one ZAP handler, serving until the ZeroMQ context ends at exit \
+            (`ZMQContext.terminate`), which ends its socket and so the thread
+            """),
+        "Shared/Bus/IOThread.swift": (1, "the one place a thread is made, for the uses listed here"),
+        "Shared/ServiceKit/ProcessExit.swift": (1, """
+            the parent watch (`EXIT_WITH_PARENT`): it ends the process, for the process's life
+            """),
+        "Shared/ZeroMQ/ZMQContext.swift": (1, """
+            `zmq_ctx_term` at exit, awaited by `terminate(within:)` for at most its limit: past it \
+            a socket is still open and the process ends with the thread
+            """),
+        "Tools/loadtest/Fault.swift": (1, """
+            waits for a fault command's end (`waitpid`); `shell` awaits it
+            """),
+    ]
+
+    /// The threads each Swift file under `folders` starts.
+    static func threads(in folders: [String]) throws -> [String: Int] {
+        try count(#"\bIOThread\.(start|run)\(|\bThread\s*\{|Thread\.detachNewThread|DispatchQueue\.global|DispatchQueue\(label|\bpthread_create\("#, in: folders)
+    }
+
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
 
     /// The unstructured tasks each Swift file under `folders` starts.
     static func unstructuredTasks(in folders: [String]) throws -> [String: Int] {
-        let pattern = try NSRegularExpression(pattern: #"\bTask(\.detached)?\s*\{|\bTask\((priority|executorPreference)"#)
+        try count(#"\bTask(\.detached)?\s*\{|\bTask\((priority|executorPreference)"#, in: folders)
+    }
+
+    /// The matches of `pattern` in each Swift file under `folders`, comment lines left out.
+    static func count(_ expression: String, in folders: [String]) throws -> [String: Int] {
+        let pattern = try NSRegularExpression(pattern: expression)
         var found: [String: Int] = [:]
         for folder in folders {
             let base = root.appendingPathComponent(folder)
@@ -64,6 +121,16 @@ struct TaskOwnershipTests {
         }
         for file in Self.allowed.keys where found[file] == nil {
             Issue.record("\(file) is listed but starts no unstructured task any more: take it off the list")
+        }
+    }
+
+    @Test func everyThreadIsListedWithItsOwner() throws {
+        let found = try Self.threads(in: ["Services", "Shared", "Clients", "Tools", "Benchmarks"])
+        for (file, count) in found.sorted(by: { $0.key < $1.key }) {
+            #expect(Self.allowedThreads[file]?.count == count, "\(file) starts \(count) thread(s); listed: \(Self.allowedThreads[file]?.count ?? 0)")
+        }
+        for file in Self.allowedThreads.keys where found[file] == nil {
+            Issue.record("\(file) is listed but starts no thread any more: take it off the list")
         }
     }
 }
