@@ -1,5 +1,6 @@
 import AsyncHTTPClient
 import Foundation
+import Messages
 
 /// Which blob store a process uses and how to reach it, from the environment:
 /// `BLOB_STORE=folder` (the default: `BLOB_DIR`, served through the gateway's signed routes at
@@ -41,7 +42,7 @@ public struct BlobStoreConfiguration: Sendable {
     /// The variables `init(environment:audience:)` reads.
     public static func environmentKeys(for audience: Audience) -> [String] {
         [
-            "BLOB_STORE", "BLOB_DIR", "DATA_DIR", "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "S3_ENDPOINT", "S3_REGION", "S3_BUCKET",
+            "BLOB_STORE", "BLOB_DIR", "DATA_DIR", "URL_SIGNING_SECRET", "PUBLIC_BASE_URL", "GATEWAY_HOST", "GATEWAY_PORT", "S3_ENDPOINT", "S3_REGION", "S3_BUCKET",
             "S3_ADDRESSING", "S3_PUBLIC_BASE_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
         ] + (audience == .workers ? ["WORKER_BASE_URL", "S3_WORKER_ENDPOINT"] : ["S3_PUBLIC_ENDPOINT"])
     }
@@ -49,13 +50,25 @@ public struct BlobStoreConfiguration: Sendable {
     /// Reads the variables; a missing or malformed one is an error naming it (never its value
     /// when it is a secret).
     public init(environment: [String: String], audience: Audience = .apps) throws {
-        func value(_ key: String) -> String? { environment[key].flatMap { $0.isEmpty ? nil : $0 } }
-        urlSigningSecret = value("URL_SIGNING_SECRET") ?? "development-url-signing-secret"
-        publicBaseURL = value("PUBLIC_BASE_URL") ?? "http://127.0.0.1:\(value("GATEWAY_PORT") ?? "8080")"
+        try self.init(audience: audience) { key in environment[key].flatMap { $0.isEmpty ? nil : $0 } }
+    }
+
+    /// Reads the variables through `value` (unset and empty alike nil): a process's `Environment`
+    /// passes its own lookup, so that its list of variables is checked against what this reads.
+    public init(audience: Audience = .apps, value: (String) -> String?) throws {
+        urlSigningSecret = value("URL_SIGNING_SECRET") ?? SharedDefaults.urlSigningSecret
+        // Unset: the gateway's own default, from where it listens (as the gateway derives it).
+        publicBaseURL = try value("PUBLIC_BASE_URL") ?? SharedDefaults.publicBaseURL(
+            host: value("GATEWAY_HOST") ?? SharedDefaults.gatewayHost,
+            port: value("GATEWAY_PORT").map { text in
+                guard let port = Int(text) else { throw BlobStoreError(.misconfigured, "GATEWAY_PORT=\(text) is not a number") }
+                return port
+            } ?? SharedDefaults.gatewayPort
+        ).url
         presignBaseURL = audience == .workers ? value("WORKER_BASE_URL") ?? publicBaseURL : publicBaseURL
         switch value("BLOB_STORE") ?? "folder" {
         case "folder", "disk":
-            store = .folder(URL(fileURLWithPath: value("BLOB_DIR") ?? ((value("DATA_DIR") ?? ".data") + "/blobs")))
+            store = .folder(URL(fileURLWithPath: value("BLOB_DIR") ?? ((value("DATA_DIR") ?? SharedDefaults.dataDirectory) + "/blobs")))
         case "s3":
             guard let bucket = value("S3_BUCKET") else { throw BlobStoreError(.misconfigured, "BLOB_STORE=s3 needs S3_BUCKET") }
             guard let accessKey = value("AWS_ACCESS_KEY_ID"), let secret = value("AWS_SECRET_ACCESS_KEY") else {

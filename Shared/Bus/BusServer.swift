@@ -37,7 +37,7 @@ public final class BusServer: Service, Sendable {
 
         public init(
             endpoint: String,
-            maxInFlight: Int = 1024,
+            maxInFlight: Int = SharedDefaults.maxInFlight,
             maxMessageBytes: Int64 = 1 << 20,
             highWaterMark: Int32 = 10_000,
             lingerMilliseconds: Int32 = 2000,

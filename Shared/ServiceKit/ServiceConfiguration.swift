@@ -29,8 +29,8 @@ public struct ServiceConfiguration: Sendable {
     public init(
         service: ServiceName,
         bindEndpoint: String? = nil,
-        maxInFlight: Int = 1024,
-        dataDirectory: String = ".data",
+        maxInFlight: Int = SharedDefaults.maxInFlight,
+        dataDirectory: String = SharedDefaults.dataDirectory,
         logLevel: Logger.Level = .info
     ) {
         self.service = service
@@ -45,8 +45,8 @@ public struct ServiceConfiguration: Sendable {
         self.init(
             service: service,
             bindEndpoint: environment.string(service.bindVariable, default: service.defaultEndpoint),
-            maxInFlight: try environment.int(service.maxInFlightVariable, default: 1024),
-            dataDirectory: environment.string("DATA_DIR", default: ".data"),
+            maxInFlight: try environment.int(service.maxInFlightVariable, default: SharedDefaults.maxInFlight),
+            dataDirectory: environment.string("DATA_DIR", default: SharedDefaults.dataDirectory),
             logLevel: try environment.logLevel()
         )
         busEncoding = try environment.busEncoding()

@@ -74,6 +74,8 @@ struct ConfigurationVariablesTests {
     static let variants: [[String: String]] = [
         [:], ["APP_ATTEST_APP_ID": "ABCDE12345.com.example.photoedit"],
         ["BUS_CURVE_PUBLIC": try! ZMQCurveKeyPair.generate().publicKey],
+        // The S3 store's settings are read only with it
+        ["BLOB_STORE": "s3", "S3_BUCKET": "photos", "AWS_ACCESS_KEY_ID": "AKID", "AWS_SECRET_ACCESS_KEY": "secret"],
     ]
 
     /// What a bus service's main reads: its shared settings, and whether its endpoint may be
@@ -83,18 +85,17 @@ struct ConfigurationVariablesTests {
         try BusSecurity.checkExposure("tcp://0.0.0.0:1", variable: service.bindVariable, curve: false, knownCallers: false, environment: environment)
     }
 
-    static func check(_ name: String, listed: [String], storeKeys: [String] = [], read: (Environment) throws -> Void) {
+    static func check(_ name: String, listed: [String], read: (Environment) throws -> Void) {
         var seen = Set<String>()
         for values in variants { seen.formUnion(Environment.keysRead(with: values, by: read)) }
         let listed = Set(listed)
         #expect(seen.subtracting(listed).isEmpty, "\(name) reads \(seen.subtracting(listed).sorted()) without listing them")
-        // The blob store's settings are read by BlobStoreConfiguration from the raw values.
-        let unread = listed.subtracting(seen).subtracting(storeKeys)
+        let unread = listed.subtracting(seen)
         #expect(unread.isEmpty, "\(name) lists \(unread.sorted()) but never reads them")
     }
 
     @Test func everyProcessListsExactlyTheVariablesItReads() {
-        Self.check("gateway", listed: GatewayConfiguration.environmentKeys, storeKeys: BlobStoreConfiguration.environmentKeys(for: .apps)) {
+        Self.check("gateway", listed: GatewayConfiguration.environmentKeys) {
             _ = try GatewayConfiguration(environment: $0)
         }
         Self.check("worker", listed: WorkerConfiguration.environmentKeys) {
@@ -109,8 +110,7 @@ struct ConfigurationVariablesTests {
             try? Self.service(.history, $0)
             _ = try HistoryConfiguration(environment: $0, dataDirectory: "/tmp")
         }
-        Self.check("jobs", listed: JobsConfiguration.environmentKeys + ServiceConfiguration.environmentKeys(for: .jobs),
-                   storeKeys: BlobStoreConfiguration.environmentKeys(for: .workers)) {
+        Self.check("jobs", listed: JobsConfiguration.environmentKeys + ServiceConfiguration.environmentKeys(for: .jobs)) {
             try? Self.service(.jobs, $0)
             _ = try JobsConfiguration(environment: $0, dataDirectory: "/tmp")
         }

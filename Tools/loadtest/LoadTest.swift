@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import Messages
 import Histogram
 import Synchronization
 
@@ -105,7 +106,7 @@ struct LoadTest: AsyncParsableCommand {
 
     func run() async throws {
         let environment = ProcessInfo.processInfo.environment
-        let target = target ?? environment["LOADTEST_TARGET"] ?? "http://127.0.0.1:\(environment["GATEWAY_PORT"] ?? "8080")"
+        let target = target ?? environment["LOADTEST_TARGET"] ?? "http://127.0.0.1:\(environment["GATEWAY_PORT"] ?? "\(SharedDefaults.gatewayPort)")"
         guard let jwtSecret = jwtSecret ?? environment["JWT_SECRET"], let adminToken = adminToken ?? environment["ADMIN_TOKEN"] else {
             throw ValidationError("loadtest signs users' tokens and reads usage: give --jwt-secret and --admin-token (or JWT_SECRET and ADMIN_TOKEN), the gateway's")
         }
@@ -126,7 +127,7 @@ struct LoadTest: AsyncParsableCommand {
             throw ValidationError("\(target)/readyz does not answer 200: is the stack running (make run)?")
         }
         let chaosRunner: Chaos? = chaos ? Chaos(
-            directory: URL(fileURLWithPath: pids ?? "\(environment["DATA_DIR"] ?? ".data")/pids"),
+            directory: URL(fileURLWithPath: pids ?? "\(environment["DATA_DIR"] ?? SharedDefaults.dataDirectory)/pids"),
             interval: .milliseconds(Int(chaosInterval * 1000)), recorder: recorder,
             only: Set((chaosOnly ?? "").split(separator: ",").map { String($0).trimmingCharacters(in: .whitespaces) }),
             first: (chaosFirst ?? "").split(separator: ",").map { String($0).trimmingCharacters(in: .whitespaces) }

@@ -56,19 +56,18 @@ public struct JobsConfiguration: Sendable {
         } else {
             extraEffects = []
         }
+        let retryDefaults = RetryPolicy()
         retry = RetryPolicy(
-            maxAttempts: max(1, try environment.int("JOBS_MAX_ATTEMPTS", default: 3)),
-            baseDelay: .milliseconds(max(1, try environment.int("JOBS_RETRY_BASE_MS", default: 1000)))
+            maxAttempts: max(1, try environment.int("JOBS_MAX_ATTEMPTS", default: retryDefaults.maxAttempts)),
+            baseDelay: .milliseconds(max(1, try environment.int("JOBS_RETRY_BASE_MS", default: Int(retryDefaults.baseDelay / .milliseconds(1)))))
         )
         proFirst = environment.string("JOBS_PRO_FIRST", default: "true") != "false"
         lostWorkerGrace = .seconds(max(0, try environment.int("JOBS_LOST_WORKER_GRACE_S", default: 30)))
         maxQueued = try environment.int("JOBS_MAX_QUEUED", default: 100_000)
         quotaEndpoint = environment.string(ServiceName.quota.endpointVariable, default: ServiceName.quota.defaultEndpoint)
         historyEndpoint = environment.string(ServiceName.history.endpointVariable, default: ServiceName.history.defaultEndpoint)
-        var blobVariables = environment.values
-        blobVariables["DATA_DIR"] = dataDirectory
         // The URLs jobs signs are its workers' (`WORKER_BASE_URL`, `S3_WORKER_ENDPOINT`).
-        blobs = try BlobStoreConfiguration(environment: blobVariables, audience: .workers)
+        blobs = try BlobStoreConfiguration(audience: .workers) { key in key == "DATA_DIR" ? dataDirectory : environment.optional(key) }
         transferLifetime = min(604_800, max(3, try environment.int("JOBS_TRANSFER_TTL_S", default: 3600)))
         unusedUploadAge = max(1, try environment.int("JOBS_UNUSED_UPLOAD_TTL_S", default: 86_400))
         uploadSweepInterval = .milliseconds(max(100, try environment.int("JOBS_UPLOAD_SWEEP_MS", default: 3_600_000)))

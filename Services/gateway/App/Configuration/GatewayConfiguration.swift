@@ -3,6 +3,7 @@ import Blobs
 import Bus
 import Foundation
 import Logging
+import Messages
 import ServiceKit
 
 /// What the gateway reads from the environment.
@@ -79,8 +80,8 @@ public struct GatewayConfiguration: Sendable {
     /// Reads the configuration from `environment`: every default is written here, once. A
     /// malformed value throws a `ConfigurationError` naming its variable.
     public init(environment: Environment) throws {
-        host = environment.string("GATEWAY_HOST", default: "127.0.0.1")
-        port = try environment.int("GATEWAY_PORT", default: 8080)
+        host = environment.string("GATEWAY_HOST", default: SharedDefaults.gatewayHost)
+        port = try environment.int("GATEWAY_PORT", default: SharedDefaults.gatewayPort)
         endpoints = Dictionary(uniqueKeysWithValues: ServiceName.allCases.map {
             ($0, environment.string($0.endpointVariable, default: $0.defaultEndpoint))
         })
@@ -90,13 +91,14 @@ public struct GatewayConfiguration: Sendable {
         logFormat = try environment.logFormat()
         jwtSecret = environment.optional("JWT_SECRET")
         adminToken = environment.optional("ADMIN_TOKEN")
-        blobStore = try BlobStoreConfiguration(environment: environment.values).store
-        urlSigningSecret = environment.string("URL_SIGNING_SECRET", default: "development-url-signing-secret")
+        let blobs = try BlobStoreConfiguration(value: environment.optional)
+        blobStore = blobs.store
+        urlSigningSecret = blobs.urlSigningSecret
         // Unset: the address the gateway listens on, as clients would reach it; on every interface
         // (0.0.0.0, ::) there is no such name, and loopback stands in (logged at start).
-        let everyInterface = ["0.0.0.0", "::", "[::]", "*", ""].contains(host)
-        publicBaseURL = environment.optional("PUBLIC_BASE_URL") ?? "http://\(everyInterface ? "127.0.0.1" : host):\(port)"
-        publicBaseURLGuessed = environment.optional("PUBLIC_BASE_URL") == nil && everyInterface
+        let guess = SharedDefaults.publicBaseURL(host: host, port: port)
+        publicBaseURL = environment.optional("PUBLIC_BASE_URL") ?? guess.url
+        publicBaseURLGuessed = environment.optional("PUBLIC_BASE_URL") == nil && guess.guessed
         uploadMaxBytes = try environment.int("UPLOAD_MAX_BYTES", default: 20 << 20)
         signedURLLifetime = try environment.int("SIGNED_URL_TTL_S", default: 900)
         shareLifetime = try environment.int("SHARE_TTL_S", default: 7 * 86_400)
