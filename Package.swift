@@ -77,11 +77,18 @@ let package = Package(
             path: "Shared/Messages",
             swiftSettings: swiftSettings
         ),
+        // Threads of their own for blocking work, off the cooperative pool: `IOThread`, and
+        // `BatchThread`, a bounded queue served in batches (the group committer, the quota ledger).
+        .target(
+            name: "Threads",
+            path: "Shared/Threads",
+            swiftSettings: swiftSettings
+        ),
         // Request/reply over ZeroMQ: ROUTER servers, DEALER clients, deadlines, backpressure.
         .target(
             name: "Bus",
             dependencies: [
-                "ZeroMQ", "Messages",
+                "ZeroMQ", "Messages", "Threads",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "HeapModule", package: "swift-collections"),
@@ -98,7 +105,7 @@ let package = Package(
         .target(
             name: "ServiceKit",
             dependencies: [
-                "Bus", "Messages", "ZeroMQ",
+                "Bus", "Messages", "ZeroMQ", "Threads",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -162,7 +169,7 @@ let package = Package(
         .target(
             name: "Storage",
             dependencies: [
-                "Messages", "Bus", .product(name: "GRDB", package: "GRDB.swift"),
+                "Messages", "Bus", "Threads", .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -175,7 +182,7 @@ let package = Package(
         .target(
             name: "QuotaService",
             dependencies: [
-                "QuotaCore", "Messages", "Bus", "ServiceKit", "Storage",
+                "QuotaCore", "Messages", "Bus", "ServiceKit", "Storage", "Threads",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -269,7 +276,7 @@ let package = Package(
         .target(
             name: "WorkerKit",
             dependencies: [
-                "ImageOps", "Blobs", "JobsCore", "Messages", "Bus", "ServiceKit",
+                "ImageOps", "Blobs", "JobsCore", "Messages", "Bus", "ServiceKit", "Threads",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -469,7 +476,7 @@ let package = Package(
         .testTarget(
             name: "QuotaTests",
             dependencies: [
-                "QuotaCore", "QuotaService", "Messages", "Bus", "Storage", "TestSupport",
+                "QuotaCore", "QuotaService", "Messages", "Bus", "Storage", "Threads", "TestSupport",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ],
             path: "Tests/QuotaTests",

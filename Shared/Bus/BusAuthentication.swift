@@ -3,6 +3,7 @@ import Logging
 import Messages
 import Metrics
 import Synchronization
+import Threads
 import ZeroMQ
 
 /// Callers known by key: the process's ZAP handler (ZeroMQ's authentication protocol, RFC 27),

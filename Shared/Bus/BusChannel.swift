@@ -2,6 +2,7 @@ import DequeModule
 import Foundation
 import Logging
 import Synchronization
+import Threads
 import ZeroMQ
 
 /// A duplex message channel over ZeroMQ, for protocols in which either side may speak first (the

@@ -6,6 +6,7 @@ import Messages
 import NIOCore
 import ServiceLifecycle
 import Synchronization
+import Threads
 import ZeroMQ
 
 /// A caller of one service: a DEALER socket connected to the service's endpoint, owned by a

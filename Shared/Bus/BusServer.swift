@@ -5,6 +5,7 @@ import Messages
 import Metrics
 import ServiceLifecycle
 import Synchronization
+import Threads
 import ZeroMQ
 
 /// A service's side of the bus: a ROUTER socket bound to the service's endpoint, owned by a

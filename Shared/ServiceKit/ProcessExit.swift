@@ -2,6 +2,7 @@ import Bus
 import Foundation
 #if canImport(Glibc)
 import Glibc
+import Threads
 #endif
 
 /// Runs a process's main body; an error that reaches the top (a bad configuration, an endpoint

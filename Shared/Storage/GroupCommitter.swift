@@ -3,6 +3,7 @@ import Foundation
 import GRDB
 import Messages
 import Synchronization
+import Threads
 import Tracing
 
 /// Runs concurrent writes together: everything submitted while a transaction is being written

@@ -2,6 +2,7 @@ import Bus
 import Foundation
 import GRDB
 import Synchronization
+import Threads
 
 /// Checkpoints a WAL database from a connection and thread of its own, so that copying the log
 /// back into the database file (and its fsync) does not run inside a writer's commit, where

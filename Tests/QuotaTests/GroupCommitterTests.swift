@@ -10,6 +10,7 @@ import Synchronization
 import Dispatch
 import Testing
 import TestSupport
+import Threads
 
 /// A quota database in a fresh temporary folder (removed by the caller), as the service opens it.
 func temporaryDatabase() throws -> (QuotaDatabase, URL) {

@@ -41,7 +41,7 @@ struct TaskOwnershipTests {
     /// File, how many threads it starts (`IOThread`, `Thread`, a Dispatch queue), and who owns
     /// each: who ends it and awaits its end.
     static let allowedThreads: [String: (count: Int, reason: String)] = [
-        "Shared/Storage/BatchThread.swift": (1, """
+        "Shared/Threads/BatchThread.swift": (1, """
             the group committer's and the quota ledger's batch thread: started with the first item, \
             it ends after a second idle; its owner (the store) calls `close()`, which lets it \
             answer what is queued and awaits its end (`ClosedAtShutdown` in each service's main)
@@ -71,7 +71,7 @@ struct TaskOwnershipTests {
             the process's one ZAP handler, serving until the ZeroMQ context ends at exit \
             (`ZMQContext.terminate`), which ends its socket and so the thread
             """),
-        "Shared/Bus/IOThread.swift": (1, "the one place a thread is made, for the uses listed here"),
+        "Shared/Threads/IOThread.swift": (1, "the one place a thread is made, for the uses listed here"),
         "Shared/ServiceKit/ProcessExit.swift": (1, """
             the parent watch (`EXIT_WITH_PARENT`): it ends the process, for the process's life
             """),

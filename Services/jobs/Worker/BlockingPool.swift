@@ -1,7 +1,8 @@
-import Dispatch
 import Bus
+import Dispatch
 import Foundation
 import Synchronization
+import Threads
 
 /// A fixed set of threads for blocking work (libvips calls, file copies), off the cooperative
 /// pool: as many threads as the machine has cores by default, started on first use and kept.

@@ -7,6 +7,7 @@ import Messages
 import Metrics
 import Storage
 import Synchronization
+import Threads
 
 /// Writes the ledger's durable changes into the quota tables (`charge`, `usage`) in the
 /// background, on a thread of its own: everything that arrived since the last checkpoint in one

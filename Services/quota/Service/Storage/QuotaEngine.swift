@@ -4,6 +4,7 @@ import GRDB
 import Messages
 import Storage
 import Synchronization
+import Threads
 import Tracing
 
 /// Runs every quota operation on one thread of its own, against `QuotaMemory`, in batches: all

@@ -16,7 +16,7 @@ public enum IOThread {
     }
 
     /// Runs `body` on a new thread and suspends (without blocking a pool thread) until it ends.
-    static func run<T: Sendable>(name: String, _ body: @escaping @Sendable () -> T) async -> T {
+    public static func run<T: Sendable>(name: String, _ body: @escaping @Sendable () -> T) async -> T {
         await withCheckedContinuation { continuation in
             start(name: name) { continuation.resume(returning: body()) }
         }

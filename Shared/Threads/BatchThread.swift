@@ -1,4 +1,3 @@
-import Bus
 import Dispatch
 import Foundation
 import Synchronization
