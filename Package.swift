@@ -457,7 +457,7 @@ let package = Package(
         .testTarget(
             name: "JobsTests",
             dependencies: [
-                "JobsCore", "JobsService", "Messages", "Bus", "Blobs", "ServiceKit", "Storage", "TestSupport",
+                "JobsCore", "JobsService", "WorkerKit", "Messages", "Bus", "Blobs", "ServiceKit", "Storage", "TestSupport",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
