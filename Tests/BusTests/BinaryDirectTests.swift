@@ -188,6 +188,45 @@ struct BinaryDirectTests {
         #expect(try BinaryCoding.decode([String: QuotaWindow].self, from: BinaryCoding.encode(byName, direct: false)) == byName)
     }
 
+    /// One value of each message written by hand with every field set, optionals included.
+    private static var fullValues: [any BinaryDirectCodable & Encodable] {
+        let assignment = assignments[1]
+        return [
+            UserReference(userId: "user-1"), statuses[1], statuses[1].daily, decisions[3], reservations[1], jobs[1], pages[1],
+            creations[1], attempt, assignment.transfer!.result, assignment.transfer!, assignment, assignment.effect.parameters[0],
+            EffectDescription(
+                id: "veo", title: "Video", parameters: [.init(name: "seconds", minimum: 4, maximum: 8, defaultValue: 4)], processor: "fal",
+                endpoint: "https://fal.example/veo", credits: 40, kind: .video, model: "fal-ai/veo3.1/image-to-video", timeoutSeconds: 600
+            ),
+            JobOutput(resultKey: "r", thumbnailKey: "t"), WatchJobs.Seen(jobId: "j", userId: "u", version: 1, progress: 0.5),
+            WatchJobs(jobs: [WatchJobs.Seen(jobId: "j", userId: "u", version: 1, progress: 0.5)]), WatchedJobs(changed: jobs, gone: ["g"]),
+        ]
+    }
+
+    /// Stored properties no peer ever sends, in either form (their `CodingKeys` leave them out).
+    private static let neverSent: [String: Set<String>] = ["CreateJob": ["traceParent"]]
+
+    /// A stored property added to a message written by hand must reach its binary form: the full
+    /// values set every stored property (so a new optional that no value sets fails here), each
+    /// stored property is a field of its `Codable` form, and the hand-written bytes are the
+    /// `Codable` bytes (so a field `writeBinary` leaves out fails there).
+    @Test func everyStoredPropertyOfAMessageWrittenByHandIsInItsBinaryForm() throws {
+        for value in Self.fullValues {
+            let type = "\(Swift.type(of: value))"
+            let skipped = Self.neverSent[type] ?? []
+            let properties = Mirror(reflecting: value).children.compactMap(\.label).filter { !skipped.contains($0) }
+            #expect(!properties.isEmpty, "\(type) has no stored property")
+            for child in Mirror(reflecting: value).children where !skipped.contains(child.label ?? "") {
+                let inner = Mirror(reflecting: child.value)
+                #expect(!(inner.displayStyle == .optional && inner.children.isEmpty), "the full \(type) leaves \(child.label ?? "?") nil: set it")
+            }
+            let json = try JSONSerialization.jsonObject(with: JSONEncoder().encode(value)) as? [String: Any] ?? [:]
+            let missing = Set(properties).subtracting(json.keys)
+            #expect(missing.isEmpty, "\(type)'s Codable form leaves out \(missing.sorted()); if no peer should send them, list them in neverSent")
+            #expect(try BinaryCoding.encode(value, direct: true) == BinaryCoding.encode(value, direct: false), "\(type) written by hand differs from its Codable form")
+        }
+    }
+
     /// A window as a newer peer might send it: its fields in another order, a field added (a
     /// container, skipped whole), and the optionals written as nil instead of left out.
     private struct ReorderedWindow: Encodable {
