@@ -15,9 +15,9 @@ struct HistoryController<Context: GatewayRequestContext>: Sendable {
     let shareLifetime: Int
 
     func addRoutes(to router: Router<Context>) {
-        let router = router.group().add(middleware: AuthenticationMiddleware(authenticator: authenticator))
+        let router = router.authenticated(by: authenticator)
         router.get("/api/v1/history") { request, context in
-            let caller = try context.caller()
+            let caller = context.caller
             var list = try HistoryQuery.list(request.uri.queryParameters, userId: caller.id)
             if list.groupByMonth {
                 let status = try await clients.call(.quota, Quota.status, UserReference(userId: caller.id))
@@ -28,7 +28,7 @@ struct HistoryController<Context: GatewayRequestContext>: Sendable {
             return try HistoryJSON.response(links: links, capacity: 512 + page.heads.count * 1024) { try $0.page(page) }
         }
         router.get("/api/v1/history/changes") { request, context in
-            let caller = try context.caller()
+            let caller = context.caller
             let query = request.uri.queryParameters
             let limit = try HistoryQuery.integer(query["limit"], name: "limit", default: 200, range: 1...500)
             let since = query["since"].map(String.init).flatMap { $0.isEmpty ? nil : $0 }
@@ -40,7 +40,7 @@ struct HistoryController<Context: GatewayRequestContext>: Sendable {
             return HistoryJSON.response(links: links) { $0.item(item) }
         }
         router.delete("/api/v1/history/:jobId") { request, context in
-            let caller = try context.caller()
+            let caller = context.caller
             let deleted = try await clients.call(.history, History.delete, HistoryItemReference(userId: caller.id, jobId: try context.parameters.require("jobId")))
             return try JSONResponse.make(.ok, Deleted(deletedItemId: deleted.jobId))
         }
@@ -54,22 +54,22 @@ struct HistoryController<Context: GatewayRequestContext>: Sendable {
             )
         }
         router.post("/api/v1/history/:jobId/share") { request, context in
-            let caller = try context.caller()
+            let caller = context.caller
             let grant = try await clients.call(.history, History.share, ShareItem(
                 userId: caller.id, jobId: try context.parameters.require("jobId"), lifetimeSeconds: shareLifetime
             ))
             return try JSONResponse.make(.created, Shared(shareUrl: links.publicBaseURL + "/s/" + grant.token, expiresAt: grant.expiresAt))
         }
         router.delete("/api/v1/history/:jobId/share") { request, context in
-            let caller = try context.caller()
+            let caller = context.caller
             _ = try await clients.call(.history, History.unshare, HistoryItemReference(userId: caller.id, jobId: try context.parameters.require("jobId")))
             return Response(status: .noContent)
         }
     }
 
     /// The caller and the item named in the path, if it is theirs (404 otherwise).
-    func ownedItem(_ request: Request, _ context: Context) async throws -> (caller: Caller, item: HistoryItem) {
-        let caller = try context.caller()
+    func ownedItem(_ request: Request, _ context: AuthenticatedContext<Context>) async throws -> (caller: Caller, item: HistoryItem) {
+        let caller = context.caller
         let item = try await clients.call(.history, History.get, HistoryItemReference(userId: caller.id, jobId: try context.parameters.require("jobId")))
         return (caller, item)
     }

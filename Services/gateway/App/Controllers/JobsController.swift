@@ -46,9 +46,9 @@ struct JobsController<Context: GatewayRequestContext>: Sendable {
                 aliases: list.aliases
             ))
         }
-        let router = router.group().add(middleware: AuthenticationMiddleware(authenticator: authenticator))
+        let router = router.authenticated(by: authenticator)
         router.post("/api/v1/jobs") { request, context in
-            let caller = try context.caller()
+            let caller = context.caller
             let body = try await JSONBody.decode(CreateRequest.self, from: request, context: context)
             // Neither named: the catalogue's default, as the Chat screen's `"model": "default"`.
             let effect = body.effectId ?? body.model ?? "default"
@@ -68,7 +68,7 @@ struct JobsController<Context: GatewayRequestContext>: Sendable {
             return try events(request, first: job, userId: caller.id)
         }
         router.post("/api/v1/jobs/:jobId/cancel") { request, context in
-            let caller = try context.caller()
+            let caller = context.caller
             let job = try await clients.call(.jobs, Jobs.cancel, JobReference(jobId: try context.parameters.require("jobId"), userId: caller.id))
             return try JSONResponse.make(.ok, status(job))
         }
@@ -82,8 +82,8 @@ struct JobsController<Context: GatewayRequestContext>: Sendable {
     }
 
     /// The caller and the job named in the path, if it is theirs (404 otherwise).
-    func ownedJob(_ request: Request, _ context: Context) async throws -> (caller: Caller, job: JobRecord) {
-        let caller = try context.caller()
+    func ownedJob(_ request: Request, _ context: AuthenticatedContext<Context>) async throws -> (caller: Caller, job: JobRecord) {
+        let caller = context.caller
         let job = try await clients.call(.jobs, Jobs.get, JobReference(jobId: try context.parameters.require("jobId"), userId: caller.id))
         return (caller, job)
     }

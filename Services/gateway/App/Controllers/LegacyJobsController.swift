@@ -12,9 +12,9 @@ struct LegacyJobsController<Context: GatewayRequestContext>: Sendable {
     let links: DownloadLinks
 
     func addRoutes(to router: Router<Context>) {
-        let router = router.group().add(middleware: AuthenticationMiddleware(authenticator: authenticator))
+        let router = router.authenticated(by: authenticator)
         router.get("/get-video-jobs") { request, context in
-            let caller = try context.caller()
+            let caller = context.caller
             let query = request.uri.queryParameters
             // As the document gives them: a user_id sent is not empty, a device_id sent is a UUID.
             let user = query["user_id"].map(String.init), device = query["device_id"].map(String.init)
@@ -31,7 +31,7 @@ struct LegacyJobsController<Context: GatewayRequestContext>: Sendable {
             return try JSONResponse.make(.ok, JobList(jobs: page.items.map { VideoJob($0, links: links) }))
         }
         router.get("/get-video-status") { request, context in
-            let caller = try context.caller()
+            let caller = context.caller
             guard let jobId = request.uri.queryParameters["job_id"].map(String.init), !jobId.isEmpty else {
                 throw Problem(.badRequest, detail: "Name the job with job_id.")
             }

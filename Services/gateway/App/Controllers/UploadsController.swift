@@ -41,8 +41,8 @@ struct UploadsController<Context: GatewayRequestContext>: Sendable {
     }
 
     func addRoutes(to router: Router<Context>) {
-        router.group().add(middleware: AuthenticationMiddleware(authenticator: authenticator)).post("/api/v1/uploads/presigned") { request, context in
-            let caller = try context.caller()
+        router.authenticated(by: authenticator).post("/api/v1/uploads/presigned") { request, context in
+            let caller = context.caller
             let ask = try await JSONBody.decode(PresignRequest.self, from: request, context: context)
             // Counted as JSON Schema counts a maxLength (code points); the name is never a path.
             guard (1...255).contains(ask.filename.unicodeScalars.count) else {

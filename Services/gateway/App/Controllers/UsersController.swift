@@ -11,14 +11,14 @@ struct UsersController<Context: GatewayRequestContext>: Sendable {
     let authenticator: Authenticator
 
     func addRoutes(to router: Router<Context>) {
-        let router = router.group().add(middleware: AuthenticationMiddleware(authenticator: authenticator))
+        let router = router.authenticated(by: authenticator)
         router.get("/api/v1/users/me") { _, context in
-            let caller = try context.caller()
+            let caller = context.caller
             let status = try await clients.call(.quota, Quota.status, UserReference(userId: caller.id))
             return UsersJSON.response(UsersJSON.me(caller, status), status)
         }
         router.get("/api/v1/users/me/credits") { _, context in
-            let caller = try context.caller()
+            let caller = context.caller
             let status = try await clients.call(.quota, Quota.status, UserReference(userId: caller.id))
             return UsersJSON.response(UsersJSON.credits(status), status)
         }
