@@ -112,7 +112,7 @@ struct QuotaMemoryLedgerTests {
     /// Whether the tables agree with themselves: each usage counter is the sum of the costs of the
     /// charges in its window that were not released (every usage row here began at zero).
     static func tablesAgree(_ store: QuotaDatabase) async throws -> (Bool, charges: Int) {
-        try await store.writer.read { db in
+        try await store.read { db in
             let disagreeing = try Int.fetchOne(db, sql: """
                 SELECT count(*) FROM usage u WHERE used != coalesce((
                     SELECT sum(cost) FROM charge c WHERE c.state != 'released' AND (
@@ -227,11 +227,11 @@ struct QuotaMemoryLedgerTests {
         #expect(try await store.usage(userId: "old-user", now: now).charges.map(\.state) == [.committed])
         #expect(try await store.staleReservations(before: now, limit: 10).isEmpty)
         // And the table is keyed by the job id, the stale scan's index holding reserved charges only
-        let shape = try await store.writer.read { db in
+        let shape = try await store.read { db in
             try String.fetchOne(db, sql: "SELECT sql FROM sqlite_master WHERE name = 'charge'") ?? ""
         }
         #expect(shape.contains("WITHOUT ROWID"))
-        let plan = try await store.writer.read { db in
+        let plan = try await store.read { db in
             try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN SELECT jobId FROM charge WHERE state = 'reserved' AND reservedAt < ? ORDER BY reservedAt LIMIT 5",
                              arguments: [StoredDate.text(now)]).map { $0["detail"] as String }
         }

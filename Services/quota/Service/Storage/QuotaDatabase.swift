@@ -17,8 +17,9 @@ import Storage
 /// The log is a folder beside the database file: `quota.sqlite` keeps its log in
 /// `quota.sqlite-ledger/`.
 public struct QuotaDatabase: QuotaStore {
-    /// The connection every table write goes through (the tests' white-box checks read it too).
-    let writer: any DatabaseWriter
+    /// The connection every table write goes through: on the ledger's thread (`engine`), or the
+    /// derived tables' checkpoints (`LedgerCheckpointer`). No one else sees it.
+    private let writer: any DatabaseWriter
     /// The plans, windows and checks.
     let ledger: QuotaLedger
     /// Decides in memory, in batches, durable before it answers.
@@ -136,8 +137,15 @@ public struct QuotaDatabase: QuotaStore {
     }
 
     public func admitGuest(_ request: AdmitGuest, now: Date) async throws -> GuestAdmission {
-        // Guests are not in memory: their table alone answers.
-        try await writer.write { [ledger] db in try ledger.admitGuest(db, request, now: now) }
+        // Guests are not in memory: their table alone answers, written on the ledger's thread
+        // as every other write of the tables.
+        try await engine.perform { [writer, ledger] _ in try writer.write { db in try ledger.admitGuest(db, request, now: now) } }
+    }
+
+    /// Runs `body` on a read-only connection: the tables as the last checkpoint left them (for
+    /// tests' checks of what a restart starts from).
+    func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        try await writer.read(body)
     }
 
     public func attestGuest(_ request: AttestGuest, now: Date) async throws -> GuestAttestation {
