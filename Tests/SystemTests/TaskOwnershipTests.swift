@@ -114,23 +114,23 @@ struct TaskOwnershipTests {
         return found
     }
 
-    @Test func everyUnstructuredTaskIsListedWithItsOwner() throws {
-        let found = try Self.unstructuredTasks(in: ["Services", "Shared", "Clients", "Tools", "Benchmarks"])
+    /// What `found` finds in the code matches `allowed`, file by file.
+    static func expectListed(_ found: [String: Int], _ allowed: [String: (count: Int, reason: String)], what: String) {
         for (file, count) in found.sorted(by: { $0.key < $1.key }) {
-            #expect(Self.allowed[file]?.count == count, "\(file) starts \(count) unstructured task(s); listed: \(Self.allowed[file]?.count ?? 0)")
+            #expect(allowed[file]?.count == count, "\(file) starts \(count) \(what); listed: \(allowed[file]?.count ?? 0)")
         }
-        for file in Self.allowed.keys where found[file] == nil {
-            Issue.record("\(file) is listed but starts no unstructured task any more: take it off the list")
+        for file in allowed.keys where found[file] == nil {
+            Issue.record("\(file) is listed but starts no \(what) any more: take it off the list")
         }
     }
 
+    static let folders = ["Services", "Shared", "Clients", "Tools", "Benchmarks"]
+
+    @Test func everyUnstructuredTaskIsListedWithItsOwner() throws {
+        Self.expectListed(try Self.unstructuredTasks(in: Self.folders), Self.allowed, what: "unstructured task(s)")
+    }
+
     @Test func everyThreadIsListedWithItsOwner() throws {
-        let found = try Self.threads(in: ["Services", "Shared", "Clients", "Tools", "Benchmarks"])
-        for (file, count) in found.sorted(by: { $0.key < $1.key }) {
-            #expect(Self.allowedThreads[file]?.count == count, "\(file) starts \(count) thread(s); listed: \(Self.allowedThreads[file]?.count ?? 0)")
-        }
-        for file in Self.allowedThreads.keys where found[file] == nil {
-            Issue.record("\(file) is listed but starts no thread any more: take it off the list")
-        }
+        Self.expectListed(try Self.threads(in: Self.folders), Self.allowedThreads, what: "thread(s)")
     }
 }

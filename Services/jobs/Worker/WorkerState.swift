@@ -265,21 +265,22 @@ public struct WorkerState: Sendable {
     /// The job's generation waits in a provider's queue: its place goes to the next job, unless
     /// `maxDetached` wait so already. False if it keeps its place.
     public mutating func detach(_ attempt: JobAttempt) -> (Bool, [Action]) {
-        guard held[attempt]?.place == .placed, detached < maxDetached else { return (false, []) }
-        held[attempt]?.place = .detached
-        placed -= 1
-        detached += 1
-        return (true, grants())
+        giveBack(attempt, becoming: .detached, unless: detached >= maxDetached)
     }
 
     /// The job's image model answered: its place goes to the next job, unless `capacity` jobs
     /// finish so already (slow writes then hold the worker back instead of piling up). False if
     /// it keeps its place.
     public mutating func release(_ attempt: JobAttempt) -> (Bool, [Action]) {
-        guard held[attempt]?.place == .placed, released < capacity else { return (false, []) }
-        held[attempt]?.place = .released
+        giveBack(attempt, becoming: .released, unless: released >= capacity)
+    }
+
+    /// A placed job goes on without its place, which goes to the next job in line.
+    private mutating func giveBack(_ attempt: JobAttempt, becoming place: Place, unless full: Bool) -> (Bool, [Action]) {
+        guard held[attempt]?.place == .placed, !full else { return (false, []) }
+        held[attempt]?.place = place
         placed -= 1
-        released += 1
+        if place == .detached { detached += 1 } else { released += 1 }
         return (true, grants())
     }
 
