@@ -378,7 +378,7 @@ let package = Package(
         .executableTarget(
             name: "loadtest",
             dependencies: [
-                "Messages", "Blobs",
+                "Messages", "Blobs", "Threads",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),

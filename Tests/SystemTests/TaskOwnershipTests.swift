@@ -80,7 +80,7 @@ struct TaskOwnershipTests {
             a socket is still open and the process ends with the thread
             """),
         "Tools/loadtest/Fault.swift": (1, """
-            waits for a fault command's end (`waitpid`); `shell` awaits it
+            waits for a fault command's end (`waitpid`), run by `IOThread.run` from `shell`, which awaits it
             """),
     ]
 

@@ -1,4 +1,5 @@
 import Foundation
+import Threads
 import Synchronization
 
 /// One fault applied for a set time, then healed: `--fault-command` runs (`/bin/sh -c`) at
@@ -60,8 +61,8 @@ final class Fault: Sendable {
     }
 
     /// Runs `command` with `/bin/sh -c`, its output on this process's, and returns its exit
-    /// status (128 + the signal if one ended it). Its end is awaited on a thread of its own (`waitpid` blocks), off the
-    /// cooperative pool. (Foundation's `Process` was not used: it sees a process end only when
+    /// status (128 + the signal if one ended it). Its end is awaited on a thread of its own
+    /// (`waitpid` blocks: `IOThread.run`), off the cooperative pool. (Foundation's `Process` was not used: it sees a process end only when
     /// every descendant has closed a socket it inherits, so a command that starts a daemon never
     /// ended.)
     static func shell(_ command: String) async -> Int32 {
@@ -70,13 +71,11 @@ final class Fault: Sendable {
         var pid: pid_t = 0
         guard posix_spawn(&pid, "/bin/sh", nil, nil, arguments + [nil], environ) == 0 else { return 127 }
         let child = pid
-        return await withCheckedContinuation { continuation in
-            Thread.detachNewThread {
-                var status: Int32 = 0
-                while waitpid(child, &status, 0) == -1 && errno == EINTR {}
-                let signal = status & 0x7F
-                continuation.resume(returning: signal == 0 ? (status >> 8) & 0xFF : 128 + signal)
-            }
+        return await IOThread.run(name: "fault-wait") {
+            var status: Int32 = 0
+            while waitpid(child, &status, 0) == -1 && errno == EINTR {}
+            let signal = status & 0x7F
+            return signal == 0 ? (status >> 8) & 0xFF : 128 + signal
         }
     }
 

@@ -41,7 +41,9 @@ public struct Worker: Service {
             capacity: configuration.capacity, maxDetached: runner.providers.maxGenerations, heartbeat: configuration.heartbeat,
             metricsInterval: Self.metricsInterval, ready: ready, now: .now
         )
-        let core = WorkerCore(state: state, endpoint: configuration.endpoint, logger: logger)
+        let core = WorkerCore(state: state, connectedMetadata: [
+            "endpoint": "\(configuration.endpoint)", "capacity": "\(configuration.capacity)", "prefetch": "\(configuration.prefetch)",
+        ], logger: logger)
         try await withThrowingDiscardingTaskGroup { jobs in
             jobs.addTask {
                 defer {

@@ -21,7 +21,8 @@ final class WorkerCore: Sendable {
     let reports = Reports()
     let pokes = Pokes()
     let logger: Logger
-    let endpoint: String
+    /// What the `connected` line says of this worker.
+    private let connectedMetadata: Logger.Metadata
     /// Jobs to start. Unbounded, but it never holds more than the jobs held (`capacity` plus the
     /// prefetched and the generations waiting on providers).
     let launches: AsyncStream<Launch>
@@ -31,9 +32,9 @@ final class WorkerCore: Sendable {
     /// Those waiting for the worker to hold no job (`untilEmpty`), by a number of their own.
     private let emptyWaiters = Mutex<(next: Int, waiting: [Int: CheckedContinuation<Void, Never>])>((0, [:]))
 
-    init(state: WorkerState, endpoint: String, logger: Logger) {
+    init(state: WorkerState, connectedMetadata: Logger.Metadata, logger: Logger) {
         self.state = Mutex(state)
-        self.endpoint = endpoint
+        self.connectedMetadata = connectedMetadata
         self.logger = logger
         (launches, launchInput) = AsyncStream.makeStream(of: Launch.self)
     }
@@ -70,11 +71,7 @@ final class WorkerCore: Sendable {
 
     private func log(_ note: WorkerState.Note) {
         switch note {
-        case .connected:
-            let state = state.withLock { ($0.capacity, $0.ready) }
-            var prefetch = 0
-            if case .ready(let ready) = state.1 { prefetch = ready.prefetch ?? 0 }
-            logger.info("connected", metadata: ["endpoint": "\(endpoint)", "capacity": "\(state.0)", "prefetch": "\(prefetch)"])
+        case .connected: logger.info("connected", metadata: connectedMetadata)
         case .cancelling(let attempt): logger.info("cancelling", metadata: ["job": "\(attempt.jobId)"])
         // Its task ends at once, with the cancel as its result.
         case .cancelledBeforeStart(let attempt): logger.info("cancelled before it started", metadata: ["job": "\(attempt.jobId)"])
