@@ -1,4 +1,5 @@
 import Bus
+import BinaryWire
 import Foundation
 import Logging
 import Messages

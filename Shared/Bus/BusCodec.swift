@@ -1,3 +1,4 @@
+import BinaryWire
 import Foundation
 import Messages
 

@@ -1,3 +1,5 @@
+import BinaryWire
+
 /// The bus's frames on the wire.
 ///
 /// A request is two frames, `[header, body]` (a ROUTER sees the caller's routing id before them):

@@ -1,3 +1,4 @@
+import BinaryWire
 import Foundation
 
 /// The history service's methods: the user's past edits (a read model fed by job events), search,
@@ -64,7 +65,7 @@ public struct EventsApplied: Codable, Sendable, Equatable {
 
 /// The status the app shows: the app's enum has exactly these four, so a queued job is listed as
 /// `processing`.
-public enum HistoryStatus: String, Codable, Sendable, CaseIterable {
+public enum HistoryStatus: String, Codable, BinaryStringEnum, Sendable, CaseIterable {
     case completed, processing, failed, cancelled
 
     /// The app's status of a job's status.

@@ -1,3 +1,4 @@
+import BinaryWire
 import Foundation
 
 /// A history item as the app's `HistoryItem` decodes it, written in one pass: keys in sorted order
@@ -70,6 +71,7 @@ extension HistoryItem {
 
 /// A page of history as `history.page` answers it: each item's JSON written by history up to its
 /// URLs, for the gateway to finish without decoding or encoding an item again.
+@BinaryMessage
 public struct RenderedHistoryPage: Codable, Sendable, Equatable {
     /// Each item's `HistoryItem.writeHead` text, newest first.
     public var heads: [String]

@@ -1,3 +1,4 @@
+import BinaryWire
 import Foundation
 
 /// The jobs service's methods: creating, reading and cancelling edit jobs.
@@ -46,7 +47,7 @@ public enum Jobs {
 }
 
 /// A job's lifecycle: `queued -> processing -> completed | failed | cancelled`.
-public enum JobStatus: String, Codable, Sendable, CaseIterable {
+public enum JobStatus: String, Codable, BinaryStringEnum, Sendable, CaseIterable {
     case queued, processing, completed, failed, cancelled
 
     /// Whether the job has ended.
@@ -54,6 +55,7 @@ public enum JobStatus: String, Codable, Sendable, CaseIterable {
 }
 
 /// Asks to create a job. The gateway has authenticated the user and reserved quota for `jobId`.
+@BinaryMessage
 public struct CreateJob: Codable, Sendable, Equatable {
     public var jobId: String
     public var userId: String
@@ -64,6 +66,7 @@ public struct CreateJob: Codable, Sendable, Equatable {
     public var prompt: String?
     /// The credits the gateway reserved for the job (the effect's price when it was asked); the
     /// job gives exactly these back if it fails, and history shows them.
+    @DefaultWhenAbsent(Jobs.defaultCredits)
     public var credits: Int
     /// Set by the jobs service as it handles the request (its span's `traceparent`), not by
     /// callers: the trace the job joins.
@@ -86,20 +89,8 @@ public struct CreateJob: Codable, Sendable, Equatable {
         self.credits = credits
     }
 
+    /// `traceParent` is set by the jobs service as it handles the request, never sent.
     enum CodingKeys: String, CodingKey { case jobId, userId, isPro, imageKey, effectId, parameters, prompt, credits, imageETag }
-
-    public init(from decoder: any Decoder) throws {
-        let container = try decoder.container(keyedBy: CodingKeys.self)
-        jobId = try container.decode(String.self, forKey: .jobId)
-        userId = try container.decode(String.self, forKey: .userId)
-        isPro = try container.decode(Bool.self, forKey: .isPro)
-        imageKey = try container.decode(String.self, forKey: .imageKey)
-        effectId = try container.decode(String.self, forKey: .effectId)
-        parameters = try container.decode([String: Double].self, forKey: .parameters)
-        prompt = try container.decodeIfPresent(String.self, forKey: .prompt)
-        credits = try container.decodeIfPresent(Int.self, forKey: .credits) ?? Jobs.defaultCredits
-        imageETag = try container.decodeIfPresent(String.self, forKey: .imageETag)
-    }
 }
 
 /// The effect catalogue: every effect, and the aliases (`default`) that name one of them.
@@ -145,10 +136,12 @@ public struct JobPurged: Codable, Sendable, Equatable {
 }
 
 /// The jobs a caller follows, each with the version and progress it has seen.
+@BinaryMessage
 public struct WatchJobs: Codable, Sendable, Equatable {
     /// The most jobs one `watch` call may name.
     public static let maxJobs = 1_000
 
+    @BinaryMessage
     public struct Seen: Codable, Sendable, Equatable {
         public var jobId: String
         public var userId: String
@@ -168,6 +161,7 @@ public struct WatchJobs: Codable, Sendable, Equatable {
 
 /// The answer to `watch`: the jobs that changed, as they are now, and the ids of those that no
 /// longer exist (or are not the user's).
+@BinaryMessage
 public struct WatchedJobs: Codable, Sendable, Equatable {
     public var changed: [JobRecord]
     public var gone: [String]
@@ -210,6 +204,7 @@ public struct JobExistence: Codable, Sendable, Equatable {
 }
 
 /// A job as the jobs service keeps it.
+@BinaryMessage
 public struct JobRecord: Codable, Sendable, Equatable {
     public var id: String
     public var userId: String
@@ -234,8 +229,10 @@ public struct JobRecord: Codable, Sendable, Equatable {
     /// Increases with every state change: events carry it so consumers apply each once.
     public var version: Int
     /// The user asked to cancel while the job was processing; its worker has been told.
+    @DefaultWhenAbsent(false)
     public var cancelRequested: Bool
     /// The credits reserved for the job: committed when it completes, given back otherwise.
+    @DefaultWhenAbsent(Jobs.defaultCredits)
     public var credits: Int
     /// The provider's request of a long generation submitted to a provider's queue (fal), kept
     /// durably so that any worker, after any restart, waits on the same request instead of
@@ -280,41 +277,6 @@ public struct JobRecord: Codable, Sendable, Equatable {
         self.credits = credits
         self.submission = submission
     }
-
-    enum CodingKeys: String, CodingKey {
-        case id, userId, isPro, imageKey, effectId, parameters, prompt, status, progress, attempts, maxAttempts, lastError
-        case resultKey, thumbnailKey, createdAt, updatedAt, startedAt, finishedAt, version, cancelRequested, credits, submission, traceParent
-        case imageETag
-    }
-
-    /// Decodes a job; `credits` (from before prices) defaults to 1, `cancelRequested` to false.
-    public init(from decoder: any Decoder) throws {
-        let c = try decoder.container(keyedBy: CodingKeys.self)
-        id = try c.decode(String.self, forKey: .id)
-        userId = try c.decode(String.self, forKey: .userId)
-        isPro = try c.decode(Bool.self, forKey: .isPro)
-        imageKey = try c.decode(String.self, forKey: .imageKey)
-        effectId = try c.decode(String.self, forKey: .effectId)
-        parameters = try c.decode([String: Double].self, forKey: .parameters)
-        prompt = try c.decodeIfPresent(String.self, forKey: .prompt)
-        status = try c.decode(JobStatus.self, forKey: .status)
-        progress = try c.decode(Double.self, forKey: .progress)
-        attempts = try c.decode(Int.self, forKey: .attempts)
-        maxAttempts = try c.decode(Int.self, forKey: .maxAttempts)
-        lastError = try c.decodeIfPresent(String.self, forKey: .lastError)
-        resultKey = try c.decodeIfPresent(String.self, forKey: .resultKey)
-        thumbnailKey = try c.decodeIfPresent(String.self, forKey: .thumbnailKey)
-        createdAt = try c.decode(Date.self, forKey: .createdAt)
-        updatedAt = try c.decode(Date.self, forKey: .updatedAt)
-        startedAt = try c.decodeIfPresent(Date.self, forKey: .startedAt)
-        finishedAt = try c.decodeIfPresent(Date.self, forKey: .finishedAt)
-        version = try c.decode(Int.self, forKey: .version)
-        cancelRequested = try c.decodeIfPresent(Bool.self, forKey: .cancelRequested) ?? false
-        credits = try c.decodeIfPresent(Int.self, forKey: .credits) ?? Jobs.defaultCredits
-        submission = try c.decodeIfPresent(ProviderRequest.self, forKey: .submission)
-        traceParent = try c.decodeIfPresent(String.self, forKey: .traceParent)
-        imageETag = try c.decodeIfPresent(String.self, forKey: .imageETag)
-    }
 }
 
 /// A request submitted to a provider's queue (fal's queue API): its id and the URLs fal answered
@@ -338,12 +300,16 @@ public struct ProviderRequest: Codable, Sendable, Equatable {
 }
 
 /// What an effect makes: a still image or a video.
-public enum MediaKind: String, Codable, Sendable, CaseIterable {
+public enum MediaKind: String, Codable, BinaryStringEnum, Sendable, CaseIterable {
     case image, video
 }
 
-/// An effect the app can ask for: its id, the title the app shows, its parameters.
+/// An effect the app can ask for: its id, the title the app shows, its parameters. Every field but
+/// `id` may be left out of the operator's file and takes its `@DefaultWhenAbsent` value, so an
+/// operator writes only what matters.
+@BinaryMessage
 public struct EffectDescription: Codable, Sendable, Equatable {
+    @BinaryMessage
     public struct Parameter: Codable, Sendable, Equatable {
         public var name: String
         public var minimum: Double
@@ -358,17 +324,22 @@ public struct EffectDescription: Codable, Sendable, Equatable {
     }
 
     public var id: String
+    @DefaultWhenAbsent(copying: \EffectDescription.id)
     public var title: String
+    @DefaultWhenAbsent([Parameter]())
     public var parameters: [Parameter]
     /// How the worker runs it: `vips` or `copy` (built in), a provider (`gemini`, `openai`,
     /// `fal`), or `remote` (the operator's own HTTP endpoint).
+    @DefaultWhenAbsent("vips")
     public var processor: String
     /// For `remote`: the endpoint's URL. For a provider: its base URL instead of the public one
     /// (a regional endpoint, a proxy, or a local server in tests).
     public var endpoint: String?
     /// What one job costs, in credits (the units of the quota windows).
+    @DefaultWhenAbsent(Jobs.defaultCredits)
     public var credits: Int
     /// What it makes: an image, or a video (stored as `video/mp4`, its first frame the thumbnail).
+    @DefaultWhenAbsent(MediaKind.image)
     public var kind: MediaKind
     /// For a provider: the provider's own model id (`gemini-2.5-flash-image`, `gpt-image-1`,
     /// `fal-ai/veo3.1/image-to-video`).
@@ -388,22 +359,5 @@ public struct EffectDescription: Codable, Sendable, Equatable {
         self.kind = kind
         self.model = model
         self.timeoutSeconds = timeoutSeconds
-    }
-
-    enum CodingKeys: String, CodingKey { case id, title, parameters, processor, endpoint, credits, kind, model, timeoutSeconds }
-
-    /// Decodes an effect; `parameters` defaults to none, `processor` to `vips`, `credits` to 1 and
-    /// `kind` to `image`, so an operator writes only what matters.
-    public init(from decoder: any Decoder) throws {
-        let container = try decoder.container(keyedBy: CodingKeys.self)
-        id = try container.decode(String.self, forKey: .id)
-        title = try container.decodeIfPresent(String.self, forKey: .title) ?? id
-        parameters = try container.decodeIfPresent([Parameter].self, forKey: .parameters) ?? []
-        processor = try container.decodeIfPresent(String.self, forKey: .processor) ?? "vips"
-        endpoint = try container.decodeIfPresent(String.self, forKey: .endpoint)
-        credits = try container.decodeIfPresent(Int.self, forKey: .credits) ?? Jobs.defaultCredits
-        kind = try container.decodeIfPresent(MediaKind.self, forKey: .kind) ?? .image
-        model = try container.decodeIfPresent(String.self, forKey: .model)
-        timeoutSeconds = try container.decodeIfPresent(Int.self, forKey: .timeoutSeconds)
     }
 }

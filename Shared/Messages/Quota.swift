@@ -1,3 +1,4 @@
+import BinaryWire
 import Foundation
 
 /// The quota service's methods: plans, usage windows and the charges made against them.
@@ -43,6 +44,7 @@ public enum Quota {
 }
 
 /// Asks to charge `cost` units for `jobId` to `userId`.
+@BinaryMessage
 public struct ReserveQuota: Codable, Sendable, Equatable {
     public var userId: String
     public var jobId: String
@@ -114,6 +116,7 @@ public struct ChargeReference: Codable, Sendable, Equatable {
 }
 
 /// Names a user.
+@BinaryMessage
 public struct UserReference: Codable, Sendable, Equatable {
     public var userId: String
     public init(userId: String) { self.userId = userId }
@@ -179,6 +182,7 @@ public struct SubscriptionOutcome: Codable, Sendable, Equatable {
 }
 
 /// One calendar window of a user's quota, as of a moment.
+@BinaryMessage
 public struct QuotaWindow: Codable, Sendable, Equatable {
     /// `daily` or `monthly`.
     public var name: String
@@ -206,6 +210,7 @@ public struct QuotaWindow: Codable, Sendable, Equatable {
 }
 
 /// A user's plan and windows.
+@BinaryMessage
 public struct QuotaStatus: Codable, Sendable, Equatable {
     public var userId: String
     public var plan: String
@@ -233,6 +238,7 @@ public struct QuotaStatus: Codable, Sendable, Equatable {
 
 /// The answer to `reserve`: admitted with the windows after the charge, or denied naming the
 /// windows that are exhausted and when a retry can succeed.
+@BinaryMessage
 public struct QuotaDecision: Codable, Sendable, Equatable {
     public var admitted: Bool
     public var jobId: String

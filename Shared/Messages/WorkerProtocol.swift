@@ -1,3 +1,4 @@
+import BinaryWire
 import Foundation
 
 /// The worker protocol (after the ZeroMQ Guide's Majordomo and Paranoid Pirate patterns): a worker
@@ -12,6 +13,7 @@ import Foundation
 public let workerProtocolMaxBatch = 64
 
 /// What a worker tells the jobs service.
+@BinaryMessage
 public enum WorkerMessage: Codable, Sendable, Equatable {
     case ready(WorkerReady)
     /// The attempts the worker holds: running, or finished with the result not yet recorded.
@@ -46,6 +48,7 @@ public enum WorkerMessage: Codable, Sendable, Equatable {
 }
 
 /// What the jobs service tells a worker.
+@BinaryMessage
 public enum DispatcherMessage: Codable, Sendable, Equatable {
     case assign(JobAssignment)
     case cancel(JobAttempt)
@@ -102,6 +105,7 @@ public struct WorkerReady: Codable, Sendable, Equatable {
 }
 
 /// One attempt at one job: results are accepted only from the current attempt (fencing).
+@BinaryMessage
 public struct JobAttempt: Codable, Sendable, Hashable {
     public var jobId: String
     public var attempt: Int
@@ -112,6 +116,7 @@ public struct JobAttempt: Codable, Sendable, Hashable {
 }
 
 /// A job handed to a worker.
+@BinaryMessage
 public struct JobAssignment: Codable, Sendable, Equatable {
     public var attempt: JobAttempt
     public var userId: String
@@ -156,6 +161,7 @@ public struct JobAssignment: Codable, Sendable, Equatable {
 /// An attempt's presigned URLs: a GET of its input, and a PUT for each output under the key it
 /// is to have. With the S3 store they are the bucket's own; with the folder store, the
 /// gateway's signed routes. Both work only until `expiresAt`.
+@BinaryMessage
 public struct JobTransfer: Codable, Sendable, Equatable {
     public var inputURL: String
     public var result: PresignedWrite
@@ -170,6 +176,7 @@ public struct JobTransfer: Codable, Sendable, Equatable {
 }
 
 /// Where one output goes: its key, and the URL and headers of the `PUT` that writes it.
+@BinaryMessage
 public struct PresignedWrite: Codable, Sendable, Equatable {
     public var key: String
     public var url: String
@@ -182,6 +189,7 @@ public struct PresignedWrite: Codable, Sendable, Equatable {
 }
 
 /// What a finished job produced, as blob keys.
+@BinaryMessage
 public struct JobOutput: Codable, Sendable, Equatable {
     public var resultKey: String
     public var thumbnailKey: String

@@ -2,6 +2,7 @@ import Foundation
 import Messages
 import Testing
 
+@testable import BinaryWire
 @testable import Bus
 
 /// Every shape `Codable` produces: scalars at their limits, optionals both ways, nesting,

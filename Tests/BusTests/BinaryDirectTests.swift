@@ -2,6 +2,7 @@ import Foundation
 import Messages
 import Testing
 
+@testable import BinaryWire
 @testable import Bus
 
 /// The messages that write and read their binary form by hand (`BinaryDirectCodable`) against

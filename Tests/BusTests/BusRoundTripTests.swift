@@ -2,6 +2,7 @@ import Foundation
 import Messages
 import Testing
 
+import BinaryWire
 @testable import Bus
 
 @Suite("Bus round trips", .timeLimit(.minutes(5)))

@@ -880,6 +880,6 @@ func utf8String(_ bytes: UnsafeBufferPointer<UInt8>) -> String? {
 }
 
 /// The string of `bytes[range]`, or nil when they are not UTF-8.
-func utf8String(_ bytes: [UInt8], _ range: Range<Int>) -> String? {
+public func utf8String(_ bytes: [UInt8], _ range: Range<Int>) -> String? {
     bytes.withUnsafeBufferPointer { buffer in utf8String(UnsafeBufferPointer(rebasing: buffer[range])) }
 }
