@@ -427,6 +427,16 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(
+            name: "MessageMacrosTests",
+            dependencies: [
+                "MessageMacros",
+                .product(name: "SwiftSyntaxMacroExpansion", package: "swift-syntax"),
+                .product(name: "SwiftSyntaxMacrosGenericTestSupport", package: "swift-syntax"),
+            ],
+            path: "Tests/MessageMacrosTests",
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
             name: "PhotoEditKitTests",
             dependencies: ["PhotoEditKit"],
             path: "Tests/PhotoEditKitTests",
