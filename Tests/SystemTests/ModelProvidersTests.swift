@@ -246,12 +246,13 @@ struct ModelProvidersTests {
             let job = try await client.execute(uri: "/api/v1/jobs/\(ids[0])", method: .get, headers: user)
             #expect(JobSystem.json(job)["attempts"] as? Int == 1)
 
-            // A model with a 1 s timeout whose provider asks for 2 s: the attempt fails as
-            // retryable at its timeout (here its only attempt), and the credits go back
+            // A model with a 1 s timeout whose provider asks for 2.5 s: the attempt fails at once
+            // as retryable, since the wait would pass its timeout (here its only attempt), and the
+            // credits go back
             let (status, body) = try await Self.create(client, user, key: key, effect: "impatient", prompt: "ratelimit \(UUID().uuidString)")
             #expect(status == .accepted)
             let timedOut = try await JobSystem.waitForStatus(client, as: user, jobId: try #require(body["jobId"] as? String))
-            #expect(timedOut["status"] as? String == "failed" && (timedOut["error"] as? String)?.contains("did not answer within 1 s") == true, "\(timedOut)")
+            #expect(timedOut["status"] as? String == "failed" && (timedOut["error"] as? String)?.contains("past the model's timeout of 1 s") == true, "\(timedOut)")
             try await waitUntil { try await Self.dailyRemaining(client, user) == 100 - 6 * 4 }
         }
         let stats = try await models.stats()
@@ -377,5 +378,94 @@ struct ProviderCallTests {
         #expect(!refused.retryable && !refused.description.contains("sk-abc") && refused.description.contains("401"))
         let malformed = call.failure(.init(status: 400, headers: [:], body: Data(#"{"error": {"message": "Invalid image."}}"#.utf8)))
         #expect(malformed.description.contains("Invalid image.") && !malformed.retryable)
+    }
+}
+
+/// Each provider's own signals in its error answers, read as its documentation defines them
+/// (`ProviderSignal` quotes the pages): the bodies below are the documented shapes.
+@Suite("Provider signals", .timeLimit(.minutes(5)))
+struct ProviderSignalTests {
+    static func read(_ status: Int, _ body: String) -> ProviderSignal { ProviderSignal.read(status: status, body: Data(body.utf8)) }
+
+    @Test func eachProvidersKeyBillingAndWaitSignalsAreRead() {
+        // Gemini: an unknown key is a 400 INVALID_ARGUMENT with an ErrorInfo reason, not 401/403.
+        let geminiKey = Self.read(400, #"{"error": {"code": 400, "message": "API key not valid. Please pass a valid API key.", "status": "INVALID_ARGUMENT", "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID", "domain": "googleapis.com", "metadata": {"service": "generativelanguage.googleapis.com"}}]}}"#)
+        #expect(geminiKey == ProviderSignal(kind: .key))
+        // Gemini: a 429's wait is a RetryInfo detail (a protobuf Duration), never a header.
+        let geminiWait = Self.read(429, #"{"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": "quota", "details": [{"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": []}, {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "37.5s"}]}}"#)
+        #expect(geminiWait == ProviderSignal(retryDelay: .milliseconds(37_500)))
+        #expect(Self.read(403, #"{"error": {"code": 403, "status": "PERMISSION_DENIED", "message": "x", "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "BILLING_DISABLED"}]}}"#).kind == .billing)
+        // OpenAI: a 429 is a rate limit or the account out of money, told apart by type and code.
+        #expect(Self.read(429, #"{"error": {"message": "You exceeded your current quota, please check your plan and billing details.", "type": "insufficient_quota", "param": null, "code": "insufficient_quota"}}"#).kind == .billing)
+        #expect(Self.read(429, #"{"error": {"message": "x", "type": "insufficient_quota", "param": null, "code": "project_spend_limit_exceeded"}}"#).kind == .billing)
+        #expect(Self.read(429, #"{"error": {"message": "Rate limit reached for images per minute.", "type": "requests", "param": null, "code": "rate_limit_exceeded"}}"#) == ProviderSignal())
+        #expect(Self.read(400, #"{"error": {"message": "Billing hard limit has been reached", "type": "invalid_request_error", "param": null, "code": "billing_hard_limit_reached"}}"#).kind == .billing)
+        #expect(Self.read(401, #"{"error": {"message": "Incorrect API key provided: sk-abc***xyz.", "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}"#).kind == .key)
+        // fal: a locked account is a 403 that is billing, not the key.
+        #expect(Self.read(403, #"{"detail": "User is locked. Reason: Exhausted balance. Top up your balance at fal.ai/dashboard/billing."}"#).kind == .billing)
+        #expect(Self.read(401, #"{"detail": "Unauthorized"}"#).kind == .key)
+        // A plain 5xx or garbage says nothing beyond its status.
+        #expect(Self.read(503, "<html>busy</html>") == ProviderSignal())
+        #expect(ProviderSignal.duration("0.5s") == .milliseconds(500) && ProviderSignal.duration("5") == nil && ProviderSignal.duration("-1s") == nil)
+    }
+
+    /// The adapters against `provider-fixture`, which answers as each provider documents.
+    @Test func keyAndBillingFailAtOnceForTheOperatorAndAnAdvisedWaitIsKept() async throws {
+        let port = freePort()
+        let fixture = try ServiceProcess("provider-fixture", environment: [
+            "FIXTURE_PORT": "\(port)", "FIXTURE_IMAGE_MS": "10", "FIXTURE_GEMINI_KEY": "gemini-right", "FIXTURE_OPENAI_KEY": "openai-right",
+            "FIXTURE_FAL_KEY": "fal-right",
+        ])
+        let base = "http://127.0.0.1:\(port)"
+        func stats() async throws -> [String: Any] {
+            let response = try await HTTPClient.shared.execute(HTTPClientRequest(url: base + "/_fixture/stats"), timeout: .seconds(5))
+            return (try JSONSerialization.jsonObject(with: Data(buffer: try await response.body.collect(upTo: 1 << 20))) as? [String: Any]) ?? [:]
+        }
+        try await waitUntil(within: .seconds(30)) { (try? await stats()) != nil }
+        let image = try Data(contentsOf: JobSystem.fixture)
+        func call(_ provider: String, _ model: String) -> ProviderCall { ProviderCall(provider: provider, model: model, timeout: .seconds(60)) }
+
+        // Gemini's 400 API_KEY_INVALID: the key, for good, in the operator's words, not Gemini's.
+        do {
+            _ = try await GeminiAdapter(baseURL: base, key: "gemini-wrong").edit(image, contentType: "image/jpeg", prompt: "a hat", call: call("gemini", "gemini-2.5-flash-image"))
+            Issue.record("a wrong Gemini key was accepted")
+        } catch let error as EffectError {
+            #expect(!error.retryable && error.description.contains("refused our API key (400)") && !error.description.contains("not valid"), "\(error)")
+        }
+        // OpenAI's 429 insufficient_quota: billing, after one request, not retried as a rate limit.
+        do {
+            _ = try await OpenAIAdapter(baseURL: base, key: "openai-right").edit(image, contentType: "image/jpeg", prompt: "nocredit hat", call: call("openai", "gpt-image-1"))
+            Issue.record("OpenAI's insufficient_quota was not a failure")
+        } catch let error as EffectError {
+            #expect(!error.retryable && error.description.contains("refused for billing (429"), "\(error)")
+        }
+        // fal's 403 "User is locked. Reason: Exhausted balance.": billing, not the key.
+        do {
+            _ = try await FalAdapter(queueURL: base, key: "fal-right").submit(image, contentType: "image/jpeg", prompt: "nocredit move", parameters: [:], webhook: nil,
+                                                                             call: call("fal", "fal-ai/veo3.1/image-to-video"))
+            Issue.record("fal's locked account was not a failure")
+        } catch let error as EffectError {
+            #expect(!error.retryable && error.description.contains("refused for billing (403"), "\(error)")
+        }
+        #expect(try await stats()["billingRefusals"] as? Int == 2, "each billing refusal was asked once")
+
+        // Gemini's RetryInfo: three 429s, each waited out as asked (the fixture records a request
+        // sent before the wait it gave as rejected), then the edit.
+        let prompt = "ratelimit \(UUID().uuidString)"
+        let output = try await GeminiAdapter(baseURL: base, key: "gemini-right").edit(image, contentType: "image/jpeg", prompt: prompt, call: call("gemini", "gemini-2.5-flash-image"))
+        #expect(output.bytes == image)
+        let seen = try await stats()
+        #expect((seen["rateLimited"] as? [String: Int])?[prompt] == 3)
+        #expect(seen["rejected"] as? [String] == ["gemini: wrong x-goog-api-key"])
+
+        // A wait asked for past the model's timeout fails the attempt at once, saying so.
+        do {
+            _ = try await GeminiAdapter(baseURL: base, key: "gemini-right").edit(image, contentType: "image/jpeg", prompt: "ratelimit \(UUID().uuidString)",
+                                                                               call: ProviderCall(provider: "gemini", model: "gemini-2.5-flash-image", timeout: .seconds(1)))
+            Issue.record("a wait past the timeout was not a failure")
+        } catch let error as EffectError {
+            #expect(error.retryable && error.description.contains("gemini asked to wait 2.5 s before trying again, past the model's timeout of 1 s"), "\(error)")
+        }
+        await fixture.stop()
     }
 }

@@ -15,8 +15,12 @@ import Synchronization
 // `rejected`, which tests require to stay empty.
 //
 // The prompt steers it, so a test needs no control calls: `unsafe` is refused for safety;
-// `ratelimit` is answered 429 with `Retry-After: 2` three times (per prompt), then served; for
-// fal, `nowebhook` sends no webhook and `twicehook` sends it twice. Images come back as the
+// `ratelimit` is answered 429 three times (per prompt), then served, each 429 asking for a wait
+// as its provider does (Gemini: `RetryInfo.retryDelay` of 2.5 s in the body and no header, and a
+// request of that prompt sent sooner is recorded as rejected; OpenAI and fal: `Retry-After: 2`);
+// `nocredit` is answered as an account out of money (OpenAI's 429 `insufficient_quota`, fal's
+// 403 "User is locked. Reason: Exhausted balance."); for fal, `nowebhook` sends no webhook and
+// `twicehook` sends it twice. A wrong Gemini key gets Gemini's 400 `API_KEY_INVALID`. Images come back as the
 // photo sent (a real image); videos as a real MP4 made by ffmpeg at start.
 //
 // FIXTURE_PORT (required), FIXTURE_HOST (127.0.0.1: the address it listens on and names in fal's
@@ -32,6 +36,8 @@ struct Stats: Codable {
     var maxInFlight: [String: Int] = [:]
     var rejected: [String] = []
     var rateLimited: [String: Int] = [:]
+    /// Answers that said the account is out of money.
+    var billingRefusals = 0
     var submissions = 0
     var cancels = 0
     var webhooksSent = 0
@@ -52,6 +58,8 @@ struct FalRequest {
 final class State: Sendable {
     let stats = Mutex(Stats())
     let fal = Mutex<[String: FalRequest]>([:])
+    /// When each rate-limited prompt may be sent again, by Gemini's `retryDelay`.
+    let notBefore = Mutex<[String: ContinuousClock.Instant]>([:])
 
     func begin(_ provider: String, _ route: String) {
         stats.withLock {
@@ -229,9 +237,23 @@ struct ProviderFixture: Sendable {
             state.reject("gemini: path \(call)")
             return Self.googleError(404, "NOT_FOUND", "models/\(call) is not found for API version v1beta")
         }
-        guard request.headers[HTTPField.Name("x-goog-api-key")!] == geminiKey else {
-            state.reject("gemini: missing or wrong x-goog-api-key")
-            return Self.googleError(403, "PERMISSION_DENIED", "Method doesn't allow unregistered callers.")
+        guard let key = request.headers[HTTPField.Name("x-goog-api-key")!] else {
+            state.reject("gemini: no x-goog-api-key")
+            return Self.googleError(403, "PERMISSION_DENIED", "Method doesn't allow unregistered callers (callers without established identity). Please use API Key or other form of API consumer identity to call this API.")
+        }
+        guard key == geminiKey else {
+            // As Gemini answers a key it does not know: 400, not 401 or 403, with the reason in
+            // an ErrorInfo detail.
+            state.reject("gemini: wrong x-goog-api-key")
+            let message = "API key not valid. Please pass a valid API key."
+            return Self.json(.badRequest, ["error": [
+                "code": 400, "status": "INVALID_ARGUMENT", "message": message,
+                "details": [
+                    ["@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID", "domain": "googleapis.com",
+                     "metadata": ["service": "generativelanguage.googleapis.com"]],
+                    ["@type": "type.googleapis.com/google.rpc.LocalizedMessage", "locale": "en-US", "message": message],
+                ],
+            ]])
         }
         let body = try await request.body.collect(upTo: 100 << 20)
         guard let ask = try? JSONDecoder().decode(GeminiAsk.self, from: Data(buffer: body)), let parts = ask.contents.first?.parts else {
@@ -245,8 +267,25 @@ struct ProviderFixture: Sendable {
             state.reject("gemini: parts need a text and an inline_data image whose mime_type matches its bytes")
             return Self.googleError(400, "INVALID_ARGUMENT", "Unable to process input image.")
         }
+        if let notBefore = state.notBefore.withLock({ $0[prompt] }), ContinuousClock.now < notBefore {
+            state.reject("gemini: sent again before the RetryInfo.retryDelay it was given")
+        }
         if state.rateLimit(prompt) {
-            return Self.googleError(429, "RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota).", headers: [.retryAfter: "2"])
+            // As Gemini answers a rate limit: no Retry-After header; the wait is a RetryInfo
+            // detail in the body, beside the QuotaFailure that names the limit.
+            state.notBefore.withLock { $0[prompt] = .now.advanced(by: .milliseconds(2500)) }
+            return Self.json(.tooManyRequests, ["error": [
+                "code": 429, "status": "RESOURCE_EXHAUSTED",
+                "message": "You exceeded your current quota, please check your plan and billing details.",
+                "details": [
+                    ["@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [[
+                        "quotaMetric": "generativelanguage.googleapis.com/generate_content_paid_tier_requests",
+                        "quotaId": "GenerateRequestsPerMinutePerProjectPerModel", "quotaValue": "10",
+                    ]]],
+                    ["@type": "type.googleapis.com/google.rpc.Help", "links": [["description": "Learn more about Gemini API quotas", "url": "https://ai.google.dev/gemini-api/docs/rate-limits"]]],
+                    ["@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "2.5s"],
+                ],
+            ]])
         }
         try await Task.sleep(for: imageDelay)
         if prompt.contains("unsafe") {
@@ -297,6 +336,11 @@ struct ProviderFixture: Sendable {
             state.reject("openai: multipart needs model, prompt and an image file whose type matches its bytes")
             return Self.openAIError(400, "Invalid request: model, prompt and image are required.", type: "invalid_request_error", errorCode: nil)
         }
+        if prompt.contains("nocredit") {
+            state.stats.withLock { $0.billingRefusals += 1 }
+            return Self.openAIError(429, "You exceeded your current quota, please check your plan and billing details. For more information on this error, read the docs: https://platform.openai.com/docs/guides/error-codes/api-errors.",
+                                    type: "insufficient_quota", errorCode: "insufficient_quota")
+        }
         if state.rateLimit(prompt) {
             return Self.openAIError(429, "Rate limit reached for images per minute.", type: "requests", errorCode: "rate_limit_exceeded", headers: [.retryAfter: "2"])
         }
@@ -337,6 +381,10 @@ struct ProviderFixture: Sendable {
               let type = Self.sniff(image), imageURL.hasPrefix("data:\(type);base64,") else {
             state.reject("fal: input needs prompt and image_url (a data URI of an image)")
             return Self.json(.unprocessableContent, ["detail": [["loc": ["body", "image_url"], "msg": "field required", "type": "value_error.missing"]]])
+        }
+        if prompt.contains("nocredit") {
+            state.stats.withLock { $0.billingRefusals += 1 }
+            return Self.falDetail(403, "User is locked. Reason: Exhausted balance. Top up your balance at fal.ai/dashboard/billing.")
         }
         if state.rateLimit(prompt) {
             return Self.json(.tooManyRequests, ["detail": "Too many requests"], headers: [.retryAfter: "2"])
