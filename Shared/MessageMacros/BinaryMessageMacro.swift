@@ -78,18 +78,19 @@ public struct BinaryMessageMacro: ExtensionMacro, MemberMacro {
         var writes: [String] = []
         var reads: [String] = []
         for enumCase in cases {
-            let locals = enumCase.values.indices.map { "_\($0)" }
             if enumCase.values.isEmpty {
                 writes.append("case .\(enumCase.name): fields.nested(\"\(enumCase.name)\")")
                 reads.append("case \"\(enumCase.name)\": decoded.found(try value.keyed { _ -> Self in .\(enumCase.name) })")
                 continue
             }
-            let bindings = locals.map { "let \($0)" }.joined(separator: ", ")
-            let inner = zip(enumCase.values, locals).map { "inner.write(\"\($0.key)\", \($1))" }.joined(separator: "; ")
+            // A case's values are bound to their `Field.name`s (`_0`, `_1`, ...), in its pattern
+            // and in the reads alike.
+            let bindings = enumCase.values.map { "let \($0.name)" }.joined(separator: ", ")
+            let inner = enumCase.values.map { "inner.write(\"\($0.key)\", \($0.name))" }.joined(separator: "; ")
             writes.append("case .\(enumCase.name)(\(bindings)): fields.nested(\"\(enumCase.name)\") { inner in \(inner) }")
-            let valueReads = fieldReads(enumCase.values, reader: "inner", local: { field in locals[enumCase.values.firstIndex(of: field)!] })
-            let arguments = zip(enumCase.values, locals).map { field, local in
-                (field.label.map { "\($0): " } ?? "") + value(of: field, local: local, reader: "inner")
+            let valueReads = fieldReads(enumCase.values, reader: "inner", local: \.name)
+            let arguments = enumCase.values.map { field in
+                (field.label.map { "\($0): " } ?? "") + value(of: field, local: field.name, reader: "inner")
             }
             reads.append("case \"\(enumCase.name)\":")
             reads.append("    decoded.found(try value.keyed { inner -> Self in")
@@ -163,7 +164,7 @@ public struct DefaultWhenAbsentMacro: PeerMacro {
 
 /// What a message declares, as the macros read it.
 enum Message {
-    struct Field: Equatable {
+    struct Field {
         /// The property's name, or `_0` for an enum case's unlabelled value.
         var name: String
         /// The key it is written under.

@@ -107,7 +107,7 @@ struct FalAdapter: Sendable {
             } else if answer.status != 200 {
                 throw call.failure(answer)
             }
-            guard ContinuousClock.now < call.deadline else { throw call.expired }
+            guard ContinuousClock.now < call.deadline else { throw call.expired() }
             try await wait()
         }
     }

@@ -39,7 +39,8 @@ struct ProviderCall: Sendable {
         var body: Data
     }
 
-    var expired: EffectError {
+    /// The call ran out of time (counted as a `timeout`).
+    func expired() -> EffectError {
         countError("timeout")
         return EffectError("the model did not answer within \(timeoutText)", retryable: true)
     }
@@ -56,7 +57,7 @@ struct ProviderCall: Sendable {
         var failures = 0
         while true {
             let remaining = ContinuousClock.now.duration(to: deadline)
-            guard remaining > .zero else { throw expired }
+            guard remaining > .zero else { throw expired() }
             let started = ContinuousClock.now
             let answer: Answer
             do {
@@ -74,7 +75,7 @@ struct ProviderCall: Sendable {
                 }
                 failures += 1
                 guard failures <= 2, ContinuousClock.now.duration(to: deadline) > .seconds(failures) else {
-                    if ContinuousClock.now >= deadline { throw expired }
+                    if ContinuousClock.now >= deadline { throw expired() }
                     countError("unreachable")
                     throw EffectError("\(provider) could not be reached: \(EffectRunner.describe(error))", retryable: true)
                 }
@@ -100,7 +101,7 @@ struct ProviderCall: Sendable {
                 Counter(label: "worker_provider_rate_limit_waits_total", dimensions: dimensions).increment()
                 failures += 1
                 let wait = Duration.seconds(min(30, 1 << min(failures, 5)))
-                guard ContinuousClock.now.advanced(by: wait) < deadline else { throw expired }
+                guard ContinuousClock.now.advanced(by: wait) < deadline else { throw expired() }
                 try await Task.sleep(for: wait)
                 continue
             }
