@@ -30,7 +30,7 @@ JOBS_BIND=$JOBS_ENDPOINT JOBS_WORKER_BIND=$worker_endpoint JOBS_MAX_QUEUED=10000
   JOBS_EFFECTS="[{\"id\": \"banana\", \"processor\": \"gemini\", \"model\": \"gemini-2.5-flash-image\", \"endpoint\": \"$fixture\"},
                  {\"id\": \"veo\", \"processor\": \"fal\", \"model\": \"fal-ai/veo3.1/image-to-video\", \"kind\": \"video\", \"credits\": 4, \"endpoint\": \"$fixture\"}]" \
   "$BIN/jobs" > "$work/jobs.log" 2>&1 & pids+=($!)
-GATEWAY_PORT=$gateway_port "$BIN/gateway" > "$work/gateway.log" 2>&1 & pids+=($!)
+GATEWAY_PORT=$gateway_port FAL_WEBHOOK_JWKS_URL="$fixture/.well-known/jwks.json" "$BIN/gateway" > "$work/gateway.log" 2>&1 & pids+=($!)
 for index in 1 2; do
   JOBS_WORKER_ENDPOINT=$worker_endpoint WORKER_ID="bench-$index" WORKER_CAPACITY=$CAPACITY \
     GEMINI_API_KEY=test-gemini-key FAL_KEY=test-fal-key "$BIN/worker" > "$work/worker-$index.log" 2>&1 & pids+=($!)

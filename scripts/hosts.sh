@@ -204,7 +204,7 @@ up() {
   done
   for host in gw1 gw2; do
     write_env "$DIR/$host/host.env" "${common[@]}" $(cat "$DIR/deploy/secrets.env") \
-      "GATEWAY_HOST=$(addr "$host")" "GATEWAY_PORT=8080" "TRUSTED_PROXIES=$(addr edge)/32" "DATA_DIR=$DIR/$host/data"
+      "GATEWAY_HOST=$(addr "$host")" "GATEWAY_PORT=8080" "FAL_WEBHOOK_JWKS_URL=$fixture/.well-known/jwks.json" "TRUSTED_PROXIES=$(addr edge)/32" "DATA_DIR=$DIR/$host/data"
   done
   # Videos (veo, at fal) go to wk1 only, so that a partition of wk1 surely cuts off the worker
   # holding a generation at the provider (scripts/hosts-chaos.sh waits for one first).

@@ -111,6 +111,8 @@ if [ "${MODELS:-}" = local ]; then
   fixture="http://127.0.0.1:$FIXTURE_PORT"
   export GEMINI_API_KEY=${GEMINI_API_KEY:-test-gemini-key} OPENAI_API_KEY=${OPENAI_API_KEY:-test-openai-key} FAL_KEY=${FAL_KEY:-test-fal-key}
   export FIXTURE_GEMINI_KEY=$GEMINI_API_KEY FIXTURE_OPENAI_KEY=$OPENAI_API_KEY FIXTURE_FAL_KEY=$FAL_KEY
+  # fal's webhooks are signed by the fixture's key, published where fal publishes its own.
+  export FAL_WEBHOOK_JWKS_URL=${FAL_WEBHOOK_JWKS_URL:-$fixture/.well-known/jwks.json}
   export JOBS_EFFECTS=${JOBS_EFFECTS:-"[
     {\"id\": \"nano-banana\", \"title\": \"Nano Banana\", \"processor\": \"gemini\", \"model\": \"gemini-2.5-flash-image\", \"credits\": 2, \"endpoint\": \"$fixture\"},
     {\"id\": \"gpt-image\", \"title\": \"GPT Image\", \"processor\": \"openai\", \"model\": \"gpt-image-1\", \"credits\": 3, \"endpoint\": \"$fixture\"},

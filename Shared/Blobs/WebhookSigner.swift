@@ -2,9 +2,9 @@ import Foundation
 
 /// Signs and checks the URLs a provider's webhook calls for a job:
 /// `<PUBLIC_BASE_URL>/api/v1/providers/<provider>/webhook?job=<id>&exp=<unix>&sig=<hmac>`, the
-/// HMAC keyed by `URL_SIGNING_SECRET` (the jobs service signs, the gateway checks). A secret of
-/// ours in the URL is what fal's documentation offers besides its own signatures, whose public
-/// keys this machine cannot fetch; anyone without the secret cannot name a job in a webhook.
+/// HMAC keyed by `URL_SIGNING_SECRET` (the jobs service signs, the gateway checks): anyone without
+/// the secret cannot name a job in a webhook. The gateway also checks fal's own ED25519 signature
+/// on each delivery (`FalWebhookSignature`); a webhook must pass both.
 public struct WebhookSigner: Sendable {
     let signer: URLSigner
     let publicBaseURL: String

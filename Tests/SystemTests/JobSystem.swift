@@ -53,6 +53,8 @@ final class JobSystem: @unchecked Sendable {
     let storeEnvironment: [String: String]
     var replica: ServiceProcess?
     let store: Store
+    /// What both gateways (this process's and the replica) are started with besides the rest.
+    let gatewayExtra: [String: String]
     /// With a second host the bus is on the network, so it runs with CURVE (services refuse plain
     /// text off loopback) and callers known by key: each process has its own key pair, and every
     /// service admits those keys with their roles. By role: what that process is started with.
@@ -60,7 +62,7 @@ final class JobSystem: @unchecked Sendable {
     func curve(_ role: BusRole) -> [String: String] { curve[role] ?? [:] }
 
     init(workers count: Int = 1, uploadMaxBytes: Int = 20 << 20, workerCapacity: Int = 1, quota: [String: String] = [:], history: [String: String] = [:], jobs: [String: String] = [:],
-         shareLifetime: Int = 7 * 86_400, dataDirectory: URL? = nil, blobs store: Store = .folder,
+         gateway gatewayExtra: [String: String] = [:], shareLifetime: Int = 7 * 86_400, dataDirectory: URL? = nil, blobs store: Store = .folder,
          hostAddress: String = "127.0.0.1", curve useCurve: Bool = false) async throws {
         self.hostAddress = hostAddress
         if hostAddress != "127.0.0.1" || useCurve {
@@ -119,7 +121,9 @@ final class JobSystem: @unchecked Sendable {
             // the whole suite on 2 cores a call has waited longer, and a test of something else
             // got a 504. No test here is about that deadline (the bus tests are).
             "BUS_TIMEOUT_MS": "30000",
-        ].merging(services.endpointVariables) { _, new in new }.merging(storeEnvironment) { _, new in new }.merging(curve[.gateway] ?? [:]) { _, new in new }))
+        ].merging(services.endpointVariables) { _, new in new }.merging(storeEnvironment) { _, new in new }.merging(curve[.gateway] ?? [:]) { _, new in new }
+            .merging(gatewayExtra) { _, new in new }))
+        self.gatewayExtra = gatewayExtra
         self.configuration = configuration
         clients = ServiceClients(configuration: configuration)
         let clients = clients
@@ -143,6 +147,7 @@ final class JobSystem: @unchecked Sendable {
         ].merging(storeEnvironment) { _, new in new }
         for service in ServiceName.allCases { environment[service.endpointVariable] = services.endpoints[service]! }
         environment.merge((curve[.gateway] ?? [:])) { _, new in new }
+        environment.merge(gatewayExtra) { _, new in new }
         replica = try ServiceProcess("gateway", environment: environment)
         // Asked without blocking a thread of the cooperative pool.
         let url = "\(publicBase)/healthz"

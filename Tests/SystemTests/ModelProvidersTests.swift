@@ -45,7 +45,8 @@ struct ModelProvidersTests {
                 """
             var jobs = ["JOBS_EFFECTS": effects, "JOBS_MAX_ATTEMPTS": "\(maxAttempts)"]
             if let limits { jobs["JOBS_PROVIDER_CONCURRENCY"] = limits }
-            system = try await JobSystem(workers: 0, quota: plans.map { ["QUOTA_PLANS": $0] } ?? [:], jobs: jobs)
+            system = try await JobSystem(workers: 0, quota: plans.map { ["QUOTA_PLANS": $0] } ?? [:], jobs: jobs,
+                                         gateway: ["FAL_WEBHOOK_JWKS_URL": base + "/.well-known/jwks.json"])
             for _ in 0..<workers {
                 try system.startWorker(capacity: capacity, extra: [
                     "GEMINI_API_KEY": keys.gemini, "OPENAI_API_KEY": keys.openai, "FAL_KEY": keys.fal, "WORKER_POLL_MS": "\(pollMilliseconds)",
@@ -150,13 +151,19 @@ struct ModelProvidersTests {
             #expect((stats["rejected"] as? [String])?.isEmpty == true, "\(stats["rejected"] ?? "")")
             #expect(stats["submissions"] as? Int == 2, "one submission per video job")
             #expect((stats["webhooksSent"] as? Int ?? 0) >= 3)
+            #expect(stats["webhookFailures"] as? Int == 0, "every signed webhook of fal's was taken")
 
-            // A forged webhook (no valid signature) answers 404 and changes nothing
+            // A forged webhook (the URL's signature not ours) answers 401 and changes nothing;
+            // so does one at a URL of ours without fal's signature
             var forged = HTTPClientRequest(url: "\(models.system.publicBase)/api/v1/providers/fal/webhook?job=\(jobs["make it move"]!)&exp=9999999999&sig=forged")
             forged.method = .POST
             forged.body = .bytes(ByteBuffer(string: #"{"request_id": "x", "status": "OK", "payload": {"video": {"url": "http://evil/x.mp4"}}}"#))
-            let answer = try await HTTPClient.shared.execute(forged, timeout: .seconds(5))
-            #expect(answer.status == .notFound)
+            #expect(try await HTTPClient.shared.execute(forged, timeout: .seconds(5)).status == .unauthorized)
+            let signer = WebhookSigner(secret: JobSystem.signingSecret, publicBaseURL: models.system.publicBase)
+            var unsigned = HTTPClientRequest(url: signer.url(provider: "fal", jobId: jobs["make it move"]!))
+            unsigned.method = .POST
+            unsigned.body = forged.body
+            #expect(try await HTTPClient.shared.execute(unsigned, timeout: .seconds(5)).status == .unauthorized)
             let after = try await JobSystem.waitForStatus(client, as: user, jobId: jobs["make it move"]!)
             #expect(after["resultUrl"] as? String != nil && after["status"] as? String == "completed")
 

@@ -6558,7 +6558,7 @@ internal struct Client: APIProtocol {
     }
     /// A model provider's webhook (fal's queue) for a generation; the URL is signed by the jobs service.
     ///
-    /// Only a URL the jobs service signed (`job`, `exp`, `sig`) is taken; anything else answers 404 and changes nothing. The body is not trusted: the worker waiting on the job asks the provider at once.
+    /// Two checks, both required. The URL must be one the jobs service signed (`job`, `exp`, `sig`), and the delivery must carry fal's ED25519 signature (`X-Fal-Webhook-Request-Id`, `-User-Id`, `-Timestamp`, `-Signature`) by a key from fal's JWKS, with a timestamp within 5 minutes. A webhook that fails either answers 401 and changes nothing; the same signed delivery again answers 200 and changes nothing. The body is not trusted: the worker waiting on the job asks the provider at once. 503 when fal's keys cannot be fetched.
     ///
     /// - Remark: HTTP `POST /api/v1/providers/{provider}/webhook`.
     /// - Remark: Generated from `#/paths//api/v1/providers/{provider}/webhook/post(providerWebhook)`.
@@ -6578,6 +6578,26 @@ internal struct Client: APIProtocol {
                     method: .post
                 )
                 suppressMutabilityWarning(&request)
+                try converter.setHeaderFieldAsURI(
+                    in: &request.headerFields,
+                    name: "X-Fal-Webhook-Request-Id",
+                    value: input.headers.xFalWebhookRequestId
+                )
+                try converter.setHeaderFieldAsURI(
+                    in: &request.headerFields,
+                    name: "X-Fal-Webhook-User-Id",
+                    value: input.headers.xFalWebhookUserId
+                )
+                try converter.setHeaderFieldAsURI(
+                    in: &request.headerFields,
+                    name: "X-Fal-Webhook-Timestamp",
+                    value: input.headers.xFalWebhookTimestamp
+                )
+                try converter.setHeaderFieldAsURI(
+                    in: &request.headerFields,
+                    name: "X-Fal-Webhook-Signature",
+                    value: input.headers.xFalWebhookSignature
+                )
                 try converter.setQueryItemAsURI(
                     in: &request,
                     style: .form,
@@ -6662,6 +6682,28 @@ internal struct Client: APIProtocol {
                         preconditionFailure("bestContentType chose an invalid content type.")
                     }
                     return .badRequest(.init(body: body))
+                case 401:
+                    let contentType = converter.extractContentTypeIfPresent(in: response.headerFields)
+                    let body: Components.Responses.Unauthorized.Body
+                    let chosenContentType = try converter.bestContentType(
+                        received: contentType,
+                        options: [
+                            "application/problem+json"
+                        ]
+                    )
+                    switch chosenContentType {
+                    case "application/problem+json":
+                        body = try await converter.getResponseBodyAsJSON(
+                            Components.Schemas.Problem.self,
+                            from: responseBody,
+                            transforming: { value in
+                                .applicationProblemJson(value)
+                            }
+                        )
+                    default:
+                        preconditionFailure("bestContentType chose an invalid content type.")
+                    }
+                    return .unauthorized(.init(body: body))
                 case 404:
                     let contentType = converter.extractContentTypeIfPresent(in: response.headerFields)
                     let body: Components.Responses.NotFound.Body
@@ -6684,6 +6726,28 @@ internal struct Client: APIProtocol {
                         preconditionFailure("bestContentType chose an invalid content type.")
                     }
                     return .notFound(.init(body: body))
+                case 413:
+                    let contentType = converter.extractContentTypeIfPresent(in: response.headerFields)
+                    let body: Components.Responses.TooLarge.Body
+                    let chosenContentType = try converter.bestContentType(
+                        received: contentType,
+                        options: [
+                            "application/problem+json"
+                        ]
+                    )
+                    switch chosenContentType {
+                    case "application/problem+json":
+                        body = try await converter.getResponseBodyAsJSON(
+                            Components.Schemas.Problem.self,
+                            from: responseBody,
+                            transforming: { value in
+                                .applicationProblemJson(value)
+                            }
+                        )
+                    default:
+                        preconditionFailure("bestContentType chose an invalid content type.")
+                    }
+                    return .contentTooLarge(.init(body: body))
                 case 502:
                     let contentType = converter.extractContentTypeIfPresent(in: response.headerFields)
                     let body: Components.Responses.BadGateway.Body

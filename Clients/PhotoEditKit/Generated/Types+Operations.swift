@@ -9451,7 +9451,7 @@ internal enum Operations {
     }
     /// A model provider's webhook (fal's queue) for a generation; the URL is signed by the jobs service.
     ///
-    /// Only a URL the jobs service signed (`job`, `exp`, `sig`) is taken; anything else answers 404 and changes nothing. The body is not trusted: the worker waiting on the job asks the provider at once.
+    /// Two checks, both required. The URL must be one the jobs service signed (`job`, `exp`, `sig`), and the delivery must carry fal's ED25519 signature (`X-Fal-Webhook-Request-Id`, `-User-Id`, `-Timestamp`, `-Signature`) by a key from fal's JWKS, with a timestamp within 5 minutes. A webhook that fails either answers 401 and changes nothing; the same signed delivery again answers 200 and changes nothing. The body is not trusted: the worker waiting on the job asks the provider at once. 503 when fal's keys cannot be fetched.
     ///
     /// - Remark: HTTP `POST /api/v1/providers/{provider}/webhook`.
     /// - Remark: Generated from `#/paths//api/v1/providers/{provider}/webhook/post(providerWebhook)`.
@@ -9498,12 +9498,34 @@ internal enum Operations {
             internal var query: Operations.ProviderWebhook.Input.Query
             /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/header`.
             internal struct Headers: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/header/X-Fal-Webhook-Request-Id`.
+                internal var xFalWebhookRequestId: Swift.String?
+                /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/header/X-Fal-Webhook-User-Id`.
+                internal var xFalWebhookUserId: Swift.String?
+                /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/header/X-Fal-Webhook-Timestamp`.
+                internal var xFalWebhookTimestamp: Swift.String?
+                /// - Remark: Generated from `#/paths/api/v1/providers/{provider}/webhook/POST/header/X-Fal-Webhook-Signature`.
+                internal var xFalWebhookSignature: Swift.String?
                 internal var accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.ProviderWebhook.AcceptableContentType>]
                 /// Creates a new `Headers`.
                 ///
                 /// - Parameters:
+                ///   - xFalWebhookRequestId:
+                ///   - xFalWebhookUserId:
+                ///   - xFalWebhookTimestamp:
+                ///   - xFalWebhookSignature:
                 ///   - accept:
-                internal init(accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.ProviderWebhook.AcceptableContentType>] = .defaultValues()) {
+                internal init(
+                    xFalWebhookRequestId: Swift.String? = nil,
+                    xFalWebhookUserId: Swift.String? = nil,
+                    xFalWebhookTimestamp: Swift.String? = nil,
+                    xFalWebhookSignature: Swift.String? = nil,
+                    accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.ProviderWebhook.AcceptableContentType>] = .defaultValues()
+                ) {
+                    self.xFalWebhookRequestId = xFalWebhookRequestId
+                    self.xFalWebhookUserId = xFalWebhookUserId
+                    self.xFalWebhookTimestamp = xFalWebhookTimestamp
+                    self.xFalWebhookSignature = xFalWebhookSignature
                     self.accept = accept
                 }
             }
@@ -9643,6 +9665,29 @@ internal enum Operations {
                     }
                 }
             }
+            /// No identity, or a bad one.
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/providers/{provider}/webhook/post(providerWebhook)/responses/401`.
+            ///
+            /// HTTP response code: `401 unauthorized`.
+            case unauthorized(Components.Responses.Unauthorized)
+            /// The associated value of the enum case if `self` is `.unauthorized`.
+            ///
+            /// - Throws: An error if `self` is not `.unauthorized`.
+            /// - SeeAlso: `.unauthorized`.
+            internal var unauthorized: Components.Responses.Unauthorized {
+                get throws {
+                    switch self {
+                    case let .unauthorized(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "unauthorized",
+                            response: self
+                        )
+                    }
+                }
+            }
             /// No such thing for this caller (anyone else's ids answer this too).
             ///
             /// - Remark: Generated from `#/paths//api/v1/providers/{provider}/webhook/post(providerWebhook)/responses/404`.
@@ -9661,6 +9706,29 @@ internal enum Operations {
                     default:
                         try throwUnexpectedResponseStatus(
                             expectedStatus: "notFound",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// The body is over its limit.
+            ///
+            /// - Remark: Generated from `#/paths//api/v1/providers/{provider}/webhook/post(providerWebhook)/responses/413`.
+            ///
+            /// HTTP response code: `413 contentTooLarge`.
+            case contentTooLarge(Components.Responses.TooLarge)
+            /// The associated value of the enum case if `self` is `.contentTooLarge`.
+            ///
+            /// - Throws: An error if `self` is not `.contentTooLarge`.
+            /// - SeeAlso: `.contentTooLarge`.
+            internal var contentTooLarge: Components.Responses.TooLarge {
+                get throws {
+                    switch self {
+                    case let .contentTooLarge(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "contentTooLarge",
                             response: self
                         )
                     }

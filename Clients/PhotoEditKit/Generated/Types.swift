@@ -169,7 +169,7 @@ internal protocol APIProtocol: Sendable {
     func adaptyWebhook(_ input: Operations.AdaptyWebhook.Input) async throws -> Operations.AdaptyWebhook.Output
     /// A model provider's webhook (fal's queue) for a generation; the URL is signed by the jobs service.
     ///
-    /// Only a URL the jobs service signed (`job`, `exp`, `sig`) is taken; anything else answers 404 and changes nothing. The body is not trusted: the worker waiting on the job asks the provider at once.
+    /// Two checks, both required. The URL must be one the jobs service signed (`job`, `exp`, `sig`), and the delivery must carry fal's ED25519 signature (`X-Fal-Webhook-Request-Id`, `-User-Id`, `-Timestamp`, `-Signature`) by a key from fal's JWKS, with a timestamp within 5 minutes. A webhook that fails either answers 401 and changes nothing; the same signed delivery again answers 200 and changes nothing. The body is not trusted: the worker waiting on the job asks the provider at once. 503 when fal's keys cannot be fetched.
     ///
     /// - Remark: HTTP `POST /api/v1/providers/{provider}/webhook`.
     /// - Remark: Generated from `#/paths//api/v1/providers/{provider}/webhook/post(providerWebhook)`.
@@ -566,7 +566,7 @@ extension APIProtocol {
     }
     /// A model provider's webhook (fal's queue) for a generation; the URL is signed by the jobs service.
     ///
-    /// Only a URL the jobs service signed (`job`, `exp`, `sig`) is taken; anything else answers 404 and changes nothing. The body is not trusted: the worker waiting on the job asks the provider at once.
+    /// Two checks, both required. The URL must be one the jobs service signed (`job`, `exp`, `sig`), and the delivery must carry fal's ED25519 signature (`X-Fal-Webhook-Request-Id`, `-User-Id`, `-Timestamp`, `-Signature`) by a key from fal's JWKS, with a timestamp within 5 minutes. A webhook that fails either answers 401 and changes nothing; the same signed delivery again answers 200 and changes nothing. The body is not trusted: the worker waiting on the job asks the provider at once. 503 when fal's keys cannot be fetched.
     ///
     /// - Remark: HTTP `POST /api/v1/providers/{provider}/webhook`.
     /// - Remark: Generated from `#/paths//api/v1/providers/{provider}/webhook/post(providerWebhook)`.

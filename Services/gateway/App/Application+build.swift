@@ -70,7 +70,8 @@ private func addFileRoutes(
         prices: EffectPrices(clients: clients)
     )
     ProviderWebhooksController(
-        clients: clients, webhooks: WebhookSigner(secret: configuration.urlSigningSecret, publicBaseURL: configuration.publicBaseURL), logger: logger
+        clients: clients, webhooks: WebhookSigner(secret: configuration.urlSigningSecret, publicBaseURL: configuration.publicBaseURL),
+        signatures: FalWebhookSignature(jwksURL: configuration.falWebhookJWKSURL), logger: logger
     ).addRoutes(to: router)
     UploadsController(
         clients: clients, authenticator: authenticator, blobs: blobs, signer: URLSigner(secret: configuration.urlSigningSecret),

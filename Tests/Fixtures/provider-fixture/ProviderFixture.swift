@@ -1,4 +1,5 @@
 import AsyncHTTPClient
+import Crypto
 import Foundation
 import HTTPTypes
 import Hummingbird
@@ -20,8 +21,10 @@ import Synchronization
 // request of that prompt sent sooner is recorded as rejected; OpenAI and fal: `Retry-After: 2`);
 // `nocredit` is answered as an account out of money (OpenAI's 429 `insufficient_quota`, fal's
 // 403 "User is locked. Reason: Exhausted balance."); for fal, `nowebhook` sends no webhook and
-// `twicehook` sends it twice. A wrong Gemini key gets Gemini's 400 `API_KEY_INVALID`. Images come back as the
-// photo sent (a real image); videos as a real MP4 made by ffmpeg at start.
+// `twicehook` sends it twice. fal's webhooks are signed as fal signs them (ED25519 over the request
+// id, user id, timestamp and the body's SHA-256, in the `X-Fal-Webhook-*` headers), by a key the
+// fixture makes at start and publishes at `GET /.well-known/jwks.json`, as fal's JWKS URL does.
+// A wrong Gemini key gets Gemini's 400 `API_KEY_INVALID`. Images come back as the photo sent (a real image); videos as a real MP4 made by ffmpeg at start.
 //
 // FIXTURE_PORT (required), FIXTURE_HOST (127.0.0.1: the address it listens on and names in fal's
 // status and result URLs; scripts/hosts.sh gives workers on other hosts one they reach), FIXTURE_IMAGE_MS (50: an image's time), FIXTURE_VIDEO_MS (5000: a
@@ -94,6 +97,8 @@ struct ProviderFixture: Sendable {
     let falKey: String
     let video: Data
     let state = State()
+    /// The key fal's webhooks are signed with.
+    let webhookKey = Curve25519.Signing.PrivateKey()
     var base: String { "http://\(host):\(port)" }
 
     static func main() async throws {
@@ -198,6 +203,15 @@ struct ProviderFixture: Sendable {
             var request = HTTPClientRequest(url: url)
             request.method = .POST
             request.headers.add(name: "Content-Type", value: "application/json")
+            // Each delivery signed anew, with its own timestamp.
+            let userId = "fixture-user", timestamp = String(Int(Date().timeIntervalSince1970))
+            let digest = SHA256.hash(data: body).map { String(format: "%02x", $0) }.joined()
+            let message = Data([id, userId, timestamp, digest].joined(separator: "\n").utf8)
+            let signature = (try? webhookKey.signature(for: message)).map { Data($0).map { String(format: "%02x", $0) }.joined() } ?? ""
+            request.headers.add(name: "X-Fal-Webhook-Request-Id", value: id)
+            request.headers.add(name: "X-Fal-Webhook-User-Id", value: userId)
+            request.headers.add(name: "X-Fal-Webhook-Timestamp", value: timestamp)
+            request.headers.add(name: "X-Fal-Webhook-Signature", value: signature)
             request.body = .bytes(ByteBuffer(bytes: body))
             let answer = try? await HTTPClient.shared.execute(request, timeout: .seconds(15))
             state.stats.withLock { if answer?.status == .ok { $0.webhooksSent += 1 } else { $0.webhookFailures += 1 } }
@@ -210,6 +224,13 @@ struct ProviderFixture: Sendable {
         let router = Router()
         router.post("/v1beta/models/:call") { request, context in try await gemini(request, call: try context.parameters.require("call")) }
         router.post("/v1/images/edits") { request, _ in try await openAI(request) }
+        // fal's JWKS (its keys as fal publishes them: OKP, Ed25519, `x` in base64url).
+        router.get("/.well-known/jwks.json") { _, _ in
+            let x = webhookKey.publicKey.rawRepresentation.base64EncodedString()
+                .replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
+            let jwks = #"{"keys": [{"kty": "OKP", "crv": "Ed25519", "x": "\#(x)"}]}"#
+            return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: jwks)))
+        }
         router.get("/files/:name") { _, context in try file(try context.parameters.require("name")) }
         router.get("/_fixture/stats") { _, _ in
             // Generations in flight now: submitted, not cancelled, not yet done.

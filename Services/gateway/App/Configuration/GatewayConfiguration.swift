@@ -55,6 +55,9 @@ public struct GatewayConfiguration: Sendable {
     /// The `Authorization` header value Adapty's webhook sends (`ADAPTY_WEBHOOK_SECRET`); none:
     /// `POST /webhooks/adapty` answers 404.
     public var adaptyWebhookSecret: String?
+    /// Where fal's webhook keys are (`FAL_WEBHOOK_JWKS_URL`, default fal's own,
+    /// `https://rest.alpha.fal.ai/.well-known/jwks.json`): see `FalWebhookSignature`.
+    public var falWebhookJWKSURL: String
     /// Where the OpenAPI document is (`OPENAPI_FILE`; by default `openapi.yaml` in the working
     /// folder or the repo root above the executable).
     public var openAPIFile: String?
@@ -107,6 +110,7 @@ public struct GatewayConfiguration: Sendable {
         streamsTotal = try environment.int("SSE_MAX_STREAMS", default: 4_000)
         uploadsRequireQuota = try environment.bool("UPLOADS_REQUIRE_QUOTA", default: true)
         adaptyWebhookSecret = environment.optional("ADAPTY_WEBHOOK_SECRET")
+        falWebhookJWKSURL = environment.string("FAL_WEBHOOK_JWKS_URL", default: FalWebhookSignature.defaultJWKSURL)
         openAPIFile = environment.optional("OPENAPI_FILE")
         curve = try BusSecurity.clientKeys(environment)
         busEncoding = try environment.busEncoding()
@@ -125,7 +129,7 @@ public struct GatewayConfiguration: Sendable {
     public static var environmentKeys: [String] {
         ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "LOG_FORMAT", "JWT_SECRET", "ADMIN_TOKEN",
          "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S",
-         "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "OPENAPI_FILE", "BUS_CURVE_PUBLIC", "BUS_CURVE_KEY", "BUS_ENCODING",
+         "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "FAL_WEBHOOK_JWKS_URL", "OPENAPI_FILE", "BUS_CURVE_PUBLIC", "BUS_CURVE_KEY", "BUS_ENCODING",
          "GATEWAY_TASKS_ON_EVENT_LOOPS",
          "HTTP_IDLE_TIMEOUT_S", "HTTP_BODY_MIN_BYTES_PER_S", "HTTP_BODY_GRACE_S", "HTTP_MAX_CONNECTIONS", "TRUSTED_PROXIES",
          "APP_ATTEST_APP_ID", "APP_ATTEST_ENVIRONMENT", "APP_ATTEST_REQUIRED"]
