@@ -41,7 +41,8 @@ struct ModelProvidersTests {
                 [{"id": "nano-banana", "title": "Nano Banana", "processor": "gemini", "model": "gemini-2.5-flash-image", "credits": 4, "endpoint": "\(base)"},
                  {"id": "gpt-edit", "title": "GPT Image", "processor": "openai", "model": "gpt-image-1", "credits": 3, "endpoint": "\(base)"},
                  {"id": "veo", "title": "FalAI Veo 3.1", "processor": "fal", "model": "fal-ai/veo3.1/image-to-video", "kind": "video", "credits": 4, "endpoint": "\(base)"},
-                 {"id": "impatient", "title": "Impatient", "processor": "gemini", "model": "gemini-2.5-flash-image", "credits": 2, "timeoutSeconds": 1, "endpoint": "\(base)"}]
+                 {"id": "impatient", "title": "Impatient", "processor": "gemini", "model": "gemini-2.5-flash-image", "credits": 2, "timeoutSeconds": 1, "endpoint": "\(base)"},
+                 {"id": "veo-impatient", "title": "Impatient video", "processor": "fal", "model": "fal-ai/veo3.1/image-to-video", "kind": "video", "credits": 4, "timeoutSeconds": 3, "endpoint": "\(base)"}]
                 """
             var jobs = ["JOBS_EFFECTS": effects, "JOBS_MAX_ATTEMPTS": "\(maxAttempts)"]
             if let limits { jobs["JOBS_PROVIDER_CONCURRENCY"] = limits }
@@ -312,6 +313,53 @@ struct ModelProvidersTests {
         await models.stop()
     }
 
+    /// An attempt given up at its timeout is let go at the provider before the next attempt
+    /// starts: fal's generation is cancelled and its status asked until it ended; a direct
+    /// request's connection is closed (the fixture stops a generation whose caller hung up, as a
+    /// provider does). So the provider never holds two generations of one job, and the per-provider
+    /// limit of 1 holds at the provider itself. The worker's gauges tell its places held from the
+    /// generations waiting at fal without one.
+    @Test func aTimedOutGenerationIsLetGoBeforeTheNextAttemptStarts() async throws {
+        let models = try await ModelSystem(videoMilliseconds: 60_000, imageMilliseconds: 8_000, pollMilliseconds: 300, workers: 1, capacity: 1,
+                                           limits: #"{"fal": 1, "gemini": 1}"#, maxAttempts: 2)
+        let user = JobSystem.guest(UUID())
+        try await models.system.gateway { client in
+            let key = try await JobSystem.upload(client, as: user)
+            // A video waiting at fal holds no place: the gauges say so
+            let (longStatus, long) = try await Self.create(client, user, key: key, effect: "veo", prompt: "nowebhook long")
+            #expect(longStatus == .accepted)
+            try await waitUntil { (try await models.stats())["submissions"] as? Int == 1 }
+            try await waitUntil(within: .seconds(30)) {
+                let metrics = try await MetricsTests.scrape(port: models.system.gatewayPort).exposition
+                return metrics.sum("worker_generations_waiting", ["service": "worker"]) == 1 && metrics.sum("worker_jobs_in_progress", ["service": "worker"]) == 0
+            }
+            _ = try await client.execute(uri: "/api/v1/jobs/\(try #require(long["jobId"] as? String))/cancel", method: .post, headers: user)
+            try await waitUntil { (try await models.stats())["cancels"] as? Int == 1 }
+
+            // A video past its 3 s: cancelled at fal before the second attempt submits
+            let (videoStatus, video) = try await Self.create(client, user, key: key, effect: "veo-impatient", prompt: "nowebhook slow")
+            #expect(videoStatus == .accepted)
+            let videoEnd = try await JobSystem.waitForStatus(client, as: user, jobId: try #require(video["jobId"] as? String), within: .seconds(60))
+            #expect(videoEnd["status"] as? String == "failed", "\(videoEnd)")
+            var stats = try await models.stats()
+            #expect(stats["submissions"] as? Int == 3 && stats["cancels"] as? Int == 3, "\(stats)")
+            #expect(stats["maxFalRequestsWaiting"] as? Int == 1, "fal held two generations at once: \(stats)")
+
+            // An image model past its 1 s: the connection is closed before the second attempt
+            let (imageStatus, image) = try await Self.create(client, user, key: key, effect: "impatient", prompt: "slow portrait")
+            #expect(imageStatus == .accepted)
+            let imageEnd = try await JobSystem.waitForStatus(client, as: user, jobId: try #require(image["jobId"] as? String), within: .seconds(60))
+            #expect(imageEnd["status"] as? String == "failed", "\(imageEnd)")
+            stats = try await models.stats()
+            #expect(stats["abandoned"] as? Int == 2, "\(stats)")
+            #expect((stats["maxInFlight"] as? [String: Int])?["gemini"] == 1, "gemini held two generations at once: \(stats)")
+            #expect((stats["rejected"] as? [String])?.isEmpty == true, "\(stats["rejected"] ?? "")")
+            // Every credit back: nothing was made
+            try await waitUntil { try await Self.dailyRemaining(client, user) == 20 }
+        }
+        await models.stop()
+    }
+
     @Test func aVideoSurvivesKillsOfJobsAndOfItsWorkerChargedOnce() async throws {
         let models = try await ModelSystem(videoMilliseconds: 6000, pollMilliseconds: 500, workers: 1, capacity: 1)
         let device = UUID()
@@ -422,8 +470,8 @@ struct ProviderSignalTests {
     @Test func keyAndBillingFailAtOnceForTheOperatorAndAnAdvisedWaitIsKept() async throws {
         let port = freePort()
         let fixture = try ServiceProcess("provider-fixture", environment: [
-            "FIXTURE_PORT": "\(port)", "FIXTURE_IMAGE_MS": "10", "FIXTURE_GEMINI_KEY": "gemini-right", "FIXTURE_OPENAI_KEY": "openai-right",
-            "FIXTURE_FAL_KEY": "fal-right",
+            "FIXTURE_PORT": "\(port)", "FIXTURE_IMAGE_MS": "10", "FIXTURE_VIDEO_MS": "300", "FIXTURE_GEMINI_KEY": "gemini-right",
+            "FIXTURE_OPENAI_KEY": "openai-right", "FIXTURE_FAL_KEY": "fal-right",
         ])
         let base = "http://127.0.0.1:\(port)"
         func stats() async throws -> [String: Any] {
@@ -457,6 +505,19 @@ struct ProviderSignalTests {
             #expect(!error.retryable && error.description.contains("refused for billing (403"), "\(error)")
         }
         #expect(try await stats()["billingRefusals"] as? Int == 2, "each billing refusal was asked once")
+
+        // A fal generation that finished as it was given up (fal's cancel answers 400
+        // ALREADY_COMPLETED) is paid for: its output is kept, not thrown away.
+        let fal = FalAdapter(queueURL: base, key: "fal-right")
+        let request = try await fal.submit(image, contentType: "image/jpeg", prompt: "nowebhook done", parameters: [:], webhook: nil,
+                                           call: call("fal", "fal-ai/veo3.1/image-to-video"))
+        try await waitUntil {
+            let answer = try await HTTPClient.shared.execute(fal.authorized(request.statusURL, method: .GET), timeout: .seconds(5))
+            return String(buffer: try await answer.body.collect(upTo: 1 << 16)).contains("COMPLETED")
+        }
+        let kept = await fal.abandon(request, model: "fal-ai/veo3.1/image-to-video")
+        #expect(kept?.contentType == "video/mp4" && kept.map { String(decoding: $0.bytes[4..<8], as: UTF8.self) } == "ftyp")
+        #expect(try await stats()["cancels"] as? Int == 0)
 
         // Gemini's RetryInfo: three 429s, each waited out as asked (the fixture records a request
         // sent before the wait it gave as rejected), then the edit.

@@ -42,7 +42,11 @@ final class WorkerCore: Sendable {
     /// Runs `event` on the state, then carries out the actions it answers; returns them.
     @discardableResult
     func apply(_ channel: BusChannel?, _ event: (inout WorkerState) -> [WorkerState.Action]) -> [WorkerState.Action] {
-        let actions = state.withLock { event(&$0) }
+        let (actions, gauges) = state.withLock { state in (event(&state), state.changedGauges()) }
+        if let gauges {
+            WorkerMetrics.inProgress.set(gauges.placesHeld)
+            WorkerMetrics.generationsWaiting.set(gauges.generationsWaiting)
+        }
         perform(actions, on: channel)
         return actions
     }

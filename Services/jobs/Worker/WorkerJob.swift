@@ -146,31 +146,31 @@ extension Worker {
     }
 }
 
-/// When a job took its place: from then to its end it is in progress (`worker_jobs_in_progress`)
-/// and its run time (`worker_job_duration_seconds`) counts; the wait of a prefetched job for a
-/// place does not. A job that never had a place (cancelled or given back first) counts as neither.
+/// When a job took its place: from then to its end its run time (`worker_job_duration_seconds`)
+/// counts; the wait of a prefetched job for a place does not. A job that never had a place
+/// (cancelled or given back first) does not count.
 final class PlaceClock: Sendable {
     private let taken = Mutex<ContinuousClock.Instant?>(nil)
 
     func start() {
-        let first = taken.withLock { taken -> Bool in
-            guard taken == nil else { return false }
-            taken = .now
-            return true
+        taken.withLock { taken in
+            if taken == nil { taken = .now }
         }
-        if first { WorkerMetrics.inProgress.increment() }
     }
 
     func end(_ effect: String, _ result: WorkerMessage) {
         guard let taken = taken.withLock({ $0 }) else { return }
-        WorkerMetrics.inProgress.decrement()
         WorkerMetrics.finished(effect, result, after: taken.duration(to: .now))
     }
 }
 
-/// A worker's metrics: jobs in progress, results by effect and outcome, run time by effect.
+/// A worker's metrics: places held and generations waiting (set from `WorkerState` as they
+/// change), results by effect and outcome, run time by effect.
 enum WorkerMetrics {
+    /// Jobs holding one of the worker's places (at most its capacity).
     static let inProgress = Meter(label: "worker_jobs_in_progress")
+    /// Generations waiting at a provider's queue without a place.
+    static let generationsWaiting = Meter(label: "worker_generations_waiting")
 
     static func finished(_ effect: String, _ result: WorkerMessage, after elapsed: Duration) {
         let outcome = switch result {

@@ -102,6 +102,8 @@ public struct WorkerState: Sendable {
     /// Held jobs without a place, in the order they were assigned.
     private var unplaced: Deque<JobAttempt> = []
     private var placed = 0, detached = 0, released = 0
+    /// The place counts last shown in the gauges (`changedGauges`).
+    private var shown = (placed: 0, detached: 0)
     public private(set) var leaving = false
     /// The service answered `leaving` on this connection.
     public private(set) var leaveNoted = false
@@ -282,6 +284,15 @@ public struct WorkerState: Sendable {
         placed -= 1
         if place == .detached { detached += 1 } else { released += 1 }
         return (true, grants())
+    }
+
+    /// The jobs holding a place and the generations waiting at a provider without one, when
+    /// either changed since the last call: what `worker_jobs_in_progress` and
+    /// `worker_generations_waiting` show.
+    public mutating func changedGauges() -> (placesHeld: Int, generationsWaiting: Int)? {
+        guard shown != (placed, detached) else { return nil }
+        shown = (placed, detached)
+        return (placed, detached)
     }
 
     // MARK: Jobs ending

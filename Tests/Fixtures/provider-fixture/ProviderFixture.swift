@@ -46,6 +46,8 @@ struct Stats: Codable {
     var webhooksSent = 0
     var webhookFailures = 0
     var falRequestsWaiting = 0
+    /// Direct generations whose caller closed the connection before the answer.
+    var abandoned = 0
     var maxFalRequestsWaiting = 0
 }
 
@@ -218,12 +220,32 @@ struct ProviderFixture: Sendable {
         }
     }
 
+    /// Runs a synchronous generation until it answers or its caller closes the connection, as a
+    /// provider does for a direct request (fal's "Handle request cancellations": for direct
+    /// connections "cancellation also triggers automatically when the caller drops the HTTP ...
+    /// connection"): a generation given up by its caller stops at once, counted in `abandoned`.
+    func untilClosed(_ request: Request, _ generate: (Request) async throws -> Response) async throws -> Response {
+        do {
+            return try await request.body.consumeWithCancellationOnInboundClose { body in
+                var request = request
+                request.body = body
+                return try await generate(request)
+            }
+        } catch is CancellationError {
+            state.stats.withLock { $0.abandoned += 1 }
+            return Response(status: .init(code: 499))
+        }
+    }
+
     // MARK: Routes
 
     func run() async throws {
         let router = Router()
-        router.post("/v1beta/models/:call") { request, context in try await gemini(request, call: try context.parameters.require("call")) }
-        router.post("/v1/images/edits") { request, _ in try await openAI(request) }
+        router.post("/v1beta/models/:call") { request, context in
+            let call = try context.parameters.require("call")
+            return try await untilClosed(request) { try await gemini($0, call: call) }
+        }
+        router.post("/v1/images/edits") { request, _ in try await untilClosed(request) { try await openAI($0) } }
         // fal's JWKS (its keys as fal publishes them: OKP, Ed25519, `x` in base64url).
         router.get("/.well-known/jwks.json") { _, _ in
             let x = webhookKey.publicKey.rawRepresentation.base64EncodedString()
@@ -447,11 +469,14 @@ struct ProviderFixture: Sendable {
             return Self.falDetail(401, "Unauthorized")
         }
         guard let job = state.fal.withLock({ $0[id] }), job.model == model else { return Self.falDetail(404, "Request not found") }
-        let done = job.readyAt <= .now
+        // A cancelled request ends at once, without output (fal: one still queued is never run,
+        // a running one is told to stop).
+        let done = job.readyAt <= .now || job.cancelled
         if isStatus {
             return Self.json(.ok, ["status": done ? "COMPLETED" : "IN_PROGRESS", "queue_position": 0, "response_url": "\(base)/\(model)/requests/\(id)"])
         }
         guard done else { return Self.falDetail(400, "Request is still in progress") }
+        if job.cancelled { return Self.falDetail(400, "Request was cancelled") }
         if job.prompt.contains("unsafe") {
             return Self.json(.unprocessableContent, ["detail": [[
                 "loc": ["body", "prompt"], "type": "content_policy_violation",
@@ -473,12 +498,15 @@ struct ProviderFixture: Sendable {
             return Self.falDetail(401, "Unauthorized")
         }
         let id = String(path[range.upperBound...].split(separator: "/").first ?? "")
-        let found = state.fal.withLock { requests -> Bool in
-            guard requests[id] != nil else { return false }
+        enum Found { case none, done, cancelled }
+        let found = state.fal.withLock { requests -> Found in
+            guard let request = requests[id] else { return .none }
+            guard request.readyAt > .now, !request.cancelled else { return .done }
             requests[id]?.cancelled = true
-            return true
+            return .cancelled
         }
-        guard found else { return Self.falDetail(404, "Request not found") }
+        guard found != .none else { return Self.falDetail(404, "Request not found") }
+        guard found == .cancelled else { return Self.json(.badRequest, ["status": "ALREADY_COMPLETED"]) }
         state.stats.withLock { $0.cancels += 1 }
         return Self.json(.accepted, ["status": "CANCELLATION_REQUESTED"])
     }

@@ -1,6 +1,7 @@
 import AsyncHTTPClient
 import Foundation
 import Messages
+import Metrics
 import NIOCore
 import NIOHTTP1
 
@@ -91,6 +92,19 @@ struct FalAdapter: Sendable {
     /// webhook came), then fetches and returns the output.
     func result(of request: ProviderRequest, call: ProviderCall, progress: @Sendable (Double) -> Void,
                 wait: @Sendable () async throws -> Void) async throws -> ModelOutput {
+        do {
+            return try await poll(request, call: call, progress: progress, wait: wait)
+        } catch let error as EffectError where ContinuousClock.now >= call.deadline && !Task.isCancelled {
+            // Given up: fal is told first, so the next attempt starts once fal let go of this
+            // generation (a timed-out generation left running is billed, and takes one of the
+            // provider's places beside the next attempt's).
+            if let output = await abandon(request, model: call.model) { return output }
+            throw error
+        }
+    }
+
+    func poll(_ request: ProviderRequest, call: ProviderCall, progress: @Sendable (Double) -> Void,
+              wait: @Sendable () async throws -> Void) async throws -> ModelOutput {
         while true {
             let answer = try await call.send(maxBytes: 1 << 20) { authorized(request.statusURL, method: .GET) }
             if answer.status == 200 || answer.status == 202, let status = try? JSONDecoder().decode(Status.self, from: answer.body) {
@@ -110,6 +124,56 @@ struct FalAdapter: Sendable {
             guard ContinuousClock.now < call.deadline else { throw call.expired() }
             try await wait()
         }
+    }
+
+    /// How long giving a generation up may take: the cancel, then fal's status until it let go.
+    static let abandonWait: Duration = .seconds(30)
+
+    /// Cancels the request at fal and waits until fal let go of it (fal's queue documentation,
+    /// "Cancel a request": `PUT {cancel_url}` answers 202 `CANCELLATION_REQUESTED`, and a request
+    /// still in the queue is never run, a running one is told to stop; 400 `ALREADY_COMPLETED`
+    /// once it finished). After a 202, its status is asked until `COMPLETED` (how a cancelled
+    /// request ends, without output) or unknown. A generation that finished as it was given up is
+    /// paid for: its output is returned and kept. Nil: let go, or not known within `abandonWait` (counted in
+    /// `worker_provider_abandoned_total{provider, outcome}`: `let_go`, `finished`, `unconfirmed`).
+    func abandon(_ request: ProviderRequest, model: String) async -> ModelOutput? {
+        let call = ProviderCall(provider: "fal", model: model, timeout: Self.abandonWait)
+        func counted(_ outcome: String) {
+            Counter(label: "worker_provider_abandoned_total", dimensions: [("provider", "fal"), ("outcome", outcome)]).increment()
+        }
+        guard let url = request.cancelURL, let cancelled = try? await call.send(maxBytes: 1 << 16, { authorized(url, method: .PUT) }) else {
+            counted("unconfirmed")
+            return nil
+        }
+        if cancelled.status == 400 {
+            // Finished before the cancel: its output, if fal gives it.
+            counted("finished")
+            return try? await output(of: request, call: call)
+        }
+        guard cancelled.status == 202 || cancelled.status == 200 else {
+            counted(cancelled.status == 404 ? "let_go" : "unconfirmed")
+            return nil
+        }
+        while ContinuousClock.now < call.deadline {
+            guard let answer = try? await call.send(maxBytes: 1 << 20, { authorized(request.statusURL, method: .GET) }) else { break }
+            let status = (try? JSONDecoder().decode(Status.self, from: answer.body))?.status
+            if answer.status == 404 {
+                counted("let_go")
+                return nil
+            }
+            if status == "COMPLETED" {
+                // Cancelled, or finished as the cancel came: a cancelled request has no output.
+                if let output = try? await output(of: request, call: call) {
+                    counted("finished")
+                    return output
+                }
+                counted("let_go")
+                return nil
+            }
+            try? await Task.sleep(for: .milliseconds(500))
+        }
+        counted("unconfirmed")
+        return nil
     }
 
     /// The finished request's output: its JSON, then the file it names.
