@@ -23,6 +23,7 @@ let package = Package(
         .executable(name: "bus-bench", targets: ["bus-bench"]),
         .executable(name: "bus-fixture", targets: ["bus-fixture"]),
         .executable(name: "provider-fixture", targets: ["provider-fixture"]),
+        .executable(name: "push-fixture", targets: ["push-fixture"]),
         .executable(name: "slow-crowd", targets: ["slow-crowd"]),
         .executable(name: "quota-bench", targets: ["quota-bench"]),
         .executable(name: "jobs-bench", targets: ["jobs-bench"]),
@@ -42,6 +43,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
         .package(url: "https://github.com/apple/swift-asn1.git", from: "1.7.4"),
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
+        .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
         .package(url: "https://github.com/apple/swift-nio-extras.git", from: "1.35.2"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
@@ -264,6 +266,9 @@ let package = Package(
             dependencies: [
                 "JobsCore", "Messages", "Bus", "ServiceKit", "Storage", "Blobs",
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Logging", package: "swift-log"),
@@ -362,6 +367,23 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ],
             path: "Tests/Fixtures/provider-fixture",
+            swiftSettings: swiftSettings
+        ),
+        // APNs and FCM as they answer, for the push notification tests.
+        .executableTarget(
+            name: "push-fixture",
+            dependencies: [
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HummingbirdHTTP2", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Tests/Fixtures/push-fixture",
             swiftSettings: swiftSettings
         ),
         // Slow clients held in a process of their own for the gateway's slow-client tests.
@@ -530,7 +552,9 @@ let package = Package(
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "CryptoExtras", package: "swift-crypto"),
             ],
             path: "Tests/SystemTests",
             swiftSettings: swiftSettings

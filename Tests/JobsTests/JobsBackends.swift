@@ -22,12 +22,12 @@ let quietLogger = { var logger = Logger(label: "test.jobs"); logger.logLevel = .
 
 /// A fresh jobs store of `backend` for the duration of `body`: SQLite in memory, or a new database
 /// on the test PostgreSQL, migrated as the service migrates it.
-func withJobsStore<T>(_ backend: JobsBackend, _ body: (JobsStoreHarness) async throws -> T) async throws -> T {
+func withJobsStore<T>(_ backend: JobsBackend, pushPlatforms: [PushPlatform] = [], _ body: (JobsStoreHarness) async throws -> T) async throws -> T {
     let retry = RetryPolicy(maxAttempts: 3, baseDelay: .milliseconds(10))
     let titles = ["copy": "Original"]
     switch backend {
     case .sqlite:
-        let store = SQLiteJobsStore(database: try JobsDatabase.inMemory(), retry: retry, effectTitles: titles)
+        let store = SQLiteJobsStore(database: try JobsDatabase.inMemory(), retry: retry, effectTitles: titles, pushPlatforms: pushPlatforms)
         return try await body(JobsStoreHarness(store: store, history: JobsHistoryFeed(store: store), settlements: JobsOutbox(database: store.database, topic: "quota"), outbox: {
             try await store.database.read { try OutboxEntry.order(Column("id")).fetchAll($0) }
         }))
@@ -35,7 +35,7 @@ func withJobsStore<T>(_ backend: JobsBackend, _ body: (JobsStoreHarness) async t
         let location = try await TestPostgres.freshDatabase()
         try await PostgresPool.migrate(location, service: "jobs", PostgresJobsStore.migrations, logger: quietLogger)
         return try await TestPostgres.withDatabase(location) { database in
-            let store = PostgresJobsStore(database: database, retry: retry, effectTitles: titles, logger: quietLogger)
+            let store = PostgresJobsStore(database: database, retry: retry, effectTitles: titles, pushPlatforms: pushPlatforms, logger: quietLogger)
             return try await body(JobsStoreHarness(
                 store: store, history: PostgresJobsHistoryFeed(store: store), settlements: PostgresJobsOutbox(store: store, topic: "quota"),
                 outbox: { try await PostgresOutboxRows.all(database) }

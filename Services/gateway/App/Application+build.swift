@@ -42,6 +42,7 @@ public func buildRouter(
     OpenAPIController(path: configuration.openAPIFile, logger: logger).addRoutes(to: router)
     MetricsController(registry: metrics, clients: clients).addRoutes(to: router)
     UsersController(clients: clients, authenticator: authenticator).addRoutes(to: router)
+    DevicesController(clients: clients, authenticator: authenticator).addRoutes(to: router)
     AdminController(clients: clients, authenticator: authenticator).addRoutes(to: router)
     WebhooksController(clients: clients, authenticator: authenticator, adaptySecret: configuration.adaptyWebhookSecret, logger: logger).addRoutes(to: router)
     AttestationController(

@@ -49,11 +49,21 @@ await ProcessExit.run("jobs", files: files) { try await BusServiceRunner.run(.jo
     let localDispatcher: @Sendable () async -> Dispatcher?
     var services: [any Service] = []
     var relays: [any Service] = []
+    // Push notifications (off unless APNs or FCM is configured): the sender's HTTP client closes
+    // after the relay that sends through it has stopped.
+    let sender = configuration.push.platforms.isEmpty ? nil : try await PushSender(settings: configuration.push, logger: logger)
+    if let sender {
+        relays.append(ClosedAtShutdown(sender.shutdown))
+        logger.info("push notifications on", metadata: ["platforms": "\(configuration.push.platforms.map(\.rawValue).joined(separator: ", "))"])
+    }
     if let location = configuration.databaseURL {
         // PostgreSQL: any number of replicas over one database, one of them (elected) dispatching.
         try await PostgresPool.migrate(location, service: "jobs", PostgresJobsStore.migrations, logger: logger)
         let database = PostgresPool(location: location, logger: logger)
-        let postgres = PostgresJobsStore(database: database, retry: configuration.retry, effectTitles: catalog.effects.mapValues(\.title), logger: logger)
+        let postgres = PostgresJobsStore(
+            database: database, retry: configuration.retry, effectTitles: catalog.effects.mapValues(\.title),
+            pushPlatforms: configuration.push.platforms, logger: logger
+        )
         let link = ReplicatedDispatch(database: database, logger: logger)
         store = postgres
         dispatch = link
@@ -62,16 +72,21 @@ await ProcessExit.run("jobs", files: files) { try await BusServiceRunner.run(.jo
         services.append(DispatchLeadership(election: DispatchElection(database: database, logger: logger), store: postgres, link: link, logger: logger) {
             makeDispatcher($0)
         })
-        relays = [
+        relays += [
             JobsRelays.settlements(outbox: PostgresJobsOutbox(store: postgres, topic: OutboxEntry.Topic.quota), quota: quota, logger: logger),
             JobsRelays.historyEvents(outbox: PostgresJobsHistoryFeed(store: postgres), history: history, logger: logger),
             JobsRelays.fileDeletions(outbox: PostgresJobsOutbox(store: postgres, topic: OutboxEntry.Topic.blobs), blobs: blobs, logger: logger),
         ]
+        if let sender {
+            relays.append(JobsRelays.notifications(outbox: PostgresJobsOutbox(store: postgres, topic: OutboxEntry.Topic.push), sender: sender, store: postgres, logger: logger))
+        }
         ProcessMetrics.addReporter { await link.dispatcher?.workerSections() ?? [] }
         logger.info("jobs database open", metadata: ["postgres": "\(location)"])
     } else {
         let database = try JobsDatabase.open(path: configuration.databasePath)
-        let sqlite = SQLiteJobsStore(database: database, retry: configuration.retry, effectTitles: catalog.effects.mapValues(\.title))
+        let sqlite = SQLiteJobsStore(
+            database: database, retry: configuration.retry, effectTitles: catalog.effects.mapValues(\.title), pushPlatforms: configuration.push.platforms
+        )
         let (dispatcher, channel) = makeDispatcher(sqlite)
         await dispatcher.load(try await sqlite.recover(now: Date()))
         store = sqlite
@@ -79,11 +94,14 @@ await ProcessExit.run("jobs", files: files) { try await BusServiceRunner.run(.jo
         localDispatcher = { dispatcher }
         // The database first: it closes after everything that writes through it has stopped.
         services = [ClosedAtShutdown(database.close), quota, history, DispatcherService(dispatcher: dispatcher, channel: channel)]
-        relays = [
+        relays += [
             JobsRelays.settlements(outbox: JobsOutbox(database: database, topic: OutboxEntry.Topic.quota), quota: quota, logger: logger),
             JobsRelays.historyEvents(outbox: JobsHistoryFeed(store: sqlite), history: history, logger: logger),
             JobsRelays.fileDeletions(outbox: JobsOutbox(database: database, topic: OutboxEntry.Topic.blobs), blobs: blobs, logger: logger),
         ]
+        if let sender {
+            relays.append(JobsRelays.notifications(outbox: JobsOutbox(database: database, topic: OutboxEntry.Topic.push), sender: sender, store: sqlite, logger: logger))
+        }
         ProcessMetrics.addReporter { await dispatcher.workerSections() }
         logger.info("jobs database open", metadata: ["path": "\(configuration.databasePath)"])
     }

@@ -42,6 +42,8 @@ public struct JobsConfiguration: Sendable {
     /// The most jobs of each provider held by workers at once (`JOBS_PROVIDER_CONCURRENCY`, JSON
     /// such as `{"gemini": 8, "openai": 4, "fal": 16}`; a provider not named has no limit).
     public var providerLimits: [String: Int]
+    /// Push notifications when a job ends (`APNS_*`, `FCM_*`, `PUSH_CA_FILE`): see `PushSettings`.
+    public var push: PushSettings
 
     public init(environment: Environment, dataDirectory: String) throws {
         workerEndpoint = environment.string("JOBS_WORKER_BIND", default: "tcp://127.0.0.1:7104")
@@ -71,6 +73,7 @@ public struct JobsConfiguration: Sendable {
         transferLifetime = min(604_800, max(3, try environment.int("JOBS_TRANSFER_TTL_S", default: 3600)))
         unusedUploadAge = max(1, try environment.int("JOBS_UNUSED_UPLOAD_TTL_S", default: 86_400))
         uploadSweepInterval = .milliseconds(max(100, try environment.int("JOBS_UPLOAD_SWEEP_MS", default: 3_600_000)))
+        push = try PushSettings(environment: environment)
         if let json = environment.optional("JOBS_PROVIDER_CONCURRENCY") {
             guard let limits = try? JSONDecoder().decode([String: Int].self, from: Data(json.utf8)), limits.values.allSatisfy({ $0 >= 1 }) else {
                 throw ConfigurationError(key: "JOBS_PROVIDER_CONCURRENCY", value: json, expected: "a JSON object of provider to a limit of at least 1")
@@ -86,5 +89,5 @@ public struct JobsConfiguration: Sendable {
         "JOBS_WORKER_BIND", "JOBS_DB", "JOBS_DATABASE_URL", "JOBS_EFFECTS", "JOBS_MAX_ATTEMPTS", "JOBS_RETRY_BASE_MS",
         "JOBS_PRO_FIRST", "JOBS_MAX_QUEUED", "QUOTA_ENDPOINT", "HISTORY_ENDPOINT", "JOBS_TRANSFER_TTL_S",
         "JOBS_UNUSED_UPLOAD_TTL_S", "JOBS_UPLOAD_SWEEP_MS", "JOBS_PROVIDER_CONCURRENCY", "JOBS_LOST_WORKER_GRACE_S",
-    ] + BlobStoreConfiguration.environmentKeys(for: .workers)
+    ] + BlobStoreConfiguration.environmentKeys(for: .workers) + PushSettings.environmentKeys
 }

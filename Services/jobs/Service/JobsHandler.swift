@@ -55,6 +55,18 @@ public struct JobsHandler: Sendable {
             await dispatcher.poke(jobId: job.id)
             return Empty()
         }
+        router.register(Devices.put) { request, _ in
+            guard DeviceRegistration.isValid(token: request.token), !request.userId.isEmpty else {
+                throw BusError(.badRequest, "a device token is 1 to \(Devices.maxTokenLength) letters, digits and -_:.")
+            }
+            return try await store.putDevice(request, now: Date())
+        }
+        router.register(Devices.delete) { request, _ in
+            guard try await store.deleteDevice(userId: request.userId, token: request.token) else {
+                throw BusError(.notFound, "no such device")
+            }
+            return Empty()
+        }
         router.register(Jobs.effects) { _, _ in
             EffectList(
                 effects: catalog.effects.values.filter { $0.processor != "noop" }.sorted { $0.id < $1.id },

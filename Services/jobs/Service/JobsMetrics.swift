@@ -59,7 +59,7 @@ public enum JobsMetrics {
         for status in JobStatus.allCases {
             Gauge(label: "jobs_by_state", dimensions: [("state", status.rawValue)]).record(states[status] ?? 0)
         }
-        for topic in ["quota", "history", "blobs"] {
+        for topic in ["quota", "history", "blobs", "push"] {
             Gauge(label: "jobs_outbox_backlog", dimensions: [("topic", topic)]).record(outbox[topic] ?? 0)
         }
         Gauge(label: "jobs_queue_length").record(queued)

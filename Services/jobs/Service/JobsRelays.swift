@@ -3,10 +3,12 @@ import Bus
 import Foundation
 import Logging
 import Messages
+import Metrics
 import ServiceKit
 
-/// The jobs service's three outboxes, each delivered by an `OutboxRelay` with the one retry policy
-/// (`OutboxBackoff`): quota settlements, job events for history, and files to delete. Each takes
+/// The jobs service's four outboxes, each delivered by an `OutboxRelay` with the one retry policy
+/// (`OutboxBackoff`): quota settlements, job events for history, files to delete, and push
+/// notifications. Each takes
 /// its topic of the store's outbox (`JobsOutbox` on SQLite, `PostgresJobsOutbox`).
 public enum JobsRelays {
     /// `commit` for completed jobs, `release` for failed and cancelled ones; quota applies them
@@ -78,6 +80,59 @@ public enum JobsRelays {
                     logger.debug("cannot delete a job's files yet", metadata: ["job": "\(item.jobId)", "error": "\(error)"])
                     return .retry
                 }
+            }
+        }
+    }
+
+    /// A push notice is given up after this many tries (with the outbox's backoff, about eight
+    /// minutes): news of a job that ended long ago is no longer worth a notification.
+    public static let pushAttempts = 20
+
+    /// Push notifications of ended jobs, one entry per device, sent at once (at most 20 a round,
+    /// so a round fits well inside a PostgreSQL outbox lease). A token the push service no longer
+    /// knows is forgotten; a notice refused for good is logged; one that cannot be sent now is
+    /// tried again with the outbox's backoff, up to `pushAttempts` times. Counted in
+    /// `jobs_push_total{platform, outcome}`.
+    public static func notifications<Box: Outbox<JobsOutboxKind>>(outbox: Box, sender: PushSender, store: any JobsStore, logger: Logger) -> OutboxRelay<Box> {
+        OutboxRelay("push notifications", outbox: outbox, batchSize: 20, logger: logger) { items in
+            await withTaskGroup(of: (Int, OutboxOutcome).self) { group in
+                for (index, item) in items.enumerated() {
+                    group.addTask {
+                        guard case .push(let notice) = item.kind else { return (index, unreadable(item, logger)) }
+                        func counted(_ outcome: String) {
+                            Counter(label: "jobs_push_total", dimensions: [("platform", notice.platform.rawValue), ("outcome", outcome)]).increment()
+                        }
+                        switch await sender.send(notice) {
+                        case .delivered:
+                            counted("delivered")
+                            return (index, .delivered)
+                        case .unregistered:
+                            do {
+                                try await store.forgetDevice(token: notice.token)
+                            } catch {
+                                return (index, .retry)
+                            }
+                            counted("unregistered")
+                            logger.debug("push token unregistered; device forgotten", metadata: ["platform": "\(notice.platform.rawValue)"])
+                            return (index, .delivered)
+                        case .rejected(let reason):
+                            counted("rejected")
+                            logger.warning("push notification refused", metadata: ["job": "\(notice.jobId)", "reason": "\(reason)"])
+                            return (index, .delivered)
+                        case .retry:
+                            guard item.attempts + 1 < pushAttempts else {
+                                counted("expired")
+                                logger.warning("push notification given up", metadata: ["job": "\(notice.jobId)", "attempts": "\(item.attempts + 1)"])
+                                return (index, .delivered)
+                            }
+                            counted("retried")
+                            return (index, .retry)
+                        }
+                    }
+                }
+                var outcomes = [OutboxOutcome](repeating: .retry, count: items.count)
+                for await (index, outcome) in group { outcomes[index] = outcome }
+                return outcomes
             }
         }
     }

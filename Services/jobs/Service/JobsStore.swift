@@ -38,6 +38,12 @@ public protocol JobsStore: Sendable {
     func discardOutput(_ output: JobOutput, of attempt: JobAttempt, now: Date) async throws
     /// At start-up: settles what was left mid-cancel; every queued job, oldest first.
     func recover(now: Date) async throws -> [JobRecord]
+    /// Registers a device's push token for its user (`Devices.put`).
+    func putDevice(_ device: DeviceRegistration, now: Date) async throws -> DeviceRecord
+    /// Removes the user's device; false if the user has none of that token.
+    func deleteDevice(userId: String, token: String) async throws -> Bool
+    /// Forgets a token its push service no longer knows.
+    func forgetDevice(token: String) async throws
 
     /// The dispatcher's writes of one event, the one path of every start and result: starts of
     /// queued jobs (processing, as a new attempt; nil if no longer queued) and results of

@@ -136,6 +136,18 @@ public struct JobsDatabase: Sendable {
             // An object store's ETag of the input the gateway checked (`CreateJob.imageETag`).
             try db.alter(table: "job") { table in table.add(column: "imageETag", .text) }
         }
+        migrator.registerMigration("v9: devices for push notifications") { db in
+            // A user's devices (`PUT /api/v1/devices/{token}`): a job that ends writes one push
+            // notification per device to the outbox, in the same transaction.
+            try db.create(table: "device") { table in
+                table.primaryKey("token", .text)
+                table.column("userId", .text).notNull()
+                table.column("platform", .text).notNull()
+                table.column("environment", .text).notNull()
+                table.column("registeredAt", .text).notNull()
+            }
+            try db.create(index: "device_by_user", on: "device", columns: ["userId", "registeredAt"])
+        }
         return migrator
     }
 }
@@ -186,6 +198,8 @@ public struct OutboxEntry: Codable, Sendable, FetchableRecord, MutablePersistabl
 
     /// Where an entry goes.
     public enum Topic {
+        /// Push notifications of ended jobs, one per device (`PushNotice` as JSON).
+        public static let push = "push"
         /// Quota settlements: `commit`, `release`.
         public static let quota = "quota"
         /// Job events for history: not an outbox topic since v7 (the rows are read instead), the

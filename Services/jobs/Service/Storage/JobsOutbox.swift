@@ -15,6 +15,8 @@ public enum JobsOutboxKind: Sendable, Equatable {
     case historyEvent(JobEvent)
     /// Files to delete from the blob store.
     case fileDeletion([String])
+    /// A push notification of an ended job, for one device.
+    case push(PushNotice)
     /// A row this version cannot read (its kind or payload): logged and acknowledged.
     case unreadable(String)
 }
@@ -61,6 +63,9 @@ public struct JobsOutbox: Outbox {
         case OutboxEntry.Topic.blobs:
             guard let payload, let keys = try? JSONDecoder().decode([String].self, from: payload) else { return .unreadable("file list") }
             return .fileDeletion(keys)
+        case OutboxEntry.Topic.push:
+            guard let payload, let notice = try? JSONDecoder().decode(PushNotice.self, from: payload) else { return .unreadable("push notice") }
+            return .push(notice)
         default:
             return .unreadable("topic \(topic)")
         }

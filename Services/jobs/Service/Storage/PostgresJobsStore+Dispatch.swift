@@ -66,10 +66,12 @@ extension PostgresJobsStore {
         }
         var changed: Set<String> = []
         var outbox: [OutboxRow] = []
+        var ended: [JobRecord] = []
         func apply(_ transition: JobRules.Transition, at now: Date) {
             jobs[transition.job.id] = transition.job
             changed.insert(transition.job.id)
             if let settlement = transition.settlement {
+                ended.append(transition.job)
                 outbox.append(OutboxRow(
                     topic: OutboxEntry.Topic.quota, kind: settlement.rawValue, jobId: transition.job.id, version: transition.job.version, payload: nil, at: now
                 ))
@@ -139,6 +141,7 @@ extension PostgresJobsStore {
                 ORDER BY o.n
                 """, logger: logger)
         }
+        try await notify(db, ended)
         return outcomes
     }
 }

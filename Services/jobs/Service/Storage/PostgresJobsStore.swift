@@ -30,6 +30,8 @@ public struct PostgresJobsStore: ReportingJobsStore {
     public let retry: RetryPolicy
     /// Effect ids to the titles the app shows, carried in history events.
     public let effectTitles: [String: String]
+    /// The platforms push notifications are sent on (none: push is off, and nothing is written).
+    public let pushPlatforms: [PushPlatform]
     let logger: Logger
     /// The lease the dispatcher's writes must still hold; nil for the handler's writes.
     private(set) var fence: Lease?
@@ -40,10 +42,12 @@ public struct PostgresJobsStore: ReportingJobsStore {
     /// two terms' writes.
     private(set) var dispatches: PostgresBatcher<DispatchEvent, JobsBatchOutcome>?
 
-    public init(database: PostgresPool, retry: RetryPolicy = RetryPolicy(), effectTitles: [String: String] = [:], logger: Logger) {
+    public init(database: PostgresPool, retry: RetryPolicy = RetryPolicy(), effectTitles: [String: String] = [:], pushPlatforms: [PushPlatform] = [],
+                logger: Logger) {
         self.database = database
         self.retry = retry
         self.effectTitles = effectTitles
+        self.pushPlatforms = pushPlatforms
         self.logger = logger
         self.fence = nil
         self.creations = PostgresBatcher(location: database.location) { batch in
@@ -109,6 +113,16 @@ public struct PostgresJobsStore: ReportingJobsStore {
         // An object store's ETag of the input the gateway checked (`CreateJob.imageETag`).
         PostgresMigration("v4: the version of the image a job was created from", [
             "ALTER TABLE jobs_job ADD COLUMN image_etag text",
+        ]),
+        // A user's devices (`PUT /api/v1/devices/{token}`): a job that ends writes one push
+        // notification per device to the outbox, in the same transaction.
+        PostgresMigration("v5: devices for push notifications", [
+            """
+            CREATE TABLE jobs_device (
+                token text COLLATE "C" PRIMARY KEY, user_id text COLLATE "C" NOT NULL, platform text NOT NULL, environment text NOT NULL,
+                registered_at double precision NOT NULL)
+            """,
+            "CREATE INDEX jobs_device_by_user ON jobs_device (user_id, registered_at)",
         ]),
     ]
 
@@ -339,7 +353,10 @@ public struct PostgresJobsStore: ReportingJobsStore {
     /// Writes a transition: the row, due for history, and its quota settlement.
     func apply(_ db: PostgresConnection, _ transition: JobRules.Transition) async throws {
         try await update(db, transition.job, announce: true)
-        if let settlement = transition.settlement { try await settle(db, job: transition.job, settlement, now: transition.job.updatedAt) }
+        if let settlement = transition.settlement {
+            try await settle(db, job: transition.job, settlement, now: transition.job.updatedAt)
+            try await notify(db, [transition.job])
+        }
     }
 
     func discardBlobs(_ db: PostgresConnection, _ keys: [String], jobId: String, now: Date) async throws {

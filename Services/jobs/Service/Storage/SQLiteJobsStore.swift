@@ -13,11 +13,14 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     public let retry: RetryPolicy
     /// Effect ids to the titles the app shows, carried in history events.
     public let effectTitles: [String: String]
+    /// The platforms push notifications are sent on (none: push is off, and nothing is written).
+    public let pushPlatforms: [PushPlatform]
 
-    public init(database: JobsDatabase, retry: RetryPolicy = RetryPolicy(), effectTitles: [String: String] = [:]) {
+    public init(database: JobsDatabase, retry: RetryPolicy = RetryPolicy(), effectTitles: [String: String] = [:], pushPlatforms: [PushPlatform] = []) {
         self.database = database
         self.retry = retry
         self.effectTitles = effectTitles
+        self.pushPlatforms = pushPlatforms
     }
 
     public typealias Outcome = JobReportOutcome
@@ -344,11 +347,14 @@ public struct SQLiteJobsStore: ReportingJobsStore {
         }
     }
 
-    /// Writes a transition: the row, due for history, and its quota settlement, stamped with the
-    /// transition's time.
+    /// Writes a transition: the row, due for history, its quota settlement and push notifications,
+    /// stamped with the transition's time.
     func apply(_ db: Database, _ transition: JobRules.Transition) throws {
         try JobRows.update(db, transition.job, announce: true)
-        if let settlement = transition.settlement { try Self.settle(db, job: transition.job, settlement, now: transition.job.updatedAt) }
+        if let settlement = transition.settlement {
+            try Self.settle(db, job: transition.job, settlement, now: transition.job.updatedAt)
+            try notify(db, transition.job)
+        }
     }
 
     /// Files to remove, left to the blob janitor in the same transaction as the change that
