@@ -143,6 +143,51 @@ extension Components {
                 case services
             }
         }
+        /// - Remark: Generated from `#/components/schemas/Device`.
+        internal struct Device: Codable, Hashable, Sendable {
+            /// - Remark: Generated from `#/components/schemas/Device/token`.
+            internal var token: Swift.String
+            /// - Remark: Generated from `#/components/schemas/Device/platform`.
+            internal enum PlatformPayload: String, Codable, Hashable, Sendable, CaseIterable {
+                case apns = "apns"
+                case fcm = "fcm"
+            }
+            /// - Remark: Generated from `#/components/schemas/Device/platform`.
+            internal var platform: Components.Schemas.Device.PlatformPayload
+            /// - Remark: Generated from `#/components/schemas/Device/environment`.
+            internal enum EnvironmentPayload: String, Codable, Hashable, Sendable, CaseIterable {
+                case production = "production"
+                case sandbox = "sandbox"
+            }
+            /// - Remark: Generated from `#/components/schemas/Device/environment`.
+            internal var environment: Components.Schemas.Device.EnvironmentPayload
+            /// - Remark: Generated from `#/components/schemas/Device/registeredAt`.
+            internal var registeredAt: Foundation.Date
+            /// Creates a new `Device`.
+            ///
+            /// - Parameters:
+            ///   - token:
+            ///   - platform:
+            ///   - environment:
+            ///   - registeredAt:
+            internal init(
+                token: Swift.String,
+                platform: Components.Schemas.Device.PlatformPayload,
+                environment: Components.Schemas.Device.EnvironmentPayload,
+                registeredAt: Foundation.Date
+            ) {
+                self.token = token
+                self.platform = platform
+                self.environment = environment
+                self.registeredAt = registeredAt
+            }
+            internal enum CodingKeys: String, CodingKey {
+                case token
+                case platform
+                case environment
+                case registeredAt
+            }
+        }
         /// A window the plan has no limit for reports what the other window allows in it (PRO, 500 a day and no monthly limit, has a monthlyLimit of 30 x 500); null only for a plan with no limit at all.
         ///
         /// - Remark: Generated from `#/components/schemas/QuotaBadge`.

@@ -40,6 +40,18 @@ internal protocol APIProtocol: Sendable {
     /// - Remark: HTTP `GET /api/v1/users/me/credits`.
     /// - Remark: Generated from `#/paths//api/v1/users/me/credits/get(credits)`.
     func credits(_ input: Operations.Credits.Input) async throws -> Operations.Credits.Output
+    /// Registers this device's push token for the caller; each job of theirs that completes or fails is pushed to it.
+    ///
+    /// The same token again updates it; a token another user registered moves to the caller (it names the app on a device, which the caller now signs in on). A user keeps their 20 latest devices. Tokens the push service reports as unregistered are forgotten. Pushes go only when the server has APNs or FCM configured.
+    ///
+    /// - Remark: HTTP `PUT /api/v1/devices/{token}`.
+    /// - Remark: Generated from `#/paths//api/v1/devices/{token}/put(putDevice)`.
+    func putDevice(_ input: Operations.PutDevice.Input) async throws -> Operations.PutDevice.Output
+    /// Removes this device's push token (a token the caller has not registered is 404).
+    ///
+    /// - Remark: HTTP `DELETE /api/v1/devices/{token}`.
+    /// - Remark: Generated from `#/paths//api/v1/devices/{token}/delete(deleteDevice)`.
+    func deleteDevice(_ input: Operations.DeleteDevice.Input) async throws -> Operations.DeleteDevice.Output
     /// A one-time App Attest challenge for this guest's device (valid 5 minutes).
     ///
     /// With `APP_ATTEST_APP_ID` configured; 404 otherwise. The app passes SHA256(the challenge's UTF-8 bytes) as `clientDataHash` to `DCAppAttestService.attestKey`. Not subject to the guest limits of the client network.
@@ -226,6 +238,36 @@ extension APIProtocol {
     /// - Remark: Generated from `#/paths//api/v1/users/me/credits/get(credits)`.
     internal func credits(headers: Operations.Credits.Input.Headers = .init()) async throws -> Operations.Credits.Output {
         try await credits(Operations.Credits.Input(headers: headers))
+    }
+    /// Registers this device's push token for the caller; each job of theirs that completes or fails is pushed to it.
+    ///
+    /// The same token again updates it; a token another user registered moves to the caller (it names the app on a device, which the caller now signs in on). A user keeps their 20 latest devices. Tokens the push service reports as unregistered are forgotten. Pushes go only when the server has APNs or FCM configured.
+    ///
+    /// - Remark: HTTP `PUT /api/v1/devices/{token}`.
+    /// - Remark: Generated from `#/paths//api/v1/devices/{token}/put(putDevice)`.
+    internal func putDevice(
+        path: Operations.PutDevice.Input.Path,
+        headers: Operations.PutDevice.Input.Headers = .init(),
+        body: Operations.PutDevice.Input.Body
+    ) async throws -> Operations.PutDevice.Output {
+        try await putDevice(Operations.PutDevice.Input(
+            path: path,
+            headers: headers,
+            body: body
+        ))
+    }
+    /// Removes this device's push token (a token the caller has not registered is 404).
+    ///
+    /// - Remark: HTTP `DELETE /api/v1/devices/{token}`.
+    /// - Remark: Generated from `#/paths//api/v1/devices/{token}/delete(deleteDevice)`.
+    internal func deleteDevice(
+        path: Operations.DeleteDevice.Input.Path,
+        headers: Operations.DeleteDevice.Input.Headers = .init()
+    ) async throws -> Operations.DeleteDevice.Output {
+        try await deleteDevice(Operations.DeleteDevice.Input(
+            path: path,
+            headers: headers
+        ))
     }
     /// A one-time App Attest challenge for this guest's device (valid 5 minutes).
     ///

@@ -57,6 +57,9 @@ public struct PushSettings: Sendable, CustomStringConvertible {
     }
 
     public init(environment: Environment) throws {
+        let productionURL = environment.string("APNS_URL", default: "https://api.push.apple.com")
+        let sandboxURL = environment.string("APNS_SANDBOX_URL", default: "https://api.sandbox.push.apple.com")
+        let fcmURL = environment.string("FCM_URL", default: "https://fcm.googleapis.com")
         let apnsKeys = ["APNS_KEY_ID", "APNS_TEAM_ID", "APNS_TOPIC", "APNS_KEY_FILE"]
         let given = apnsKeys.filter { environment.optional($0) != nil }
         if !given.isEmpty {
@@ -70,8 +73,7 @@ public struct PushSettings: Sendable, CustomStringConvertible {
             }
             apns = APNs(
                 keyId: environment.optional("APNS_KEY_ID")!, teamId: environment.optional("APNS_TEAM_ID")!, topic: environment.optional("APNS_TOPIC")!,
-                keyPEM: pem, productionURL: environment.string("APNS_URL", default: "https://api.push.apple.com"),
-                sandboxURL: environment.string("APNS_SANDBOX_URL", default: "https://api.sandbox.push.apple.com")
+                keyPEM: pem, productionURL: productionURL, sandboxURL: sandboxURL
             )
         }
         if let file = environment.optional("FCM_SERVICE_ACCOUNT_FILE") {
@@ -88,7 +90,7 @@ public struct PushSettings: Sendable, CustomStringConvertible {
             fcm = FCM(
                 projectId: account.project_id, clientEmail: account.client_email, privateKeyPEM: account.private_key,
                 tokenURI: account.token_uri ?? "https://oauth2.googleapis.com/token",
-                baseURL: environment.string("FCM_URL", default: "https://fcm.googleapis.com")
+                baseURL: fcmURL
             )
         }
         caFile = environment.optional("PUSH_CA_FILE")
