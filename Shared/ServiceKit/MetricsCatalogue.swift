@@ -12,6 +12,7 @@ public enum MetricsCatalogue {
         "gateway_connections_refused_total": "Connections closed at once because the gateway had HTTP_MAX_CONNECTIONS open.",
         "gateway_slow_bodies_closed_total": "Connections closed because a request body arrived slower than HTTP_BODY_MIN_BYTES_PER_S.",
         "gateway_uploads_aborted_total": "Uploads the client stopped before the body ended.",
+        "gateway_provider_webhooks_total": "Provider webhooks by outcome (accepted, replayed, refused, unverifiable).",
         "gateway_uploads_refused_total": "Uploads or job inputs refused, by reason (too large, not an image, too many pixels).",
         "photoedit_scrape_up": "Whether the service answered the gateway's metrics scrape (1) or not (0).",
         "photoedit_disk_free_bytes": "Bytes free to the process on the file system of its data folder.",
@@ -34,7 +35,8 @@ public enum MetricsCatalogue {
         "jobs_by_state": "Jobs in each state, read at the scrape.",
         "jobs_queue_length": "Jobs waiting for a worker (backoffs included).",
         "jobs_oldest_queued_age_seconds": "Age of the oldest queued job (0 with none queued).",
-        "jobs_outbox_backlog": "Outbox entries waiting to be delivered, by topic (quota, history, blobs).",
+        "jobs_outbox_backlog": "Outbox entries waiting to be delivered, by topic (quota, history, blobs, push).",
+        "jobs_push_total": "Push notifications of ended jobs, by platform and outcome (delivered, retried, unregistered, rejected, expired).",
         "jobs_workers_connected": "Workers connected to the jobs service now.",
         "jobs_worker_slots_held": "Worker slots taken by jobs now.",
         "jobs_generations_awaiting": "Generations waiting in a provider's queue, held by no worker slot.",
@@ -47,10 +49,13 @@ public enum MetricsCatalogue {
         // Workers (sent to jobs, shown with service="worker" and the worker's id).
         "worker_jobs_total": "Jobs a worker ran, by effect and outcome.",
         "worker_job_duration_seconds": "Time a worker took to run a job, by effect (completed jobs).",
-        "worker_jobs_in_progress": "Jobs a worker is running now.",
+        "worker_jobs_in_progress": "Jobs holding one of the worker's places now.",
+        "worker_generations_waiting": "Generations waiting at a provider's queue without a worker place.",
+        "worker_provider_abandoned_total": "Generations given up at their timeout, by provider and outcome (let_go, finished, unconfirmed).",
         "worker_provider_requests_total": "HTTP requests to a model provider, by provider, model and answer status.",
         "worker_provider_request_seconds": "Latency of HTTP requests to a model provider, by provider and model.",
         "worker_provider_refusals_total": "Edits a model provider refused for safety, by provider and model.",
         "worker_provider_rate_limit_waits_total": "Waits a provider's 429 or Retry-After asked for, by provider and model.",
+        "worker_provider_errors_total": "Provider failures by provider and kind (key, billing, rate_limit, server, unreachable, timeout, refused).",
     ]
 }

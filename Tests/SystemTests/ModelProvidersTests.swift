@@ -447,20 +447,23 @@ struct ProviderSignalTests {
     @Test func eachProvidersKeyBillingAndWaitSignalsAreRead() {
         // Gemini: an unknown key is a 400 INVALID_ARGUMENT with an ErrorInfo reason, not 401/403.
         let geminiKey = Self.read(400, #"{"error": {"code": 400, "message": "API key not valid. Please pass a valid API key.", "status": "INVALID_ARGUMENT", "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID", "domain": "googleapis.com", "metadata": {"service": "generativelanguage.googleapis.com"}}]}}"#)
-        #expect(geminiKey == ProviderSignal(kind: .key))
+        #expect(geminiKey == ProviderSignal(kind: .key, message: "API key not valid. Please pass a valid API key."))
         // Gemini: a 429's wait is a RetryInfo detail (a protobuf Duration), never a header.
         let geminiWait = Self.read(429, #"{"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": "quota", "details": [{"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": []}, {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "37.5s"}]}}"#)
-        #expect(geminiWait == ProviderSignal(retryDelay: .milliseconds(37_500)))
+        #expect(geminiWait == ProviderSignal(retryDelay: .milliseconds(37_500), message: "quota"))
         #expect(Self.read(403, #"{"error": {"code": 403, "status": "PERMISSION_DENIED", "message": "x", "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "BILLING_DISABLED"}]}}"#).kind == .billing)
         // OpenAI: a 429 is a rate limit or the account out of money, told apart by type and code.
         #expect(Self.read(429, #"{"error": {"message": "You exceeded your current quota, please check your plan and billing details.", "type": "insufficient_quota", "param": null, "code": "insufficient_quota"}}"#).kind == .billing)
         #expect(Self.read(429, #"{"error": {"message": "x", "type": "insufficient_quota", "param": null, "code": "project_spend_limit_exceeded"}}"#).kind == .billing)
-        #expect(Self.read(429, #"{"error": {"message": "Rate limit reached for images per minute.", "type": "requests", "param": null, "code": "rate_limit_exceeded"}}"#) == ProviderSignal())
+        #expect(Self.read(429, #"{"error": {"message": "Rate limit reached for images per minute.", "type": "requests", "param": null, "code": "rate_limit_exceeded"}}"#) == ProviderSignal(message: "Rate limit reached for images per minute."))
         #expect(Self.read(400, #"{"error": {"message": "Billing hard limit has been reached", "type": "invalid_request_error", "param": null, "code": "billing_hard_limit_reached"}}"#).kind == .billing)
         #expect(Self.read(401, #"{"error": {"message": "Incorrect API key provided: sk-abc***xyz.", "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}"#).kind == .key)
         // fal: a locked account is a 403 that is billing, not the key.
         #expect(Self.read(403, #"{"detail": "User is locked. Reason: Exhausted balance. Top up your balance at fal.ai/dashboard/billing."}"#).kind == .billing)
-        #expect(Self.read(401, #"{"detail": "Unauthorized"}"#).kind == .key)
+        #expect(Self.read(401, #"{"detail": "Unauthorized"}"#) == ProviderSignal(kind: .key, message: "Unauthorized"))
+        // The message is shortened, and fal's detail as a list (a validation error) is no message
+        #expect(Self.read(500, #"{"error": {"message": "\#(String(repeating: "x", count: 500))"}}"#).message?.count == 200)
+        #expect(Self.read(422, #"{"detail": [{"loc": ["body", "prompt"], "msg": "field required", "type": "value_error.missing"}]}"#).message == nil)
         // A plain 5xx or garbage says nothing beyond its status.
         #expect(Self.read(503, "<html>busy</html>") == ProviderSignal())
         #expect(ProviderSignal.duration("0.5s") == .milliseconds(500) && ProviderSignal.duration("5") == nil && ProviderSignal.duration("-1s") == nil)

@@ -107,7 +107,7 @@ struct ProviderCall: Sendable {
             }
             failures += 1
             guard failures <= 2, ContinuousClock.now.advanced(by: .seconds(failures)) < deadline else {
-                throw EffectError("\(provider) answered \(answer.status)\(Self.message(answer.body).map { ": \($0)" } ?? "")", retryable: true)
+                throw EffectError("\(provider) answered \(answer.status)\(signal.message.map { ": \($0)" } ?? "")", retryable: true)
             }
             try await Task.sleep(for: .seconds(failures))
         }
@@ -154,21 +154,12 @@ struct ProviderCall: Sendable {
         return .milliseconds(Int64(min(max(0, date.timeIntervalSince(now)), 600) * 1000))
     }
 
-    /// The error message in a provider's JSON error body (`{"error": {"message"}}` for Gemini
-    /// and OpenAI, `{"detail"}` for fal), shortened; nil when there is none. Never the body
-    /// itself: it might echo what we sent.
-    static func message(_ body: Data) -> String? {
-        struct Google: Decodable { struct Inner: Decodable { var message: String? }; var error: Inner? }
-        struct Fal: Decodable { var detail: String? }
-        let text = (try? JSONDecoder().decode(Google.self, from: body))?.error?.message ?? (try? JSONDecoder().decode(Fal.self, from: body))?.detail
-        return text.map { String($0.prefix(200)) }
-    }
-
     /// A definite error answer as a job failure, for good: the key refused, or the account out of
     /// money (never quoting the provider's message, which may show part of the key, and is for the
     /// operator, not the app's user), an unknown model, or the request refused as malformed.
     func failure(_ answer: Answer) -> EffectError {
-        switch ProviderSignal.read(status: answer.status, body: answer.body).kind {
+        let signal = ProviderSignal.read(status: answer.status, body: answer.body)
+        switch signal.kind {
         case .key:
             countError("key")
             return EffectError("\(provider) refused our API key (\(answer.status)); the operator must check it", retryable: false)
@@ -178,7 +169,7 @@ struct ProviderCall: Sendable {
         case nil:
             countError("refused")
             if answer.status == 404 { return EffectError("\(provider) does not know the model \(model) (404)", retryable: false) }
-            return EffectError("\(provider) refused the request (\(answer.status))\(Self.message(answer.body).map { ": \($0)" } ?? "")", retryable: false)
+            return EffectError("\(provider) refused the request (\(answer.status))\(signal.message.map { ": \($0)" } ?? "")", retryable: false)
         }
     }
 }
@@ -217,6 +208,10 @@ struct ProviderSignal: Equatable {
     var kind: Kind?
     /// The wait the provider asks for in its body.
     var retryDelay: Duration?
+    /// The error message in the body (`error.message` for Gemini and OpenAI, a string `detail`
+    /// for fal), shortened to 200 characters; never the body itself, which might echo what we
+    /// sent. Not for the app's user when the key is refused (OpenAI's shows part of the key).
+    var message: String?
 
     static let openAIBillingCodes: Set<String> = [
         "insufficient_quota", "billing_hard_limit_reached", "credit_balance_exhausted", "organization_spend_limit_exceeded",
@@ -242,7 +237,9 @@ struct ProviderSignal: Equatable {
             if type == "insufficient_quota" || code.map(openAIBillingCodes.contains) == true { signal.kind = .billing }
             if code == "invalid_api_key" { signal.kind = .key }
         }
-        if status == 402 || (status == 403 && ((object?["detail"] as? String)?.hasPrefix("User is locked") == true)) { signal.kind = .billing }
+        let detail = object?["detail"] as? String
+        signal.message = ((object?["error"] as? [String: Any])?["message"] as? String ?? detail).map { String($0.prefix(200)) }
+        if status == 402 || (status == 403 && detail?.hasPrefix("User is locked") == true) { signal.kind = .billing }
         if signal.kind == nil, status == 401 || status == 403 { signal.kind = .key }
         return signal
     }
