@@ -26,7 +26,7 @@ public struct Environment: Sendable {
     /// these: any `_FILE` of the environment would be read otherwise, `TF_CLI_CONFIG_FILE` and
     /// the like.)
     public static let fileKeys = [
-        "JWT_SECRET", "ADMIN_TOKEN", "URL_SIGNING_SECRET", "ADAPTY_WEBHOOK_SECRET",
+        "JWT_SECRET", "ADMIN_TOKEN", "VIEWER_TOKEN", "URL_SIGNING_SECRET", "ADAPTY_WEBHOOK_SECRET",
         "BUS_CURVE_SECRET", "BUS_CURVE_PUBLIC", "BUS_CURVE_KEY", "BUS_CURVE_CLIENTS",
         "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
         "QUOTA_DATABASE_URL", "HISTORY_DATABASE_URL", "JOBS_DATABASE_URL",

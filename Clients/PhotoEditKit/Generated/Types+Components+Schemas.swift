@@ -143,6 +143,119 @@ extension Components {
                 case services
             }
         }
+        /// - Remark: Generated from `#/components/schemas/AdminJob`.
+        internal struct AdminJob: Codable, Hashable, Sendable {
+            /// - Remark: Generated from `#/components/schemas/AdminJob/id`.
+            internal var id: Swift.String
+            /// - Remark: Generated from `#/components/schemas/AdminJob/userId`.
+            internal var userId: Swift.String
+            /// - Remark: Generated from `#/components/schemas/AdminJob/status`.
+            internal var status: Components.Schemas.JobStatus
+            /// - Remark: Generated from `#/components/schemas/AdminJob/effect`.
+            internal var effect: Swift.String
+            /// - Remark: Generated from `#/components/schemas/AdminJob/prompt`.
+            internal var prompt: Swift.String?
+            /// - Remark: Generated from `#/components/schemas/AdminJob/credits`.
+            internal var credits: Swift.Int
+            /// - Remark: Generated from `#/components/schemas/AdminJob/attempts`.
+            internal var attempts: Swift.Int
+            /// - Remark: Generated from `#/components/schemas/AdminJob/maxAttempts`.
+            internal var maxAttempts: Swift.Int
+            /// - Remark: Generated from `#/components/schemas/AdminJob/progress`.
+            internal var progress: Swift.Double
+            /// - Remark: Generated from `#/components/schemas/AdminJob/error`.
+            internal var error: Swift.String?
+            /// - Remark: Generated from `#/components/schemas/AdminJob/cancelRequested`.
+            internal var cancelRequested: Swift.Bool
+            /// - Remark: Generated from `#/components/schemas/AdminJob/createdAt`.
+            internal var createdAt: Foundation.Date
+            /// - Remark: Generated from `#/components/schemas/AdminJob/updatedAt`.
+            internal var updatedAt: Foundation.Date
+            /// - Remark: Generated from `#/components/schemas/AdminJob/startedAt`.
+            internal var startedAt: Foundation.Date?
+            /// - Remark: Generated from `#/components/schemas/AdminJob/finishedAt`.
+            internal var finishedAt: Foundation.Date?
+            /// - Remark: Generated from `#/components/schemas/AdminJob/providerRequestId`.
+            internal var providerRequestId: Swift.String?
+            /// - Remark: Generated from `#/components/schemas/AdminJob/traceId`.
+            internal var traceId: Swift.String?
+            /// Creates a new `AdminJob`.
+            ///
+            /// - Parameters:
+            ///   - id:
+            ///   - userId:
+            ///   - status:
+            ///   - effect:
+            ///   - prompt:
+            ///   - credits:
+            ///   - attempts:
+            ///   - maxAttempts:
+            ///   - progress:
+            ///   - error:
+            ///   - cancelRequested:
+            ///   - createdAt:
+            ///   - updatedAt:
+            ///   - startedAt:
+            ///   - finishedAt:
+            ///   - providerRequestId:
+            ///   - traceId:
+            internal init(
+                id: Swift.String,
+                userId: Swift.String,
+                status: Components.Schemas.JobStatus,
+                effect: Swift.String,
+                prompt: Swift.String? = nil,
+                credits: Swift.Int,
+                attempts: Swift.Int,
+                maxAttempts: Swift.Int,
+                progress: Swift.Double,
+                error: Swift.String? = nil,
+                cancelRequested: Swift.Bool,
+                createdAt: Foundation.Date,
+                updatedAt: Foundation.Date,
+                startedAt: Foundation.Date? = nil,
+                finishedAt: Foundation.Date? = nil,
+                providerRequestId: Swift.String? = nil,
+                traceId: Swift.String? = nil
+            ) {
+                self.id = id
+                self.userId = userId
+                self.status = status
+                self.effect = effect
+                self.prompt = prompt
+                self.credits = credits
+                self.attempts = attempts
+                self.maxAttempts = maxAttempts
+                self.progress = progress
+                self.error = error
+                self.cancelRequested = cancelRequested
+                self.createdAt = createdAt
+                self.updatedAt = updatedAt
+                self.startedAt = startedAt
+                self.finishedAt = finishedAt
+                self.providerRequestId = providerRequestId
+                self.traceId = traceId
+            }
+            internal enum CodingKeys: String, CodingKey {
+                case id
+                case userId
+                case status
+                case effect
+                case prompt
+                case credits
+                case attempts
+                case maxAttempts
+                case progress
+                case error
+                case cancelRequested
+                case createdAt
+                case updatedAt
+                case startedAt
+                case finishedAt
+                case providerRequestId
+                case traceId
+            }
+        }
         /// - Remark: Generated from `#/components/schemas/Device`.
         internal struct Device: Codable, Hashable, Sendable {
             /// - Remark: Generated from `#/components/schemas/Device/token`.

@@ -9466,6 +9466,1438 @@ internal enum Operations {
             }
         }
     }
+    /// Jobs across all users, newest first, by filter and cursor, with every job's count by state (admin or viewer token).
+    ///
+    /// - Remark: HTTP `GET /admin/v1/jobs`.
+    /// - Remark: Generated from `#/paths//admin/v1/jobs/get(adminJobs)`.
+    internal enum AdminJobs {
+        internal static let id: Swift.String = "adminJobs"
+        internal struct Input: Sendable, Hashable {
+            /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/query`.
+            internal struct Query: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/query/state`.
+                internal var state: Components.Schemas.JobStatus?
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/query/effect`.
+                internal var effect: Swift.String?
+                /// gemini, openai, fal, remote, or none (the built-in effects)
+                ///
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/query/provider`.
+                internal var provider: Swift.String?
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/query/user`.
+                internal var user: Swift.String?
+                /// Text the last error contains (case-insensitive)
+                ///
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/query/error`.
+                internal var error: Swift.String?
+                /// Created at or after
+                ///
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/query/from`.
+                internal var from: Foundation.Date?
+                /// Created before
+                ///
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/query/to`.
+                internal var to: Foundation.Date?
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/query/cursor`.
+                internal var cursor: Swift.String?
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/query/limit`.
+                internal var limit: Swift.Int?
+                /// Creates a new `Query`.
+                ///
+                /// - Parameters:
+                ///   - state:
+                ///   - effect:
+                ///   - provider: gemini, openai, fal, remote, or none (the built-in effects)
+                ///   - user:
+                ///   - error: Text the last error contains (case-insensitive)
+                ///   - from: Created at or after
+                ///   - to: Created before
+                ///   - cursor:
+                ///   - limit:
+                internal init(
+                    state: Components.Schemas.JobStatus? = nil,
+                    effect: Swift.String? = nil,
+                    provider: Swift.String? = nil,
+                    user: Swift.String? = nil,
+                    error: Swift.String? = nil,
+                    from: Foundation.Date? = nil,
+                    to: Foundation.Date? = nil,
+                    cursor: Swift.String? = nil,
+                    limit: Swift.Int? = nil
+                ) {
+                    self.state = state
+                    self.effect = effect
+                    self.provider = provider
+                    self.user = user
+                    self.error = error
+                    self.from = from
+                    self.to = to
+                    self.cursor = cursor
+                    self.limit = limit
+                }
+            }
+            internal var query: Operations.AdminJobs.Input.Query
+            /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/header`.
+            internal struct Headers: Sendable, Hashable {
+                internal var accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.AdminJobs.AcceptableContentType>]
+                /// Creates a new `Headers`.
+                ///
+                /// - Parameters:
+                ///   - accept:
+                internal init(accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.AdminJobs.AcceptableContentType>] = .defaultValues()) {
+                    self.accept = accept
+                }
+            }
+            internal var headers: Operations.AdminJobs.Input.Headers
+            /// Creates a new `Input`.
+            ///
+            /// - Parameters:
+            ///   - query:
+            ///   - headers:
+            internal init(
+                query: Operations.AdminJobs.Input.Query = .init(),
+                headers: Operations.AdminJobs.Input.Headers = .init()
+            ) {
+                self.query = query
+                self.headers = headers
+            }
+        }
+        internal enum Output: Sendable, Hashable {
+            internal struct Ok: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/responses/200/content`.
+                internal enum Body: Sendable, Hashable {
+                    /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/responses/200/content/json`.
+                    internal struct JsonPayload: Codable, Hashable, Sendable {
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/responses/200/content/json/jobs`.
+                        internal var jobs: [Components.Schemas.AdminJob]
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/responses/200/content/json/nextCursor`.
+                        internal var nextCursor: Swift.String?
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/responses/200/content/json/counts`.
+                        internal struct CountsPayload: Codable, Hashable, Sendable {
+                            /// A container of undocumented properties.
+                            internal var additionalProperties: [String: Swift.Int]
+                            /// Creates a new `CountsPayload`.
+                            ///
+                            /// - Parameters:
+                            ///   - additionalProperties: A container of undocumented properties.
+                            internal init(additionalProperties: [String: Swift.Int] = .init()) {
+                                self.additionalProperties = additionalProperties
+                            }
+                            internal init(from decoder: any Swift.Decoder) throws {
+                                additionalProperties = try decoder.decodeAdditionalProperties(knownKeys: [])
+                            }
+                            internal func encode(to encoder: any Swift.Encoder) throws {
+                                try encoder.encodeAdditionalProperties(additionalProperties)
+                            }
+                        }
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/responses/200/content/json/counts`.
+                        internal var counts: Operations.AdminJobs.Output.Ok.Body.JsonPayload.CountsPayload
+                        /// Creates a new `JsonPayload`.
+                        ///
+                        /// - Parameters:
+                        ///   - jobs:
+                        ///   - nextCursor:
+                        ///   - counts:
+                        internal init(
+                            jobs: [Components.Schemas.AdminJob],
+                            nextCursor: Swift.String? = nil,
+                            counts: Operations.AdminJobs.Output.Ok.Body.JsonPayload.CountsPayload
+                        ) {
+                            self.jobs = jobs
+                            self.nextCursor = nextCursor
+                            self.counts = counts
+                        }
+                        internal enum CodingKeys: String, CodingKey {
+                            case jobs
+                            case nextCursor
+                            case counts
+                        }
+                    }
+                    /// - Remark: Generated from `#/paths/admin/v1/jobs/GET/responses/200/content/application\/json`.
+                    case json(Operations.AdminJobs.Output.Ok.Body.JsonPayload)
+                    /// The associated value of the enum case if `self` is `.json`.
+                    ///
+                    /// - Throws: An error if `self` is not `.json`.
+                    /// - SeeAlso: `.json`.
+                    internal var json: Operations.AdminJobs.Output.Ok.Body.JsonPayload {
+                        get throws {
+                            switch self {
+                            case let .json(body):
+                                return body
+                            }
+                        }
+                    }
+                }
+                /// Received HTTP response body
+                internal var body: Operations.AdminJobs.Output.Ok.Body
+                /// Creates a new `Ok`.
+                ///
+                /// - Parameters:
+                ///   - body: Received HTTP response body
+                internal init(body: Operations.AdminJobs.Output.Ok.Body) {
+                    self.body = body
+                }
+            }
+            /// A page of jobs.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/get(adminJobs)/responses/200`.
+            ///
+            /// HTTP response code: `200 ok`.
+            case ok(Operations.AdminJobs.Output.Ok)
+            /// The associated value of the enum case if `self` is `.ok`.
+            ///
+            /// - Throws: An error if `self` is not `.ok`.
+            /// - SeeAlso: `.ok`.
+            internal var ok: Operations.AdminJobs.Output.Ok {
+                get throws {
+                    switch self {
+                    case let .ok(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "ok",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// The request is malformed (a parameter, the JSON body, a header).
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/get(adminJobs)/responses/400`.
+            ///
+            /// HTTP response code: `400 badRequest`.
+            case badRequest(Components.Responses.BadRequest)
+            /// The associated value of the enum case if `self` is `.badRequest`.
+            ///
+            /// - Throws: An error if `self` is not `.badRequest`.
+            /// - SeeAlso: `.badRequest`.
+            internal var badRequest: Components.Responses.BadRequest {
+                get throws {
+                    switch self {
+                    case let .badRequest(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badRequest",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// No identity, or a bad one.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/get(adminJobs)/responses/401`.
+            ///
+            /// HTTP response code: `401 unauthorized`.
+            case unauthorized(Components.Responses.Unauthorized)
+            /// The associated value of the enum case if `self` is `.unauthorized`.
+            ///
+            /// - Throws: An error if `self` is not `.unauthorized`.
+            /// - SeeAlso: `.unauthorized`.
+            internal var unauthorized: Components.Responses.Unauthorized {
+                get throws {
+                    switch self {
+                    case let .unauthorized(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "unauthorized",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Not yours, or a URL that is invalid or has expired.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/get(adminJobs)/responses/403`.
+            ///
+            /// HTTP response code: `403 forbidden`.
+            case forbidden(Components.Responses.Forbidden)
+            /// The associated value of the enum case if `self` is `.forbidden`.
+            ///
+            /// - Throws: An error if `self` is not `.forbidden`.
+            /// - SeeAlso: `.forbidden`.
+            internal var forbidden: Components.Responses.Forbidden {
+                get throws {
+                    switch self {
+                    case let .forbidden(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "forbidden",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service answered something the gateway could not read.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/get(adminJobs)/responses/502`.
+            ///
+            /// HTTP response code: `502 badGateway`.
+            case badGateway(Components.Responses.BadGateway)
+            /// The associated value of the enum case if `self` is `.badGateway`.
+            ///
+            /// - Throws: An error if `self` is not `.badGateway`.
+            /// - SeeAlso: `.badGateway`.
+            internal var badGateway: Components.Responses.BadGateway {
+                get throws {
+                    switch self {
+                    case let .badGateway(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badGateway",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service is down, overloaded or its storage failed; retry after `Retry-After`.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/get(adminJobs)/responses/503`.
+            ///
+            /// HTTP response code: `503 serviceUnavailable`.
+            case serviceUnavailable(Components.Responses.Unavailable)
+            /// The associated value of the enum case if `self` is `.serviceUnavailable`.
+            ///
+            /// - Throws: An error if `self` is not `.serviceUnavailable`.
+            /// - SeeAlso: `.serviceUnavailable`.
+            internal var serviceUnavailable: Components.Responses.Unavailable {
+                get throws {
+                    switch self {
+                    case let .serviceUnavailable(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "serviceUnavailable",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service did not answer in time.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/get(adminJobs)/responses/504`.
+            ///
+            /// HTTP response code: `504 gatewayTimeout`.
+            case gatewayTimeout(Components.Responses.Timeout)
+            /// The associated value of the enum case if `self` is `.gatewayTimeout`.
+            ///
+            /// - Throws: An error if `self` is not `.gatewayTimeout`.
+            /// - SeeAlso: `.gatewayTimeout`.
+            internal var gatewayTimeout: Components.Responses.Timeout {
+                get throws {
+                    switch self {
+                    case let .gatewayTimeout(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "gatewayTimeout",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Undocumented response.
+            ///
+            /// A response with a code that is not documented in the OpenAPI document.
+            case undocumented(statusCode: Swift.Int, OpenAPIRuntime.UndocumentedPayload)
+        }
+        internal enum AcceptableContentType: AcceptableProtocol {
+            case json
+            case applicationProblemJson
+            case other(Swift.String)
+            internal init?(rawValue: Swift.String) {
+                switch rawValue.lowercased() {
+                case "application/json":
+                    self = .json
+                case "application/problem+json":
+                    self = .applicationProblemJson
+                default:
+                    self = .other(rawValue)
+                }
+            }
+            internal var rawValue: Swift.String {
+                switch self {
+                case let .other(string):
+                    return string
+                case .json:
+                    return "application/json"
+                case .applicationProblemJson:
+                    return "application/problem+json"
+                }
+            }
+            internal static var allCases: [Self] {
+                [
+                    .json,
+                    .applicationProblemJson
+                ]
+            }
+        }
+    }
+    /// One job of any user in detail, with how its credits stand and its files as signed links (admin or viewer token).
+    ///
+    /// - Remark: HTTP `GET /admin/v1/jobs/{jobId}`.
+    /// - Remark: Generated from `#/paths//admin/v1/jobs/{jobId}/get(adminJob)`.
+    internal enum AdminJob {
+        internal static let id: Swift.String = "adminJob"
+        internal struct Input: Sendable, Hashable {
+            /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/path`.
+            internal struct Path: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/path/jobId`.
+                internal var jobId: Components.Parameters.JobId
+                /// Creates a new `Path`.
+                ///
+                /// - Parameters:
+                ///   - jobId:
+                internal init(jobId: Components.Parameters.JobId) {
+                    self.jobId = jobId
+                }
+            }
+            internal var path: Operations.AdminJob.Input.Path
+            /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/header`.
+            internal struct Headers: Sendable, Hashable {
+                internal var accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.AdminJob.AcceptableContentType>]
+                /// Creates a new `Headers`.
+                ///
+                /// - Parameters:
+                ///   - accept:
+                internal init(accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.AdminJob.AcceptableContentType>] = .defaultValues()) {
+                    self.accept = accept
+                }
+            }
+            internal var headers: Operations.AdminJob.Input.Headers
+            /// Creates a new `Input`.
+            ///
+            /// - Parameters:
+            ///   - path:
+            ///   - headers:
+            internal init(
+                path: Operations.AdminJob.Input.Path,
+                headers: Operations.AdminJob.Input.Headers = .init()
+            ) {
+                self.path = path
+                self.headers = headers
+            }
+        }
+        internal enum Output: Sendable, Hashable {
+            internal struct Ok: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content`.
+                internal enum Body: Sendable, Hashable {
+                    /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json`.
+                    internal struct JsonPayload: Codable, Hashable, Sendable {
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/job`.
+                        internal var job: Components.Schemas.AdminJob
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/settlement`.
+                        internal enum SettlementPayload: String, Codable, Hashable, Sendable, CaseIterable {
+                            case reserved = "reserved"
+                            case committed = "committed"
+                            case released = "released"
+                        }
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/settlement`.
+                        internal var settlement: Operations.AdminJob.Output.Ok.Body.JsonPayload.SettlementPayload
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/inputUrl`.
+                        internal var inputUrl: Swift.String?
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/resultUrl`.
+                        internal var resultUrl: Swift.String?
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/thumbnailUrl`.
+                        internal var thumbnailUrl: Swift.String?
+                        /// Creates a new `JsonPayload`.
+                        ///
+                        /// - Parameters:
+                        ///   - job:
+                        ///   - settlement:
+                        ///   - inputUrl:
+                        ///   - resultUrl:
+                        ///   - thumbnailUrl:
+                        internal init(
+                            job: Components.Schemas.AdminJob,
+                            settlement: Operations.AdminJob.Output.Ok.Body.JsonPayload.SettlementPayload,
+                            inputUrl: Swift.String? = nil,
+                            resultUrl: Swift.String? = nil,
+                            thumbnailUrl: Swift.String? = nil
+                        ) {
+                            self.job = job
+                            self.settlement = settlement
+                            self.inputUrl = inputUrl
+                            self.resultUrl = resultUrl
+                            self.thumbnailUrl = thumbnailUrl
+                        }
+                        internal enum CodingKeys: String, CodingKey {
+                            case job
+                            case settlement
+                            case inputUrl
+                            case resultUrl
+                            case thumbnailUrl
+                        }
+                    }
+                    /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/application\/json`.
+                    case json(Operations.AdminJob.Output.Ok.Body.JsonPayload)
+                    /// The associated value of the enum case if `self` is `.json`.
+                    ///
+                    /// - Throws: An error if `self` is not `.json`.
+                    /// - SeeAlso: `.json`.
+                    internal var json: Operations.AdminJob.Output.Ok.Body.JsonPayload {
+                        get throws {
+                            switch self {
+                            case let .json(body):
+                                return body
+                            }
+                        }
+                    }
+                }
+                /// Received HTTP response body
+                internal var body: Operations.AdminJob.Output.Ok.Body
+                /// Creates a new `Ok`.
+                ///
+                /// - Parameters:
+                ///   - body: Received HTTP response body
+                internal init(body: Operations.AdminJob.Output.Ok.Body) {
+                    self.body = body
+                }
+            }
+            /// The job.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/{jobId}/get(adminJob)/responses/200`.
+            ///
+            /// HTTP response code: `200 ok`.
+            case ok(Operations.AdminJob.Output.Ok)
+            /// The associated value of the enum case if `self` is `.ok`.
+            ///
+            /// - Throws: An error if `self` is not `.ok`.
+            /// - SeeAlso: `.ok`.
+            internal var ok: Operations.AdminJob.Output.Ok {
+                get throws {
+                    switch self {
+                    case let .ok(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "ok",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// No identity, or a bad one.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/{jobId}/get(adminJob)/responses/401`.
+            ///
+            /// HTTP response code: `401 unauthorized`.
+            case unauthorized(Components.Responses.Unauthorized)
+            /// The associated value of the enum case if `self` is `.unauthorized`.
+            ///
+            /// - Throws: An error if `self` is not `.unauthorized`.
+            /// - SeeAlso: `.unauthorized`.
+            internal var unauthorized: Components.Responses.Unauthorized {
+                get throws {
+                    switch self {
+                    case let .unauthorized(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "unauthorized",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Not yours, or a URL that is invalid or has expired.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/{jobId}/get(adminJob)/responses/403`.
+            ///
+            /// HTTP response code: `403 forbidden`.
+            case forbidden(Components.Responses.Forbidden)
+            /// The associated value of the enum case if `self` is `.forbidden`.
+            ///
+            /// - Throws: An error if `self` is not `.forbidden`.
+            /// - SeeAlso: `.forbidden`.
+            internal var forbidden: Components.Responses.Forbidden {
+                get throws {
+                    switch self {
+                    case let .forbidden(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "forbidden",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// No such thing for this caller (anyone else's ids answer this too).
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/{jobId}/get(adminJob)/responses/404`.
+            ///
+            /// HTTP response code: `404 notFound`.
+            case notFound(Components.Responses.NotFound)
+            /// The associated value of the enum case if `self` is `.notFound`.
+            ///
+            /// - Throws: An error if `self` is not `.notFound`.
+            /// - SeeAlso: `.notFound`.
+            internal var notFound: Components.Responses.NotFound {
+                get throws {
+                    switch self {
+                    case let .notFound(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "notFound",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service answered something the gateway could not read.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/{jobId}/get(adminJob)/responses/502`.
+            ///
+            /// HTTP response code: `502 badGateway`.
+            case badGateway(Components.Responses.BadGateway)
+            /// The associated value of the enum case if `self` is `.badGateway`.
+            ///
+            /// - Throws: An error if `self` is not `.badGateway`.
+            /// - SeeAlso: `.badGateway`.
+            internal var badGateway: Components.Responses.BadGateway {
+                get throws {
+                    switch self {
+                    case let .badGateway(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badGateway",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service is down, overloaded or its storage failed; retry after `Retry-After`.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/{jobId}/get(adminJob)/responses/503`.
+            ///
+            /// HTTP response code: `503 serviceUnavailable`.
+            case serviceUnavailable(Components.Responses.Unavailable)
+            /// The associated value of the enum case if `self` is `.serviceUnavailable`.
+            ///
+            /// - Throws: An error if `self` is not `.serviceUnavailable`.
+            /// - SeeAlso: `.serviceUnavailable`.
+            internal var serviceUnavailable: Components.Responses.Unavailable {
+                get throws {
+                    switch self {
+                    case let .serviceUnavailable(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "serviceUnavailable",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service did not answer in time.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/{jobId}/get(adminJob)/responses/504`.
+            ///
+            /// HTTP response code: `504 gatewayTimeout`.
+            case gatewayTimeout(Components.Responses.Timeout)
+            /// The associated value of the enum case if `self` is `.gatewayTimeout`.
+            ///
+            /// - Throws: An error if `self` is not `.gatewayTimeout`.
+            /// - SeeAlso: `.gatewayTimeout`.
+            internal var gatewayTimeout: Components.Responses.Timeout {
+                get throws {
+                    switch self {
+                    case let .gatewayTimeout(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "gatewayTimeout",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Undocumented response.
+            ///
+            /// A response with a code that is not documented in the OpenAPI document.
+            case undocumented(statusCode: Swift.Int, OpenAPIRuntime.UndocumentedPayload)
+        }
+        internal enum AcceptableContentType: AcceptableProtocol {
+            case json
+            case applicationProblemJson
+            case other(Swift.String)
+            internal init?(rawValue: Swift.String) {
+                switch rawValue.lowercased() {
+                case "application/json":
+                    self = .json
+                case "application/problem+json":
+                    self = .applicationProblemJson
+                default:
+                    self = .other(rawValue)
+                }
+            }
+            internal var rawValue: Swift.String {
+                switch self {
+                case let .other(string):
+                    return string
+                case .json:
+                    return "application/json"
+                case .applicationProblemJson:
+                    return "application/problem+json"
+                }
+            }
+            internal static var allCases: [Self] {
+                [
+                    .json,
+                    .applicationProblemJson
+                ]
+            }
+        }
+    }
+    /// Cancels the jobs named (at most 200), or those a filter matches (the newest 1,000); says how many it changed; idempotent (admin token).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/jobs/cancel`.
+    /// - Remark: Generated from `#/paths//admin/v1/jobs/cancel/post(adminCancelJobs)`.
+    internal enum AdminCancelJobs {
+        internal static let id: Swift.String = "adminCancelJobs"
+        internal struct Input: Sendable, Hashable {
+            /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/header`.
+            internal struct Headers: Sendable, Hashable {
+                internal var accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.AdminCancelJobs.AcceptableContentType>]
+                /// Creates a new `Headers`.
+                ///
+                /// - Parameters:
+                ///   - accept:
+                internal init(accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.AdminCancelJobs.AcceptableContentType>] = .defaultValues()) {
+                    self.accept = accept
+                }
+            }
+            internal var headers: Operations.AdminCancelJobs.Input.Headers
+            /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody`.
+            internal enum Body: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json`.
+                internal struct JsonPayload: Codable, Hashable, Sendable {
+                    /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/ids`.
+                    internal var ids: [Swift.String]?
+                    /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter`.
+                    internal struct FilterPayload: Codable, Hashable, Sendable {
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter/state`.
+                        internal var state: Components.Schemas.JobStatus?
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter/effect`.
+                        internal var effect: Swift.String?
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter/provider`.
+                        internal var provider: Swift.String?
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter/user`.
+                        internal var user: Swift.String?
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter/error`.
+                        internal var error: Swift.String?
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter/from`.
+                        internal var from: Foundation.Date?
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter/to`.
+                        internal var to: Foundation.Date?
+                        /// Creates a new `FilterPayload`.
+                        ///
+                        /// - Parameters:
+                        ///   - state:
+                        ///   - effect:
+                        ///   - provider:
+                        ///   - user:
+                        ///   - error:
+                        ///   - from:
+                        ///   - to:
+                        internal init(
+                            state: Components.Schemas.JobStatus? = nil,
+                            effect: Swift.String? = nil,
+                            provider: Swift.String? = nil,
+                            user: Swift.String? = nil,
+                            error: Swift.String? = nil,
+                            from: Foundation.Date? = nil,
+                            to: Foundation.Date? = nil
+                        ) {
+                            self.state = state
+                            self.effect = effect
+                            self.provider = provider
+                            self.user = user
+                            self.error = error
+                            self.from = from
+                            self.to = to
+                        }
+                        internal enum CodingKeys: String, CodingKey {
+                            case state
+                            case effect
+                            case provider
+                            case user
+                            case error
+                            case from
+                            case to
+                        }
+                    }
+                    /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter`.
+                    internal var filter: Operations.AdminCancelJobs.Input.Body.JsonPayload.FilterPayload?
+                    /// Creates a new `JsonPayload`.
+                    ///
+                    /// - Parameters:
+                    ///   - ids:
+                    ///   - filter:
+                    internal init(
+                        ids: [Swift.String]? = nil,
+                        filter: Operations.AdminCancelJobs.Input.Body.JsonPayload.FilterPayload? = nil
+                    ) {
+                        self.ids = ids
+                        self.filter = filter
+                    }
+                    internal enum CodingKeys: String, CodingKey {
+                        case ids
+                        case filter
+                    }
+                }
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/content/application\/json`.
+                case json(Operations.AdminCancelJobs.Input.Body.JsonPayload)
+            }
+            internal var body: Operations.AdminCancelJobs.Input.Body
+            /// Creates a new `Input`.
+            ///
+            /// - Parameters:
+            ///   - headers:
+            ///   - body:
+            internal init(
+                headers: Operations.AdminCancelJobs.Input.Headers = .init(),
+                body: Operations.AdminCancelJobs.Input.Body
+            ) {
+                self.headers = headers
+                self.body = body
+            }
+        }
+        internal enum Output: Sendable, Hashable {
+            internal struct Ok: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/responses/200/content`.
+                internal enum Body: Sendable, Hashable {
+                    /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/responses/200/content/json`.
+                    internal struct JsonPayload: Codable, Hashable, Sendable {
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/responses/200/content/json/matched`.
+                        internal var matched: Swift.Int
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/responses/200/content/json/changed`.
+                        internal var changed: Swift.Int
+                        /// Creates a new `JsonPayload`.
+                        ///
+                        /// - Parameters:
+                        ///   - matched:
+                        ///   - changed:
+                        internal init(
+                            matched: Swift.Int,
+                            changed: Swift.Int
+                        ) {
+                            self.matched = matched
+                            self.changed = changed
+                        }
+                        internal enum CodingKeys: String, CodingKey {
+                            case matched
+                            case changed
+                        }
+                    }
+                    /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/responses/200/content/application\/json`.
+                    case json(Operations.AdminCancelJobs.Output.Ok.Body.JsonPayload)
+                    /// The associated value of the enum case if `self` is `.json`.
+                    ///
+                    /// - Throws: An error if `self` is not `.json`.
+                    /// - SeeAlso: `.json`.
+                    internal var json: Operations.AdminCancelJobs.Output.Ok.Body.JsonPayload {
+                        get throws {
+                            switch self {
+                            case let .json(body):
+                                return body
+                            }
+                        }
+                    }
+                }
+                /// Received HTTP response body
+                internal var body: Operations.AdminCancelJobs.Output.Ok.Body
+                /// Creates a new `Ok`.
+                ///
+                /// - Parameters:
+                ///   - body: Received HTTP response body
+                internal init(body: Operations.AdminCancelJobs.Output.Ok.Body) {
+                    self.body = body
+                }
+            }
+            /// What it matched and changed.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/cancel/post(adminCancelJobs)/responses/200`.
+            ///
+            /// HTTP response code: `200 ok`.
+            case ok(Operations.AdminCancelJobs.Output.Ok)
+            /// The associated value of the enum case if `self` is `.ok`.
+            ///
+            /// - Throws: An error if `self` is not `.ok`.
+            /// - SeeAlso: `.ok`.
+            internal var ok: Operations.AdminCancelJobs.Output.Ok {
+                get throws {
+                    switch self {
+                    case let .ok(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "ok",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// The request is malformed (a parameter, the JSON body, a header).
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/cancel/post(adminCancelJobs)/responses/400`.
+            ///
+            /// HTTP response code: `400 badRequest`.
+            case badRequest(Components.Responses.BadRequest)
+            /// The associated value of the enum case if `self` is `.badRequest`.
+            ///
+            /// - Throws: An error if `self` is not `.badRequest`.
+            /// - SeeAlso: `.badRequest`.
+            internal var badRequest: Components.Responses.BadRequest {
+                get throws {
+                    switch self {
+                    case let .badRequest(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badRequest",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// No identity, or a bad one.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/cancel/post(adminCancelJobs)/responses/401`.
+            ///
+            /// HTTP response code: `401 unauthorized`.
+            case unauthorized(Components.Responses.Unauthorized)
+            /// The associated value of the enum case if `self` is `.unauthorized`.
+            ///
+            /// - Throws: An error if `self` is not `.unauthorized`.
+            /// - SeeAlso: `.unauthorized`.
+            internal var unauthorized: Components.Responses.Unauthorized {
+                get throws {
+                    switch self {
+                    case let .unauthorized(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "unauthorized",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Not yours, or a URL that is invalid or has expired.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/cancel/post(adminCancelJobs)/responses/403`.
+            ///
+            /// HTTP response code: `403 forbidden`.
+            case forbidden(Components.Responses.Forbidden)
+            /// The associated value of the enum case if `self` is `.forbidden`.
+            ///
+            /// - Throws: An error if `self` is not `.forbidden`.
+            /// - SeeAlso: `.forbidden`.
+            internal var forbidden: Components.Responses.Forbidden {
+                get throws {
+                    switch self {
+                    case let .forbidden(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "forbidden",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// The body is over its limit.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/cancel/post(adminCancelJobs)/responses/413`.
+            ///
+            /// HTTP response code: `413 contentTooLarge`.
+            case contentTooLarge(Components.Responses.TooLarge)
+            /// The associated value of the enum case if `self` is `.contentTooLarge`.
+            ///
+            /// - Throws: An error if `self` is not `.contentTooLarge`.
+            /// - SeeAlso: `.contentTooLarge`.
+            internal var contentTooLarge: Components.Responses.TooLarge {
+                get throws {
+                    switch self {
+                    case let .contentTooLarge(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "contentTooLarge",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service answered something the gateway could not read.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/cancel/post(adminCancelJobs)/responses/502`.
+            ///
+            /// HTTP response code: `502 badGateway`.
+            case badGateway(Components.Responses.BadGateway)
+            /// The associated value of the enum case if `self` is `.badGateway`.
+            ///
+            /// - Throws: An error if `self` is not `.badGateway`.
+            /// - SeeAlso: `.badGateway`.
+            internal var badGateway: Components.Responses.BadGateway {
+                get throws {
+                    switch self {
+                    case let .badGateway(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badGateway",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service is down, overloaded or its storage failed; retry after `Retry-After`.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/cancel/post(adminCancelJobs)/responses/503`.
+            ///
+            /// HTTP response code: `503 serviceUnavailable`.
+            case serviceUnavailable(Components.Responses.Unavailable)
+            /// The associated value of the enum case if `self` is `.serviceUnavailable`.
+            ///
+            /// - Throws: An error if `self` is not `.serviceUnavailable`.
+            /// - SeeAlso: `.serviceUnavailable`.
+            internal var serviceUnavailable: Components.Responses.Unavailable {
+                get throws {
+                    switch self {
+                    case let .serviceUnavailable(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "serviceUnavailable",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service did not answer in time.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/cancel/post(adminCancelJobs)/responses/504`.
+            ///
+            /// HTTP response code: `504 gatewayTimeout`.
+            case gatewayTimeout(Components.Responses.Timeout)
+            /// The associated value of the enum case if `self` is `.gatewayTimeout`.
+            ///
+            /// - Throws: An error if `self` is not `.gatewayTimeout`.
+            /// - SeeAlso: `.gatewayTimeout`.
+            internal var gatewayTimeout: Components.Responses.Timeout {
+                get throws {
+                    switch self {
+                    case let .gatewayTimeout(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "gatewayTimeout",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Undocumented response.
+            ///
+            /// A response with a code that is not documented in the OpenAPI document.
+            case undocumented(statusCode: Swift.Int, OpenAPIRuntime.UndocumentedPayload)
+        }
+        internal enum AcceptableContentType: AcceptableProtocol {
+            case json
+            case applicationProblemJson
+            case other(Swift.String)
+            internal init?(rawValue: Swift.String) {
+                switch rawValue.lowercased() {
+                case "application/json":
+                    self = .json
+                case "application/problem+json":
+                    self = .applicationProblemJson
+                default:
+                    self = .other(rawValue)
+                }
+            }
+            internal var rawValue: Swift.String {
+                switch self {
+                case let .other(string):
+                    return string
+                case .json:
+                    return "application/json"
+                case .applicationProblemJson:
+                    return "application/problem+json"
+                }
+            }
+            internal static var allCases: [Self] {
+                [
+                    .json,
+                    .applicationProblemJson
+                ]
+            }
+        }
+    }
+    /// Every operator action, newest first (admin or viewer token).
+    ///
+    /// - Remark: HTTP `GET /admin/v1/audit`.
+    /// - Remark: Generated from `#/paths//admin/v1/audit/get(auditLog)`.
+    internal enum AuditLog {
+        internal static let id: Swift.String = "auditLog"
+        internal struct Input: Sendable, Hashable {
+            /// - Remark: Generated from `#/paths/admin/v1/audit/GET/query`.
+            internal struct Query: Sendable, Hashable {
+                /// Entries older than this entry's id
+                ///
+                /// - Remark: Generated from `#/paths/admin/v1/audit/GET/query/before`.
+                internal var before: Swift.Int64?
+                /// - Remark: Generated from `#/paths/admin/v1/audit/GET/query/limit`.
+                internal var limit: Swift.Int?
+                /// Creates a new `Query`.
+                ///
+                /// - Parameters:
+                ///   - before: Entries older than this entry's id
+                ///   - limit:
+                internal init(
+                    before: Swift.Int64? = nil,
+                    limit: Swift.Int? = nil
+                ) {
+                    self.before = before
+                    self.limit = limit
+                }
+            }
+            internal var query: Operations.AuditLog.Input.Query
+            /// - Remark: Generated from `#/paths/admin/v1/audit/GET/header`.
+            internal struct Headers: Sendable, Hashable {
+                internal var accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.AuditLog.AcceptableContentType>]
+                /// Creates a new `Headers`.
+                ///
+                /// - Parameters:
+                ///   - accept:
+                internal init(accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.AuditLog.AcceptableContentType>] = .defaultValues()) {
+                    self.accept = accept
+                }
+            }
+            internal var headers: Operations.AuditLog.Input.Headers
+            /// Creates a new `Input`.
+            ///
+            /// - Parameters:
+            ///   - query:
+            ///   - headers:
+            internal init(
+                query: Operations.AuditLog.Input.Query = .init(),
+                headers: Operations.AuditLog.Input.Headers = .init()
+            ) {
+                self.query = query
+                self.headers = headers
+            }
+        }
+        internal enum Output: Sendable, Hashable {
+            internal struct Ok: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/admin/v1/audit/GET/responses/200/content`.
+                internal enum Body: Sendable, Hashable {
+                    /// - Remark: Generated from `#/paths/admin/v1/audit/GET/responses/200/content/json`.
+                    internal struct JsonPayload: Codable, Hashable, Sendable {
+                        /// - Remark: Generated from `#/paths/admin/v1/audit/GET/responses/200/content/json/EntriesPayload`.
+                        internal struct EntriesPayloadPayload: Codable, Hashable, Sendable {
+                            /// - Remark: Generated from `#/paths/admin/v1/audit/GET/responses/200/content/json/EntriesPayload/id`.
+                            internal var id: Swift.Int64?
+                            /// - Remark: Generated from `#/paths/admin/v1/audit/GET/responses/200/content/json/EntriesPayload/at`.
+                            internal var at: Foundation.Date
+                            /// - Remark: Generated from `#/paths/admin/v1/audit/GET/responses/200/content/json/EntriesPayload/actor`.
+                            internal var actor: Swift.String
+                            /// - Remark: Generated from `#/paths/admin/v1/audit/GET/responses/200/content/json/EntriesPayload/action`.
+                            internal var action: Swift.String
+                            /// - Remark: Generated from `#/paths/admin/v1/audit/GET/responses/200/content/json/EntriesPayload/target`.
+                            internal var target: Swift.String
+                            /// - Remark: Generated from `#/paths/admin/v1/audit/GET/responses/200/content/json/EntriesPayload/filter`.
+                            internal var filter: Swift.String?
+                            /// - Remark: Generated from `#/paths/admin/v1/audit/GET/responses/200/content/json/EntriesPayload/count`.
+                            internal var count: Swift.Int
+                            /// - Remark: Generated from `#/paths/admin/v1/audit/GET/responses/200/content/json/EntriesPayload/detail`.
+                            internal var detail: Swift.String?
+                            /// Creates a new `EntriesPayloadPayload`.
+                            ///
+                            /// - Parameters:
+                            ///   - id:
+                            ///   - at:
+                            ///   - actor:
+                            ///   - action:
+                            ///   - target:
+                            ///   - filter:
+                            ///   - count:
+                            ///   - detail:
+                            internal init(
+                                id: Swift.Int64? = nil,
+                                at: Foundation.Date,
+                                actor: Swift.String,
+                                action: Swift.String,
+                                target: Swift.String,
+                                filter: Swift.String? = nil,
+                                count: Swift.Int,
+                                detail: Swift.String? = nil
+                            ) {
+                                self.id = id
+                                self.at = at
+                                self.actor = actor
+                                self.action = action
+                                self.target = target
+                                self.filter = filter
+                                self.count = count
+                                self.detail = detail
+                            }
+                            internal enum CodingKeys: String, CodingKey {
+                                case id
+                                case at
+                                case actor
+                                case action
+                                case target
+                                case filter
+                                case count
+                                case detail
+                            }
+                        }
+                        /// - Remark: Generated from `#/paths/admin/v1/audit/GET/responses/200/content/json/entries`.
+                        internal typealias EntriesPayload = [Operations.AuditLog.Output.Ok.Body.JsonPayload.EntriesPayloadPayload]
+                        /// - Remark: Generated from `#/paths/admin/v1/audit/GET/responses/200/content/json/entries`.
+                        internal var entries: Operations.AuditLog.Output.Ok.Body.JsonPayload.EntriesPayload
+                        /// Creates a new `JsonPayload`.
+                        ///
+                        /// - Parameters:
+                        ///   - entries:
+                        internal init(entries: Operations.AuditLog.Output.Ok.Body.JsonPayload.EntriesPayload) {
+                            self.entries = entries
+                        }
+                        internal enum CodingKeys: String, CodingKey {
+                            case entries
+                        }
+                    }
+                    /// - Remark: Generated from `#/paths/admin/v1/audit/GET/responses/200/content/application\/json`.
+                    case json(Operations.AuditLog.Output.Ok.Body.JsonPayload)
+                    /// The associated value of the enum case if `self` is `.json`.
+                    ///
+                    /// - Throws: An error if `self` is not `.json`.
+                    /// - SeeAlso: `.json`.
+                    internal var json: Operations.AuditLog.Output.Ok.Body.JsonPayload {
+                        get throws {
+                            switch self {
+                            case let .json(body):
+                                return body
+                            }
+                        }
+                    }
+                }
+                /// Received HTTP response body
+                internal var body: Operations.AuditLog.Output.Ok.Body
+                /// Creates a new `Ok`.
+                ///
+                /// - Parameters:
+                ///   - body: Received HTTP response body
+                internal init(body: Operations.AuditLog.Output.Ok.Body) {
+                    self.body = body
+                }
+            }
+            /// The entries.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/audit/get(auditLog)/responses/200`.
+            ///
+            /// HTTP response code: `200 ok`.
+            case ok(Operations.AuditLog.Output.Ok)
+            /// The associated value of the enum case if `self` is `.ok`.
+            ///
+            /// - Throws: An error if `self` is not `.ok`.
+            /// - SeeAlso: `.ok`.
+            internal var ok: Operations.AuditLog.Output.Ok {
+                get throws {
+                    switch self {
+                    case let .ok(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "ok",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// The request is malformed (a parameter, the JSON body, a header).
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/audit/get(auditLog)/responses/400`.
+            ///
+            /// HTTP response code: `400 badRequest`.
+            case badRequest(Components.Responses.BadRequest)
+            /// The associated value of the enum case if `self` is `.badRequest`.
+            ///
+            /// - Throws: An error if `self` is not `.badRequest`.
+            /// - SeeAlso: `.badRequest`.
+            internal var badRequest: Components.Responses.BadRequest {
+                get throws {
+                    switch self {
+                    case let .badRequest(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badRequest",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// No identity, or a bad one.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/audit/get(auditLog)/responses/401`.
+            ///
+            /// HTTP response code: `401 unauthorized`.
+            case unauthorized(Components.Responses.Unauthorized)
+            /// The associated value of the enum case if `self` is `.unauthorized`.
+            ///
+            /// - Throws: An error if `self` is not `.unauthorized`.
+            /// - SeeAlso: `.unauthorized`.
+            internal var unauthorized: Components.Responses.Unauthorized {
+                get throws {
+                    switch self {
+                    case let .unauthorized(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "unauthorized",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Not yours, or a URL that is invalid or has expired.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/audit/get(auditLog)/responses/403`.
+            ///
+            /// HTTP response code: `403 forbidden`.
+            case forbidden(Components.Responses.Forbidden)
+            /// The associated value of the enum case if `self` is `.forbidden`.
+            ///
+            /// - Throws: An error if `self` is not `.forbidden`.
+            /// - SeeAlso: `.forbidden`.
+            internal var forbidden: Components.Responses.Forbidden {
+                get throws {
+                    switch self {
+                    case let .forbidden(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "forbidden",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service answered something the gateway could not read.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/audit/get(auditLog)/responses/502`.
+            ///
+            /// HTTP response code: `502 badGateway`.
+            case badGateway(Components.Responses.BadGateway)
+            /// The associated value of the enum case if `self` is `.badGateway`.
+            ///
+            /// - Throws: An error if `self` is not `.badGateway`.
+            /// - SeeAlso: `.badGateway`.
+            internal var badGateway: Components.Responses.BadGateway {
+                get throws {
+                    switch self {
+                    case let .badGateway(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badGateway",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service is down, overloaded or its storage failed; retry after `Retry-After`.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/audit/get(auditLog)/responses/503`.
+            ///
+            /// HTTP response code: `503 serviceUnavailable`.
+            case serviceUnavailable(Components.Responses.Unavailable)
+            /// The associated value of the enum case if `self` is `.serviceUnavailable`.
+            ///
+            /// - Throws: An error if `self` is not `.serviceUnavailable`.
+            /// - SeeAlso: `.serviceUnavailable`.
+            internal var serviceUnavailable: Components.Responses.Unavailable {
+                get throws {
+                    switch self {
+                    case let .serviceUnavailable(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "serviceUnavailable",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service did not answer in time.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/audit/get(auditLog)/responses/504`.
+            ///
+            /// HTTP response code: `504 gatewayTimeout`.
+            case gatewayTimeout(Components.Responses.Timeout)
+            /// The associated value of the enum case if `self` is `.gatewayTimeout`.
+            ///
+            /// - Throws: An error if `self` is not `.gatewayTimeout`.
+            /// - SeeAlso: `.gatewayTimeout`.
+            internal var gatewayTimeout: Components.Responses.Timeout {
+                get throws {
+                    switch self {
+                    case let .gatewayTimeout(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "gatewayTimeout",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Undocumented response.
+            ///
+            /// A response with a code that is not documented in the OpenAPI document.
+            case undocumented(statusCode: Swift.Int, OpenAPIRuntime.UndocumentedPayload)
+        }
+        internal enum AcceptableContentType: AcceptableProtocol {
+            case json
+            case applicationProblemJson
+            case other(Swift.String)
+            internal init?(rawValue: Swift.String) {
+                switch rawValue.lowercased() {
+                case "application/json":
+                    self = .json
+                case "application/problem+json":
+                    self = .applicationProblemJson
+                default:
+                    self = .other(rawValue)
+                }
+            }
+            internal var rawValue: Swift.String {
+                switch self {
+                case let .other(string):
+                    return string
+                case .json:
+                    return "application/json"
+                case .applicationProblemJson:
+                    return "application/problem+json"
+                }
+            }
+            internal static var allCases: [Self] {
+                [
+                    .json,
+                    .applicationProblemJson
+                ]
+            }
+        }
+    }
     /// - Remark: HTTP `GET /admin/v1/webhooks/adapty`.
     /// - Remark: Generated from `#/paths//admin/v1/webhooks/adapty/get(webhookCounts)`.
     internal enum WebhookCounts {

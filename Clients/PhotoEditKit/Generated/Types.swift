@@ -171,6 +171,26 @@ internal protocol APIProtocol: Sendable {
     /// - Remark: HTTP `GET /admin/v1/users/{userId}/usage`.
     /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/usage/get(usage)`.
     func usage(_ input: Operations.Usage.Input) async throws -> Operations.Usage.Output
+    /// Jobs across all users, newest first, by filter and cursor, with every job's count by state (admin or viewer token).
+    ///
+    /// - Remark: HTTP `GET /admin/v1/jobs`.
+    /// - Remark: Generated from `#/paths//admin/v1/jobs/get(adminJobs)`.
+    func adminJobs(_ input: Operations.AdminJobs.Input) async throws -> Operations.AdminJobs.Output
+    /// One job of any user in detail, with how its credits stand and its files as signed links (admin or viewer token).
+    ///
+    /// - Remark: HTTP `GET /admin/v1/jobs/{jobId}`.
+    /// - Remark: Generated from `#/paths//admin/v1/jobs/{jobId}/get(adminJob)`.
+    func adminJob(_ input: Operations.AdminJob.Input) async throws -> Operations.AdminJob.Output
+    /// Cancels the jobs named (at most 200), or those a filter matches (the newest 1,000); says how many it changed; idempotent (admin token).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/jobs/cancel`.
+    /// - Remark: Generated from `#/paths//admin/v1/jobs/cancel/post(adminCancelJobs)`.
+    func adminCancelJobs(_ input: Operations.AdminCancelJobs.Input) async throws -> Operations.AdminCancelJobs.Output
+    /// Every operator action, newest first (admin or viewer token).
+    ///
+    /// - Remark: HTTP `GET /admin/v1/audit`.
+    /// - Remark: Generated from `#/paths//admin/v1/audit/get(auditLog)`.
+    func auditLog(_ input: Operations.AuditLog.Input) async throws -> Operations.AuditLog.Output
     /// - Remark: HTTP `GET /admin/v1/webhooks/adapty`.
     /// - Remark: Generated from `#/paths//admin/v1/webhooks/adapty/get(webhookCounts)`.
     func webhookCounts(_ input: Operations.WebhookCounts.Input) async throws -> Operations.WebhookCounts.Output
@@ -585,6 +605,58 @@ extension APIProtocol {
     ) async throws -> Operations.Usage.Output {
         try await usage(Operations.Usage.Input(
             path: path,
+            headers: headers
+        ))
+    }
+    /// Jobs across all users, newest first, by filter and cursor, with every job's count by state (admin or viewer token).
+    ///
+    /// - Remark: HTTP `GET /admin/v1/jobs`.
+    /// - Remark: Generated from `#/paths//admin/v1/jobs/get(adminJobs)`.
+    internal func adminJobs(
+        query: Operations.AdminJobs.Input.Query = .init(),
+        headers: Operations.AdminJobs.Input.Headers = .init()
+    ) async throws -> Operations.AdminJobs.Output {
+        try await adminJobs(Operations.AdminJobs.Input(
+            query: query,
+            headers: headers
+        ))
+    }
+    /// One job of any user in detail, with how its credits stand and its files as signed links (admin or viewer token).
+    ///
+    /// - Remark: HTTP `GET /admin/v1/jobs/{jobId}`.
+    /// - Remark: Generated from `#/paths//admin/v1/jobs/{jobId}/get(adminJob)`.
+    internal func adminJob(
+        path: Operations.AdminJob.Input.Path,
+        headers: Operations.AdminJob.Input.Headers = .init()
+    ) async throws -> Operations.AdminJob.Output {
+        try await adminJob(Operations.AdminJob.Input(
+            path: path,
+            headers: headers
+        ))
+    }
+    /// Cancels the jobs named (at most 200), or those a filter matches (the newest 1,000); says how many it changed; idempotent (admin token).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/jobs/cancel`.
+    /// - Remark: Generated from `#/paths//admin/v1/jobs/cancel/post(adminCancelJobs)`.
+    internal func adminCancelJobs(
+        headers: Operations.AdminCancelJobs.Input.Headers = .init(),
+        body: Operations.AdminCancelJobs.Input.Body
+    ) async throws -> Operations.AdminCancelJobs.Output {
+        try await adminCancelJobs(Operations.AdminCancelJobs.Input(
+            headers: headers,
+            body: body
+        ))
+    }
+    /// Every operator action, newest first (admin or viewer token).
+    ///
+    /// - Remark: HTTP `GET /admin/v1/audit`.
+    /// - Remark: Generated from `#/paths//admin/v1/audit/get(auditLog)`.
+    internal func auditLog(
+        query: Operations.AuditLog.Input.Query = .init(),
+        headers: Operations.AuditLog.Input.Headers = .init()
+    ) async throws -> Operations.AuditLog.Output {
+        try await auditLog(Operations.AuditLog.Input(
+            query: query,
             headers: headers
         ))
     }

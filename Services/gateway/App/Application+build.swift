@@ -43,7 +43,7 @@ public func buildRouter(
     MetricsController(registry: metrics, clients: clients).addRoutes(to: router)
     UsersController(clients: clients, authenticator: authenticator).addRoutes(to: router)
     DevicesController(clients: clients, authenticator: authenticator).addRoutes(to: router)
-    AdminController(clients: clients, authenticator: authenticator).addRoutes(to: router)
+    AdminController(clients: clients, authenticator: authenticator, logger: logger).addRoutes(to: router)
     WebhooksController(clients: clients, authenticator: authenticator, adaptySecret: configuration.adaptyWebhookSecret, logger: logger).addRoutes(to: router)
     AttestationController(
         clients: clients, networks: configuration.clientNetworks, settings: configuration.appAttest,
@@ -80,6 +80,7 @@ private func addFileRoutes(
         failures: FailureLog(logger: logger), requireQuota: configuration.uploadsRequireQuota
     ).addRoutes(to: router)
     JobsController(clients: clients, authenticator: authenticator, creator: creator, links: links, streams: streams).addRoutes(to: router)
+    AdminJobsController(clients: clients, authenticator: authenticator, links: links).addRoutes(to: router)
     HistoryController(
         clients: clients, authenticator: authenticator, creator: creator, links: links, shareLifetime: configuration.shareLifetime
     ).addRoutes(to: router)
@@ -96,7 +97,7 @@ public func buildApplication(
     configuration: GatewayConfiguration, metrics: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), logger: Logger = Logger(label: "gateway"),
     firstServices: [any Service] = [], eventLoops: MultiThreadedEventLoopGroup? = nil
 ) async throws -> some ApplicationProtocol {
-    let authenticator = try await Authenticator(jwtSecret: configuration.jwtSecret, adminToken: configuration.adminToken)
+    let authenticator = try await Authenticator(jwtSecret: configuration.jwtSecret, adminToken: configuration.adminToken, viewerToken: configuration.viewerToken)
     // A store that cannot be opened stops the gateway here, with one line saying why.
     let blobs = try await configuration.blobs.open()
     logger.info("blob store open", metadata: ["store": "\(blobs.kind)"])

@@ -55,6 +55,7 @@ public struct JobsHandler: Sendable {
             await dispatcher.poke(jobId: job.id)
             return Empty()
         }
+        registerAdmin(on: &router)
         router.register(Devices.put) { request, _ in
             guard DeviceRegistration.isValid(token: request.token), !request.userId.isEmpty else {
                 throw BusError(.badRequest, "a device token is 1 to \(Devices.maxTokenLength) letters, digits and -_:.")

@@ -44,6 +44,13 @@ public protocol JobsStore: Sendable {
     func deleteDevice(userId: String, token: String) async throws -> Bool
     /// Forgets a token its push service no longer knows.
     func forgetDevice(token: String) async throws
+    /// Jobs across all users matching `filter` (its provider already resolved to `effectIds`),
+    /// newest first, after `cursor`.
+    func adminJobs(_ filter: AdminJobFilter, effectIds: [String]?, after cursor: AdminCursor?, limit: Int) async throws -> [JobRecord]
+    /// Writes an operator's action to the audit log.
+    func appendAudit(_ entry: AuditEntry) async throws
+    /// The audit log, newest first, before the entry `before`.
+    func auditLog(before: Int64?, limit: Int) async throws -> [AuditEntry]
 
     /// The dispatcher's writes of one event, the one path of every start and result: starts of
     /// queued jobs (processing, as a new attempt; nil if no longer queued) and results of

@@ -26,6 +26,8 @@ public struct GatewayConfiguration: Sendable {
     public var jwtSecret: String?
     /// The admin routes' bearer token (`ADMIN_TOKEN`); none refuses every admin call.
     public var adminToken: String?
+    /// The read-only admin token (`VIEWER_TOKEN`): reads every admin route, acts on none (403).
+    public var viewerToken: String?
     /// The blob store (`BLOB_STORE`: `folder`, in `BLOB_DIR`, or `s3`, with the `S3_*` and
     /// `AWS_*` settings).
     public var blobStore: BlobStoreConfiguration.Store
@@ -94,6 +96,7 @@ public struct GatewayConfiguration: Sendable {
         logFormat = try environment.logFormat()
         jwtSecret = environment.optional("JWT_SECRET")
         adminToken = environment.optional("ADMIN_TOKEN")
+        viewerToken = environment.optional("VIEWER_TOKEN")
         let blobs = try BlobStoreConfiguration(value: environment.optional)
         blobStore = blobs.store
         urlSigningSecret = blobs.urlSigningSecret
@@ -127,7 +130,7 @@ public struct GatewayConfiguration: Sendable {
 
     /// The environment variables `init(environment:)` reads.
     public static var environmentKeys: [String] {
-        ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "LOG_FORMAT", "JWT_SECRET", "ADMIN_TOKEN",
+        ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "LOG_FORMAT", "JWT_SECRET", "ADMIN_TOKEN", "VIEWER_TOKEN",
          "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S",
          "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "FAL_WEBHOOK_JWKS_URL", "OPENAPI_FILE", "BUS_CURVE_PUBLIC", "BUS_CURVE_KEY", "BUS_ENCODING",
          "GATEWAY_TASKS_ON_EVENT_LOOPS",

@@ -2,12 +2,15 @@ import Bus
 import Foundation
 import HTTPTypes
 import Hummingbird
+import Logging
 import Messages
 
-/// Admin routes, behind the admin token: a user's plan and time zone, and their usage.
+/// Admin routes: a user's plan and time zone (the admin token), and their usage (the admin or
+/// the viewer token).
 struct AdminController<Context: GatewayRequestContext>: Sendable {
     let clients: ServiceClients
     let authenticator: Authenticator
+    let logger: Logger
 
     struct PlanChange: Decodable {
         var plan: String
@@ -41,10 +44,20 @@ struct AdminController<Context: GatewayRequestContext>: Sendable {
             let userId = try Self.userId(context)
             let change = try await JSONBody.decode(PlanChange.self, from: request, context: context)
             let status = try await clients.call(.quota, Quota.setPlan, SetPlan(userId: userId, plan: change.plan, timeZone: change.timeZone, endsAt: try change.end()))
+            // Written to the audit log after the change (a plan set twice is the same plan). The
+            // change is made whatever becomes of the entry: one jobs could not take is logged.
+            do {
+                _ = try await clients.call(.jobs, Admin.audit, AuditEntry(
+                    at: Date(), actor: "admin", action: "users.plan", target: userId, count: 1,
+                    detail: "\(change.plan)\(change.endsAt.map { " until \($0)" } ?? "")"
+                ))
+            } catch {
+                logger.warning("plan change not written to the audit log", metadata: ["user": "\(userId)", "plan": "\(change.plan)", "error": "\(error)"])
+            }
             return try JSONResponse.make(.ok, status)
         }
         router.get("/admin/v1/users/:userId/usage") { request, context in
-            try authenticator.requireAdmin(request)
+            try authenticator.requireOperator(request)
             let userId = try Self.userId(context)
             let usage = try await clients.call(.quota, Quota.usage, UserReference(userId: userId))
             return try JSONResponse.make(.ok, usage)

@@ -62,7 +62,7 @@ struct WebhooksController<Context: RequestContext>: Sendable {
         }
         // What the webhook has received since the gateway started, by outcome.
         router.get("/admin/v1/webhooks/adapty") { request, _ in
-            try authenticator.requireAdmin(request)
+            try authenticator.requireOperator(request)
             return try JSONResponse.make(.ok, counts.all)
         }
     }

@@ -12,6 +12,7 @@ import Synchronization
 public struct Authenticator: Sendable {
     private let keys: JWTKeyCollection?
     private let adminToken: [UInt8]?
+    private let viewerToken: [UInt8]?
     private let verified = VerifiedTokens()
     private let now: @Sendable () -> Date
 
@@ -21,7 +22,7 @@ public struct Authenticator: Sendable {
     /// Verifies user tokens with `jwtSecret` (none: every bearer token is refused) and admin calls
     /// with `adminToken` (none: every admin call is refused). A secret shorter than 32 bytes is a
     /// configuration error.
-    public init(jwtSecret: String?, adminToken: String?, now: @escaping @Sendable () -> Date = Date.init) async throws {
+    public init(jwtSecret: String?, adminToken: String?, viewerToken: String? = nil, now: @escaping @Sendable () -> Date = Date.init) async throws {
         self.now = now
         if let jwtSecret, !jwtSecret.isEmpty {
             guard jwtSecret.utf8.count >= Self.minimumSecretBytes else {
@@ -34,6 +35,7 @@ public struct Authenticator: Sendable {
             self.keys = nil
         }
         self.adminToken = adminToken.flatMap { $0.isEmpty ? nil : Array($0.utf8) }
+        self.viewerToken = viewerToken.flatMap { $0.isEmpty ? nil : Array($0.utf8) }
     }
 
     /// The caller of `request`.
@@ -71,12 +73,27 @@ public struct Authenticator: Sendable {
 
     /// Checks that `request` carries the admin token: 401 without credentials, 403 with others.
     public func requireAdmin(_ request: Request) throws {
+        guard try requireOperator(request) == .admin else {
+            throw Problem(.forbidden, detail: "This action needs the admin token; the viewer token only reads.")
+        }
+    }
+
+    /// Who may read the admin routes: the admin token (`ADMIN_TOKEN`), which may also act, or the
+    /// viewer token (`VIEWER_TOKEN`), which may only read.
+    public enum OperatorRole: String, Sendable {
+        case admin, viewer
+    }
+
+    /// The operator calling an admin route that reads: admin or viewer; anyone else is refused.
+    @discardableResult
+    public func requireOperator(_ request: Request) throws -> OperatorRole {
         guard let token = try bearerToken(request) else {
             throw Self.unauthorized("Admin routes take Authorization: Bearer <admin token>.")
         }
-        guard let adminToken, Self.constantTimeEqual(Array(token.utf8), adminToken) else {
-            throw Problem(.forbidden, detail: "This route needs the admin token.")
-        }
+        let bytes = Array(token.utf8)
+        if let adminToken, Self.constantTimeEqual(bytes, adminToken) { return .admin }
+        if let viewerToken, Self.constantTimeEqual(bytes, viewerToken) { return .viewer }
+        throw Problem(.forbidden, detail: "This route needs the admin or viewer token.")
     }
 
     private func bearerToken(_ request: Request) throws -> String? {

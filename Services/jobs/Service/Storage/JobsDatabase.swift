@@ -148,6 +148,19 @@ public struct JobsDatabase: Sendable {
             }
             try db.create(index: "device_by_user", on: "device", columns: ["userId", "registeredAt"])
         }
+        migrator.registerMigration("v10: the operators' audit log") { db in
+            // Every operator action (`/admin/v1`): who, what, on what, how many, when.
+            try db.create(table: "audit") { table in
+                table.autoIncrementedPrimaryKey("id")
+                table.column("at", .datetime).notNull()
+                table.column("actor", .text).notNull()
+                table.column("action", .text).notNull()
+                table.column("target", .text).notNull()
+                table.column("filter", .text)
+                table.column("count", .integer).notNull()
+                table.column("detail", .text)
+            }
+        }
         return migrator
     }
 }

@@ -124,6 +124,14 @@ public struct PostgresJobsStore: ReportingJobsStore {
             """,
             "CREATE INDEX jobs_device_by_user ON jobs_device (user_id, registered_at)",
         ]),
+        // Every operator action (`/admin/v1`): who, what, on what, how many, when.
+        PostgresMigration("v6: the operators' audit log", [
+            """
+            CREATE TABLE jobs_audit (
+                id bigserial PRIMARY KEY, at double precision NOT NULL, actor text NOT NULL, action text NOT NULL, target text NOT NULL,
+                filter text, count bigint NOT NULL, detail text)
+            """,
+        ]),
     ]
 
     // MARK: Any replica

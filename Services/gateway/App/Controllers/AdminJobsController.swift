@@ -1,0 +1,198 @@
+import Bus
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Messages
+
+/// The operators' view of jobs across all users (`/admin/v1/jobs`) and the audit log
+/// (`/admin/v1/audit`). Reads take the admin or the viewer token; actions the admin token only
+/// (a viewer's action is 403), and each action is written to the audit log.
+struct AdminJobsController<Context: GatewayRequestContext>: Sendable {
+    let clients: ServiceClients
+    let authenticator: Authenticator
+    let links: DownloadLinks
+
+    /// A job as operators read it: the app's fields and what support needs besides (the user,
+    /// the provider's request id, the trace id, the error in full).
+    struct JobJSON: Encodable {
+        var id: String
+        var userId: String
+        var status: String
+        var effect: String
+        var prompt: String?
+        var credits: Int
+        var attempts: Int
+        var maxAttempts: Int
+        var progress: Double
+        var error: String?
+        var cancelRequested: Bool
+        var createdAt: Date
+        var updatedAt: Date
+        var startedAt: Date?
+        var finishedAt: Date?
+        var providerRequestId: String?
+        var traceId: String?
+
+        init(_ job: JobRecord) {
+            id = job.id
+            userId = job.userId
+            status = job.status.rawValue
+            effect = job.effectId
+            prompt = job.prompt
+            credits = job.credits
+            attempts = job.attempts
+            maxAttempts = job.maxAttempts
+            progress = job.progress
+            error = job.lastError
+            cancelRequested = job.cancelRequested
+            createdAt = job.createdAt
+            updatedAt = job.updatedAt
+            startedAt = job.startedAt
+            finishedAt = job.finishedAt
+            providerRequestId = job.submission?.requestId
+            // W3C traceparent: version-traceid-parentid-flags
+            traceId = job.traceParent.flatMap { $0.split(separator: "-").dropFirst().first.map(String.init) }
+        }
+    }
+
+    struct PageJSON: Encodable {
+        var jobs: [JobJSON]
+        var nextCursor: String?
+        var counts: [String: Int]
+    }
+
+    /// One job in detail: its settlement and its files as signed links besides.
+    struct DetailJSON: Encodable {
+        var job: JobJSON
+        /// How its credits stand: `reserved` while it runs, `committed` once completed,
+        /// `released` (given back) once failed or cancelled.
+        var settlement: String
+        var inputUrl: String?
+        var resultUrl: String?
+        var thumbnailUrl: String?
+    }
+
+    /// The most ids one action names (so that its body fits the 64 KiB of a JSON body); a
+    /// filter reaches `AdminJobsAction.maxJobs`.
+    static var maxIds: Int { 200 }
+
+    struct ActionBody: Decodable {
+        var ids: [String]?
+        var filter: FilterBody?
+        /// Whether the body names a filter at all (`"filter": null` too: either ids or a filter).
+        var namesFilter: Bool
+        var namesIds: Bool
+
+        enum CodingKeys: String, CodingKey { case ids, filter }
+
+        init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            ids = try container.decodeIfPresent([String].self, forKey: .ids)
+            filter = try container.decodeIfPresent(FilterBody.self, forKey: .filter)
+            namesIds = container.contains(.ids)
+            namesFilter = container.contains(.filter)
+        }
+    }
+
+    /// A filter as JSON (the query's names).
+    struct FilterBody: Decodable {
+        var state: String?
+        var effect: String?
+        var provider: String?
+        var user: String?
+        var error: String?
+        var from: String?
+        var to: String?
+    }
+
+    func addRoutes(to router: Router<Context>) {
+        router.get("/admin/v1/jobs") { request, _ in
+            try authenticator.requireOperator(request)
+            let query = request.uri.queryParameters
+            let filter = try Self.filter(FilterBody(
+                state: query["state"].map(String.init), effect: query["effect"].map(String.init), provider: query["provider"].map(String.init),
+                user: query["user"].map(String.init), error: query["error"].map(String.init), from: query["from"].map(String.init),
+                to: query["to"].map(String.init)
+            ))
+            var limit = 50
+            if let text = query["limit"] {
+                guard let value = Int(text), (1...AdminJobsQuery.maxLimit).contains(value) else {
+                    throw Problem(.badRequest, detail: "limit must be 1 to \(AdminJobsQuery.maxLimit).")
+                }
+                limit = value
+            }
+            let cursor = query["cursor"].map(String.init).flatMap { $0.isEmpty ? nil : $0 }
+            let page = try await clients.call(.jobs, Admin.jobs, AdminJobsQuery(filter: filter, cursor: cursor, limit: limit))
+            return try JSONResponse.make(.ok, PageJSON(jobs: page.jobs.map(JobJSON.init), nextCursor: page.nextCursor, counts: page.counts))
+        }
+        router.get("/admin/v1/jobs/:jobId") { request, context in
+            try authenticator.requireOperator(request)
+            let jobId = try context.parameters.require("jobId")
+            let page = try await clients.call(.jobs, Admin.job, AdminJobReference(jobId: jobId))
+            let settlement = switch page.status {
+            case .completed: "committed"
+            case .failed, .cancelled: "released"
+            case .queued, .processing: "reserved"
+            }
+            return try JSONResponse.make(.ok, DetailJSON(
+                job: JobJSON(page), settlement: settlement, inputUrl: links.url(page.imageKey), resultUrl: links.url(page.resultKey),
+                thumbnailUrl: links.url(page.thumbnailKey)
+            ))
+        }
+        router.post("/admin/v1/jobs/cancel") { request, context in
+            try authenticator.requireAdmin(request)
+            let body = try await JSONBody.decode(ActionBody.self, from: request, context: context)
+            let action: AdminJobsAction
+            guard body.namesIds != body.namesFilter else { throw Problem(.badRequest, detail: "Send either ids or filter.") }
+            switch (body.ids, body.filter) {
+            case (let ids?, nil):
+                guard !ids.isEmpty, ids.count <= Self.maxIds, ids.allSatisfy({ (1...256).contains($0.utf8.count) }) else {
+                    throw Problem(.badRequest, detail: "ids names 1 to \(Self.maxIds) jobs, each id 1 to 256 bytes.")
+                }
+                action = AdminJobsAction(ids: ids, actor: "admin")
+            case (nil, let filter?):
+                action = AdminJobsAction(filter: try Self.filter(filter), actor: "admin")
+            default:
+                throw Problem(.badRequest, detail: "Send either ids or filter.")
+            }
+            return try JSONResponse.make(.ok, try await clients.call(.jobs, Admin.cancel, action))
+        }
+        router.get("/admin/v1/audit") { request, _ in
+            try authenticator.requireOperator(request)
+            let query = request.uri.queryParameters
+            let before = try query["before"].map { text -> Int64 in
+                guard let value = Int64(text) else { throw Problem(.badRequest, detail: "before must be an entry's id.") }
+                return value
+            }
+            let limit = try query["limit"].map { text -> Int in
+                guard let value = Int(text), (1...500).contains(value) else { throw Problem(.badRequest, detail: "limit must be 1 to 500.") }
+                return value
+            } ?? 100
+            return try JSONResponse.make(.ok, try await clients.call(.jobs, Admin.auditLog, AuditQuery(before: before, limit: limit)))
+        }
+    }
+
+    /// A filter from its text fields; anything malformed is a 400 naming it.
+    static func filter(_ body: FilterBody) throws -> AdminJobFilter {
+        func date(_ text: String?, _ name: String) throws -> Date? {
+            guard let text else { return nil }
+            guard let date = RFC3339.date(text) else { throw Problem(.badRequest, detail: "\(name) must be an RFC 3339 date and time.") }
+            return date
+        }
+        var state: JobStatus?
+        if let text = body.state, !text.isEmpty {
+            guard let parsed = JobStatus(rawValue: text) else {
+                throw Problem(.badRequest, detail: "state must be one of \(JobStatus.allCases.map(\.rawValue).joined(separator: ", ")).")
+            }
+            state = parsed
+        }
+        for (name, value) in [("effect", body.effect), ("provider", body.provider), ("user", body.user), ("error", body.error)] {
+            if let value, value.utf8.count > 256 { throw Problem(.badRequest, detail: "\(name) is longer than 256 bytes.") }
+        }
+        func text(_ value: String?) -> String? { value.flatMap { $0.isEmpty ? nil : $0 } }
+        return AdminJobFilter(
+            state: state, effect: text(body.effect), provider: text(body.provider), userId: text(body.user), error: text(body.error),
+            from: try date(body.from, "from"), to: try date(body.to, "to")
+        )
+    }
+}

@@ -1,0 +1,51 @@
+import Foundation
+import Messages
+import PostgresNIO
+import Storage
+
+/// What operators read and do across users, on PostgreSQL.
+extension PostgresJobsStore {
+    public func adminJobs(_ filter: AdminJobFilter, effectIds: [String]?, after cursor: AdminCursor?, limit: Int) async throws -> [JobRecord] {
+        let store = self
+        let state = filter.state?.rawValue, pattern = filter.error.map(AdminCursor.likePattern)
+        let from = filter.from?.timeIntervalSince1970, to = filter.to?.timeIntervalSince1970
+        let after = cursor?.createdAt.timeIntervalSince1970, afterId = cursor?.id
+        return try await database.connection { db in
+            try await store.rows(db, """
+                SELECT \(unescaped: Self.columns) FROM jobs_job
+                WHERE (\(state)::text IS NULL OR status = \(state)) AND (\(filter.effect)::text IS NULL OR effect_id = \(filter.effect))
+                  AND (\(filter.userId)::text IS NULL OR user_id = \(filter.userId))
+                  AND (\(pattern)::text IS NULL OR last_error ILIKE '%' || \(pattern) || '%')
+                  AND (\(from)::float8 IS NULL OR created_at >= \(from)) AND (\(to)::float8 IS NULL OR created_at < \(to))
+                  AND (\(effectIds)::text[] IS NULL OR effect_id = ANY(\(effectIds)))
+                  AND (\(after)::float8 IS NULL OR created_at < \(after) OR (created_at = \(after) AND id < \(afterId)))
+                ORDER BY created_at DESC, id DESC LIMIT \(limit)
+                """)
+        }
+    }
+
+    public func appendAudit(_ entry: AuditEntry) async throws {
+        _ = try await write { store, db in
+            try await db.query("""
+                INSERT INTO jobs_audit (at, actor, action, target, filter, count, detail)
+                VALUES (\(entry.at.timeIntervalSince1970), \(entry.actor), \(entry.action), \(entry.target), \(entry.filter), \(entry.count), \(entry.detail))
+                """, logger: store.logger)
+        }
+    }
+
+    public func auditLog(before: Int64?, limit: Int) async throws -> [AuditEntry] {
+        let logger = logger
+        return try await database.connection { db in
+            var entries: [AuditEntry] = []
+            let rows = try await db.query("""
+                SELECT id, at, actor, action, target, filter, count, detail FROM jobs_audit
+                WHERE (\(before)::bigint IS NULL OR id < \(before)) ORDER BY id DESC LIMIT \(limit)
+                """, logger: logger)
+            for try await (id, at, actor, action, target, filter, count, detail) in rows.decode((Int64, Double, String, String, String, String?, Int, String?).self) {
+                entries.append(AuditEntry(id: id, at: Date(timeIntervalSince1970: at), actor: actor, action: action, target: target, filter: filter,
+                                          count: count, detail: detail))
+            }
+            return entries
+        }
+    }
+}

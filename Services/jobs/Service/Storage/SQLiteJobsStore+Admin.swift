@@ -1,0 +1,44 @@
+import Foundation
+import GRDB
+import Messages
+import Storage
+
+/// What operators read and do across users, on SQLite.
+extension SQLiteJobsStore {
+    public func adminJobs(_ filter: AdminJobFilter, effectIds: [String]?, after cursor: AdminCursor?, limit: Int) async throws -> [JobRecord] {
+        try await database.read { db in
+            let rows = try Row.fetchAll(db, sql: """
+                SELECT \(JobRows.columns) FROM job
+                WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR effectId = ?2) AND (?3 IS NULL OR userId = ?3)
+                  AND (?4 IS NULL OR lastError LIKE '%' || ?4 || '%' ESCAPE '\\')
+                  AND (?5 IS NULL OR createdAt >= ?5) AND (?6 IS NULL OR createdAt < ?6)
+                  AND (?7 IS NULL OR effectId IN (SELECT value FROM json_each(?7)))
+                  AND (?8 IS NULL OR createdAt < ?8 OR (createdAt = ?8 AND id < ?9))
+                ORDER BY createdAt DESC, id DESC LIMIT ?10
+                """, arguments: [
+                    filter.state?.rawValue, filter.effect, filter.userId, filter.error.map(AdminCursor.likePattern),
+                    filter.from.map(StoredDate.text), filter.to.map(StoredDate.text), effectIds.map(JobRows.jsonArray),
+                    cursor.map { StoredDate.text($0.createdAt) }, cursor?.id, limit,
+                ])
+            return try rows.map(JobRows.job)
+        }
+    }
+
+    public func appendAudit(_ entry: AuditEntry) async throws {
+        try await database.write { db in
+            try db.execute(sql: "INSERT INTO audit (at, actor, action, target, filter, count, detail) VALUES (?, ?, ?, ?, ?, ?, ?)", arguments: [
+                StoredDate.text(entry.at), entry.actor, entry.action, entry.target, entry.filter, entry.count, entry.detail,
+            ])
+        }
+    }
+
+    public func auditLog(before: Int64?, limit: Int) async throws -> [AuditEntry] {
+        try await database.read { db in
+            try Row.fetchAll(db, sql: """
+                SELECT id, at, actor, action, target, filter, count, detail FROM audit WHERE (?1 IS NULL OR id < ?1) ORDER BY id DESC LIMIT ?2
+                """, arguments: [before, limit]).map { row in
+                AuditEntry(id: row[0], at: row[1], actor: row[2], action: row[3], target: row[4], filter: row[5], count: row[6], detail: row[7])
+            }
+        }
+    }
+}

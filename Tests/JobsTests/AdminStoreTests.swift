@@ -1,0 +1,65 @@
+import Foundation
+import JobsCore
+@testable import JobsService
+import Messages
+import Testing
+
+/// The operators' reads across users and the audit log, on both stores.
+@Suite("Jobs across users, and the audit log", .timeLimit(.minutes(2)))
+struct AdminStoreTests {
+    @Test(arguments: JobsBackend.allCases) func filtersNarrowAndCursorsPageNewestFirst(backend: JobsBackend) async throws {
+        try await withJobsStore(backend) { harness in
+            let store = harness.store, start = harness.now
+            // Ten jobs a second apart, of two users; the odd ones fail with an error that holds a % and an _
+            for index in 0..<10 {
+                _ = try await store.create(CreateJob(jobId: "job-\(index)", userId: index < 6 ? "alice" : "bob", isPro: false, imageKey: "uploads/x/\(index).jpg",
+                                                     effectId: index % 3 == 0 ? "blur" : "copy"),
+                                           effectId: index % 3 == 0 ? "blur" : "copy", parameters: [:], now: start.addingTimeInterval(Double(index)))
+                if index % 2 == 1 {
+                    _ = try #require(try await store.start("job-\(index)", now: start))
+                    _ = try await store.fail(JobAttempt(jobId: "job-\(index)", attempt: 1), error: "gemini: 100% busy_now #\(index)", retryable: false, now: start)
+                }
+            }
+            func ids(_ filter: AdminJobFilter, effectIds: [String]? = nil, after cursor: AdminCursor? = nil, limit: Int = 50) async throws -> [String] {
+                try await store.adminJobs(filter, effectIds: effectIds, after: cursor, limit: limit).map(\.id)
+            }
+            #expect(try await ids(AdminJobFilter()) == (0..<10).reversed().map { "job-\($0)" })
+            #expect(try await ids(AdminJobFilter(state: .failed)) == ["job-9", "job-7", "job-5", "job-3", "job-1"])
+            #expect(try await ids(AdminJobFilter(state: .failed, userId: "alice")) == ["job-5", "job-3", "job-1"])
+            #expect(try await ids(AdminJobFilter(effect: "blur")) == ["job-9", "job-6", "job-3", "job-0"])
+            #expect(try await ids(AdminJobFilter(), effectIds: ["blur"]) == ["job-9", "job-6", "job-3", "job-0"])
+            #expect(try await ids(AdminJobFilter(), effectIds: []) == [])
+            // Error text, case-insensitive, its % and _ literal
+            #expect(try await ids(AdminJobFilter(error: "100% BUSY_now")) == ["job-9", "job-7", "job-5", "job-3", "job-1"])
+            #expect(try await ids(AdminJobFilter(error: "#7")) == ["job-7"])
+            #expect(try await ids(AdminJobFilter(error: "1_0")) == [])
+            // A time range: created at or after `from`, before `to`
+            #expect(try await ids(AdminJobFilter(from: start.addingTimeInterval(3), to: start.addingTimeInterval(6))) == ["job-5", "job-4", "job-3"])
+            // Pages of three, each after the last one's cursor, cover all once
+            var seen: [String] = []
+            var cursor: AdminCursor?
+            repeat {
+                let page = try await store.adminJobs(AdminJobFilter(), effectIds: nil, after: cursor, limit: 3)
+                seen += page.map(\.id)
+                cursor = page.count == 3 ? AdminCursor(after: page[2]) : nil
+                if let text = cursor?.text { #expect(AdminCursor(text: text) == cursor) }
+            } while cursor != nil
+            #expect(seen == (0..<10).reversed().map { "job-\($0)" })
+            #expect(AdminCursor(text: "not a cursor") == nil)
+        }
+    }
+
+    @Test(arguments: JobsBackend.allCases) func theAuditLogKeepsEachActionNewestFirst(backend: JobsBackend) async throws {
+        try await withJobsStore(backend) { harness in
+            for index in 0..<5 {
+                try await harness.store.appendAudit(AuditEntry(at: harness.now, actor: "admin", action: "jobs.cancel", target: "job-\(index)",
+                                                               filter: index == 4 ? #"{"state":"failed"}"# : nil, count: index))
+            }
+            let all = try await harness.store.auditLog(before: nil, limit: 100)
+            #expect(all.map(\.target) == ["job-4", "job-3", "job-2", "job-1", "job-0"])
+            #expect(all[0].filter == #"{"state":"failed"}"# && all[0].count == 4 && all[0].actor == "admin" && all[1].filter == nil)
+            let older = try await harness.store.auditLog(before: all[1].id, limit: 2)
+            #expect(older.map(\.target) == ["job-2", "job-1"])
+        }
+    }
+}

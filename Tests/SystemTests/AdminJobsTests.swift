@@ -1,0 +1,102 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import HummingbirdTesting
+import NIOCore
+import Testing
+
+/// The operators' admin API on a live system: jobs across users by filter and cursor, one job in
+/// detail, cancels by ids or by filter that say what they changed and are idempotent, the viewer
+/// token that reads and may not act, and an audit entry per action.
+@Suite("The operators' admin API", .serialized, .timeLimit(.minutes(5)))
+struct AdminJobsTests {
+    static let viewerToken = "viewer-token-for-the-admin-tests"
+
+    @Test func operatorsFindJobsActOnThemAndEveryActionIsAudited() async throws {
+        // No worker: the jobs stay queued until an operator acts.
+        let system = try await JobSystem(workers: 0, gateway: ["VIEWER_TOKEN": Self.viewerToken])
+        let admin: HTTPFields = [.authorization: "Bearer \(JobSystem.adminToken)", .contentType: "application/json"]
+        let viewer: HTTPFields = [.authorization: "Bearer \(Self.viewerToken)", .contentType: "application/json"]
+        let alice = JobSystem.guest(UUID()), bob = JobSystem.guest(UUID())
+        try await system.gateway { client in
+            func get(_ uri: String, _ headers: HTTPFields = admin) async throws -> (HTTPResponse.Status, [String: Any]) {
+                let response = try await client.execute(uri: uri, method: .get, headers: headers)
+                return (response.status, JobSystem.json(response))
+            }
+            func post(_ uri: String, _ body: String, _ headers: HTTPFields = admin) async throws -> (HTTPResponse.Status, [String: Any]) {
+                let response = try await client.execute(uri: uri, method: .post, headers: headers, body: ByteBuffer(string: body))
+                return (response.status, JobSystem.json(response))
+            }
+            func ids(_ page: [String: Any]) -> [String] { (page["jobs"] as? [[String: Any]] ?? []).compactMap { $0["id"] as? String } }
+
+            var aliceJobs: [String] = [], bobJobs: [String] = []
+            let aliceKey = try await JobSystem.upload(client, as: alice), bobKey = try await JobSystem.upload(client, as: bob)
+            for effect in ["copy", "grayscale", "copy"] {
+                aliceJobs.append(try JobSystem.jobId(of: try await JobSystem.createJob(client, as: alice, imageKey: aliceKey, effect: effect)))
+            }
+            for _ in 0..<2 { bobJobs.append(try JobSystem.jobId(of: try await JobSystem.createJob(client, as: bob, imageKey: bobKey, effect: "copy"))) }
+            let aliceId = try #require(JobSystem.json(try await client.execute(uri: "/api/v1/users/me", method: .get, headers: alice))["id"] as? String)
+
+            // Across users, newest first, with the counts by state; the viewer reads too
+            let (status, all) = try await get("/admin/v1/jobs")
+            #expect(status == .ok && ids(all) == (aliceJobs + bobJobs).reversed())
+            #expect((all["counts"] as? [String: Int])?["queued"] == 5)
+            #expect(try await get("/admin/v1/jobs", viewer).0 == .ok)
+            // Filters, and pages by cursor
+            #expect(ids(try await get("/admin/v1/jobs?user=\(aliceId.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? "")").1) == aliceJobs.reversed())
+            #expect(ids(try await get("/admin/v1/jobs?effect=grayscale").1) == [aliceJobs[1]])
+            #expect(ids(try await get("/admin/v1/jobs?provider=none&state=queued").1).count == 5)
+            #expect(ids(try await get("/admin/v1/jobs?provider=gemini").1).isEmpty)
+            let first = try await get("/admin/v1/jobs?limit=2").1
+            let cursor = try #require(first["nextCursor"] as? String)
+            let second = try await get("/admin/v1/jobs?limit=2&cursor=\(cursor)").1
+            #expect(ids(first) + ids(second) == Array((aliceJobs + bobJobs).reversed().prefix(4)))
+            for bad in ["state=lost", "limit=0", "from=yesterday", "cursor=garbage"] {
+                #expect(try await get("/admin/v1/jobs?\(bad)").0 == .badRequest, "\(bad)")
+            }
+            // Users and guests are not operators
+            #expect(try await get("/admin/v1/jobs", alice).0 == .unauthorized)
+            #expect(try await get("/admin/v1/jobs", [.authorization: "Bearer not-a-token"]).0 == .forbidden)
+
+            // One job in detail: whose it is, how its credits stand, its input as a signed link
+            let (detailStatus, detail) = try await get("/admin/v1/jobs/\(aliceJobs[0])")
+            #expect(detailStatus == .ok && (detail["job"] as? [String: Any])?["userId"] as? String == aliceId)
+            #expect(detail["settlement"] as? String == "reserved" && (detail["inputUrl"] as? String)?.isEmpty == false)
+            #expect(try await get("/admin/v1/jobs/no-such-job").0 == .notFound)
+
+            // A viewer may not act: 403, nothing changes, nothing audited
+            #expect(try await post("/admin/v1/jobs/cancel", #"{"ids": ["\#(aliceJobs[0])"]}"#, viewer).0 == .forbidden)
+            #expect(try await post("/admin/v1/jobs/cancel", #"{"ids": []}"#).0 == .badRequest)
+            #expect(try await post("/admin/v1/jobs/cancel", #"{"ids": ["a"], "filter": {}}"#).0 == .badRequest)
+            #expect(try await post("/admin/v1/jobs/cancel", #"{"filter": {"state": "lost"}}"#).0 == .badRequest)
+
+            // Cancels by ids and by filter say what they changed, and are idempotent
+            let byIds = try await post("/admin/v1/jobs/cancel", #"{"ids": ["\#(aliceJobs[0])"]}"#)
+            #expect(byIds.0 == .ok && byIds.1["matched"] as? Int == 1 && byIds.1["changed"] as? Int == 1)
+            #expect(try await post("/admin/v1/jobs/cancel", #"{"ids": ["\#(aliceJobs[0])"]}"#).1["changed"] as? Int == 0)
+            let bobFilter = #"{"filter": {"user": "\#(try #require(JobSystem.json(try await client.execute(uri: "/api/v1/users/me", method: .get, headers: bob))["id"] as? String))", "state": "queued"}}"#
+            let byFilter = try await post("/admin/v1/jobs/cancel", bobFilter)
+            #expect(byFilter.1["matched"] as? Int == 2 && byFilter.1["changed"] as? Int == 2)
+            #expect(try await post("/admin/v1/jobs/cancel", bobFilter).1["changed"] as? Int == 0)
+            let cancelled = try await JobSystem.waitForStatus(client, as: alice, jobId: aliceJobs[0])
+            #expect(cancelled["status"] as? String == "cancelled")
+            #expect((try await get("/admin/v1/jobs").1["counts"] as? [String: Int])?["cancelled"] == 3)
+            #expect(try await get("/admin/v1/jobs/\(aliceJobs[0])").1["settlement"] as? String == "released")
+
+            // A plan change is audited too; a viewer's is refused
+            let plan = try await client.execute(uri: "/admin/v1/users/\(aliceId)/plan", method: .put, headers: viewer, body: ByteBuffer(string: #"{"plan": "pro"}"#))
+            #expect(plan.status == .forbidden)
+            let planned = try await client.execute(uri: "/admin/v1/users/\(aliceId)/plan", method: .put, headers: admin, body: ByteBuffer(string: #"{"plan": "pro"}"#))
+            #expect(planned.status == .ok)
+
+            // The audit log: one entry per action, newest first, read by the viewer too
+            let (auditStatus, audit) = try await get("/admin/v1/audit", viewer)
+            let entries = audit["entries"] as? [[String: Any]] ?? []
+            #expect(auditStatus == .ok && entries.map { $0["action"] as? String ?? "" } == ["users.plan", "jobs.cancel", "jobs.cancel", "jobs.cancel", "jobs.cancel"])
+            #expect(entries.map { $0["count"] as? Int ?? -1 } == [1, 0, 2, 0, 1])
+            #expect((entries[2]["filter"] as? String)?.contains("queued") == true && entries[4]["target"] as? String == aliceJobs[0])
+            #expect(entries.allSatisfy { $0["actor"] as? String == "admin" && $0["at"] as? String != nil })
+        }
+        await system.stop()
+    }
+}
