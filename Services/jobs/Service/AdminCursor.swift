@@ -18,16 +18,16 @@ public struct AdminCursor: Sendable, Equatable {
     }
 
     public var text: String {
-        // The time as stored to the bit (PostgreSQL keeps the whole double), in Swift's shortest
-        // text that reads back as the same double.
-        Base64URL.encode(Data("\(createdAt.timeIntervalSince1970):\(id)".utf8))
+        // The `Date` to the bit (its own reference-date seconds: from 1970 would round), in
+        // Swift's shortest text that reads back as the same double.
+        Base64URL.encode(Data("\(createdAt.timeIntervalSinceReferenceDate):\(id)".utf8))
     }
 
     /// A cursor from its text; nil if it is not one.
     public init?(text: String) {
         guard let data = Base64URL.decode(text), let string = String(data: data, encoding: .utf8), let colon = string.firstIndex(of: ":"),
               let seconds = Double(string[..<colon]), seconds.isFinite else { return nil }
-        self.init(createdAt: Date(timeIntervalSince1970: seconds), id: String(string[string.index(after: colon)...]))
+        self.init(createdAt: Date(timeIntervalSinceReferenceDate: seconds), id: String(string[string.index(after: colon)...]))
     }
 
     /// `text` for a LIKE that finds it anywhere: its `%`, `_` and `\` taken literally (escaped by `\`).
