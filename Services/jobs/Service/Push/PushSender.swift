@@ -54,13 +54,8 @@ public final class PushSender: Sendable {
     public init(settings: PushSettings, logger: Logger) async throws {
         self.settings = settings
         self.logger = logger
-        var configuration = HTTPClient.Configuration()
-        var tls = TLSConfiguration.makeClientConfiguration()
-        if let caFile = settings.caFile { tls.additionalTrustRoots = [.file(caFile)] }
-        configuration.tlsConfiguration = tls
-        configuration.httpVersion = .automatic
-        configuration.timeout = .init(connect: .seconds(10), read: .seconds(30))
-        client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: configuration)
+        // The keys first: a key that cannot be read stops the start with its error, before there
+        // is an HTTP client to shut down (one dropped unclosed is a crash, not an error).
         if let apns = settings.apns {
             let keys = JWTKeyCollection()
             await keys.add(ecdsa: try ES256PrivateKey(pem: apns.keyPEM), kid: JWKIdentifier(string: apns.keyId))
@@ -75,6 +70,13 @@ public final class PushSender: Sendable {
         } else {
             fcmKeys = nil
         }
+        var configuration = HTTPClient.Configuration()
+        var tls = TLSConfiguration.makeClientConfiguration()
+        if let caFile = settings.caFile { tls.additionalTrustRoots = [.file(caFile)] }
+        configuration.tlsConfiguration = tls
+        configuration.httpVersion = .automatic
+        configuration.timeout = .init(connect: .seconds(10), read: .seconds(30))
+        client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: configuration)
     }
 
     /// Closes the HTTP client (at shutdown, after the relay stopped).
