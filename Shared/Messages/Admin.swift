@@ -10,6 +10,10 @@ public enum Admin {
     /// Cancels the jobs named, or those matching a filter (at most `AdminJobsAction.maxJobs`);
     /// idempotent: a job already ended is not changed. Written to the audit log.
     public static let cancel = BusMethod<AdminJobsAction, AdminActionResult>("jobs.admin-cancel", roles: [.gateway, .operator], retrySafe: true)
+    /// Runs failed jobs again, those named or matching a filter: each with the same id, its
+    /// credits reserved again through quota first (a user without credits left is not retried).
+    /// Idempotent: a job no longer failed is not changed. Written to the audit log.
+    public static let retry = BusMethod<AdminJobsAction, AdminActionResult>("jobs.admin-retry", roles: [.gateway, .operator], retrySafe: true)
     /// Writes an entry to the audit log (an action taken elsewhere, such as a plan change).
     public static let audit = BusMethod<AuditEntry, Empty>("jobs.audit-append", roles: [.gateway, .operator], retrySafe: false)
     /// The audit log, newest first.
@@ -89,9 +93,15 @@ public struct AdminActionResult: Codable, Sendable, Equatable {
     public var matched: Int
     /// The jobs the action changed (the others were already as asked).
     public var changed: Int
-    public init(matched: Int, changed: Int) {
+    /// A retry: the jobs quota refused to charge again (their users have no credits left).
+    public var denied: Int?
+    /// A retry: failed jobs whose release has not reached quota yet (retry them again shortly).
+    public var settling: Int?
+    public init(matched: Int, changed: Int, denied: Int? = nil, settling: Int? = nil) {
         self.matched = matched
         self.changed = changed
+        self.denied = denied
+        self.settling = settling
     }
 }
 

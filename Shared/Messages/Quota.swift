@@ -5,7 +5,8 @@ import Foundation
 public enum Quota {
     /// Reserves `cost` units for a job against the user's daily and monthly windows, atomically.
     /// Reserving the same job id again returns the first admission and charges nothing more.
-    public static let reserve = BusMethod<ReserveQuota, QuotaDecision>("quota.reserve", roles: [.gateway], retrySafe: true)
+    /// Jobs reserves too, for an operator's retry of a failed job.
+    public static let reserve = BusMethod<ReserveQuota, QuotaDecision>("quota.reserve", roles: [.gateway, .jobs], retrySafe: true)
     /// Confirms a reservation: the job completed. Idempotent.
     public static let commit = BusMethod<ChargeReference, Charge>("quota.commit", roles: [.jobs, .operator], retrySafe: true)
     /// Gives a reservation's units back to the windows they were charged in. Idempotent.
@@ -14,6 +15,11 @@ public enum Quota {
     public static let status = BusMethod<UserReference, QuotaStatus>("quota.status", roles: [.gateway, .history, .operator], retrySafe: true)
     /// Admin: sets a user's plan and, optionally, time zone.
     public static let setPlan = BusMethod<SetPlan, QuotaStatus>("quota.set-plan", roles: [.gateway, .operator], retrySafe: true)
+    /// Admin: grants a user credits in their current day and month windows (a negative amount
+    /// takes them back), with `used` moved by exactly that much in both (below zero if need be).
+    /// Applied once per adjustment id; kept among the user's charges as `grant:` and the id, its
+    /// cost the negated amount.
+    public static let adjust = BusMethod<AdjustCredits, QuotaStatus>("quota.adjust", roles: [.gateway, .operator], retrySafe: true)
     /// Admin: a user's usage and recent charges.
     public static let usage = BusMethod<UserReference, UserUsage>("quota.usage", roles: [.gateway, .operator], retrySafe: true)
     /// The plan catalogue: limits and history retention of each plan.
@@ -107,6 +113,22 @@ public struct AttestGuest: Codable, Sendable, Equatable {
 public struct GuestAttestation: Codable, Sendable, Equatable {
     public var attested: Bool
     public init(attested: Bool) { self.attested = attested }
+}
+
+/// Grants `credits` to a user (negative: takes them back), once per `adjustmentId`.
+public struct AdjustCredits: Codable, Sendable, Equatable {
+    public var userId: String
+    public var credits: Int
+    public var adjustmentId: String
+    /// The most credits one adjustment moves, either way.
+    public static let maxCredits = 10_000
+    /// The charge that records an adjustment.
+    public var chargeId: String { "grant:" + adjustmentId }
+    public init(userId: String, credits: Int, adjustmentId: String) {
+        self.userId = userId
+        self.credits = credits
+        self.adjustmentId = adjustmentId
+    }
 }
 
 /// Names a charge by its job id.

@@ -62,4 +62,41 @@ struct AdminStoreTests {
             #expect(older.map(\.target) == ["job-2", "job-1"])
         }
     }
+
+    @Test(arguments: JobsBackend.allCases) func aFailedJobIsRetriedOnceItsReleaseReachedQuotaWithItsAttemptsCountingOn(backend: JobsBackend) async throws {
+        try await withJobsStore(backend) { harness in
+            let store = harness.store, now = harness.now
+            _ = try await harness.created("job-1")
+            _ = try await harness.created("job-2")
+            // Only a failed job is retried
+            #expect(try await store.retry("job-2", attempts: 3, now: now) == .notFailed(.queued))
+            #expect(try await store.retry("no-such-job", attempts: 3, now: now) == .notFailed(nil))
+            _ = try #require(try await store.start("job-1", now: now))
+            _ = try await store.fail(JobAttempt(jobId: "job-1", attempt: 1), error: "gemini: quota exhausted", retryable: false, now: now)
+            // Its release still waits in the outbox: quota would give back the new charge
+            #expect(try await store.retry("job-1", attempts: 3, now: now) == .settling)
+            let settlements = try await harness.settlements.due(now: now.addingTimeInterval(1), limit: 10)
+            #expect(settlements.count == 1)
+            try await harness.settlements.acknowledge(settlements.map(\.id))
+
+            guard case .retried(let queued) = try await store.retry("job-1", attempts: 3, now: now.addingTimeInterval(5)) else {
+                Issue.record("a failed job whose release was delivered is retried")
+                return
+            }
+            #expect(queued.status == .queued && queued.lastError == nil && queued.finishedAt == nil && queued.progress == 0)
+            #expect(queued.attempts == 1 && queued.maxAttempts == 4)
+            let stored = try #require(try await store.job("job-1", userId: nil))
+            #expect(stored.status == .queued && stored.maxAttempts == 4 && stored.version == queued.version && stored.lastError == nil && stored.finishedAt == nil)
+            // History hears the new state
+            #expect(try await harness.dueForHistory(at: now.addingTimeInterval(6)).contains { $0.event.job.id == "job-1" && $0.event.job.status == .queued })
+            // Idempotent: queued now, not failed
+            #expect(try await store.retry("job-1", attempts: 3, now: now) == .notFailed(.queued))
+            // It runs as attempt 2; a late report of attempt 1 stays fenced off
+            let started = try #require(try await store.start("job-1", now: now.addingTimeInterval(6)))
+            #expect(started.attempts == 2)
+            let late = try await store.fail(JobAttempt(jobId: "job-1", attempt: 1), error: "late", retryable: false, now: now.addingTimeInterval(7))
+            #expect({ if case .refused = late.0 { true } else { false } }(), "a report of attempt 1 is stale: \(late.0)")
+            #expect(try await store.job("job-1", userId: nil)?.status == .processing)
+        }
+    }
 }

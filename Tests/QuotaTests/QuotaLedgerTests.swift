@@ -135,6 +135,42 @@ struct QuotaLedgerTests {
         }
     }
 
+    @Test(arguments: QuotaBackend.allCases) func grantsAndTakebacksMoveBothWindowsExactlyOncePerAdjustment(_ backend: QuotaBackend) async throws {
+        try await withQuotaStore(backend) { q in
+            for index in 0..<3 { _ = try await q.reserve("hana", "job-\(index)", at: noon) }
+            // A grant of 10 to a user who used 3: used goes to -7, so 27 are left today
+            let granted = try await q.store.adjust(AdjustCredits(userId: "hana", credits: 10, adjustmentId: "support-1"), now: noon)
+            #expect(granted.daily.used == -7 && granted.daily.remaining == 27 && granted.monthly.used == -7 && granted.monthly.remaining == 607)
+            #expect(try await q.status("hana", at: noon) == granted)
+            // The same adjustment again changes nothing
+            #expect(try await q.store.adjust(AdjustCredits(userId: "hana", credits: 10, adjustmentId: "support-1"), now: noon) == granted)
+            // Nor can another user's adjustment take its id
+            #expect(await busError { _ = try await q.store.adjust(AdjustCredits(userId: "mallory", credits: 10, adjustmentId: "support-1"), now: noon) }?.code
+                    == Quota.ErrorCode.jobIdTaken)
+            // A release after the grant gives back exactly its cost (not clamped at zero)
+            _ = try await q.store.release(jobId: "job-0", now: noon)
+            #expect(try await q.status("hana", at: noon).daily.used == -8)
+            // 28 more are admitted today, the 29th denied
+            for index in 0..<28 { #expect(try await q.reserve("hana", "more-\(index)", at: noon).admitted) }
+            #expect(try await q.reserve("hana", "one-too-many", at: noon).admitted == false)
+            // A takeback: 5 more used
+            let taken = try await q.store.adjust(AdjustCredits(userId: "hana", credits: -5, adjustmentId: "support-2"), now: noon)
+            #expect(taken.daily.used == 25 && taken.daily.remaining == 0 && taken.monthly.used == 25)
+            // Both are among the user's charges, a grant as a negative one
+            let charges = try await q.store.usage(userId: "hana", now: noon).charges
+            #expect(charges.first { $0.jobId == "grant:support-1" }?.cost == -10 && charges.first { $0.jobId == "grant:support-2" }?.cost == 5)
+            #expect(charges.filter { $0.jobId.hasPrefix("grant:") }.allSatisfy { $0.state == .committed })
+            // Bad amounts are refused
+            for credits in [0, 10_001, -10_001] {
+                #expect(await busError { _ = try await q.store.adjust(AdjustCredits(userId: "hana", credits: credits, adjustmentId: "bad-\(credits)"), now: noon) }?.code == .badRequest)
+            }
+            // The next day starts afresh; the month keeps the adjustments
+            let tomorrow = noon.addingTimeInterval(86_400)
+            let next = try await q.status("hana", at: tomorrow)
+            #expect(next.daily.used == 0 && next.monthly.used == 25)
+        }
+    }
+
     @Test(arguments: QuotaBackend.allCases) func releasingYesterdaysChargeAfterMidnightDoesNotAddToToday(_ backend: QuotaBackend) async throws {
         try await withQuotaStore(backend) { q in
             let lateEvening = try Date("2026-11-21T23:50:00Z", strategy: .iso8601)

@@ -54,6 +54,15 @@ struct QuotaLogTests {
         #expect(flips > 50)
     }
 
+    @Test func aGrantsNegativeCostAndUsageReadBackAsWritten() {
+        var grant = Self.change(1, job: "grant:support-1", settled: true)
+        grant.cost = -10
+        grant.usage = [LedgerChange.Usage(counter: UsageCounter(owner: "device:Ünïcode-user", window: "daily", key: "2026-11-25"), used: -7)]
+        var bytes: [UInt8] = []
+        LedgerFrame.append(grant, to: &bytes)
+        #expect(bytes.withUnsafeBytes { LedgerFrame.read($0) }.changes == [grant])
+    }
+
     @Test func garbageReadsAsNoChangesAndNeverTraps() {
         var generator = SystemRandomNumberGenerator()
         for size in 0..<2000 {

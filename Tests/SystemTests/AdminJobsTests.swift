@@ -2,6 +2,7 @@ import Foundation
 import HTTPTypes
 import Hummingbird
 import HummingbirdTesting
+import Messages
 import NIOCore
 import Testing
 
@@ -96,6 +97,74 @@ struct AdminJobsTests {
             #expect(entries.map { $0["count"] as? Int ?? -1 } == [1, 0, 2, 0, 1])
             #expect((entries[2]["filter"] as? String)?.contains("queued") == true && entries[4]["target"] as? String == aliceJobs[0])
             #expect(entries.allSatisfy { $0["actor"] as? String == "admin" && $0["at"] as? String != nil })
+        }
+        await system.stop()
+    }
+
+    @Test func aFailedJobIsRetriedWithItsCreditsChargedAgainAndCreditsAreGrantedAndTakenBack() async throws {
+        let system = try await JobSystem(workers: 1, gateway: ["VIEWER_TOKEN": Self.viewerToken])
+        let admin: HTTPFields = [.authorization: "Bearer \(JobSystem.adminToken)", .contentType: "application/json"]
+        let viewer: HTTPFields = [.authorization: "Bearer \(Self.viewerToken)", .contentType: "application/json"]
+        let alice = JobSystem.guest(UUID())
+        let aliceId = "device:\(alice[.deviceId]!.lowercased())"
+        try await system.gateway { client in
+            func post(_ uri: String, _ body: String, _ headers: HTTPFields = admin) async throws -> (HTTPResponse.Status, [String: Any]) {
+                let response = try await client.execute(uri: uri, method: .post, headers: headers, body: ByteBuffer(string: body))
+                return (response.status, JobSystem.json(response))
+            }
+            /// What `users/me` says is left today.
+            func remainingToday() async throws -> Int? {
+                let me = JobSystem.json(try await client.execute(uri: "/api/v1/users/me", method: .get, headers: alice))
+                return (me["quota"] as? [String: Any])?["dailyRemaining"] as? Int
+            }
+            let key = try await JobSystem.upload(client, as: alice)
+            let jobId = try JobSystem.jobId(of: try await JobSystem.createJob(client, as: alice, imageKey: key, effect: "until-fixed-remote"))
+            #expect(try await JobSystem.waitForStatus(client, as: alice, jobId: jobId)["status"] as? String == "failed")
+            // Its credit came back
+            try await waitUntil {
+                let usage = try await system.clients.quota.call(Quota.usage, UserReference(userId: aliceId))
+                return usage.status.daily.used == 0 && usage.charges.allSatisfy { $0.state == .released }
+            }
+            // The operator finds it by its error and retries it: a viewer may not
+            let encodedUser = aliceId.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? ""
+            let found = JobSystem.json(try await client.execute(uri: "/admin/v1/jobs?state=failed&effect=until-fixed-remote&error=400&user=\(encodedUser)", method: .get, headers: viewer))
+            #expect((found["jobs"] as? [[String: Any]])?.compactMap { $0["id"] as? String } == [jobId])
+            #expect(try await post("/admin/v1/jobs/retry", #"{"ids": ["\#(jobId)"]}"#, viewer).0 == .forbidden)
+            system.providerLoad.fixed = true
+            let retried = try await post("/admin/v1/jobs/retry", #"{"filter": {"state": "failed", "effect": "until-fixed-remote", "error": "400"}}"#)
+            #expect(retried.0 == .ok && retried.1["matched"] as? Int == 1 && retried.1["changed"] as? Int == 1 && retried.1["denied"] as? Int == 0)
+            // It runs again with the same id and completes; its credit is charged again, once
+            let completed = try await JobSystem.waitForStatus(client, as: alice, jobId: jobId)
+            #expect(completed["status"] as? String == "completed")
+            try await waitUntil {
+                let usage = try await system.clients.quota.call(Quota.usage, UserReference(userId: aliceId))
+                return usage.status.daily.used == 1 && usage.charges.first { $0.jobId == jobId }?.state == .committed
+            }
+            // Idempotent: it is not failed any more
+            #expect(try await post("/admin/v1/jobs/retry", #"{"ids": ["\#(jobId)"]}"#).1["changed"] as? Int == 0)
+
+            // Credits: granted and taken back, with a reason, moving users/me exactly
+            #expect(try await remainingToday() == 19)
+            #expect(try await post("/admin/v1/users/\(encodedUser)/credits", #"{"credits": 10, "reason": "a failed edit"}"#, viewer).0 == .forbidden)
+            for bad in [#"{"credits": 0, "reason": "x"}"#, #"{"credits": 5}"#, #"{"credits": 5, "reason": ""}"#, #"{"credits": "5", "reason": "x"}"#] {
+                #expect(try await post("/admin/v1/users/\(encodedUser)/credits", bad).0 == .badRequest, "\(bad)")
+            }
+            var keyed = admin
+            keyed[HTTPField.Name("Idempotency-Key")!] = "support-ticket-42"
+            let granted = try await post("/admin/v1/users/\(encodedUser)/credits", #"{"credits": 10, "reason": "a failed edit"}"#, keyed)
+            #expect(granted.0 == .ok && (granted.1["daily"] as? [String: Any])?["remaining"] as? Int == 29)
+            // The same key again is the same grant
+            #expect(try await post("/admin/v1/users/\(encodedUser)/credits", #"{"credits": 10, "reason": "a failed edit"}"#, keyed).0 == .ok)
+            #expect(try await remainingToday() == 29)
+            let taken = try await post("/admin/v1/users/\(encodedUser)/credits", #"{"credits": -4, "reason": "granted twice by mistake"}"#)
+            #expect(taken.0 == .ok && (taken.1["daily"] as? [String: Any])?["remaining"] as? Int == 25)
+            #expect(try await remainingToday() == 25)
+
+            // Each action is audited, with its reason
+            let audit = JobSystem.json(try await client.execute(uri: "/admin/v1/audit", method: .get, headers: viewer))["entries"] as? [[String: Any]] ?? []
+            #expect(audit.map { $0["action"] as? String ?? "" } == ["users.takeback", "users.grant", "users.grant", "jobs.retry", "jobs.retry"])
+            #expect(audit.map { $0["count"] as? Int ?? -1 } == [4, 10, 10, 0, 1])
+            #expect(audit[0]["detail"] as? String == "granted twice by mistake" && audit[0]["target"] as? String == aliceId)
         }
         await system.stop()
     }

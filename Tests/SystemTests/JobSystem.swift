@@ -98,6 +98,7 @@ final class JobSystem: @unchecked Sendable {
         let effects = """
             [{"id": "slow-remote", "title": "Slow AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/slow"},
              {"id": "broken-remote", "title": "Broken AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/bad"},
+             {"id": "until-fixed-remote", "title": "Fixable AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/until-fixed"},
              {"id": "ten-second-remote", "title": "Very Slow AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/ten-seconds"},
              {"id": "noop", "title": "No-op", "processor": "noop"}]
             """
@@ -279,7 +280,7 @@ final class JobSystem: @unchecked Sendable {
     // MARK: The inference provider
 
     /// `POST /slow` answers the fixture image after 3 s, `POST /ten-seconds` after 10 s;
-    /// `POST /bad` answers 400.
+    /// `POST /bad` answers 400, and `POST /until-fixed` too until `providerLoad.fixed`.
     static func runProvider(port: Int, load: ProviderLoad) async throws {
         let router = Router()
         for (path, delay) in [("/slow", 3), ("/ten-seconds", 10)] {
@@ -290,6 +291,13 @@ final class JobSystem: @unchecked Sendable {
                 let data = try Data(contentsOf: fixture)
                 return Response(status: .ok, headers: [.contentType: "image/jpeg"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
             }
+        }
+        router.post("/until-fixed") { _, _ -> Response in
+            guard load.fixed else {
+                return Response(status: .badRequest, headers: [.contentType: "text/plain"], body: .init(byteBuffer: ByteBuffer(string: "broken until fixed")))
+            }
+            let data = try Data(contentsOf: fixture)
+            return Response(status: .ok, headers: [.contentType: "image/jpeg"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
         }
         router.post("/bad") { _, _ -> Response in
             Response(status: .badRequest, headers: [.contentType: "text/plain"], body: .init(byteBuffer: ByteBuffer(string: "no")))
@@ -314,4 +322,10 @@ final class ProviderLoad: Sendable {
     var total: Int { state.withLock { $0.total } }
     /// Calls being answered now.
     var now: Int { state.withLock { $0.now } }
+    /// Whether `/until-fixed` has been fixed (it answers 400 until then).
+    private let repaired = Mutex(false)
+    var fixed: Bool {
+        get { repaired.withLock { $0 } }
+        set { repaired.withLock { $0 = newValue } }
+    }
 }

@@ -679,6 +679,127 @@ extension Components {
                 case prompt
             }
         }
+        /// Either ids or filter.
+        ///
+        /// - Remark: Generated from `#/components/schemas/AdminJobsAction`.
+        internal struct AdminJobsAction: Codable, Hashable, Sendable {
+            /// - Remark: Generated from `#/components/schemas/AdminJobsAction/ids`.
+            internal var ids: [Swift.String]?
+            /// - Remark: Generated from `#/components/schemas/AdminJobsAction/filter`.
+            internal struct FilterPayload: Codable, Hashable, Sendable {
+                /// - Remark: Generated from `#/components/schemas/AdminJobsAction/filter/state`.
+                internal var state: Components.Schemas.JobStatus?
+                /// - Remark: Generated from `#/components/schemas/AdminJobsAction/filter/effect`.
+                internal var effect: Swift.String?
+                /// - Remark: Generated from `#/components/schemas/AdminJobsAction/filter/provider`.
+                internal var provider: Swift.String?
+                /// - Remark: Generated from `#/components/schemas/AdminJobsAction/filter/user`.
+                internal var user: Swift.String?
+                /// - Remark: Generated from `#/components/schemas/AdminJobsAction/filter/error`.
+                internal var error: Swift.String?
+                /// - Remark: Generated from `#/components/schemas/AdminJobsAction/filter/from`.
+                internal var from: Foundation.Date?
+                /// - Remark: Generated from `#/components/schemas/AdminJobsAction/filter/to`.
+                internal var to: Foundation.Date?
+                /// Creates a new `FilterPayload`.
+                ///
+                /// - Parameters:
+                ///   - state:
+                ///   - effect:
+                ///   - provider:
+                ///   - user:
+                ///   - error:
+                ///   - from:
+                ///   - to:
+                internal init(
+                    state: Components.Schemas.JobStatus? = nil,
+                    effect: Swift.String? = nil,
+                    provider: Swift.String? = nil,
+                    user: Swift.String? = nil,
+                    error: Swift.String? = nil,
+                    from: Foundation.Date? = nil,
+                    to: Foundation.Date? = nil
+                ) {
+                    self.state = state
+                    self.effect = effect
+                    self.provider = provider
+                    self.user = user
+                    self.error = error
+                    self.from = from
+                    self.to = to
+                }
+                internal enum CodingKeys: String, CodingKey {
+                    case state
+                    case effect
+                    case provider
+                    case user
+                    case error
+                    case from
+                    case to
+                }
+            }
+            /// - Remark: Generated from `#/components/schemas/AdminJobsAction/filter`.
+            internal var filter: Components.Schemas.AdminJobsAction.FilterPayload?
+            /// Creates a new `AdminJobsAction`.
+            ///
+            /// - Parameters:
+            ///   - ids:
+            ///   - filter:
+            internal init(
+                ids: [Swift.String]? = nil,
+                filter: Components.Schemas.AdminJobsAction.FilterPayload? = nil
+            ) {
+                self.ids = ids
+                self.filter = filter
+            }
+            internal enum CodingKeys: String, CodingKey {
+                case ids
+                case filter
+            }
+        }
+        /// - Remark: Generated from `#/components/schemas/AdminActionResult`.
+        internal struct AdminActionResult: Codable, Hashable, Sendable {
+            /// The jobs the ids or the filter named.
+            ///
+            /// - Remark: Generated from `#/components/schemas/AdminActionResult/matched`.
+            internal var matched: Swift.Int
+            /// The jobs the action changed (the others were already as asked).
+            ///
+            /// - Remark: Generated from `#/components/schemas/AdminActionResult/changed`.
+            internal var changed: Swift.Int
+            /// A retry: jobs whose users have no credits left (quota refused to charge them again).
+            ///
+            /// - Remark: Generated from `#/components/schemas/AdminActionResult/denied`.
+            internal var denied: Swift.Int?
+            /// A retry: failed jobs whose release has not reached quota yet; retry them again shortly.
+            ///
+            /// - Remark: Generated from `#/components/schemas/AdminActionResult/settling`.
+            internal var settling: Swift.Int?
+            /// Creates a new `AdminActionResult`.
+            ///
+            /// - Parameters:
+            ///   - matched: The jobs the ids or the filter named.
+            ///   - changed: The jobs the action changed (the others were already as asked).
+            ///   - denied: A retry: jobs whose users have no credits left (quota refused to charge them again).
+            ///   - settling: A retry: failed jobs whose release has not reached quota yet; retry them again shortly.
+            internal init(
+                matched: Swift.Int,
+                changed: Swift.Int,
+                denied: Swift.Int? = nil,
+                settling: Swift.Int? = nil
+            ) {
+                self.matched = matched
+                self.changed = changed
+                self.denied = denied
+                self.settling = settling
+            }
+            internal enum CodingKeys: String, CodingKey {
+                case matched
+                case changed
+                case denied
+                case settling
+            }
+        }
         /// - Remark: Generated from `#/components/schemas/JobStatus`.
         internal enum JobStatus: String, Codable, Hashable, Sendable, CaseIterable {
             case queued = "queued"

@@ -9128,6 +9128,369 @@ internal enum Operations {
             }
         }
     }
+    /// Grants a user credits in their current day and month windows, or takes them back (a negative amount), with a reason for the audit log: both windows' used move by exactly that much, below zero if need be (admin token).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/users/{userId}/credits`.
+    /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/credits/post(adjustCredits)`.
+    internal enum AdjustCredits {
+        internal static let id: Swift.String = "adjustCredits"
+        internal struct Input: Sendable, Hashable {
+            /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/credits/POST/path`.
+            internal struct Path: Sendable, Hashable {
+                /// 1 to 256 bytes (UTF-8), without control characters.
+                ///
+                /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/credits/POST/path/userId`.
+                internal var userId: Components.Parameters.UserId
+                /// Creates a new `Path`.
+                ///
+                /// - Parameters:
+                ///   - userId: 1 to 256 bytes (UTF-8), without control characters.
+                internal init(userId: Components.Parameters.UserId) {
+                    self.userId = userId
+                }
+            }
+            internal var path: Operations.AdjustCredits.Input.Path
+            /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/credits/POST/header`.
+            internal struct Headers: Sendable, Hashable {
+                /// The same key makes a resent request the same adjustment, applied once.
+                ///
+                /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/credits/POST/header/Idempotency-Key`.
+                internal var idempotencyKey: Swift.String?
+                internal var accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.AdjustCredits.AcceptableContentType>]
+                /// Creates a new `Headers`.
+                ///
+                /// - Parameters:
+                ///   - idempotencyKey: The same key makes a resent request the same adjustment, applied once.
+                ///   - accept:
+                internal init(
+                    idempotencyKey: Swift.String? = nil,
+                    accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.AdjustCredits.AcceptableContentType>] = .defaultValues()
+                ) {
+                    self.idempotencyKey = idempotencyKey
+                    self.accept = accept
+                }
+            }
+            internal var headers: Operations.AdjustCredits.Input.Headers
+            /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/credits/POST/requestBody`.
+            internal enum Body: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/credits/POST/requestBody/json`.
+                internal struct JsonPayload: Codable, Hashable, Sendable {
+                    /// Credits to grant; negative: to take back; 0 is 400.
+                    ///
+                    /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/credits/POST/requestBody/json/credits`.
+                    internal var credits: Swift.Int
+                    /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/credits/POST/requestBody/json/reason`.
+                    internal var reason: Swift.String
+                    /// Creates a new `JsonPayload`.
+                    ///
+                    /// - Parameters:
+                    ///   - credits: Credits to grant; negative: to take back; 0 is 400.
+                    ///   - reason:
+                    internal init(
+                        credits: Swift.Int,
+                        reason: Swift.String
+                    ) {
+                        self.credits = credits
+                        self.reason = reason
+                    }
+                    internal enum CodingKeys: String, CodingKey {
+                        case credits
+                        case reason
+                    }
+                }
+                /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/credits/POST/requestBody/content/application\/json`.
+                case json(Operations.AdjustCredits.Input.Body.JsonPayload)
+            }
+            internal var body: Operations.AdjustCredits.Input.Body
+            /// Creates a new `Input`.
+            ///
+            /// - Parameters:
+            ///   - path:
+            ///   - headers:
+            ///   - body:
+            internal init(
+                path: Operations.AdjustCredits.Input.Path,
+                headers: Operations.AdjustCredits.Input.Headers = .init(),
+                body: Operations.AdjustCredits.Input.Body
+            ) {
+                self.path = path
+                self.headers = headers
+                self.body = body
+            }
+        }
+        internal enum Output: Sendable, Hashable {
+            internal struct Ok: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/credits/POST/responses/200/content`.
+                internal enum Body: Sendable, Hashable {
+                    /// - Remark: Generated from `#/paths/admin/v1/users/{userId}/credits/POST/responses/200/content/application\/json`.
+                    case json(Components.Schemas.QuotaStatus)
+                    /// The associated value of the enum case if `self` is `.json`.
+                    ///
+                    /// - Throws: An error if `self` is not `.json`.
+                    /// - SeeAlso: `.json`.
+                    internal var json: Components.Schemas.QuotaStatus {
+                        get throws {
+                            switch self {
+                            case let .json(body):
+                                return body
+                            }
+                        }
+                    }
+                }
+                /// Received HTTP response body
+                internal var body: Operations.AdjustCredits.Output.Ok.Body
+                /// Creates a new `Ok`.
+                ///
+                /// - Parameters:
+                ///   - body: Received HTTP response body
+                internal init(body: Operations.AdjustCredits.Output.Ok.Body) {
+                    self.body = body
+                }
+            }
+            /// The user's quota now.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/credits/post(adjustCredits)/responses/200`.
+            ///
+            /// HTTP response code: `200 ok`.
+            case ok(Operations.AdjustCredits.Output.Ok)
+            /// The associated value of the enum case if `self` is `.ok`.
+            ///
+            /// - Throws: An error if `self` is not `.ok`.
+            /// - SeeAlso: `.ok`.
+            internal var ok: Operations.AdjustCredits.Output.Ok {
+                get throws {
+                    switch self {
+                    case let .ok(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "ok",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// The request is malformed (a parameter, the JSON body, a header).
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/credits/post(adjustCredits)/responses/400`.
+            ///
+            /// HTTP response code: `400 badRequest`.
+            case badRequest(Components.Responses.BadRequest)
+            /// The associated value of the enum case if `self` is `.badRequest`.
+            ///
+            /// - Throws: An error if `self` is not `.badRequest`.
+            /// - SeeAlso: `.badRequest`.
+            internal var badRequest: Components.Responses.BadRequest {
+                get throws {
+                    switch self {
+                    case let .badRequest(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badRequest",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// No identity, or a bad one.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/credits/post(adjustCredits)/responses/401`.
+            ///
+            /// HTTP response code: `401 unauthorized`.
+            case unauthorized(Components.Responses.Unauthorized)
+            /// The associated value of the enum case if `self` is `.unauthorized`.
+            ///
+            /// - Throws: An error if `self` is not `.unauthorized`.
+            /// - SeeAlso: `.unauthorized`.
+            internal var unauthorized: Components.Responses.Unauthorized {
+                get throws {
+                    switch self {
+                    case let .unauthorized(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "unauthorized",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Not yours, or a URL that is invalid or has expired.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/credits/post(adjustCredits)/responses/403`.
+            ///
+            /// HTTP response code: `403 forbidden`.
+            case forbidden(Components.Responses.Forbidden)
+            /// The associated value of the enum case if `self` is `.forbidden`.
+            ///
+            /// - Throws: An error if `self` is not `.forbidden`.
+            /// - SeeAlso: `.forbidden`.
+            internal var forbidden: Components.Responses.Forbidden {
+                get throws {
+                    switch self {
+                    case let .forbidden(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "forbidden",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// It conflicts with the current state (already finished, not shareable, used upload key).
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/credits/post(adjustCredits)/responses/409`.
+            ///
+            /// HTTP response code: `409 conflict`.
+            case conflict(Components.Responses.Conflict)
+            /// The associated value of the enum case if `self` is `.conflict`.
+            ///
+            /// - Throws: An error if `self` is not `.conflict`.
+            /// - SeeAlso: `.conflict`.
+            internal var conflict: Components.Responses.Conflict {
+                get throws {
+                    switch self {
+                    case let .conflict(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "conflict",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// The body is over its limit.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/credits/post(adjustCredits)/responses/413`.
+            ///
+            /// HTTP response code: `413 contentTooLarge`.
+            case contentTooLarge(Components.Responses.TooLarge)
+            /// The associated value of the enum case if `self` is `.contentTooLarge`.
+            ///
+            /// - Throws: An error if `self` is not `.contentTooLarge`.
+            /// - SeeAlso: `.contentTooLarge`.
+            internal var contentTooLarge: Components.Responses.TooLarge {
+                get throws {
+                    switch self {
+                    case let .contentTooLarge(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "contentTooLarge",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service answered something the gateway could not read.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/credits/post(adjustCredits)/responses/502`.
+            ///
+            /// HTTP response code: `502 badGateway`.
+            case badGateway(Components.Responses.BadGateway)
+            /// The associated value of the enum case if `self` is `.badGateway`.
+            ///
+            /// - Throws: An error if `self` is not `.badGateway`.
+            /// - SeeAlso: `.badGateway`.
+            internal var badGateway: Components.Responses.BadGateway {
+                get throws {
+                    switch self {
+                    case let .badGateway(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badGateway",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service is down, overloaded or its storage failed; retry after `Retry-After`.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/credits/post(adjustCredits)/responses/503`.
+            ///
+            /// HTTP response code: `503 serviceUnavailable`.
+            case serviceUnavailable(Components.Responses.Unavailable)
+            /// The associated value of the enum case if `self` is `.serviceUnavailable`.
+            ///
+            /// - Throws: An error if `self` is not `.serviceUnavailable`.
+            /// - SeeAlso: `.serviceUnavailable`.
+            internal var serviceUnavailable: Components.Responses.Unavailable {
+                get throws {
+                    switch self {
+                    case let .serviceUnavailable(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "serviceUnavailable",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service did not answer in time.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/credits/post(adjustCredits)/responses/504`.
+            ///
+            /// HTTP response code: `504 gatewayTimeout`.
+            case gatewayTimeout(Components.Responses.Timeout)
+            /// The associated value of the enum case if `self` is `.gatewayTimeout`.
+            ///
+            /// - Throws: An error if `self` is not `.gatewayTimeout`.
+            /// - SeeAlso: `.gatewayTimeout`.
+            internal var gatewayTimeout: Components.Responses.Timeout {
+                get throws {
+                    switch self {
+                    case let .gatewayTimeout(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "gatewayTimeout",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Undocumented response.
+            ///
+            /// A response with a code that is not documented in the OpenAPI document.
+            case undocumented(statusCode: Swift.Int, OpenAPIRuntime.UndocumentedPayload)
+        }
+        internal enum AcceptableContentType: AcceptableProtocol {
+            case json
+            case applicationProblemJson
+            case other(Swift.String)
+            internal init?(rawValue: Swift.String) {
+                switch rawValue.lowercased() {
+                case "application/json":
+                    self = .json
+                case "application/problem+json":
+                    self = .applicationProblemJson
+                default:
+                    self = .other(rawValue)
+                }
+            }
+            internal var rawValue: Swift.String {
+                switch self {
+                case let .other(string):
+                    return string
+                case .json:
+                    return "application/json"
+                case .applicationProblemJson:
+                    return "application/problem+json"
+                }
+            }
+            internal static var allCases: [Self] {
+                [
+                    .json,
+                    .applicationProblemJson
+                ]
+            }
+        }
+    }
     /// - Remark: HTTP `GET /admin/v1/users/{userId}/usage`.
     /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/usage/get(usage)`.
     internal enum Usage {
@@ -10175,84 +10538,8 @@ internal enum Operations {
             internal var headers: Operations.AdminCancelJobs.Input.Headers
             /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody`.
             internal enum Body: Sendable, Hashable {
-                /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json`.
-                internal struct JsonPayload: Codable, Hashable, Sendable {
-                    /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/ids`.
-                    internal var ids: [Swift.String]?
-                    /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter`.
-                    internal struct FilterPayload: Codable, Hashable, Sendable {
-                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter/state`.
-                        internal var state: Components.Schemas.JobStatus?
-                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter/effect`.
-                        internal var effect: Swift.String?
-                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter/provider`.
-                        internal var provider: Swift.String?
-                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter/user`.
-                        internal var user: Swift.String?
-                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter/error`.
-                        internal var error: Swift.String?
-                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter/from`.
-                        internal var from: Foundation.Date?
-                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter/to`.
-                        internal var to: Foundation.Date?
-                        /// Creates a new `FilterPayload`.
-                        ///
-                        /// - Parameters:
-                        ///   - state:
-                        ///   - effect:
-                        ///   - provider:
-                        ///   - user:
-                        ///   - error:
-                        ///   - from:
-                        ///   - to:
-                        internal init(
-                            state: Components.Schemas.JobStatus? = nil,
-                            effect: Swift.String? = nil,
-                            provider: Swift.String? = nil,
-                            user: Swift.String? = nil,
-                            error: Swift.String? = nil,
-                            from: Foundation.Date? = nil,
-                            to: Foundation.Date? = nil
-                        ) {
-                            self.state = state
-                            self.effect = effect
-                            self.provider = provider
-                            self.user = user
-                            self.error = error
-                            self.from = from
-                            self.to = to
-                        }
-                        internal enum CodingKeys: String, CodingKey {
-                            case state
-                            case effect
-                            case provider
-                            case user
-                            case error
-                            case from
-                            case to
-                        }
-                    }
-                    /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/json/filter`.
-                    internal var filter: Operations.AdminCancelJobs.Input.Body.JsonPayload.FilterPayload?
-                    /// Creates a new `JsonPayload`.
-                    ///
-                    /// - Parameters:
-                    ///   - ids:
-                    ///   - filter:
-                    internal init(
-                        ids: [Swift.String]? = nil,
-                        filter: Operations.AdminCancelJobs.Input.Body.JsonPayload.FilterPayload? = nil
-                    ) {
-                        self.ids = ids
-                        self.filter = filter
-                    }
-                    internal enum CodingKeys: String, CodingKey {
-                        case ids
-                        case filter
-                    }
-                }
                 /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/requestBody/content/application\/json`.
-                case json(Operations.AdminCancelJobs.Input.Body.JsonPayload)
+                case json(Components.Schemas.AdminJobsAction)
             }
             internal var body: Operations.AdminCancelJobs.Input.Body
             /// Creates a new `Input`.
@@ -10272,36 +10559,13 @@ internal enum Operations {
             internal struct Ok: Sendable, Hashable {
                 /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/responses/200/content`.
                 internal enum Body: Sendable, Hashable {
-                    /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/responses/200/content/json`.
-                    internal struct JsonPayload: Codable, Hashable, Sendable {
-                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/responses/200/content/json/matched`.
-                        internal var matched: Swift.Int
-                        /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/responses/200/content/json/changed`.
-                        internal var changed: Swift.Int
-                        /// Creates a new `JsonPayload`.
-                        ///
-                        /// - Parameters:
-                        ///   - matched:
-                        ///   - changed:
-                        internal init(
-                            matched: Swift.Int,
-                            changed: Swift.Int
-                        ) {
-                            self.matched = matched
-                            self.changed = changed
-                        }
-                        internal enum CodingKeys: String, CodingKey {
-                            case matched
-                            case changed
-                        }
-                    }
                     /// - Remark: Generated from `#/paths/admin/v1/jobs/cancel/POST/responses/200/content/application\/json`.
-                    case json(Operations.AdminCancelJobs.Output.Ok.Body.JsonPayload)
+                    case json(Components.Schemas.AdminActionResult)
                     /// The associated value of the enum case if `self` is `.json`.
                     ///
                     /// - Throws: An error if `self` is not `.json`.
                     /// - SeeAlso: `.json`.
-                    internal var json: Operations.AdminCancelJobs.Output.Ok.Body.JsonPayload {
+                    internal var json: Components.Schemas.AdminActionResult {
                         get throws {
                             switch self {
                             case let .json(body):
@@ -10484,6 +10748,294 @@ internal enum Operations {
             /// A service did not answer in time.
             ///
             /// - Remark: Generated from `#/paths//admin/v1/jobs/cancel/post(adminCancelJobs)/responses/504`.
+            ///
+            /// HTTP response code: `504 gatewayTimeout`.
+            case gatewayTimeout(Components.Responses.Timeout)
+            /// The associated value of the enum case if `self` is `.gatewayTimeout`.
+            ///
+            /// - Throws: An error if `self` is not `.gatewayTimeout`.
+            /// - SeeAlso: `.gatewayTimeout`.
+            internal var gatewayTimeout: Components.Responses.Timeout {
+                get throws {
+                    switch self {
+                    case let .gatewayTimeout(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "gatewayTimeout",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Undocumented response.
+            ///
+            /// A response with a code that is not documented in the OpenAPI document.
+            case undocumented(statusCode: Swift.Int, OpenAPIRuntime.UndocumentedPayload)
+        }
+        internal enum AcceptableContentType: AcceptableProtocol {
+            case json
+            case applicationProblemJson
+            case other(Swift.String)
+            internal init?(rawValue: Swift.String) {
+                switch rawValue.lowercased() {
+                case "application/json":
+                    self = .json
+                case "application/problem+json":
+                    self = .applicationProblemJson
+                default:
+                    self = .other(rawValue)
+                }
+            }
+            internal var rawValue: Swift.String {
+                switch self {
+                case let .other(string):
+                    return string
+                case .json:
+                    return "application/json"
+                case .applicationProblemJson:
+                    return "application/problem+json"
+                }
+            }
+            internal static var allCases: [Self] {
+                [
+                    .json,
+                    .applicationProblemJson
+                ]
+            }
+        }
+    }
+    /// Runs failed jobs again with the same ids, those named (at most 200) or those a filter matches (the newest 1,000), each once quota reserved its credits again; says how many it changed, how many quota refused and how many are still settling; idempotent (admin token).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/jobs/retry`.
+    /// - Remark: Generated from `#/paths//admin/v1/jobs/retry/post(adminRetryJobs)`.
+    internal enum AdminRetryJobs {
+        internal static let id: Swift.String = "adminRetryJobs"
+        internal struct Input: Sendable, Hashable {
+            /// - Remark: Generated from `#/paths/admin/v1/jobs/retry/POST/header`.
+            internal struct Headers: Sendable, Hashable {
+                internal var accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.AdminRetryJobs.AcceptableContentType>]
+                /// Creates a new `Headers`.
+                ///
+                /// - Parameters:
+                ///   - accept:
+                internal init(accept: [OpenAPIRuntime.AcceptHeaderContentType<Operations.AdminRetryJobs.AcceptableContentType>] = .defaultValues()) {
+                    self.accept = accept
+                }
+            }
+            internal var headers: Operations.AdminRetryJobs.Input.Headers
+            /// - Remark: Generated from `#/paths/admin/v1/jobs/retry/POST/requestBody`.
+            internal enum Body: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/retry/POST/requestBody/content/application\/json`.
+                case json(Components.Schemas.AdminJobsAction)
+            }
+            internal var body: Operations.AdminRetryJobs.Input.Body
+            /// Creates a new `Input`.
+            ///
+            /// - Parameters:
+            ///   - headers:
+            ///   - body:
+            internal init(
+                headers: Operations.AdminRetryJobs.Input.Headers = .init(),
+                body: Operations.AdminRetryJobs.Input.Body
+            ) {
+                self.headers = headers
+                self.body = body
+            }
+        }
+        internal enum Output: Sendable, Hashable {
+            internal struct Ok: Sendable, Hashable {
+                /// - Remark: Generated from `#/paths/admin/v1/jobs/retry/POST/responses/200/content`.
+                internal enum Body: Sendable, Hashable {
+                    /// - Remark: Generated from `#/paths/admin/v1/jobs/retry/POST/responses/200/content/application\/json`.
+                    case json(Components.Schemas.AdminActionResult)
+                    /// The associated value of the enum case if `self` is `.json`.
+                    ///
+                    /// - Throws: An error if `self` is not `.json`.
+                    /// - SeeAlso: `.json`.
+                    internal var json: Components.Schemas.AdminActionResult {
+                        get throws {
+                            switch self {
+                            case let .json(body):
+                                return body
+                            }
+                        }
+                    }
+                }
+                /// Received HTTP response body
+                internal var body: Operations.AdminRetryJobs.Output.Ok.Body
+                /// Creates a new `Ok`.
+                ///
+                /// - Parameters:
+                ///   - body: Received HTTP response body
+                internal init(body: Operations.AdminRetryJobs.Output.Ok.Body) {
+                    self.body = body
+                }
+            }
+            /// What it matched and changed.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/retry/post(adminRetryJobs)/responses/200`.
+            ///
+            /// HTTP response code: `200 ok`.
+            case ok(Operations.AdminRetryJobs.Output.Ok)
+            /// The associated value of the enum case if `self` is `.ok`.
+            ///
+            /// - Throws: An error if `self` is not `.ok`.
+            /// - SeeAlso: `.ok`.
+            internal var ok: Operations.AdminRetryJobs.Output.Ok {
+                get throws {
+                    switch self {
+                    case let .ok(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "ok",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// The request is malformed (a parameter, the JSON body, a header).
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/retry/post(adminRetryJobs)/responses/400`.
+            ///
+            /// HTTP response code: `400 badRequest`.
+            case badRequest(Components.Responses.BadRequest)
+            /// The associated value of the enum case if `self` is `.badRequest`.
+            ///
+            /// - Throws: An error if `self` is not `.badRequest`.
+            /// - SeeAlso: `.badRequest`.
+            internal var badRequest: Components.Responses.BadRequest {
+                get throws {
+                    switch self {
+                    case let .badRequest(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badRequest",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// No identity, or a bad one.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/retry/post(adminRetryJobs)/responses/401`.
+            ///
+            /// HTTP response code: `401 unauthorized`.
+            case unauthorized(Components.Responses.Unauthorized)
+            /// The associated value of the enum case if `self` is `.unauthorized`.
+            ///
+            /// - Throws: An error if `self` is not `.unauthorized`.
+            /// - SeeAlso: `.unauthorized`.
+            internal var unauthorized: Components.Responses.Unauthorized {
+                get throws {
+                    switch self {
+                    case let .unauthorized(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "unauthorized",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// Not yours, or a URL that is invalid or has expired.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/retry/post(adminRetryJobs)/responses/403`.
+            ///
+            /// HTTP response code: `403 forbidden`.
+            case forbidden(Components.Responses.Forbidden)
+            /// The associated value of the enum case if `self` is `.forbidden`.
+            ///
+            /// - Throws: An error if `self` is not `.forbidden`.
+            /// - SeeAlso: `.forbidden`.
+            internal var forbidden: Components.Responses.Forbidden {
+                get throws {
+                    switch self {
+                    case let .forbidden(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "forbidden",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// The body is over its limit.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/retry/post(adminRetryJobs)/responses/413`.
+            ///
+            /// HTTP response code: `413 contentTooLarge`.
+            case contentTooLarge(Components.Responses.TooLarge)
+            /// The associated value of the enum case if `self` is `.contentTooLarge`.
+            ///
+            /// - Throws: An error if `self` is not `.contentTooLarge`.
+            /// - SeeAlso: `.contentTooLarge`.
+            internal var contentTooLarge: Components.Responses.TooLarge {
+                get throws {
+                    switch self {
+                    case let .contentTooLarge(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "contentTooLarge",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service answered something the gateway could not read.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/retry/post(adminRetryJobs)/responses/502`.
+            ///
+            /// HTTP response code: `502 badGateway`.
+            case badGateway(Components.Responses.BadGateway)
+            /// The associated value of the enum case if `self` is `.badGateway`.
+            ///
+            /// - Throws: An error if `self` is not `.badGateway`.
+            /// - SeeAlso: `.badGateway`.
+            internal var badGateway: Components.Responses.BadGateway {
+                get throws {
+                    switch self {
+                    case let .badGateway(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "badGateway",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service is down, overloaded or its storage failed; retry after `Retry-After`.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/retry/post(adminRetryJobs)/responses/503`.
+            ///
+            /// HTTP response code: `503 serviceUnavailable`.
+            case serviceUnavailable(Components.Responses.Unavailable)
+            /// The associated value of the enum case if `self` is `.serviceUnavailable`.
+            ///
+            /// - Throws: An error if `self` is not `.serviceUnavailable`.
+            /// - SeeAlso: `.serviceUnavailable`.
+            internal var serviceUnavailable: Components.Responses.Unavailable {
+                get throws {
+                    switch self {
+                    case let .serviceUnavailable(response):
+                        return response
+                    default:
+                        try throwUnexpectedResponseStatus(
+                            expectedStatus: "serviceUnavailable",
+                            response: self
+                        )
+                    }
+                }
+            }
+            /// A service did not answer in time.
+            ///
+            /// - Remark: Generated from `#/paths//admin/v1/jobs/retry/post(adminRetryJobs)/responses/504`.
             ///
             /// HTTP response code: `504 gatewayTimeout`.
             case gatewayTimeout(Components.Responses.Timeout)

@@ -168,6 +168,11 @@ internal protocol APIProtocol: Sendable {
     /// - Remark: HTTP `PUT /admin/v1/users/{userId}/plan`.
     /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/plan/put(setPlan)`.
     func setPlan(_ input: Operations.SetPlan.Input) async throws -> Operations.SetPlan.Output
+    /// Grants a user credits in their current day and month windows, or takes them back (a negative amount), with a reason for the audit log: both windows' used move by exactly that much, below zero if need be (admin token).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/users/{userId}/credits`.
+    /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/credits/post(adjustCredits)`.
+    func adjustCredits(_ input: Operations.AdjustCredits.Input) async throws -> Operations.AdjustCredits.Output
     /// - Remark: HTTP `GET /admin/v1/users/{userId}/usage`.
     /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/usage/get(usage)`.
     func usage(_ input: Operations.Usage.Input) async throws -> Operations.Usage.Output
@@ -186,6 +191,11 @@ internal protocol APIProtocol: Sendable {
     /// - Remark: HTTP `POST /admin/v1/jobs/cancel`.
     /// - Remark: Generated from `#/paths//admin/v1/jobs/cancel/post(adminCancelJobs)`.
     func adminCancelJobs(_ input: Operations.AdminCancelJobs.Input) async throws -> Operations.AdminCancelJobs.Output
+    /// Runs failed jobs again with the same ids, those named (at most 200) or those a filter matches (the newest 1,000), each once quota reserved its credits again; says how many it changed, how many quota refused and how many are still settling; idempotent (admin token).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/jobs/retry`.
+    /// - Remark: Generated from `#/paths//admin/v1/jobs/retry/post(adminRetryJobs)`.
+    func adminRetryJobs(_ input: Operations.AdminRetryJobs.Input) async throws -> Operations.AdminRetryJobs.Output
     /// Every operator action, newest first (admin or viewer token).
     ///
     /// - Remark: HTTP `GET /admin/v1/audit`.
@@ -597,6 +607,21 @@ extension APIProtocol {
             body: body
         ))
     }
+    /// Grants a user credits in their current day and month windows, or takes them back (a negative amount), with a reason for the audit log: both windows' used move by exactly that much, below zero if need be (admin token).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/users/{userId}/credits`.
+    /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/credits/post(adjustCredits)`.
+    internal func adjustCredits(
+        path: Operations.AdjustCredits.Input.Path,
+        headers: Operations.AdjustCredits.Input.Headers = .init(),
+        body: Operations.AdjustCredits.Input.Body
+    ) async throws -> Operations.AdjustCredits.Output {
+        try await adjustCredits(Operations.AdjustCredits.Input(
+            path: path,
+            headers: headers,
+            body: body
+        ))
+    }
     /// - Remark: HTTP `GET /admin/v1/users/{userId}/usage`.
     /// - Remark: Generated from `#/paths//admin/v1/users/{userId}/usage/get(usage)`.
     internal func usage(
@@ -643,6 +668,19 @@ extension APIProtocol {
         body: Operations.AdminCancelJobs.Input.Body
     ) async throws -> Operations.AdminCancelJobs.Output {
         try await adminCancelJobs(Operations.AdminCancelJobs.Input(
+            headers: headers,
+            body: body
+        ))
+    }
+    /// Runs failed jobs again with the same ids, those named (at most 200) or those a filter matches (the newest 1,000), each once quota reserved its credits again; says how many it changed, how many quota refused and how many are still settling; idempotent (admin token).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/jobs/retry`.
+    /// - Remark: Generated from `#/paths//admin/v1/jobs/retry/post(adminRetryJobs)`.
+    internal func adminRetryJobs(
+        headers: Operations.AdminRetryJobs.Input.Headers = .init(),
+        body: Operations.AdminRetryJobs.Input.Body
+    ) async throws -> Operations.AdminRetryJobs.Output {
+        try await adminRetryJobs(Operations.AdminRetryJobs.Input(
             headers: headers,
             body: body
         ))

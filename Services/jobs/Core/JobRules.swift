@@ -176,6 +176,26 @@ public enum JobRules {
         return Transition(job: changed(job, now: now), settlement: .release)
     }
 
+    /// An operator's retry: a failed job is queued again with the same id, its error, result and
+    /// provider request cleared, and `attempts` more attempts allowed. Attempts go on counting
+    /// from where they were (attempt 4 after 3), so a late report of an old attempt stays fenced
+    /// off. Nil for a job that is not failed.
+    public static func retry(_ job: JobRecord, attempts: Int, now: Date) -> Transition? {
+        guard job.status == .failed else { return nil }
+        var job = job
+        job.status = .queued
+        job.progress = 0
+        job.maxAttempts = job.attempts + max(1, attempts)
+        job.lastError = nil
+        job.resultKey = nil
+        job.thumbnailKey = nil
+        job.startedAt = nil
+        job.finishedAt = nil
+        job.cancelRequested = false
+        job.submission = nil
+        return Transition(job: changed(job, now: now))
+    }
+
     /// A job deleted before it ended gives its charge back, as a cancel would.
     public static func purgeSettlement(_ job: JobRecord) -> Settlement? {
         job.status.isTerminal ? nil : .release

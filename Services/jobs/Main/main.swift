@@ -114,7 +114,9 @@ await ProcessExit.run("jobs", files: files) { try await BusServiceRunner.run(.jo
         )
     }
     JobsMetrics.prepare(catalog: catalog)
-    JobsHandler(store: store, dispatcher: dispatch, catalog: catalog, maxQueued: configuration.maxQueued).register(on: &router)
+    JobsHandler(
+        store: store, dispatcher: dispatch, catalog: catalog, maxQueued: configuration.maxQueued, quota: quota, retryAttempts: configuration.retry.maxAttempts
+    ).register(on: &router)
     logger.info("jobs ready", metadata: ["workers": "\(configuration.workerEndpoint)", "blobs": "\(blobs.kind)"])
     return services + relays + [
         UnusedUploadSweeper(

@@ -36,12 +36,10 @@ extension JobsHandler {
                     // Ended (or purged) meanwhile: nothing to cancel.
                 }
             }
-            try await store.appendAudit(AuditEntry(
-                at: Date(), actor: request.actor, action: "jobs.cancel", target: request.ids.map { Self.describe($0) } ?? "filter",
-                filter: try request.filter.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self) }, count: changed
-            ))
+            try await audit(request, "jobs.cancel", count: changed)
             return AdminActionResult(matched: jobs.count, changed: changed)
         }
+        router.register(Admin.retry) { request, _ in try await retry(request) }
         router.register(Admin.audit) { request, _ in
             try await store.appendAudit(request)
             return Empty()
@@ -49,6 +47,39 @@ extension JobsHandler {
         router.register(Admin.auditLog) { request, _ in
             AuditPage(entries: try await store.auditLog(before: request.before, limit: min(max(1, request.limit), 500)))
         }
+    }
+
+    /// Failed jobs queued again, each once quota charged it again. A reservation left behind (the
+    /// job changed between the charge and the retry) is one whose job is not running: the stale
+    /// reservation resolver gives it back, as it does for a creation that never happened.
+    func retry(_ request: AdminJobsAction) async throws -> AdminActionResult {
+        guard let quota else { throw BusError(.unavailable, "this jobs service has no quota client to charge a retry") }
+        let jobs = try await selected(request)
+        var changed = 0, denied = 0, settling = 0
+        for job in jobs where job.status == .failed {
+            let decision = try await quota.call(Quota.reserve, ReserveQuota(userId: job.userId, jobId: job.id, cost: job.credits), timeout: .seconds(5))
+            guard decision.admitted else {
+                denied += 1
+                continue
+            }
+            switch try await store.retry(job.id, attempts: retryAttempts, now: Date()) {
+            case .retried(let queued):
+                await dispatcher.enqueue(queued)
+                changed += 1
+            case .settling: settling += 1
+            case .notFailed: break
+            }
+        }
+        try await audit(request, "jobs.retry", count: changed, detail: denied + settling > 0 ? "\(denied) denied by quota, \(settling) still settling" : nil)
+        return AdminActionResult(matched: jobs.count, changed: changed, denied: denied, settling: settling)
+    }
+
+    /// Writes an action on jobs to the audit log.
+    func audit(_ request: AdminJobsAction, _ action: String, count: Int, detail: String? = nil) async throws {
+        try await store.appendAudit(AuditEntry(
+            at: Date(), actor: request.actor, action: action, target: request.ids.map { Self.describe($0) } ?? "filter",
+            filter: try request.filter.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self) }, count: count, detail: detail
+        ))
     }
 
     /// The effects of a provider (`none`: the built-in ones); nil for any provider.

@@ -9,12 +9,20 @@ public struct JobsHandler: Sendable {
     let dispatcher: any JobDispatch
     let catalog: EffectCatalog
     let maxQueued: Int
+    /// Quota, for an operator's retry (which reserves a failed job's credits again); nil: retries
+    /// answer `unavailable`.
+    let quota: BusClient?
+    /// The attempts a retried job gets (`JOBS_MAX_ATTEMPTS`).
+    let retryAttempts: Int
 
-    public init(store: any JobsStore, dispatcher: any JobDispatch, catalog: EffectCatalog, maxQueued: Int = 100_000) {
+    public init(store: any JobsStore, dispatcher: any JobDispatch, catalog: EffectCatalog, maxQueued: Int = 100_000,
+                quota: BusClient? = nil, retryAttempts: Int = RetryPolicy().maxAttempts) {
         self.store = store
         self.dispatcher = dispatcher
         self.catalog = catalog
         self.maxQueued = maxQueued
+        self.quota = quota
+        self.retryAttempts = retryAttempts
     }
 
     public func register(on router: inout BusRouter) {

@@ -47,6 +47,10 @@ public protocol JobsStore: Sendable {
     /// Jobs across all users matching `filter` (its provider already resolved to `effectIds`),
     /// newest first, after `cursor`.
     func adminJobs(_ filter: AdminJobFilter, effectIds: [String]?, after cursor: AdminCursor?, limit: Int) async throws -> [JobRecord]
+    /// An operator's retry of a failed job (`JobRules.retry`), once quota holds its charge again.
+    /// A job whose release has not yet reached quota (its settlement still in the outbox) is not
+    /// retried: that late release would give back the new charge.
+    func retry(_ id: String, attempts: Int, now: Date) async throws -> JobRetryOutcome
     /// Writes an operator's action to the audit log.
     func appendAudit(_ entry: AuditEntry) async throws
     /// The audit log, newest first, before the entry `before`.
@@ -62,6 +66,16 @@ public protocol JobsStore: Sendable {
 }
 
 /// What each write of a batch did, in the order asked.
+/// What an operator's retry of one job did.
+public enum JobRetryOutcome: Sendable, Equatable {
+    /// Queued again.
+    case retried(JobRecord)
+    /// Not failed (its status; nil: no such job): nothing to retry.
+    case notFailed(JobStatus?)
+    /// Failed, but its release has not reached quota yet: try again shortly.
+    case settling
+}
+
 public struct JobsBatchOutcome: Sendable {
     /// The job started (nil: it was no longer queued).
     public var starts: [Result<JobRecord?, any Error>]

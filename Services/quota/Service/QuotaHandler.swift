@@ -64,6 +64,7 @@ public struct QuotaHandler: Sendable {
         router.register(Quota.release) { request, _ in try await store.release(jobId: request.jobId, now: now()) }
         router.register(Quota.status) { request, _ in try await store.status(userId: request.userId, now: now()) }
         router.register(Quota.setPlan) { request, _ in try await store.setPlan(request, now: now()) }
+        router.register(Quota.adjust) { request, _ in try await store.adjust(request, now: now()) }
         router.register(Quota.applySubscription) { request, _ in try await store.applySubscription(request, now: now()) }
         router.register(Quota.admitGuest) { request, _ in
             let admission = try await store.admitGuest(request, now: now())

@@ -16,6 +16,8 @@ public protocol QuotaStore: Sendable {
     func release(jobId: String, now: Date) async throws -> Charge
     /// A user's plan and windows now.
     func status(userId: String, now: Date) async throws -> QuotaStatus
+    /// Grants credits (or takes them back) in the user's current windows, once per adjustment id.
+    func adjust(_ request: AdjustCredits, now: Date) async throws -> QuotaStatus
     /// Sets a user's plan (and time zone, and end).
     func setPlan(_ request: SetPlan, now: Date) async throws -> QuotaStatus
     /// Applies a subscription event once per event id, in order per user.

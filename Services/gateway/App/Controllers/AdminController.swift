@@ -28,6 +28,13 @@ struct AdminController<Context: GatewayRequestContext>: Sendable {
         }
     }
 
+    struct CreditsChange: Decodable {
+        /// Credits to grant; negative: to take back.
+        var credits: Int
+        /// Why, for the audit log (required).
+        var reason: String
+    }
+
     /// The `userId` path parameter, percent-decoded: a guest's `device:UUID` may arrive as
     /// `device%3AUUID`, and both name the same user.
     static func userId(_ context: Context) throws -> String {
@@ -53,6 +60,33 @@ struct AdminController<Context: GatewayRequestContext>: Sendable {
                 ))
             } catch {
                 logger.warning("plan change not written to the audit log", metadata: ["user": "\(userId)", "plan": "\(change.plan)", "error": "\(error)"])
+            }
+            return try JSONResponse.make(.ok, status)
+        }
+        router.post("/admin/v1/users/:userId/credits") { request, context in
+            try authenticator.requireAdmin(request)
+            let userId = try Self.userId(context)
+            let change = try await JSONBody.decode(CreditsChange.self, from: request, context: context)
+            guard change.credits != 0, abs(change.credits) <= AdjustCredits.maxCredits else {
+                throw Problem(.badRequest, detail: "credits must be 1 to \(AdjustCredits.maxCredits), or -1 to -\(AdjustCredits.maxCredits) to take them back.")
+            }
+            let reason = change.reason
+            guard (1...500).contains(reason.utf8.count) else { throw Problem(.badRequest, detail: "reason must be 1 to 500 bytes.") }
+            // An `Idempotency-Key` makes a resent request the same adjustment; without one each
+            // request is a new one.
+            var adjustmentId = UUID().uuidString.lowercased()
+            if let key = request.headers[.idempotencyKey] {
+                guard (1...128).contains(key.utf8.count) else { throw Problem(.badRequest, detail: "Idempotency-Key must be 1 to 128 bytes.") }
+                adjustmentId = "key:" + key
+            }
+            let status = try await clients.call(.quota, Quota.adjust, AdjustCredits(userId: userId, credits: change.credits, adjustmentId: adjustmentId))
+            do {
+                _ = try await clients.call(.jobs, Admin.audit, AuditEntry(
+                    at: Date(), actor: "admin", action: change.credits > 0 ? "users.grant" : "users.takeback", target: userId,
+                    count: abs(change.credits), detail: reason
+                ))
+            } catch {
+                logger.warning("credit change not written to the audit log", metadata: ["user": "\(userId)", "credits": "\(change.credits)", "error": "\(error)"])
             }
             return try JSONResponse.make(.ok, status)
         }

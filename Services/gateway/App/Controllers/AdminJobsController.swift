@@ -139,23 +139,12 @@ struct AdminJobsController<Context: GatewayRequestContext>: Sendable {
                 thumbnailUrl: links.url(page.thumbnailKey)
             ))
         }
-        router.post("/admin/v1/jobs/cancel") { request, context in
-            try authenticator.requireAdmin(request)
-            let body = try await JSONBody.decode(ActionBody.self, from: request, context: context)
-            let action: AdminJobsAction
-            guard body.namesIds != body.namesFilter else { throw Problem(.badRequest, detail: "Send either ids or filter.") }
-            switch (body.ids, body.filter) {
-            case (let ids?, nil):
-                guard !ids.isEmpty, ids.count <= Self.maxIds, ids.allSatisfy({ (1...256).contains($0.utf8.count) }) else {
-                    throw Problem(.badRequest, detail: "ids names 1 to \(Self.maxIds) jobs, each id 1 to 256 bytes.")
-                }
-                action = AdminJobsAction(ids: ids, actor: "admin")
-            case (nil, let filter?):
-                action = AdminJobsAction(filter: try Self.filter(filter), actor: "admin")
-            default:
-                throw Problem(.badRequest, detail: "Send either ids or filter.")
+        for (path, method) in [("cancel", Admin.cancel), ("retry", Admin.retry)] {
+            router.post("/admin/v1/jobs/\(path)") { request, context in
+                try authenticator.requireAdmin(request)
+                let body = try await JSONBody.decode(ActionBody.self, from: request, context: context)
+                return try JSONResponse.make(.ok, try await clients.call(.jobs, method, try Self.action(body)))
             }
-            return try JSONResponse.make(.ok, try await clients.call(.jobs, Admin.cancel, action))
         }
         router.get("/admin/v1/audit") { request, _ in
             try authenticator.requireOperator(request)
@@ -169,6 +158,22 @@ struct AdminJobsController<Context: GatewayRequestContext>: Sendable {
                 return value
             } ?? 100
             return try JSONResponse.make(.ok, try await clients.call(.jobs, Admin.auditLog, AuditQuery(before: before, limit: limit)))
+        }
+    }
+
+    /// An action's body: either ids or a filter.
+    static func action(_ body: ActionBody) throws -> AdminJobsAction {
+        guard body.namesIds != body.namesFilter else { throw Problem(.badRequest, detail: "Send either ids or filter.") }
+        switch (body.ids, body.filter) {
+        case (let ids?, nil):
+            guard !ids.isEmpty, ids.count <= Self.maxIds, ids.allSatisfy({ (1...256).contains($0.utf8.count) }) else {
+                throw Problem(.badRequest, detail: "ids names 1 to \(Self.maxIds) jobs, each id 1 to 256 bytes.")
+            }
+            return AdminJobsAction(ids: ids, actor: "admin")
+        case (nil, let filter?):
+            return AdminJobsAction(filter: try Self.filter(filter), actor: "admin")
+        default:
+            throw Problem(.badRequest, detail: "Send either ids or filter.")
         }
     }
 

@@ -83,10 +83,10 @@ public enum JobRows {
     /// state change (`announce`: its version was bumped) makes the row due for history at once,
     /// whatever was due before: history reads the job's current version from the row.
     static func update(_ db: Database, _ job: JobRecord, announce: Bool) throws {
-        let set = "status = ?, progress = ?, attempts = ?, lastError = ?, resultKey = ?, thumbnailKey = ?, updatedAt = ?, startedAt = ?, finishedAt = ?, version = ?, cancelRequested = ?, submission = ?"
+        let set = "status = ?, progress = ?, attempts = ?, maxAttempts = ?, lastError = ?, resultKey = ?, thumbnailKey = ?, updatedAt = ?, startedAt = ?, finishedAt = ?, version = ?, cancelRequested = ?, submission = ?"
         let updated = StoredDate.text(job.updatedAt)
         var arguments: StatementArguments = [
-            job.status.rawValue, job.progress, job.attempts, job.lastError, job.resultKey, job.thumbnailKey,
+            job.status.rawValue, job.progress, job.attempts, job.maxAttempts, job.lastError, job.resultKey, job.thumbnailKey,
             updated, job.startedAt.map(StoredDate.text), job.finishedAt.map(StoredDate.text),
             job.version, job.cancelRequested, try text(job.submission),
         ]

@@ -1,4 +1,5 @@
 import Foundation
+import JobsCore
 import Messages
 import PostgresNIO
 import Storage
@@ -21,6 +22,17 @@ extension PostgresJobsStore {
                   AND (\(after)::float8 IS NULL OR created_at < \(after) OR (created_at = \(after) AND id < \(afterId)))
                 ORDER BY created_at DESC, id DESC LIMIT \(limit)
                 """)
+        }
+    }
+
+    public func retry(_ id: String, attempts: Int, now: Date) async throws -> JobRetryOutcome {
+        try await write { store, db in
+            guard let job = try await store.row(db, id, lock: true) else { return .notFailed(nil) }
+            guard let transition = JobRules.retry(job, attempts: attempts, now: now) else { return .notFailed(job.status) }
+            let pending = try await db.first("SELECT count(*) FROM jobs_outbox WHERE topic = 'quota' AND job_id = \(id)", as: Int.self, logger: store.logger) ?? 0
+            if pending > 0 { return .settling }
+            try await store.update(db, transition.job, announce: true)
+            return .retried(transition.job)
         }
     }
 

@@ -427,7 +427,7 @@ public struct PostgresJobsStore: ReportingJobsStore {
         let due: Double? = announce ? job.updatedAt.timeIntervalSince1970 : nil
         try await db.query(
             """
-            UPDATE jobs_job SET status = \(job.status.rawValue), progress = \(job.progress), attempts = \(job.attempts), last_error = \(job.lastError),
+            UPDATE jobs_job SET status = \(job.status.rawValue), progress = \(job.progress), attempts = \(job.attempts), max_attempts = \(job.maxAttempts), last_error = \(job.lastError),
                 result_key = \(job.resultKey), thumbnail_key = \(job.thumbnailKey), updated_at = \(job.updatedAt.timeIntervalSince1970),
                 started_at = \(job.startedAt?.timeIntervalSince1970), finished_at = \(job.finishedAt?.timeIntervalSince1970), version = \(job.version),
                 cancel_requested = \(job.cancelRequested), submission = \(try JobRows.text(job.submission)),

@@ -1,4 +1,5 @@
 import Foundation
+import JobsCore
 import GRDB
 import Messages
 import Storage
@@ -21,6 +22,16 @@ extension SQLiteJobsStore {
                     cursor.map { StoredDate.text($0.createdAt) }, cursor?.id, limit,
                 ])
             return try rows.map(JobRows.job)
+        }
+    }
+
+    public func retry(_ id: String, attempts: Int, now: Date) async throws -> JobRetryOutcome {
+        try await database.write { db in
+            guard let job = try JobRows.job(db, id) else { return .notFailed(nil) }
+            guard let transition = JobRules.retry(job, attempts: attempts, now: now) else { return .notFailed(job.status) }
+            if try Bool.fetchOne(db, sql: "SELECT 1 FROM outbox WHERE topic = 'quota' AND jobId = ?", arguments: [id]) == true { return .settling }
+            try JobRows.update(db, transition.job, announce: true)
+            return .retried(transition.job)
         }
     }
 

@@ -60,7 +60,8 @@ enum LedgerFrame {
         put(change.seq, &buffer)
         put(change.jobId, &buffer)
         put(change.userId, &buffer)
-        put(UInt64(change.cost), &buffer)
+        // Signed (a grant is a negative charge): the same bytes as before for what is not.
+        put(UInt64(bitPattern: Int64(change.cost)), &buffer)
         buffer.append(stateCode(change.state))
         put(change.dayKey, &buffer)
         put(change.monthKey, &buffer)
@@ -73,7 +74,7 @@ enum LedgerFrame {
             put(usage.counter.owner, &buffer)
             put(usage.counter.window, &buffer)
             put(usage.counter.key, &buffer)
-            put(UInt64(max(0, usage.used)), &buffer)
+            put(UInt64(bitPattern: Int64(usage.used)), &buffer)
         }
         let length = UInt32(buffer.count - start - headerSize)
         let checksum = buffer.withUnsafeBytes { CRC32.checksum(UnsafeRawBufferPointer(rebasing: $0[(start + headerSize)...])) }
@@ -104,7 +105,7 @@ enum LedgerFrame {
         var reader = Reader(bytes: payload)
         guard reader.byte() == version,
               let seq = reader.integer(), let jobId = reader.string(), let userId = reader.string(),
-              let cost = reader.integer(), cost <= UInt64(QuotaRules.maxCost),
+              let cost = reader.integer().map({ Int(Int64(bitPattern: $0)) }), abs(cost) <= max(QuotaRules.maxCost, AdjustCredits.maxCredits),
               let state = reader.byte().flatMap(state(code:)),
               let dayKey = reader.string(), let monthKey = reader.string(), let flags = reader.byte()
         else { return nil }
@@ -117,11 +118,11 @@ enum LedgerFrame {
         var usage: [LedgerChange.Usage] = []
         for _ in 0..<count {
             guard let owner = reader.string(), let window = reader.string(), let key = reader.string(),
-                  let used = reader.integer(), used <= UInt64(Int.max) else { return nil }
-            usage.append(LedgerChange.Usage(counter: UsageCounter(owner: owner, window: window, key: key), used: Int(used)))
+                  let used = reader.integer() else { return nil }
+            usage.append(LedgerChange.Usage(counter: UsageCounter(owner: owner, window: window, key: key), used: Int(Int64(bitPattern: used))))
         }
         guard reader.atEnd else { return nil }
-        return LedgerChange(seq: seq, jobId: jobId, userId: userId, cost: Int(cost), state: state, dayKey: dayKey, monthKey: monthKey,
+        return LedgerChange(seq: seq, jobId: jobId, userId: userId, cost: cost, state: state, dayKey: dayKey, monthKey: monthKey,
                             network: network, reservedAt: reservedAt, settledAt: settledAt, usage: usage)
     }
 

@@ -308,7 +308,7 @@ extension PostgresQuotaStore {
                                                   \(moved.map(\.value))::bigint[]) AS change(o, k, w, a)
                     WHERE a > 0 OR (SELECT true FROM quota_usage q WHERE q.user_id = o AND q.window_kind = k AND q.window_key = w LIMIT 1)
                     ORDER BY o, k, w
-                    ON CONFLICT (user_id, window_kind, window_key) DO UPDATE SET used = greatest(0, quota_usage.used + excluded.used)
+                    ON CONFLICT (user_id, window_kind, window_key) DO UPDATE SET used = quota_usage.used + excluded.used
                 )
                 SELECT count(*) FROM charged
                 """, as: Int.self, logger: logger) ?? 0

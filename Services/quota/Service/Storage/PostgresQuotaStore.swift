@@ -194,6 +194,36 @@ public struct PostgresQuotaStore: QuotaStore {
         }
     }
 
+    /// A grant (or takeback) in one transaction of its own, under the user's lock as a batch's
+    /// reservations take it: its charge row, then both windows moved by the amount.
+    public func adjust(_ request: AdjustCredits, now: Date) async throws -> QuotaStatus {
+        try ledger.check(request)
+        let (ledger, logger) = (ledger, logger)
+        return try await database.transaction { db in
+            try await Self.lock(db, "user:" + request.userId, logger: logger)
+            if let owner = try await db.first("SELECT user_id FROM quota_charge WHERE job_id = \(request.chargeId)", as: String.self, logger: logger) {
+                guard owner == request.userId else {
+                    throw BusError(Quota.ErrorCode.jobIdTaken, "adjustment \(request.adjustmentId) belongs to another user")
+                }
+                return try await Self.userContext(db, ledger, request.userId, now: now, logger: logger).status()
+            }
+            var context = try await Self.userContext(db, ledger, request.userId, now: now, logger: logger)
+            try await db.query("""
+                INSERT INTO quota_charge (job_id, user_id, cost, state, day_key, month_key, reserved_at, settled_at)
+                VALUES (\(request.chargeId), \(request.userId), \(-request.credits), \(Charge.State.committed.rawValue), \(context.day.key),
+                        \(context.month.key), \(now), \(now))
+                """, logger: logger)
+            try await db.query("""
+                INSERT INTO quota_usage (user_id, window_kind, window_key, used)
+                VALUES (\(request.userId), 'daily', \(context.day.key), \(-request.credits)), (\(request.userId), 'monthly', \(context.month.key), \(-request.credits))
+                ON CONFLICT (user_id, window_kind, window_key) DO UPDATE SET used = quota_usage.used + excluded.used
+                """, logger: logger)
+            context.dailyUsed -= request.credits
+            context.monthlyUsed -= request.credits
+            return context.status()
+        }
+    }
+
     public func applySubscription(_ event: SubscriptionEvent, now: Date) async throws -> SubscriptionOutcome {
         try ledger.check(event)
         let (ledger, logger) = (ledger, logger)

@@ -120,6 +120,10 @@ public struct QuotaDatabase: QuotaStore {
         return try await engine.perform(QuotaMemory.Need(userId: userId, now: now)) { try $0.status(userId: userId, now: now) }
     }
 
+    public func adjust(_ request: AdjustCredits, now: Date) async throws -> QuotaStatus {
+        try await engine.perform(QuotaMemory.Need(userId: request.userId, now: now, jobId: request.chargeId)) { try $0.adjust(request, now: now) }
+    }
+
     public func setPlan(_ request: SetPlan, now: Date) async throws -> QuotaStatus {
         try await engine.perform { [writer, ledger] memory in
             try writer.write { try ledger.setPlan($0, request, now: now) }

@@ -161,6 +161,14 @@ public struct QuotaLedger: Sendable {
         }
     }
 
+    func check(_ request: AdjustCredits) throws {
+        try validate(user: request.userId)
+        try validate(job: request.chargeId)
+        guard request.credits != 0, abs(request.credits) <= AdjustCredits.maxCredits else {
+            throw BusError(.badRequest, "credits must be 1 to \(AdjustCredits.maxCredits) either way, not \(request.credits)")
+        }
+    }
+
     func check(_ request: AdmitGuest) throws {
         try validate(user: request.userId)
         try validate(network: request.network)

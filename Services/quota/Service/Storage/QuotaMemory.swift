@@ -166,12 +166,37 @@ struct QuotaMemory {
             if let network = change.network {
                 counters.append(UsageCounter(owner: "net:" + network, window: CalendarWindow.Kind.daily.rawValue, key: change.dayKey))
             }
-            change.usage = try counters.map { LedgerChange.Usage(counter: $0, used: max(0, try used($0) - change.cost)) }
+            // Not clamped at zero: a grant may have left the window below it.
+            change.usage = try counters.map { LedgerChange.Usage(counter: $0, used: try used($0) - change.cost) }
             change.state = .released
             change.settledAt = Self.millisecond(now)
             record(change)
             return change.charge
         }
+    }
+
+    /// Grants credits (or takes them back) in the user's current day and month: a charge of the
+    /// negated amount, settled at once. The same adjustment again changes nothing more.
+    mutating func adjust(_ request: AdjustCredits, now: Date) throws -> QuotaStatus {
+        try ledger.check(request)
+        if let existing = try charge(request.chargeId) {
+            guard existing.change.userId == request.userId else {
+                throw BusError(Quota.ErrorCode.jobIdTaken, "adjustment \(request.adjustmentId) belongs to another user")
+            }
+            return try context(request.userId, now: now).status()
+        }
+        var context = try context(request.userId, now: now)
+        context.dailyUsed -= request.credits
+        context.monthlyUsed -= request.credits
+        record(LedgerChange(
+            seq: 0, jobId: request.chargeId, userId: request.userId, cost: -request.credits, state: .committed,
+            dayKey: context.day.key, monthKey: context.month.key, network: nil,
+            reservedAt: Self.millisecond(now), settledAt: Self.millisecond(now), usage: [
+                LedgerChange.Usage(counter: Self.counter(request.userId, context.day), used: context.dailyUsed),
+                LedgerChange.Usage(counter: Self.counter(request.userId, context.month), used: context.monthlyUsed),
+            ]
+        ))
+        return context.status()
     }
 
     /// A user's plan and windows now.
