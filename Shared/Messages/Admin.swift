@@ -14,10 +14,178 @@ public enum Admin {
     /// credits reserved again through quota first (a user without credits left is not retried).
     /// Idempotent: a job no longer failed is not changed. Written to the audit log.
     public static let retry = BusMethod<AdminJobsAction, AdminActionResult>("jobs.admin-retry", roles: [.gateway, .operator], retrySafe: true)
+    /// The queue by effect and provider, the providers' limits and jobs in flight, the workers,
+    /// the controls in force, and the last hour's outcomes.
+    public static let overview = BusMethod<Empty, AdminOverview>("jobs.admin-overview", roles: [.gateway, .operator], retrySafe: true)
+    /// Pauses or resumes an effect or a provider, sets a provider's concurrency, drains or
+    /// undrains a worker: stored, then in force. Idempotent; written to the audit log.
+    public static let control = BusMethod<AdminControl, DispatchControls>("jobs.admin-control", roles: [.gateway, .operator], retrySafe: true)
     /// Writes an entry to the audit log (an action taken elsewhere, such as a plan change).
     public static let audit = BusMethod<AuditEntry, Empty>("jobs.audit-append", roles: [.gateway, .operator], retrySafe: false)
     /// The audit log, newest first.
     public static let auditLog = BusMethod<AuditQuery, AuditPage>("jobs.audit-log", roles: [.gateway, .operator], retrySafe: true)
+}
+
+/// What operators set on dispatching, kept in the jobs store so that a restart or a new leader
+/// keeps it: effects and providers whose queued jobs wait (paused: they stay queued, none is lost),
+/// providers' concurrency set live (over `JOBS_PROVIDER_CONCURRENCY`), and workers drained (they
+/// finish what they hold and are given nothing new, across reconnects).
+public struct DispatchControls: Codable, Sendable, Equatable {
+    public var pausedEffects: [String]
+    public var pausedProviders: [String]
+    /// Provider to the most of its jobs held by workers at once.
+    public var providerLimits: [String: Int]
+    /// Worker ids.
+    public var drainedWorkers: [String]
+    /// The most entries of each kind (a control names what exists: effects, providers, workers).
+    public static let maxEntries = 1000
+
+    public init(pausedEffects: [String] = [], pausedProviders: [String] = [], providerLimits: [String: Int] = [:], drainedWorkers: [String] = []) {
+        self.pausedEffects = pausedEffects
+        self.pausedProviders = pausedProviders
+        self.providerLimits = providerLimits
+        self.drainedWorkers = drainedWorkers
+    }
+
+    /// One change an operator makes.
+    public enum Change: Codable, Sendable, Equatable {
+        case pauseEffect(String), resumeEffect(String)
+        case pauseProvider(String), resumeProvider(String)
+        /// nil: back to the configured limit.
+        case providerLimit(String, Int?)
+        case drain(String), undrain(String)
+    }
+
+    /// These controls with `change` made; nil if it changes nothing.
+    public func applying(_ change: Change) -> DispatchControls? {
+        var next = self
+        func insert(_ value: String, _ list: inout [String]) { if !list.contains(value) { list.append(value); list.sort() } }
+        switch change {
+        case .pauseEffect(let effect): insert(effect, &next.pausedEffects)
+        case .resumeEffect(let effect): next.pausedEffects.removeAll { $0 == effect }
+        case .pauseProvider(let provider): insert(provider, &next.pausedProviders)
+        case .resumeProvider(let provider): next.pausedProviders.removeAll { $0 == provider }
+        case .providerLimit(let provider, let limit): next.providerLimits[provider] = limit
+        case .drain(let worker): insert(worker, &next.drainedWorkers)
+        case .undrain(let worker): next.drainedWorkers.removeAll { $0 == worker }
+        }
+        return next == self ? nil : next
+    }
+}
+
+/// One minute's jobs ended; `minute` is minutes since 1970.
+public struct OutcomeMinute: Codable, Sendable, Equatable {
+    public var minute: Int
+    public var completed: Int
+    public var failed: Int
+    public init(minute: Int, completed: Int = 0, failed: Int = 0) {
+        self.minute = minute
+        self.completed = completed
+        self.failed = failed
+    }
+}
+
+/// The queue, the providers and the workers now, for the console.
+public struct AdminOverview: Codable, Sendable, Equatable {
+    public struct Effect: Codable, Sendable, Equatable {
+        public var effect: String
+        public var provider: String
+        public var queued: Int
+        public var processing: Int
+        public var oldestQueuedAt: Date?
+        public var paused: Bool
+        public init(effect: String, provider: String, queued: Int, processing: Int, oldestQueuedAt: Date?, paused: Bool) {
+            self.effect = effect
+            self.provider = provider
+            self.queued = queued
+            self.processing = processing
+            self.oldestQueuedAt = oldestQueuedAt
+            self.paused = paused
+        }
+    }
+
+    public struct Provider: Codable, Sendable, Equatable {
+        public var provider: String
+        public var queued: Int
+        public var processing: Int
+        public var oldestQueuedAt: Date?
+        /// Jobs held by workers now (nil: not known on this replica).
+        public var inFlight: Int?
+        /// The most held at once; nil: no limit.
+        public var limit: Int?
+        /// Whether the limit is an operator's, set live (else `JOBS_PROVIDER_CONCURRENCY`).
+        public var limitSetLive: Bool
+        public var paused: Bool
+        public init(provider: String, queued: Int, processing: Int, oldestQueuedAt: Date?, inFlight: Int?, limit: Int?, limitSetLive: Bool, paused: Bool) {
+            self.provider = provider
+            self.queued = queued
+            self.processing = processing
+            self.oldestQueuedAt = oldestQueuedAt
+            self.inFlight = inFlight
+            self.limit = limit
+            self.limitSetLive = limitSetLive
+            self.paused = paused
+        }
+    }
+
+    public struct Worker: Codable, Sendable, Equatable {
+        public var id: String
+        public var host: String?
+        public var version: String?
+        public var capacity: Int
+        public var prefetch: Int
+        public var effects: [String]
+        public var running: Int
+        public var awaiting: Int
+        public var drained: Bool
+        public var leaving: Bool
+        public var lastHeartbeat: Date
+        public init(id: String, host: String?, version: String?, capacity: Int, prefetch: Int, effects: [String], running: Int, awaiting: Int,
+                    drained: Bool, leaving: Bool, lastHeartbeat: Date) {
+            self.id = id
+            self.host = host
+            self.version = version
+            self.capacity = capacity
+            self.prefetch = prefetch
+            self.effects = effects
+            self.running = running
+            self.awaiting = awaiting
+            self.drained = drained
+            self.leaving = leaving
+            self.lastHeartbeat = lastHeartbeat
+        }
+    }
+
+    /// Every job by state.
+    public var counts: [String: Int]
+    public var effects: [Effect]
+    public var providers: [Provider]
+    public var workers: [Worker]
+    public var controls: DispatchControls
+    /// Jobs ended each minute of the last hour (empty on a replica that does not dispatch).
+    public var lastHour: [OutcomeMinute]
+    /// Whether this replica dispatches (workers, in-flight counts and the last hour are its).
+    public var dispatching: Bool
+    public init(counts: [String: Int], effects: [Effect], providers: [Provider], workers: [Worker], controls: DispatchControls,
+                lastHour: [OutcomeMinute], dispatching: Bool) {
+        self.counts = counts
+        self.effects = effects
+        self.providers = providers
+        self.workers = workers
+        self.controls = controls
+        self.lastHour = lastHour
+        self.dispatching = dispatching
+    }
+}
+
+/// An operator's change to dispatching.
+public struct AdminControl: Codable, Sendable, Equatable {
+    public var change: DispatchControls.Change
+    public var actor: String
+    public init(change: DispatchControls.Change, actor: String) {
+        self.change = change
+        self.actor = actor
+    }
 }
 
 /// Which jobs: every field set narrows it.

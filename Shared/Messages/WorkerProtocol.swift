@@ -94,8 +94,14 @@ public struct WorkerReady: Codable, Sendable, Equatable {
     /// It takes and sends several messages in one (`all`) once the service answers `batches`.
     /// Nil: a worker from before batches, sent one message at a time.
     public var batches: Bool?
-    public init(workerId: String, capacity: Int, effects: [String], heartbeatMilliseconds: Int? = nil, prefetch: Int? = nil, batches: Bool? = nil) {
+    /// The host it runs on, and its build's version, for operators. Nil: not said.
+    public var host: String?
+    public var version: String?
+    public init(workerId: String, capacity: Int, effects: [String], heartbeatMilliseconds: Int? = nil, prefetch: Int? = nil, batches: Bool? = nil,
+                host: String? = nil, version: String? = nil) {
         self.batches = batches
+        self.host = host
+        self.version = version
         self.workerId = workerId
         self.capacity = capacity
         self.effects = effects

@@ -99,4 +99,39 @@ struct AdminStoreTests {
             #expect(try await store.job("job-1", userId: nil)?.status == .processing)
         }
     }
+
+    @Test(arguments: JobsBackend.allCases) func dispatchControlsAreKeptAndEachChangeSaysWhetherItChangedThem(backend: JobsBackend) async throws {
+        try await withJobsStore(backend) { harness in
+            let store = harness.store
+            #expect(try await store.dispatchControls() == DispatchControls())
+            #expect(try await store.changeDispatchControls(.pauseProvider("gemini")) == (DispatchControls(pausedProviders: ["gemini"]), true))
+            #expect(try await store.changeDispatchControls(.pauseProvider("gemini")).changed == false)
+            _ = try await store.changeDispatchControls(.pauseEffect("blur"))
+            _ = try await store.changeDispatchControls(.providerLimit("fal", 4))
+            _ = try await store.changeDispatchControls(.drain("gpu-1"))
+            let expected = DispatchControls(pausedEffects: ["blur"], pausedProviders: ["gemini"], providerLimits: ["fal": 4], drainedWorkers: ["gpu-1"])
+            #expect(try await store.dispatchControls() == expected)
+            _ = try await store.changeDispatchControls(.resumeProvider("gemini"))
+            _ = try await store.changeDispatchControls(.providerLimit("fal", nil))
+            _ = try await store.changeDispatchControls(.undrain("gpu-1"))
+            #expect(try await store.dispatchControls() == DispatchControls(pausedEffects: ["blur"]))
+        }
+    }
+
+    @Test(arguments: JobsBackend.allCases) func theQueueByEffectCountsQueuedAndProcessingJobsWithTheOldestQueued(backend: JobsBackend) async throws {
+        try await withJobsStore(backend) { harness in
+            let store = harness.store, start = harness.now
+            for index in 0..<4 {
+                _ = try await store.create(CreateJob(jobId: "job-\(index)", userId: "alice", isPro: false, imageKey: "uploads/x/\(index).jpg", effectId: index < 3 ? "copy" : "blur"),
+                                           effectId: index < 3 ? "copy" : "blur", parameters: [:], now: start.addingTimeInterval(Double(index)))
+            }
+            _ = try #require(try await store.start("job-0", now: start))
+            _ = try #require(try await store.start("job-3", now: start))
+            _ = try await store.fail(JobAttempt(jobId: "job-3", attempt: 1), error: "no", retryable: false, now: start)
+            let loads = try await store.activeByEffect()
+            #expect(loads.map(\.effectId) == ["copy"])
+            #expect(loads.first?.queued == 2 && loads.first?.processing == 1)
+            #expect(abs((loads.first?.oldestQueuedAt ?? .distantPast).timeIntervalSince(start.addingTimeInterval(1))) < 0.01)
+        }
+    }
 }

@@ -536,6 +536,69 @@ struct DispatchStateMachineTests {
         #expect(harness.pending.count == 1)
     }
 
+    @Test func pausedEffectsAndProvidersKeepTheirJobsQueuedUntilResumedLosingNone() {
+        var harness = Harness(catalog: Self.models)
+        harness.run(harness.machine.apply(DispatchControls(pausedEffects: ["blur"], pausedProviders: ["gemini"]), now: harness.now))
+        harness.create("b1", effect: "banana")
+        harness.create("blur1", effect: "blur")
+        harness.create("c1")
+        harness.ready("w", capacity: 5)
+        // Only the job of neither the paused effect nor the paused provider goes out
+        #expect(harness.assigned("w") == [JobAttempt(jobId: "c1", attempt: 1)])
+        #expect(harness.machine.queuedCount == 2)
+        // Resuming the provider hands its job out at once; the paused effect's stays
+        harness.run(harness.machine.apply(DispatchControls(pausedEffects: ["blur"]), now: harness.now))
+        #expect(harness.assigned("w").last == JobAttempt(jobId: "b1", attempt: 1))
+        #expect(harness.machine.queuedCount == 1)
+        harness.run(harness.machine.apply(DispatchControls(), now: harness.now))
+        #expect(harness.assigned("w").last == JobAttempt(jobId: "blur1", attempt: 1))
+        #expect(harness.machine.queuedCount == 0)
+    }
+
+    @Test func aProvidersConcurrencySetLiveOverridesTheConfiguredOneAndGoesBackToIt() {
+        var harness = Harness(catalog: Self.models, providerLimits: ["gemini": 1])
+        for index in 1...3 { harness.create("b\(index)", effect: "banana") }
+        harness.ready("w", capacity: 5)
+        #expect(harness.assigned("w").count == 1)
+        // Raised live: two more go out at once
+        harness.run(harness.machine.apply(DispatchControls(providerLimits: ["gemini": 3]), now: harness.now))
+        #expect(harness.assigned("w").count == 3 && harness.machine.providerLimits == ["gemini": 3])
+        // Back to the configured limit: nothing taken back, nothing more handed out
+        harness.run(harness.machine.apply(DispatchControls(), now: harness.now))
+        #expect(harness.machine.providerLimits == ["gemini": 1] && harness.machine.activeByProvider() == ["gemini": 3])
+    }
+
+    @Test func aDrainedWorkerFinishesWhatItHoldsGetsNothingNewEvenAfterReconnectingAndIsUndrained() {
+        var harness = Harness()
+        harness.ready("w", capacity: 1)
+        harness.create("a")
+        #expect(harness.assigned("w") == [JobAttempt(jobId: "a", attempt: 1)])
+        harness.run(harness.machine.apply(DispatchControls(drainedWorkers: ["w"]), now: harness.now))
+        harness.create("b")
+        harness.from("w", done("a", 1))
+        harness.flush()
+        // Its result is taken; its free slot is not used
+        #expect(harness.rows["a"]?.status == .completed && harness.assigned("w").count == 1)
+        #expect(harness.machine.workerViews(now: harness.now).first?.drained == true)
+        // A reconnect (ready again) keeps it drained
+        harness.ready("w", capacity: 1)
+        #expect(harness.assigned("w").count == 1)
+        harness.run(harness.machine.apply(DispatchControls(), now: harness.now))
+        #expect(harness.assigned("w").last == JobAttempt(jobId: "b", attempt: 1))
+    }
+
+    @Test func theWorkersViewSaysWhatEachAnnouncedAndHolds() {
+        var harness = Harness()
+        harness.run(harness.machine.receive(.ready(WorkerReady(workerId: "gpu-1", capacity: 2, effects: ["copy", "blur"], prefetch: 1, host: "gpu-host-7", version: "0.1.0")),
+                                            from: "gpu-1", now: harness.now))
+        harness.create("a")
+        harness.advance(.milliseconds(500))
+        let view = harness.machine.workerViews(now: harness.now)
+        #expect(view.count == 1)
+        #expect(view.first?.host == "gpu-host-7" && view.first?.version == "0.1.0" && view.first?.capacity == 2 && view.first?.prefetch == 1)
+        #expect(view.first?.effects == ["blur", "copy"] && view.first?.running == 1 && view.first?.silentFor == .milliseconds(500))
+    }
+
     @Test func aJobGoesOnlyToAWorkerThatRunsItsEffect() {
         var harness = Harness()
         harness.ready("blur-only", effects: ["blur"])

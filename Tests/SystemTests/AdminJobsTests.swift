@@ -168,4 +168,82 @@ struct AdminJobsTests {
         }
         await system.stop()
     }
+
+    @Test func pausingResumingConcurrencyAndDrainingSteerDispatchLosingNoJob() async throws {
+        let system = try await JobSystem(workers: 1, gateway: ["VIEWER_TOKEN": Self.viewerToken])
+        let admin: HTTPFields = [.authorization: "Bearer \(JobSystem.adminToken)", .contentType: "application/json"]
+        let viewer: HTTPFields = [.authorization: "Bearer \(Self.viewerToken)", .contentType: "application/json"]
+        let alice = JobSystem.guest(UUID())
+        try await system.gateway { client in
+            func call(_ method: HTTPRequest.Method, _ uri: String, _ body: String? = nil, _ headers: HTTPFields? = nil) async throws -> (HTTPResponse.Status, [String: Any]) {
+                let response = try await client.execute(uri: uri, method: method, headers: headers ?? admin, body: body.map { ByteBuffer(string: $0) })
+                return (response.status, JobSystem.json(response))
+            }
+            func overview() async throws -> [String: Any] { try await call(.get, "/admin/v1/overview", nil, viewer).1 }
+            func row(_ list: String, _ key: String, _ name: String, in overview: [String: Any]) -> [String: Any]? {
+                (overview[list] as? [[String: Any]])?.first { $0[key] as? String == name }
+            }
+            let key = try await JobSystem.upload(client, as: alice)
+            // The worker is listed with what it announced
+            try await waitUntil { ((try await overview())["workers"] as? [[String: Any]])?.count == 1 }
+            let worker = try #require((try await overview()["workers"] as? [[String: Any]])?.first)
+            let workerId = try #require(worker["id"] as? String)
+            #expect(worker["capacity"] as? Int == 1 && worker["host"] as? String != nil && worker["version"] as? String != nil && worker["drained"] as? Bool == false)
+
+            // Pause the built-in effects' provider: a job waits, queued, and the overview says so
+            #expect(try await call(.post, "/admin/v1/providers/none/pause", nil, viewer).0 == .forbidden)
+            #expect(try await call(.post, "/admin/v1/providers/no-such-provider/pause").0 == .notFound)
+            #expect(try await call(.post, "/admin/v1/effects/no-such-effect/pause").0 == .notFound)
+            let paused = try await call(.post, "/admin/v1/providers/none/pause")
+            #expect(paused.0 == .ok && paused.1["pausedProviders"] as? [String] == ["none"])
+            let waiting = try JobSystem.jobId(of: try await JobSystem.createJob(client, as: alice, imageKey: key, effect: "copy"))
+            try await waitUntil { (row("effects", "effect", "copy", in: try await overview())?["queued"] as? Int) == 1 }
+            let during = try await overview()
+            #expect(row("providers", "provider", "none", in: during)?["paused"] as? Bool == true)
+            #expect(row("effects", "effect", "copy", in: during)?["oldestQueuedAt"] as? String != nil)
+            #expect(JobSystem.json(try await client.execute(uri: "/api/v1/jobs/\(waiting)", method: .get, headers: alice))["status"] as? String == "queued")
+            // Resumed: it runs and completes
+            #expect(try await call(.post, "/admin/v1/providers/none/resume").0 == .ok)
+            #expect(try await JobSystem.waitForStatus(client, as: alice, jobId: waiting)["status"] as? String == "completed")
+
+            // An effect paused likewise
+            #expect(try await call(.post, "/admin/v1/effects/grayscale/pause").0 == .ok)
+            let gray = try JobSystem.jobId(of: try await JobSystem.createJob(client, as: alice, imageKey: key, effect: "grayscale"))
+            let copy = try JobSystem.jobId(of: try await JobSystem.createJob(client, as: alice, imageKey: key, effect: "copy"))
+            #expect(try await JobSystem.waitForStatus(client, as: alice, jobId: copy)["status"] as? String == "completed")
+            #expect(JobSystem.json(try await client.execute(uri: "/api/v1/jobs/\(gray)", method: .get, headers: alice))["status"] as? String == "queued")
+            #expect(try await call(.post, "/admin/v1/effects/grayscale/resume").0 == .ok)
+            #expect(try await JobSystem.waitForStatus(client, as: alice, jobId: gray)["status"] as? String == "completed")
+
+            // A provider's concurrency, live, and back to the configured one
+            #expect(try await call(.put, "/admin/v1/providers/remote/concurrency", #"{"limit": 0}"#).0 == .badRequest)
+            let limited = try await call(.put, "/admin/v1/providers/remote/concurrency", #"{"limit": 2}"#)
+            #expect(limited.0 == .ok && (limited.1["providerLimits"] as? [String: Int]) == ["remote": 2])
+            let remote = try #require(row("providers", "provider", "remote", in: try await overview()))
+            #expect(remote["limit"] as? Int == 2 && remote["limitSetLive"] as? Bool == true && remote["inFlight"] as? Int == 0)
+            #expect(try await call(.put, "/admin/v1/providers/remote/concurrency", #"{"limit": null}"#).0 == .ok)
+            #expect(row("providers", "provider", "remote", in: try await overview())?["limitSetLive"] as? Bool == false)
+
+            // Drain the worker: a new job waits; undrained, it completes
+            let encodedWorker = workerId.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? workerId
+            #expect(try await call(.post, "/admin/v1/workers/\(encodedWorker)/drain").1["drainedWorkers"] as? [String] == [workerId])
+            let held = try JobSystem.jobId(of: try await JobSystem.createJob(client, as: alice, imageKey: key, effect: "copy"))
+            try await waitUntil { (row("workers", "id", workerId, in: try await overview())?["drained"] as? Bool) == true }
+            try await waitUntil { (row("effects", "effect", "copy", in: try await overview())?["queued"] as? Int) == 1 }
+            #expect(try await call(.post, "/admin/v1/workers/\(encodedWorker)/undrain").0 == .ok)
+            #expect(try await JobSystem.waitForStatus(client, as: alice, jobId: held)["status"] as? String == "completed")
+            // The last hour counts what completed
+            #expect(((try await overview())["lastHour"] as? [[String: Any]] ?? []).reduce(0) { $0 + ($1["completed"] as? Int ?? 0) } == 4)
+
+            // Every change audited, once: a second pause of the same thing changes nothing
+            #expect(try await call(.post, "/admin/v1/effects/grayscale/resume").0 == .ok)
+            let audit = JobSystem.json(try await client.execute(uri: "/admin/v1/audit", method: .get, headers: viewer))["entries"] as? [[String: Any]] ?? []
+            #expect(audit.map { $0["action"] as? String ?? "" } == [
+                "dispatch.resume", "workers.undrain", "workers.drain", "dispatch.concurrency", "dispatch.concurrency", "dispatch.resume", "dispatch.pause",
+                "dispatch.resume", "dispatch.pause",
+            ])
+            #expect(audit.first?["count"] as? Int == 0 && audit[1]["count"] as? Int == 1)
+        }
+        await system.stop()
+    }
 }

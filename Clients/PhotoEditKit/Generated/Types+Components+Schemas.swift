@@ -800,6 +800,366 @@ extension Components {
                 case settling
             }
         }
+        /// - Remark: Generated from `#/components/schemas/DispatchControls`.
+        internal struct DispatchControls: Codable, Hashable, Sendable {
+            /// - Remark: Generated from `#/components/schemas/DispatchControls/pausedEffects`.
+            internal var pausedEffects: [Swift.String]
+            /// - Remark: Generated from `#/components/schemas/DispatchControls/pausedProviders`.
+            internal var pausedProviders: [Swift.String]
+            /// The limits operators set live.
+            ///
+            /// - Remark: Generated from `#/components/schemas/DispatchControls/providerLimits`.
+            internal struct ProviderLimitsPayload: Codable, Hashable, Sendable {
+                /// A container of undocumented properties.
+                internal var additionalProperties: [String: Swift.Int]
+                /// Creates a new `ProviderLimitsPayload`.
+                ///
+                /// - Parameters:
+                ///   - additionalProperties: A container of undocumented properties.
+                internal init(additionalProperties: [String: Swift.Int] = .init()) {
+                    self.additionalProperties = additionalProperties
+                }
+                internal init(from decoder: any Swift.Decoder) throws {
+                    additionalProperties = try decoder.decodeAdditionalProperties(knownKeys: [])
+                }
+                internal func encode(to encoder: any Swift.Encoder) throws {
+                    try encoder.encodeAdditionalProperties(additionalProperties)
+                }
+            }
+            /// The limits operators set live.
+            ///
+            /// - Remark: Generated from `#/components/schemas/DispatchControls/providerLimits`.
+            internal var providerLimits: Components.Schemas.DispatchControls.ProviderLimitsPayload
+            /// - Remark: Generated from `#/components/schemas/DispatchControls/drainedWorkers`.
+            internal var drainedWorkers: [Swift.String]
+            /// Creates a new `DispatchControls`.
+            ///
+            /// - Parameters:
+            ///   - pausedEffects:
+            ///   - pausedProviders:
+            ///   - providerLimits: The limits operators set live.
+            ///   - drainedWorkers:
+            internal init(
+                pausedEffects: [Swift.String],
+                pausedProviders: [Swift.String],
+                providerLimits: Components.Schemas.DispatchControls.ProviderLimitsPayload,
+                drainedWorkers: [Swift.String]
+            ) {
+                self.pausedEffects = pausedEffects
+                self.pausedProviders = pausedProviders
+                self.providerLimits = providerLimits
+                self.drainedWorkers = drainedWorkers
+            }
+            internal enum CodingKeys: String, CodingKey {
+                case pausedEffects
+                case pausedProviders
+                case providerLimits
+                case drainedWorkers
+            }
+        }
+        /// - Remark: Generated from `#/components/schemas/AdminOverview`.
+        internal struct AdminOverview: Codable, Hashable, Sendable {
+            /// - Remark: Generated from `#/components/schemas/AdminOverview/counts`.
+            internal struct CountsPayload: Codable, Hashable, Sendable {
+                /// A container of undocumented properties.
+                internal var additionalProperties: [String: Swift.Int]
+                /// Creates a new `CountsPayload`.
+                ///
+                /// - Parameters:
+                ///   - additionalProperties: A container of undocumented properties.
+                internal init(additionalProperties: [String: Swift.Int] = .init()) {
+                    self.additionalProperties = additionalProperties
+                }
+                internal init(from decoder: any Swift.Decoder) throws {
+                    additionalProperties = try decoder.decodeAdditionalProperties(knownKeys: [])
+                }
+                internal func encode(to encoder: any Swift.Encoder) throws {
+                    try encoder.encodeAdditionalProperties(additionalProperties)
+                }
+            }
+            /// - Remark: Generated from `#/components/schemas/AdminOverview/counts`.
+            internal var counts: Components.Schemas.AdminOverview.CountsPayload
+            /// - Remark: Generated from `#/components/schemas/AdminOverview/EffectsPayload`.
+            internal struct EffectsPayloadPayload: Codable, Hashable, Sendable {
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/EffectsPayload/effect`.
+                internal var effect: Swift.String
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/EffectsPayload/provider`.
+                internal var provider: Swift.String
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/EffectsPayload/queued`.
+                internal var queued: Swift.Int
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/EffectsPayload/processing`.
+                internal var processing: Swift.Int
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/EffectsPayload/oldestQueuedAt`.
+                internal var oldestQueuedAt: Foundation.Date?
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/EffectsPayload/paused`.
+                internal var paused: Swift.Bool
+                /// Creates a new `EffectsPayloadPayload`.
+                ///
+                /// - Parameters:
+                ///   - effect:
+                ///   - provider:
+                ///   - queued:
+                ///   - processing:
+                ///   - oldestQueuedAt:
+                ///   - paused:
+                internal init(
+                    effect: Swift.String,
+                    provider: Swift.String,
+                    queued: Swift.Int,
+                    processing: Swift.Int,
+                    oldestQueuedAt: Foundation.Date? = nil,
+                    paused: Swift.Bool
+                ) {
+                    self.effect = effect
+                    self.provider = provider
+                    self.queued = queued
+                    self.processing = processing
+                    self.oldestQueuedAt = oldestQueuedAt
+                    self.paused = paused
+                }
+                internal enum CodingKeys: String, CodingKey {
+                    case effect
+                    case provider
+                    case queued
+                    case processing
+                    case oldestQueuedAt
+                    case paused
+                }
+            }
+            /// - Remark: Generated from `#/components/schemas/AdminOverview/effects`.
+            internal typealias EffectsPayload = [Components.Schemas.AdminOverview.EffectsPayloadPayload]
+            /// - Remark: Generated from `#/components/schemas/AdminOverview/effects`.
+            internal var effects: Components.Schemas.AdminOverview.EffectsPayload
+            /// - Remark: Generated from `#/components/schemas/AdminOverview/ProvidersPayload`.
+            internal struct ProvidersPayloadPayload: Codable, Hashable, Sendable {
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/ProvidersPayload/provider`.
+                internal var provider: Swift.String
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/ProvidersPayload/queued`.
+                internal var queued: Swift.Int
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/ProvidersPayload/processing`.
+                internal var processing: Swift.Int
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/ProvidersPayload/oldestQueuedAt`.
+                internal var oldestQueuedAt: Foundation.Date?
+                /// Jobs held by workers now (absent on a replica that does not dispatch).
+                ///
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/ProvidersPayload/inFlight`.
+                internal var inFlight: Swift.Int?
+                /// The most held at once (absent means no limit).
+                ///
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/ProvidersPayload/limit`.
+                internal var limit: Swift.Int?
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/ProvidersPayload/limitSetLive`.
+                internal var limitSetLive: Swift.Bool
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/ProvidersPayload/paused`.
+                internal var paused: Swift.Bool
+                /// Creates a new `ProvidersPayloadPayload`.
+                ///
+                /// - Parameters:
+                ///   - provider:
+                ///   - queued:
+                ///   - processing:
+                ///   - oldestQueuedAt:
+                ///   - inFlight: Jobs held by workers now (absent on a replica that does not dispatch).
+                ///   - limit: The most held at once (absent means no limit).
+                ///   - limitSetLive:
+                ///   - paused:
+                internal init(
+                    provider: Swift.String,
+                    queued: Swift.Int,
+                    processing: Swift.Int,
+                    oldestQueuedAt: Foundation.Date? = nil,
+                    inFlight: Swift.Int? = nil,
+                    limit: Swift.Int? = nil,
+                    limitSetLive: Swift.Bool,
+                    paused: Swift.Bool
+                ) {
+                    self.provider = provider
+                    self.queued = queued
+                    self.processing = processing
+                    self.oldestQueuedAt = oldestQueuedAt
+                    self.inFlight = inFlight
+                    self.limit = limit
+                    self.limitSetLive = limitSetLive
+                    self.paused = paused
+                }
+                internal enum CodingKeys: String, CodingKey {
+                    case provider
+                    case queued
+                    case processing
+                    case oldestQueuedAt
+                    case inFlight
+                    case limit
+                    case limitSetLive
+                    case paused
+                }
+            }
+            /// - Remark: Generated from `#/components/schemas/AdminOverview/providers`.
+            internal typealias ProvidersPayload = [Components.Schemas.AdminOverview.ProvidersPayloadPayload]
+            /// - Remark: Generated from `#/components/schemas/AdminOverview/providers`.
+            internal var providers: Components.Schemas.AdminOverview.ProvidersPayload
+            /// - Remark: Generated from `#/components/schemas/AdminOverview/WorkersPayload`.
+            internal struct WorkersPayloadPayload: Codable, Hashable, Sendable {
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/WorkersPayload/id`.
+                internal var id: Swift.String
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/WorkersPayload/host`.
+                internal var host: Swift.String?
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/WorkersPayload/version`.
+                internal var version: Swift.String?
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/WorkersPayload/capacity`.
+                internal var capacity: Swift.Int
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/WorkersPayload/prefetch`.
+                internal var prefetch: Swift.Int
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/WorkersPayload/effects`.
+                internal var effects: [Swift.String]
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/WorkersPayload/running`.
+                internal var running: Swift.Int
+                /// Generations it waits for at providers' queues.
+                ///
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/WorkersPayload/awaiting`.
+                internal var awaiting: Swift.Int
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/WorkersPayload/drained`.
+                internal var drained: Swift.Bool
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/WorkersPayload/leaving`.
+                internal var leaving: Swift.Bool
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/WorkersPayload/lastHeartbeat`.
+                internal var lastHeartbeat: Foundation.Date
+                /// Creates a new `WorkersPayloadPayload`.
+                ///
+                /// - Parameters:
+                ///   - id:
+                ///   - host:
+                ///   - version:
+                ///   - capacity:
+                ///   - prefetch:
+                ///   - effects:
+                ///   - running:
+                ///   - awaiting: Generations it waits for at providers' queues.
+                ///   - drained:
+                ///   - leaving:
+                ///   - lastHeartbeat:
+                internal init(
+                    id: Swift.String,
+                    host: Swift.String? = nil,
+                    version: Swift.String? = nil,
+                    capacity: Swift.Int,
+                    prefetch: Swift.Int,
+                    effects: [Swift.String],
+                    running: Swift.Int,
+                    awaiting: Swift.Int,
+                    drained: Swift.Bool,
+                    leaving: Swift.Bool,
+                    lastHeartbeat: Foundation.Date
+                ) {
+                    self.id = id
+                    self.host = host
+                    self.version = version
+                    self.capacity = capacity
+                    self.prefetch = prefetch
+                    self.effects = effects
+                    self.running = running
+                    self.awaiting = awaiting
+                    self.drained = drained
+                    self.leaving = leaving
+                    self.lastHeartbeat = lastHeartbeat
+                }
+                internal enum CodingKeys: String, CodingKey {
+                    case id
+                    case host
+                    case version
+                    case capacity
+                    case prefetch
+                    case effects
+                    case running
+                    case awaiting
+                    case drained
+                    case leaving
+                    case lastHeartbeat
+                }
+            }
+            /// - Remark: Generated from `#/components/schemas/AdminOverview/workers`.
+            internal typealias WorkersPayload = [Components.Schemas.AdminOverview.WorkersPayloadPayload]
+            /// - Remark: Generated from `#/components/schemas/AdminOverview/workers`.
+            internal var workers: Components.Schemas.AdminOverview.WorkersPayload
+            /// - Remark: Generated from `#/components/schemas/AdminOverview/controls`.
+            internal var controls: Components.Schemas.DispatchControls
+            /// - Remark: Generated from `#/components/schemas/AdminOverview/LastHourPayload`.
+            internal struct LastHourPayloadPayload: Codable, Hashable, Sendable {
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/LastHourPayload/minute`.
+                internal var minute: Swift.Int
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/LastHourPayload/completed`.
+                internal var completed: Swift.Int
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/LastHourPayload/failed`.
+                internal var failed: Swift.Int
+                /// Creates a new `LastHourPayloadPayload`.
+                ///
+                /// - Parameters:
+                ///   - minute:
+                ///   - completed:
+                ///   - failed:
+                internal init(
+                    minute: Swift.Int,
+                    completed: Swift.Int,
+                    failed: Swift.Int
+                ) {
+                    self.minute = minute
+                    self.completed = completed
+                    self.failed = failed
+                }
+                internal enum CodingKeys: String, CodingKey {
+                    case minute
+                    case completed
+                    case failed
+                }
+            }
+            /// Jobs ended each minute of the last hour, oldest first (minutes since 1970).
+            ///
+            /// - Remark: Generated from `#/components/schemas/AdminOverview/lastHour`.
+            internal typealias LastHourPayload = [Components.Schemas.AdminOverview.LastHourPayloadPayload]
+            /// Jobs ended each minute of the last hour, oldest first (minutes since 1970).
+            ///
+            /// - Remark: Generated from `#/components/schemas/AdminOverview/lastHour`.
+            internal var lastHour: Components.Schemas.AdminOverview.LastHourPayload
+            /// Whether the answering jobs replica dispatches (workers
+            ///
+            /// - Remark: Generated from `#/components/schemas/AdminOverview/dispatching`.
+            internal var dispatching: Swift.Bool
+            /// Creates a new `AdminOverview`.
+            ///
+            /// - Parameters:
+            ///   - counts:
+            ///   - effects:
+            ///   - providers:
+            ///   - workers:
+            ///   - controls:
+            ///   - lastHour: Jobs ended each minute of the last hour, oldest first (minutes since 1970).
+            ///   - dispatching: Whether the answering jobs replica dispatches (workers
+            internal init(
+                counts: Components.Schemas.AdminOverview.CountsPayload,
+                effects: Components.Schemas.AdminOverview.EffectsPayload,
+                providers: Components.Schemas.AdminOverview.ProvidersPayload,
+                workers: Components.Schemas.AdminOverview.WorkersPayload,
+                controls: Components.Schemas.DispatchControls,
+                lastHour: Components.Schemas.AdminOverview.LastHourPayload,
+                dispatching: Swift.Bool
+            ) {
+                self.counts = counts
+                self.effects = effects
+                self.providers = providers
+                self.workers = workers
+                self.controls = controls
+                self.lastHour = lastHour
+                self.dispatching = dispatching
+            }
+            internal enum CodingKeys: String, CodingKey {
+                case counts
+                case effects
+                case providers
+                case workers
+                case controls
+                case lastHour
+                case dispatching
+            }
+        }
         /// - Remark: Generated from `#/components/schemas/JobStatus`.
         internal enum JobStatus: String, Codable, Hashable, Sendable, CaseIterable {
             case queued = "queued"

@@ -196,6 +196,46 @@ internal protocol APIProtocol: Sendable {
     /// - Remark: HTTP `POST /admin/v1/jobs/retry`.
     /// - Remark: Generated from `#/paths//admin/v1/jobs/retry/post(adminRetryJobs)`.
     func adminRetryJobs(_ input: Operations.AdminRetryJobs.Input) async throws -> Operations.AdminRetryJobs.Output
+    /// The queue by effect and provider (queued, processing, oldest queued), the providers' limits and jobs in flight, the workers, the controls in force and the last hour's outcomes (admin or viewer token).
+    ///
+    /// - Remark: HTTP `GET /admin/v1/overview`.
+    /// - Remark: Generated from `#/paths//admin/v1/overview/get(adminOverview)`.
+    func adminOverview(_ input: Operations.AdminOverview.Input) async throws -> Operations.AdminOverview.Output
+    /// Stops handing out the effect's queued jobs; they stay queued (admin token, audited).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/effects/{effect}/pause`.
+    /// - Remark: Generated from `#/paths//admin/v1/effects/{effect}/pause/post(pauseEffect)`.
+    func pauseEffect(_ input: Operations.PauseEffect.Input) async throws -> Operations.PauseEffect.Output
+    /// Hands out the effect's queued jobs again (admin token, audited).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/effects/{effect}/resume`.
+    /// - Remark: Generated from `#/paths//admin/v1/effects/{effect}/resume/post(resumeEffect)`.
+    func resumeEffect(_ input: Operations.ResumeEffect.Input) async throws -> Operations.ResumeEffect.Output
+    /// Stops handing out the queued jobs of every effect of the provider (gemini, openai, fal, remote, none); they stay queued (admin token, audited).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/providers/{provider}/pause`.
+    /// - Remark: Generated from `#/paths//admin/v1/providers/{provider}/pause/post(pauseProvider)`.
+    func pauseProvider(_ input: Operations.PauseProvider.Input) async throws -> Operations.PauseProvider.Output
+    /// Hands out the provider's queued jobs again (admin token, audited).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/providers/{provider}/resume`.
+    /// - Remark: Generated from `#/paths//admin/v1/providers/{provider}/resume/post(resumeProvider)`.
+    func resumeProvider(_ input: Operations.ResumeProvider.Input) async throws -> Operations.ResumeProvider.Output
+    /// The worker finishes what it holds and is given nothing new, also after it reconnects (admin token, audited).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/workers/{workerId}/drain`.
+    /// - Remark: Generated from `#/paths//admin/v1/workers/{workerId}/drain/post(drainWorker)`.
+    func drainWorker(_ input: Operations.DrainWorker.Input) async throws -> Operations.DrainWorker.Output
+    /// The worker is given jobs again (admin token, audited).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/workers/{workerId}/undrain`.
+    /// - Remark: Generated from `#/paths//admin/v1/workers/{workerId}/undrain/post(undrainWorker)`.
+    func undrainWorker(_ input: Operations.UndrainWorker.Input) async throws -> Operations.UndrainWorker.Output
+    /// Sets live the most of the provider's jobs held by workers at once; null goes back to JOBS_PROVIDER_CONCURRENCY (admin token, audited).
+    ///
+    /// - Remark: HTTP `PUT /admin/v1/providers/{provider}/concurrency`.
+    /// - Remark: Generated from `#/paths//admin/v1/providers/{provider}/concurrency/put(setProviderConcurrency)`.
+    func setProviderConcurrency(_ input: Operations.SetProviderConcurrency.Input) async throws -> Operations.SetProviderConcurrency.Output
     /// Every operator action, newest first (admin or viewer token).
     ///
     /// - Remark: HTTP `GET /admin/v1/audit`.
@@ -681,6 +721,106 @@ extension APIProtocol {
         body: Operations.AdminRetryJobs.Input.Body
     ) async throws -> Operations.AdminRetryJobs.Output {
         try await adminRetryJobs(Operations.AdminRetryJobs.Input(
+            headers: headers,
+            body: body
+        ))
+    }
+    /// The queue by effect and provider (queued, processing, oldest queued), the providers' limits and jobs in flight, the workers, the controls in force and the last hour's outcomes (admin or viewer token).
+    ///
+    /// - Remark: HTTP `GET /admin/v1/overview`.
+    /// - Remark: Generated from `#/paths//admin/v1/overview/get(adminOverview)`.
+    internal func adminOverview(headers: Operations.AdminOverview.Input.Headers = .init()) async throws -> Operations.AdminOverview.Output {
+        try await adminOverview(Operations.AdminOverview.Input(headers: headers))
+    }
+    /// Stops handing out the effect's queued jobs; they stay queued (admin token, audited).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/effects/{effect}/pause`.
+    /// - Remark: Generated from `#/paths//admin/v1/effects/{effect}/pause/post(pauseEffect)`.
+    internal func pauseEffect(
+        path: Operations.PauseEffect.Input.Path,
+        headers: Operations.PauseEffect.Input.Headers = .init()
+    ) async throws -> Operations.PauseEffect.Output {
+        try await pauseEffect(Operations.PauseEffect.Input(
+            path: path,
+            headers: headers
+        ))
+    }
+    /// Hands out the effect's queued jobs again (admin token, audited).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/effects/{effect}/resume`.
+    /// - Remark: Generated from `#/paths//admin/v1/effects/{effect}/resume/post(resumeEffect)`.
+    internal func resumeEffect(
+        path: Operations.ResumeEffect.Input.Path,
+        headers: Operations.ResumeEffect.Input.Headers = .init()
+    ) async throws -> Operations.ResumeEffect.Output {
+        try await resumeEffect(Operations.ResumeEffect.Input(
+            path: path,
+            headers: headers
+        ))
+    }
+    /// Stops handing out the queued jobs of every effect of the provider (gemini, openai, fal, remote, none); they stay queued (admin token, audited).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/providers/{provider}/pause`.
+    /// - Remark: Generated from `#/paths//admin/v1/providers/{provider}/pause/post(pauseProvider)`.
+    internal func pauseProvider(
+        path: Operations.PauseProvider.Input.Path,
+        headers: Operations.PauseProvider.Input.Headers = .init()
+    ) async throws -> Operations.PauseProvider.Output {
+        try await pauseProvider(Operations.PauseProvider.Input(
+            path: path,
+            headers: headers
+        ))
+    }
+    /// Hands out the provider's queued jobs again (admin token, audited).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/providers/{provider}/resume`.
+    /// - Remark: Generated from `#/paths//admin/v1/providers/{provider}/resume/post(resumeProvider)`.
+    internal func resumeProvider(
+        path: Operations.ResumeProvider.Input.Path,
+        headers: Operations.ResumeProvider.Input.Headers = .init()
+    ) async throws -> Operations.ResumeProvider.Output {
+        try await resumeProvider(Operations.ResumeProvider.Input(
+            path: path,
+            headers: headers
+        ))
+    }
+    /// The worker finishes what it holds and is given nothing new, also after it reconnects (admin token, audited).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/workers/{workerId}/drain`.
+    /// - Remark: Generated from `#/paths//admin/v1/workers/{workerId}/drain/post(drainWorker)`.
+    internal func drainWorker(
+        path: Operations.DrainWorker.Input.Path,
+        headers: Operations.DrainWorker.Input.Headers = .init()
+    ) async throws -> Operations.DrainWorker.Output {
+        try await drainWorker(Operations.DrainWorker.Input(
+            path: path,
+            headers: headers
+        ))
+    }
+    /// The worker is given jobs again (admin token, audited).
+    ///
+    /// - Remark: HTTP `POST /admin/v1/workers/{workerId}/undrain`.
+    /// - Remark: Generated from `#/paths//admin/v1/workers/{workerId}/undrain/post(undrainWorker)`.
+    internal func undrainWorker(
+        path: Operations.UndrainWorker.Input.Path,
+        headers: Operations.UndrainWorker.Input.Headers = .init()
+    ) async throws -> Operations.UndrainWorker.Output {
+        try await undrainWorker(Operations.UndrainWorker.Input(
+            path: path,
+            headers: headers
+        ))
+    }
+    /// Sets live the most of the provider's jobs held by workers at once; null goes back to JOBS_PROVIDER_CONCURRENCY (admin token, audited).
+    ///
+    /// - Remark: HTTP `PUT /admin/v1/providers/{provider}/concurrency`.
+    /// - Remark: Generated from `#/paths//admin/v1/providers/{provider}/concurrency/put(setProviderConcurrency)`.
+    internal func setProviderConcurrency(
+        path: Operations.SetProviderConcurrency.Input.Path,
+        headers: Operations.SetProviderConcurrency.Input.Headers = .init(),
+        body: Operations.SetProviderConcurrency.Input.Body
+    ) async throws -> Operations.SetProviderConcurrency.Output {
+        try await setProviderConcurrency(Operations.SetProviderConcurrency.Input(
+            path: path,
             headers: headers,
             body: body
         ))

@@ -81,6 +81,7 @@ private func addFileRoutes(
     ).addRoutes(to: router)
     JobsController(clients: clients, authenticator: authenticator, creator: creator, links: links, streams: streams).addRoutes(to: router)
     AdminJobsController(clients: clients, authenticator: authenticator, links: links).addRoutes(to: router)
+    AdminDispatchController(clients: clients, authenticator: authenticator).addRoutes(to: router)
     HistoryController(
         clients: clients, authenticator: authenticator, creator: creator, links: links, shareLifetime: configuration.shareLifetime
     ).addRoutes(to: router)

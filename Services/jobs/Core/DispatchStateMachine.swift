@@ -153,13 +153,19 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         var awaiting: [String: Held] = [:]
         /// It said it is stopping: it gets no more jobs.
         var leaving = false
+        /// An operator drained it: it finishes what it holds and gets no more jobs.
+        var drained = false
+        /// Where it runs and what it runs, as it said (older workers say neither).
+        var host: String?
+        var version: String?
+        var prefetch = 0
         /// It takes several messages in one (`all`).
         var batches = false
         /// Jobs in its slots whose results are being written, or whose models answered (the
         /// worker said `answered`): it has finished with their slots, which go to the next jobs
         /// (a result's in the same transaction as their starts).
         var finishing = 0
-        var free: Int { leaving ? 0 : capacity - held.count + finishing }
+        var free: Int { leaving || drained ? 0 : capacity - held.count + finishing }
         /// Silence past this and the worker is dead; an attempt it has not named in its
         /// heartbeats for this long never reached it.
         var deadline: Duration { heartbeat * 3 }
@@ -262,6 +268,47 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
 
     /// Jobs waiting for a worker, backoffs included.
     public var queuedCount: Int { queue.count + delayedIds.count }
+
+    /// What operators set (`DispatchControls`): paused effects and providers, live limits,
+    /// drained workers.
+    public private(set) var controls = DispatchControls()
+
+    /// The providers' limits in force: the configured ones, with the operators' over them.
+    public var providerLimits: [String: Int] { configuration.providerLimits.merging(controls.providerLimits) { _, live in live } }
+
+    /// Puts operators' controls in force: a resumed effect's jobs, or a raised limit's, are
+    /// handed out at once; a drained worker gets nothing more (and keeps what it holds).
+    public mutating func apply(_ controls: DispatchControls, now: Instant) -> [Action] {
+        self.controls = controls
+        let drained = Set(controls.drainedWorkers)
+        for (peer, worker) in workers { workers[peer]?.drained = drained.contains(worker.id) }
+        return dispatch(now: now)
+    }
+
+    /// A worker as operators see it.
+    public struct WorkerView: Sendable, Equatable {
+        public var id: String
+        public var host: String?
+        public var version: String?
+        public var capacity: Int
+        public var prefetch: Int
+        public var effects: [String]
+        /// Jobs in its slots, and generations it waits for at providers.
+        public var running: Int
+        public var awaiting: Int
+        public var drained: Bool
+        public var leaving: Bool
+        /// How long ago it was last heard from.
+        public var silentFor: Duration
+    }
+
+    public func workerViews(now: Instant) -> [WorkerView] {
+        workers.values.map { worker in
+            WorkerView(id: worker.id, host: worker.host, version: worker.version, capacity: worker.capacity - worker.prefetch, prefetch: worker.prefetch,
+                       effects: worker.effects.sorted(), running: worker.held.count, awaiting: worker.awaiting.count, drained: worker.drained,
+                       leaving: worker.leaving, silentFor: worker.lastSeen.duration(to: now))
+        }.sorted { $0.id < $1.id }
+    }
 
     /// Workers connected now.
     public var workerCount: Int { workers.count }
@@ -462,6 +509,10 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         var worker = workers[peer] ?? Worker(id: ready.workerId, capacity: capacity, effects: [], heartbeat: heartbeat, lastSeen: now)
         worker.capacity = capacity
         worker.leaving = false
+        worker.drained = controls.drainedWorkers.contains(ready.workerId)
+        worker.host = ready.host.map { String($0.prefix(255)) }
+        worker.version = ready.version.map { String($0.prefix(64)) }
+        worker.prefetch = min(max(ready.prefetch ?? 0, 0), configuration.maxCapacity)
         worker.effects = Set(ready.effects)
         worker.heartbeat = heartbeat
         worker.lastSeen = now
@@ -688,8 +739,10 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
         guard queue.count > 0 else { return [] }
         var starts: [Start] = []
         var candidates = workers.filter { $0.value.free > 0 }.map { (peer: $0.key, free: $0.value.free) }
-        let limits = configuration.providerLimits
+        let limits = providerLimits
         let catalog = self.catalog
+        let pausedEffects = Set(controls.pausedEffects), pausedProviders = Set(controls.pausedProviders)
+        let paused = !pausedEffects.isEmpty || !pausedProviders.isEmpty
         var active = limits.isEmpty ? [:] : activeByProvider()
         while !candidates.isEmpty, queue.count > 0 {
             candidates.sort { $0.free > $1.free }
@@ -697,6 +750,7 @@ public struct DispatchStateMachine<Peer: Hashable & Sendable>: Sendable {
             for (index, candidate) in candidates.enumerated() {
                 guard let worker = workers[candidate.peer], let job = queue.pop(where: { job in
                     guard worker.accepts(job) else { return false }
+                    if paused, pausedEffects.contains(job.effectId) || pausedProviders.contains(catalog.provider(of: job.effectId) ?? "none") { return false }
                     guard !limits.isEmpty, let provider = catalog.provider(of: job.effectId), let limit = limits[provider] else { return true }
                     return active[provider, default: 0] < limit
                 }) else { continue }

@@ -88,6 +88,7 @@ await ProcessExit.run("jobs", files: files) { try await BusServiceRunner.run(.jo
             database: database, retry: configuration.retry, effectTitles: catalog.effects.mapValues(\.title), pushPlatforms: configuration.push.platforms
         )
         let (dispatcher, channel) = makeDispatcher(sqlite)
+        await dispatcher.apply(try await sqlite.dispatchControls())
         await dispatcher.load(try await sqlite.recover(now: Date()))
         store = sqlite
         dispatch = dispatcher

@@ -114,6 +114,7 @@ public struct DispatchLeadership: Service {
                 do {
                     // Listening before loading the queue: a job created after the load is heard of.
                     try await listen(for: dispatcher) {
+                        await dispatcher.apply(try await fenced.dispatchControls())
                         await dispatcher.load(try await fenced.recover(now: Date()))
                         link.lead(dispatcher)
                     }
@@ -178,6 +179,8 @@ public struct DispatchLeadership: Service {
                         await dispatcher.cancel(jobId: note.jobId, userId: note.userId)
                     case .poke:
                         await dispatcher.poke(jobId: note.jobId)
+                    case .controls:
+                        if let controls = try? await store.dispatchControls() { await dispatcher.apply(controls) }
                     }
                 }
             }
@@ -187,7 +190,7 @@ public struct DispatchLeadership: Service {
 
 /// What a replica tells the leading one (`NOTIFY jobs_dispatch`, JSON).
 struct DispatchNote: Codable, Sendable {
-    enum Kind: String, Codable, Sendable { case enqueue, cancel, poke }
+    enum Kind: String, Codable, Sendable { case enqueue, cancel, poke, controls }
     var kind: Kind
     var jobId: String
     var userId: String

@@ -28,6 +28,8 @@ public actor Dispatcher {
     private let failures: FailureLog
     /// The latest metrics each connected worker sent (labelled with its id), by connection.
     private var workerMetrics: [BusChannel.Peer: MetricsSection] = [:]
+    /// Jobs ended each minute of the last hour, for the console.
+    private var outcomes = RecentOutcomes()
     /// The largest metrics text kept from one worker.
     static let maxWorkerMetricsBytes = 256 << 10
     /// Writes handed to `runWrites`. Not otherwise bounded: each is about an attempt the state
@@ -82,6 +84,17 @@ public actor Dispatcher {
 
     /// Worker slots taken now.
     public var slotsHeld: Int { machine.slotsHeld }
+
+    /// Puts operators' controls in force (a resumed effect's queued jobs go out at once).
+    public func apply(_ controls: DispatchControls) {
+        perform(machine.apply(controls, now: .now))
+    }
+
+    /// What operators read live: the workers, and each provider's jobs held and limit.
+    public func live() -> LiveDispatch {
+        LiveDispatch(workers: machine.workerViews(now: .now), activeByProvider: machine.activeByProvider(), providerLimits: machine.providerLimits,
+                     controls: machine.controls, lastHour: outcomes.lastHour(at: Date()))
+    }
 
     /// Queues a newly created job and hands it out if a worker is free.
     public func enqueue(_ job: JobRecord) {
@@ -211,6 +224,7 @@ public actor Dispatcher {
                 logger.info("worker left", metadata: ["worker": "\(id)"])
             case .finished(let job, let since):
                 JobsMetrics.finished(job, runningSince: since, provider: catalog.provider(of: job.effectId))
+                outcomes.record(job.status, at: Date())
             case .firstAssignment(let job):
                 JobsMetrics.waitBeforeAssignment.recordSeconds(max(0, Date().timeIntervalSince(job.createdAt)))
             case .refused(let attempt, let reason):

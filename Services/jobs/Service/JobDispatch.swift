@@ -1,4 +1,6 @@
+import Bus
 import Foundation
+import JobsCore
 import Logging
 import Messages
 import PostgresNIO
@@ -20,9 +22,24 @@ public protocol JobDispatch: Sendable {
     func withLiveProgress(_ jobs: [JobRecord]) async -> [JobRecord]
     /// Progress known beyond the stored one, by job.
     func liveProgress(of ids: [String]) async -> [String: Double]
+    /// Operators changed the controls (stored already): put them in force.
+    func apply(_ controls: DispatchControls) async
+    /// The dispatcher's live state; nil on a replica that does not dispatch.
+    func live() async -> LiveDispatch?
 }
 
-extension Dispatcher: JobDispatch {}
+/// What operators read of the dispatcher live.
+public struct LiveDispatch: Sendable {
+    public var workers: [DispatchStateMachine<BusChannel.Peer>.WorkerView]
+    public var activeByProvider: [String: Int]
+    public var providerLimits: [String: Int]
+    public var controls: DispatchControls
+    public var lastHour: [RecentOutcomes.Minute]
+}
+
+extension Dispatcher: JobDispatch {
+    public func live() async -> LiveDispatch? { live() as LiveDispatch }
+}
 
 /// Dispatching seen from any jobs replica on PostgreSQL. The elected replica's `Dispatcher` (set
 /// by `DispatchLeadership` while it leads) gets created jobs, cancels and webhooks directly when
@@ -80,6 +97,16 @@ public final class ReplicatedDispatch: JobDispatch {
     public func poke(jobId: String) async {
         if let dispatcher { return await dispatcher.poke(jobId: jobId) }
         await notify(DispatchNote(kind: .poke, jobId: jobId, userId: ""))
+    }
+
+    public func apply(_ controls: DispatchControls) async {
+        if let dispatcher { return await dispatcher.apply(controls) }
+        await notify(DispatchNote(kind: .controls, jobId: "", userId: ""))
+    }
+
+    public func live() async -> LiveDispatch? {
+        guard let dispatcher else { return nil }
+        return await dispatcher.live()
     }
 
     public func withLiveProgress(_ job: JobRecord) async -> JobRecord { job }

@@ -40,6 +40,8 @@ extension JobsHandler {
             return AdminActionResult(matched: jobs.count, changed: changed)
         }
         router.register(Admin.retry) { request, _ in try await retry(request) }
+        router.register(Admin.overview) { _, _ in try await overview() }
+        router.register(Admin.control) { request, _ in try await control(request) }
         router.register(Admin.audit) { request, _ in
             try await store.appendAudit(request)
             return Empty()
@@ -72,6 +74,84 @@ extension JobsHandler {
         }
         try await audit(request, "jobs.retry", count: changed, detail: denied + settling > 0 ? "\(denied) denied by quota, \(settling) still settling" : nil)
         return AdminActionResult(matched: jobs.count, changed: changed, denied: denied, settling: settling)
+    }
+
+    /// The queue, providers and workers now. Workers, jobs in flight and the last hour come from
+    /// the dispatcher: on a PostgreSQL replica that does not lead, they are left out
+    /// (`dispatching` false) and the rest is read from the store.
+    func overview() async throws -> AdminOverview {
+        let loads = try await store.activeByEffect()
+        let counts = try await store.counts()
+        let live = await dispatcher.live()
+        let controls: DispatchControls
+        if let live { controls = live.controls } else { controls = try await store.dispatchControls() }
+        func provider(of effect: String) -> String { catalog.provider(of: effect) ?? "none" }
+        let pausedEffects = Set(controls.pausedEffects), pausedProviders = Set(controls.pausedProviders)
+        var loadByEffect = Dictionary(uniqueKeysWithValues: loads.map { ($0.effectId, $0) })
+        for effect in catalog.effects.keys where loadByEffect[effect] == nil {
+            loadByEffect[effect] = EffectLoad(effectId: effect, queued: 0, processing: 0, oldestQueuedAt: nil)
+        }
+        let effects = loadByEffect.values.sorted { $0.effectId < $1.effectId }.map { load in
+            AdminOverview.Effect(effect: load.effectId, provider: provider(of: load.effectId), queued: load.queued, processing: load.processing,
+                                 oldestQueuedAt: load.oldestQueuedAt, paused: pausedEffects.contains(load.effectId))
+        }
+        let limits = live?.providerLimits ?? controls.providerLimits
+        let names = Set(effects.map(\.provider)).union(limits.keys).union(controls.pausedProviders)
+        let providers = names.sorted().map { name in
+            let mine = effects.filter { $0.provider == name }
+            return AdminOverview.Provider(
+                provider: name, queued: mine.reduce(0) { $0 + $1.queued }, processing: mine.reduce(0) { $0 + $1.processing },
+                oldestQueuedAt: mine.compactMap(\.oldestQueuedAt).min(), inFlight: live.map { $0.activeByProvider[name] ?? 0 },
+                limit: limits[name], limitSetLive: controls.providerLimits[name] != nil, paused: pausedProviders.contains(name)
+            )
+        }
+        let now = Date()
+        let workers = (live?.workers ?? []).map { worker in
+            AdminOverview.Worker(
+                id: worker.id, host: worker.host, version: worker.version, capacity: worker.capacity, prefetch: worker.prefetch, effects: worker.effects,
+                running: worker.running, awaiting: worker.awaiting, drained: worker.drained, leaving: worker.leaving,
+                lastHeartbeat: now.addingTimeInterval(-Double(worker.silentFor.components.seconds) - Double(worker.silentFor.components.attoseconds) / 1e18)
+            )
+        }
+        return AdminOverview(
+            counts: Dictionary(uniqueKeysWithValues: JobStatus.allCases.map { ($0.rawValue, counts.states[$0] ?? 0) }), effects: effects,
+            providers: providers, workers: workers, controls: controls, lastHour: live?.lastHour ?? [], dispatching: live != nil
+        )
+    }
+
+    /// One change to dispatching: checked against what exists, stored, put in force, audited.
+    func control(_ request: AdminControl) async throws -> DispatchControls {
+        let providers = Set(catalog.effects.keys.map { catalog.provider(of: $0) ?? "none" })
+        func effect(_ name: String) throws {
+            guard catalog.effects[name] != nil else { throw BusError(.notFound, "no effect \(name.prefix(64))") }
+        }
+        func provider(_ name: String) throws {
+            guard providers.contains(name) else {
+                throw BusError(.notFound, "no provider \(name.prefix(64)); the effects' providers are \(providers.sorted().joined(separator: ", "))")
+            }
+        }
+        let action: String, target: String
+        var detail: String?
+        switch request.change {
+        case .pauseEffect(let name): try effect(name); (action, target) = ("dispatch.pause", "effect:" + name)
+        case .resumeEffect(let name): try effect(name); (action, target) = ("dispatch.resume", "effect:" + name)
+        case .pauseProvider(let name): try provider(name); (action, target) = ("dispatch.pause", "provider:" + name)
+        case .resumeProvider(let name): try provider(name); (action, target) = ("dispatch.resume", "provider:" + name)
+        case .providerLimit(let name, let limit):
+            try provider(name)
+            if let limit, !(1...10_000).contains(limit) { throw BusError(.badRequest, "a provider's concurrency is 1 to 10000") }
+            (action, target) = ("dispatch.concurrency", "provider:" + name)
+            detail = limit.map { "\($0)" } ?? "configured"
+        case .drain(let worker), .undrain(let worker):
+            guard (1...256).contains(worker.utf8.count) else { throw BusError(.badRequest, "a worker id is 1 to 256 bytes") }
+            if case .drain = request.change { (action, target) = ("workers.drain", worker) } else { (action, target) = ("workers.undrain", worker) }
+        }
+        let (controls, changed) = try await store.changeDispatchControls(request.change)
+        guard controls.pausedEffects.count + controls.pausedProviders.count + controls.providerLimits.count + controls.drainedWorkers.count
+            <= 4 * DispatchControls.maxEntries else { throw BusError(.badRequest, "too many controls") }
+        if changed { await dispatcher.apply(controls) }
+        try await store.appendAudit(AuditEntry(at: Date(), actor: request.actor, action: action, target: target, count: changed ? 1 : 0, detail: detail))
+        return controls
     }
 
     /// Writes an action on jobs to the audit log.

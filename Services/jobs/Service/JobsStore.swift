@@ -51,6 +51,13 @@ public protocol JobsStore: Sendable {
     /// A job whose release has not yet reached quota (its settlement still in the outbox) is not
     /// retried: that late release would give back the new charge.
     func retry(_ id: String, attempts: Int, now: Date) async throws -> JobRetryOutcome
+    /// What operators set on dispatching (none set: the defaults).
+    func dispatchControls() async throws -> DispatchControls
+    /// Makes one change to the controls in a transaction; the controls after it, and whether it
+    /// changed them.
+    func changeDispatchControls(_ change: DispatchControls.Change) async throws -> (controls: DispatchControls, changed: Bool)
+    /// Jobs queued and processing by effect, with the oldest queued one's creation.
+    func activeByEffect() async throws -> [EffectLoad]
     /// Writes an operator's action to the audit log.
     func appendAudit(_ entry: AuditEntry) async throws
     /// The audit log, newest first, before the entry `before`.
@@ -66,6 +73,14 @@ public protocol JobsStore: Sendable {
 }
 
 /// What each write of a batch did, in the order asked.
+/// One effect's jobs waiting and running.
+public struct EffectLoad: Sendable, Equatable {
+    public var effectId: String
+    public var queued: Int
+    public var processing: Int
+    public var oldestQueuedAt: Date?
+}
+
 /// What an operator's retry of one job did.
 public enum JobRetryOutcome: Sendable, Equatable {
     /// Queued again.

@@ -35,7 +35,8 @@ public struct Worker: Service {
         WorkerMetrics.inProgress.set(0)
         let ready = WorkerMessage.ready(WorkerReady(
             workerId: configuration.workerId, capacity: configuration.capacity, effects: effects,
-            heartbeatMilliseconds: Int(configuration.heartbeat.wholeMilliseconds), prefetch: configuration.prefetch, batches: true
+            heartbeatMilliseconds: Int(configuration.heartbeat.wholeMilliseconds), prefetch: configuration.prefetch, batches: true,
+            host: ProcessInfo.processInfo.hostName, version: BuildInfo.version
         ))
         let state = WorkerState(
             capacity: configuration.capacity, maxDetached: runner.providers.maxGenerations, heartbeat: configuration.heartbeat,

@@ -161,6 +161,11 @@ public struct JobsDatabase: Sendable {
                 table.column("detail", .text)
             }
         }
+        migrator.registerMigration("v11: operators' dispatch controls") { db in
+            // One row: `DispatchControls` as JSON (paused effects and providers, live limits,
+            // drained workers).
+            try db.execute(sql: "CREATE TABLE dispatch_controls (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)")
+        }
         return migrator
     }
 }

@@ -36,6 +36,45 @@ extension PostgresJobsStore {
         }
     }
 
+    public func dispatchControls() async throws -> DispatchControls {
+        let logger = logger
+        let body = try await database.connection { db in
+            try await db.first("SELECT body FROM jobs_dispatch_controls WHERE id = 1", as: String.self, logger: logger)
+        }
+        guard let body else { return DispatchControls() }
+        return try JSONDecoder().decode(DispatchControls.self, from: Data(body.utf8))
+    }
+
+    public func changeDispatchControls(_ change: DispatchControls.Change) async throws -> (controls: DispatchControls, changed: Bool) {
+        try await write { store, db in
+            // One change at a time, the row there or not yet.
+            try await db.query("SELECT pg_advisory_xact_lock(hashtext('jobs:dispatch-controls'))", logger: store.logger)
+            let body = try await db.first("SELECT body FROM jobs_dispatch_controls WHERE id = 1", as: String.self, logger: store.logger)
+            let current = try body.map { try JSONDecoder().decode(DispatchControls.self, from: Data($0.utf8)) } ?? DispatchControls()
+            guard let next = current.applying(change) else { return (current, false) }
+            let text = String(decoding: try JSONEncoder().encode(next), as: UTF8.self)
+            try await db.query("""
+                INSERT INTO jobs_dispatch_controls (id, body) VALUES (1, \(text)) ON CONFLICT (id) DO UPDATE SET body = excluded.body
+                """, logger: store.logger)
+            return (next, true)
+        }
+    }
+
+    public func activeByEffect() async throws -> [EffectLoad] {
+        let logger = logger
+        return try await database.connection { db in
+            var loads: [EffectLoad] = []
+            for try await (effect, queued, processing, oldest) in try await db.query("""
+                SELECT effect_id, count(*) FILTER (WHERE status = 'queued'), count(*) FILTER (WHERE status = 'processing'),
+                       min(created_at) FILTER (WHERE status = 'queued')
+                FROM jobs_job WHERE status IN ('queued', 'processing') GROUP BY effect_id ORDER BY effect_id
+                """, logger: logger).decode((String, Int, Int, Double?).self) {
+                loads.append(EffectLoad(effectId: effect, queued: queued, processing: processing, oldestQueuedAt: oldest.map(Date.init(timeIntervalSince1970:))))
+            }
+            return loads
+        }
+    }
+
     public func appendAudit(_ entry: AuditEntry) async throws {
         _ = try await write { store, db in
             try await db.query("""

@@ -132,6 +132,11 @@ public struct PostgresJobsStore: ReportingJobsStore {
                 filter text, count bigint NOT NULL, detail text)
             """,
         ]),
+        // One row: `DispatchControls` as JSON (paused effects and providers, live limits, drained
+        // workers).
+        PostgresMigration("v7: operators' dispatch controls", [
+            "CREATE TABLE jobs_dispatch_controls (id integer PRIMARY KEY CHECK (id = 1), body text NOT NULL)",
+        ]),
     ]
 
     // MARK: Any replica

@@ -35,6 +35,37 @@ extension SQLiteJobsStore {
         }
     }
 
+    public func dispatchControls() async throws -> DispatchControls {
+        try await database.read { db in try Self.controls(db) }
+    }
+
+    public func changeDispatchControls(_ change: DispatchControls.Change) async throws -> (controls: DispatchControls, changed: Bool) {
+        try await database.write { db in
+            let current = try Self.controls(db)
+            guard let next = current.applying(change) else { return (current, false) }
+            try db.execute(sql: "INSERT INTO dispatch_controls (id, body) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET body = excluded.body",
+                           arguments: [String(decoding: try JSONEncoder().encode(next), as: UTF8.self)])
+            return (next, true)
+        }
+    }
+
+    static func controls(_ db: Database) throws -> DispatchControls {
+        guard let body = try String.fetchOne(db, sql: "SELECT body FROM dispatch_controls WHERE id = 1") else { return DispatchControls() }
+        return try JSONDecoder().decode(DispatchControls.self, from: Data(body.utf8))
+    }
+
+    public func activeByEffect() async throws -> [EffectLoad] {
+        try await database.read { db in
+            try Row.fetchAll(db, sql: """
+                SELECT effectId, SUM(status = 'queued') AS queued, SUM(status = 'processing') AS processing,
+                       MIN(CASE WHEN status = 'queued' THEN createdAt END) AS oldest
+                FROM job WHERE status IN ('queued', 'processing') GROUP BY effectId ORDER BY effectId
+                """).map { row in
+                EffectLoad(effectId: row["effectId"], queued: row["queued"], processing: row["processing"], oldestQueuedAt: row["oldest"])
+            }
+        }
+    }
+
     public func appendAudit(_ entry: AuditEntry) async throws {
         try await database.write { db in
             try db.execute(sql: "INSERT INTO audit (at, actor, action, target, filter, count, detail) VALUES (?, ?, ?, ?, ?, ?, ?)", arguments: [
