@@ -85,6 +85,7 @@ generate: deps
 	rm -rf Clients/PhotoEditKit/Generated && mkdir -p Clients/PhotoEditKit/Generated
 	$$(scripts/swift-build.sh --show-bin-path)/swift-openapi-generator generate openapi.yaml \
 	  --config Clients/openapi-generator-config.yaml --output-directory Clients/PhotoEditKit/Generated
+	scripts/embed-console.sh
 
 ## The contract conformance run alone (needs the debug build).
 conformance: deps

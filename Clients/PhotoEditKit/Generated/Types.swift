@@ -236,6 +236,21 @@ internal protocol APIProtocol: Sendable {
     /// - Remark: HTTP `PUT /admin/v1/providers/{provider}/concurrency`.
     /// - Remark: Generated from `#/paths//admin/v1/providers/{provider}/concurrency/put(setProviderConcurrency)`.
     func setProviderConcurrency(_ input: Operations.SetProviderConcurrency.Input) async throws -> Operations.SetProviderConcurrency.Output
+    /// The operators' console, a web page of this API (its script and style at /admin/console.js and /admin/console.css); it asks for the token.
+    ///
+    /// - Remark: HTTP `GET /admin`.
+    /// - Remark: Generated from `#/paths//admin/get(console)`.
+    func console(_ input: Operations.Console.Input) async throws -> Operations.Console.Output
+    /// Which operator token this is, admin (reads and acts) or viewer (reads).
+    ///
+    /// - Remark: HTTP `GET /admin/v1/session`.
+    /// - Remark: Generated from `#/paths//admin/v1/session/get(adminSession)`.
+    func adminSession(_ input: Operations.AdminSession.Input) async throws -> Operations.AdminSession.Output
+    /// A job's input, result or thumbnail, through the gateway (admin or viewer token); the console shows files this way, never by a signed link.
+    ///
+    /// - Remark: HTTP `GET /admin/v1/jobs/{jobId}/files/{kind}`.
+    /// - Remark: Generated from `#/paths//admin/v1/jobs/{jobId}/files/{kind}/get(adminJobFile)`.
+    func adminJobFile(_ input: Operations.AdminJobFile.Input) async throws -> Operations.AdminJobFile.Output
     /// Every operator action, newest first (admin or viewer token).
     ///
     /// - Remark: HTTP `GET /admin/v1/audit`.
@@ -823,6 +838,33 @@ extension APIProtocol {
             path: path,
             headers: headers,
             body: body
+        ))
+    }
+    /// The operators' console, a web page of this API (its script and style at /admin/console.js and /admin/console.css); it asks for the token.
+    ///
+    /// - Remark: HTTP `GET /admin`.
+    /// - Remark: Generated from `#/paths//admin/get(console)`.
+    internal func console(headers: Operations.Console.Input.Headers = .init()) async throws -> Operations.Console.Output {
+        try await console(Operations.Console.Input(headers: headers))
+    }
+    /// Which operator token this is, admin (reads and acts) or viewer (reads).
+    ///
+    /// - Remark: HTTP `GET /admin/v1/session`.
+    /// - Remark: Generated from `#/paths//admin/v1/session/get(adminSession)`.
+    internal func adminSession(headers: Operations.AdminSession.Input.Headers = .init()) async throws -> Operations.AdminSession.Output {
+        try await adminSession(Operations.AdminSession.Input(headers: headers))
+    }
+    /// A job's input, result or thumbnail, through the gateway (admin or viewer token); the console shows files this way, never by a signed link.
+    ///
+    /// - Remark: HTTP `GET /admin/v1/jobs/{jobId}/files/{kind}`.
+    /// - Remark: Generated from `#/paths//admin/v1/jobs/{jobId}/files/{kind}/get(adminJobFile)`.
+    internal func adminJobFile(
+        path: Operations.AdminJobFile.Input.Path,
+        headers: Operations.AdminJobFile.Input.Headers = .init()
+    ) async throws -> Operations.AdminJobFile.Output {
+        try await adminJobFile(Operations.AdminJobFile.Input(
+            path: path,
+            headers: headers
         ))
     }
     /// Every operator action, newest first (admin or viewer token).

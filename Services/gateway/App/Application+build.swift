@@ -80,7 +80,8 @@ private func addFileRoutes(
         failures: FailureLog(logger: logger), requireQuota: configuration.uploadsRequireQuota
     ).addRoutes(to: router)
     JobsController(clients: clients, authenticator: authenticator, creator: creator, links: links, streams: streams).addRoutes(to: router)
-    AdminJobsController(clients: clients, authenticator: authenticator, links: links).addRoutes(to: router)
+    AdminJobsController(clients: clients, authenticator: authenticator, links: links, blobs: blobs).addRoutes(to: router)
+    ConsoleController<GatewayContext>().addRoutes(to: router)
     AdminDispatchController(clients: clients, authenticator: authenticator).addRoutes(to: router)
     HistoryController(
         clients: clients, authenticator: authenticator, creator: creator, links: links, shareLifetime: configuration.shareLifetime

@@ -1,3 +1,4 @@
+import Blobs
 import Bus
 import Foundation
 import HTTPTypes
@@ -11,6 +12,7 @@ struct AdminJobsController<Context: GatewayRequestContext>: Sendable {
     let clients: ServiceClients
     let authenticator: Authenticator
     let links: DownloadLinks
+    let blobs: any BlobStore
 
     /// A job as operators read it: the app's fields and what support needs besides (the user,
     /// the provider's request id, the trace id, the error in full).
@@ -124,6 +126,24 @@ struct AdminJobsController<Context: GatewayRequestContext>: Sendable {
             let cursor = query["cursor"].map(String.init).flatMap { $0.isEmpty ? nil : $0 }
             let page = try await clients.call(.jobs, Admin.jobs, AdminJobsQuery(filter: filter, cursor: cursor, limit: limit))
             return try JSONResponse.make(.ok, PageJSON(jobs: page.jobs.map(JobJSON.init), nextCursor: page.nextCursor, counts: page.counts))
+        }
+        // A job's files through the gateway, under the operator's token: the console shows them
+        // without a signed link ever reaching the page.
+        router.get("/admin/v1/jobs/:jobId/files/:kind") { request, context in
+            try authenticator.requireOperator(request)
+            let jobId = try context.parameters.require("jobId")
+            let job = try await clients.call(.jobs, Admin.job, AdminJobReference(jobId: jobId))
+            let key: String? = switch try context.parameters.require("kind") {
+            case "input": job.imageKey
+            case "result": job.resultKey
+            case "thumbnail": job.thumbnailKey
+            default: throw Problem(.notFound, detail: "A job's files are input, result and thumbnail.")
+            }
+            guard let key else { throw Problem(.notFound, detail: "The job has no such file (yet).") }
+            return try await UploadsController<Context>.serve(blobs, key: key, cacheControl: "private, no-store")
+        }
+        router.get("/admin/v1/session") { request, _ in
+            try JSONResponse.make(.ok, ["role": try authenticator.requireOperator(request).rawValue])
         }
         router.get("/admin/v1/jobs/:jobId") { request, context in
             try authenticator.requireOperator(request)
