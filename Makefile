@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CONFIG ?= debug
 
-.PHONY: deps build run test hosts-chaos chaos-postgres conformance generate loadtest bench-gateway bench-bus bench-quota bench-jobs bench-history bench-blobs bench-models stream-cost clean
+.PHONY: deps build run test console-check hosts-chaos chaos-postgres conformance generate loadtest bench-gateway bench-bus bench-quota bench-jobs bench-history bench-blobs bench-models stream-cost clean
 
 deps:
 	@scripts/install-deps.sh
@@ -36,7 +36,9 @@ hosts-chaos: deps
 ## one at a time. Each part is
 ## bounded (scripts/swift-test.sh: past its minutes the run is stopped and the tests still running
 ## are named; every suite also has its own time limit). Then the contract conformance run
-## (schemathesis against openapi.yaml on a live stack), then the alert rules' unit tests and a real
+## (schemathesis against openapi.yaml on a live stack), the app's flows as the seeds write them
+## (scripts/seed-contract.sh, on each store), the operators' console in Chromium driven by
+## Selenium (scripts/console-check.sh), then the alert rules' unit tests and a real
 ## Prometheus scraping a stack with them (scripts/prometheus-check.sh), then one edit's trace
 ## through every process to an OTLP receiver (scripts/trace-check.sh), then 30 s of loadtest under
 ## chaos on a stack of its own (fails on any broken invariant), the chaos check again with
@@ -57,6 +59,7 @@ test: deps
 	  && scripts/swift-test.sh 20 --no-parallel --filter "$(HEAVY_TESTS)"'
 	scripts/conformance.sh
 	scripts/seed-contract.sh
+	scripts/console-check.sh
 	BLOB_STORE=s3 scripts/seed-contract.sh
 	STORE=postgres scripts/seed-contract.sh
 	scripts/prometheus-check.sh
@@ -86,6 +89,11 @@ generate: deps
 	$$(scripts/swift-build.sh --show-bin-path)/swift-openapi-generator generate openapi.yaml \
 	  --config Clients/openapi-generator-config.yaml --output-directory Clients/PhotoEditKit/Generated
 	scripts/embed-console.sh
+
+## The console in Chromium (Selenium) against a stack of its own (needs the debug build).
+console-check: deps
+	scripts/swift-build.sh --build-tests
+	scripts/console-check.sh
 
 ## The contract conformance run alone (needs the debug build).
 conformance: deps

@@ -28,7 +28,7 @@ function h(tag, attributes = {}, ...children) {
     if (name.startsWith("on")) element.addEventListener(name.slice(2), value);
     else element.setAttribute(name, value === true ? "" : String(value));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === undefined || child === null || child === false) continue;
     element.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -147,7 +147,7 @@ function chart(minutes) {
   });
   const completed = minutes.reduce((sum, minute) => sum + minute.completed, 0);
   const failed = minutes.reduce((sum, minute) => sum + minute.failed, 0);
-  return h("figure", { style: "margin:0" }, svg,
+  return h("figure", { class: "chart" }, svg,
     h("figcaption", { class: "legend" }, h("span", { class: "ok" }, `${completed} completed`), " · ", h("span", { class: "bad" }, `${failed} failed`), " in the last 60 minutes, a bar a minute"));
 }
 
@@ -241,7 +241,7 @@ async function providersPage() {
   const overview = await api("GET", "/admin/v1/overview");
   const rows = overview.providers.map((provider) => {
     const base = `/admin/v1/providers/${encodeURIComponent(provider.provider)}`;
-    const limit = h("input", { type: "number", min: 1, max: 10000, value: provider.limit ?? "", placeholder: "none", class: "limit-input", style: "width:6rem" });
+    const limit = h("input", { type: "number", min: 1, max: 10000, value: provider.limit ?? "", placeholder: "none", class: "limit-input" });
     return h("tr", { "data-provider": provider.provider },
       h("td", {}, provider.provider), h("td", {}, provider.queued), h("td", {}, provider.processing), h("td", {}, provider.inFlight ?? "?"),
       h("td", {}, provider.limit ?? "none", provider.limitSetLive ? " (live)" : ""), h("td", {}, ago(provider.oldestQueuedAt)),
@@ -375,14 +375,22 @@ async function render() {
     const content = await page(match || []);
     if (ticket !== rendering) return;
     for (const url of objectURLs.splice(0)) URL.revokeObjectURL(url);
-    main.replaceChildren(...[content].flat().filter(Boolean));
+    main.replaceChildren(...[content].flat(Infinity).filter(Boolean));
     main.dataset.page = page.name;
   } catch (error) {
     if (ticket !== rendering) return;
     if (!session.token) return showLogin();
     say(error.message, true);
   }
-  if (every && ticket === rendering) timers.push(setTimeout(render, every));
+  if (every && ticket === rendering) timers.push(setTimeout(() => refresh(every), every));
+}
+
+/** A page's periodic refresh, put off while the operator types in it or answers a question. */
+function refresh(every) {
+  const focused = document.activeElement;
+  const busy = document.getElementById("confirm-dialog").open || (focused && focused.matches("main input, main select"));
+  if (busy) timers.push(setTimeout(() => refresh(every), every));
+  else render();
 }
 
 function showLogin() {

@@ -51,10 +51,10 @@ header nav { display: flex; flex-wrap: wrap; gap: .25rem .8rem; flex: 1; }
 header a { color: #fff; text-decoration: none; padding: .2rem 0; }
 header a.current { border-bottom: 2px solid #fff; }
 main { padding: 1rem; max-width: 1200px; margin: 0 auto; }
-h1 { font-size: 1.3rem; margin: .2rem 0 1rem; }
+h1 { font-size: 1.3rem; margin: .2rem 0 1rem; overflow-wrap: anywhere; }
 h2 { font-size: 1.1rem; margin: 1.4rem 0 .5rem; }
 .cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(8rem, 1fr)); gap: .6rem; }
-.card { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: .6rem .8rem; }
+.card { color: inherit; text-decoration: none; background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: .6rem .8rem; }
 .card b { display: block; font-size: 1.5rem; }
 .scroll { overflow-x: auto; background: #fff; border: 1px solid var(--line); border-radius: 6px; }
 table { border-collapse: collapse; width: 100%; }
@@ -73,11 +73,13 @@ form.inline { display: flex; flex-wrap: wrap; gap: .5rem; align-items: end; marg
 .paused { color: var(--bad); font-weight: 600; }
 #message { margin: 0; padding: .5rem 1rem; background: #fff8c5; border-bottom: 1px solid #d4a72c; }
 #message.error { background: #ffebe9; border-color: var(--bad); }
-dl { display: grid; grid-template-columns: max-content 1fr; gap: .3rem 1rem; background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: .8rem; }
+dl { display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: .3rem 1rem; background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: .8rem; }
 dt { color: var(--muted); } dd { margin: 0; overflow-wrap: anywhere; }
 .images { display: flex; flex-wrap: wrap; gap: .8rem; }
 .images figure { margin: 0; background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: .4rem; }
 .images img { display: block; max-width: min(18rem, 80vw); max-height: 18rem; }
+figure.chart { margin: 0; }
+input.limit-input { width: 6rem; }
 svg.chart { width: 100%; height: 7rem; background: #fff; border: 1px solid var(--line); border-radius: 6px; }
 .legend { font-size: .85rem; color: var(--muted); }
 .legend .ok { color: var(--ok); } .legend .bad { color: var(--bad); }
@@ -120,7 +122,7 @@ function h(tag, attributes = {}, ...children) {
     if (name.startsWith("on")) element.addEventListener(name.slice(2), value);
     else element.setAttribute(name, value === true ? "" : String(value));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === undefined || child === null || child === false) continue;
     element.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -239,7 +241,7 @@ function chart(minutes) {
   });
   const completed = minutes.reduce((sum, minute) => sum + minute.completed, 0);
   const failed = minutes.reduce((sum, minute) => sum + minute.failed, 0);
-  return h("figure", { style: "margin:0" }, svg,
+  return h("figure", { class: "chart" }, svg,
     h("figcaption", { class: "legend" }, h("span", { class: "ok" }, `${completed} completed`), " · ", h("span", { class: "bad" }, `${failed} failed`), " in the last 60 minutes, a bar a minute"));
 }
 
@@ -333,7 +335,7 @@ async function providersPage() {
   const overview = await api("GET", "/admin/v1/overview");
   const rows = overview.providers.map((provider) => {
     const base = `/admin/v1/providers/${encodeURIComponent(provider.provider)}`;
-    const limit = h("input", { type: "number", min: 1, max: 10000, value: provider.limit ?? "", placeholder: "none", class: "limit-input", style: "width:6rem" });
+    const limit = h("input", { type: "number", min: 1, max: 10000, value: provider.limit ?? "", placeholder: "none", class: "limit-input" });
     return h("tr", { "data-provider": provider.provider },
       h("td", {}, provider.provider), h("td", {}, provider.queued), h("td", {}, provider.processing), h("td", {}, provider.inFlight ?? "?"),
       h("td", {}, provider.limit ?? "none", provider.limitSetLive ? " (live)" : ""), h("td", {}, ago(provider.oldestQueuedAt)),
@@ -467,14 +469,22 @@ async function render() {
     const content = await page(match || []);
     if (ticket !== rendering) return;
     for (const url of objectURLs.splice(0)) URL.revokeObjectURL(url);
-    main.replaceChildren(...[content].flat().filter(Boolean));
+    main.replaceChildren(...[content].flat(Infinity).filter(Boolean));
     main.dataset.page = page.name;
   } catch (error) {
     if (ticket !== rendering) return;
     if (!session.token) return showLogin();
     say(error.message, true);
   }
-  if (every && ticket === rendering) timers.push(setTimeout(render, every));
+  if (every && ticket === rendering) timers.push(setTimeout(() => refresh(every), every));
+}
+
+/** A page's periodic refresh, put off while the operator types in it or answers a question. */
+function refresh(every) {
+  const focused = document.activeElement;
+  const busy = document.getElementById("confirm-dialog").open || (focused && focused.matches("main input, main select"));
+  if (busy) timers.push(setTimeout(() => refresh(every), every));
+  else render();
 }
 
 function showLogin() {
