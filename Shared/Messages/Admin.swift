@@ -20,6 +20,8 @@ public enum Admin {
     /// Pauses or resumes an effect or a provider, sets a provider's concurrency, drains or
     /// undrains a worker: stored, then in force. Idempotent; written to the audit log.
     public static let control = BusMethod<AdminControl, DispatchControls>("jobs.admin-control", roles: [.gateway, .operator], retrySafe: true)
+    /// A job's attempts, first to last: the worker, start, end, outcome and error of each.
+    public static let attempts = BusMethod<AdminJobReference, [AttemptRecord]>("jobs.admin-attempts", roles: [.gateway, .operator], retrySafe: true)
     /// Writes an entry to the audit log (an action taken elsewhere, such as a plan change).
     public static let audit = BusMethod<AuditEntry, Empty>("jobs.audit-append", roles: [.gateway, .operator], retrySafe: false)
     /// The audit log, newest first.
@@ -313,6 +315,36 @@ public struct AuditQuery: Codable, Sendable, Equatable {
 public struct AuditPage: Codable, Sendable, Equatable {
     public var entries: [AuditEntry]
     public init(entries: [AuditEntry]) { self.entries = entries }
+}
+
+/// One attempt at a job, as the jobs store keeps it.
+public struct AttemptRecord: Codable, Sendable, Equatable {
+    public var attempt: Int
+    /// The worker it was handed to (nil: not known, an attempt started before attempts were kept).
+    public var workerId: String?
+    public var startedAt: Date
+    /// When it ended, and how: `completed`, `failed`, `cancelled`, or `retry` (it failed and the
+    /// job was queued again); nil while it runs.
+    public var endedAt: Date?
+    public var outcome: String?
+    public var error: String?
+    public init(attempt: Int, workerId: String?, startedAt: Date, endedAt: Date? = nil, outcome: String? = nil, error: String? = nil) {
+        self.attempt = attempt
+        self.workerId = workerId
+        self.startedAt = startedAt
+        self.endedAt = endedAt
+        self.outcome = outcome
+        self.error = error
+    }
+
+    /// How an attempt ended, by the state its job went to (nil: it has not ended).
+    public static func outcome(of status: JobStatus) -> String? {
+        switch status {
+        case .processing: nil
+        case .queued: "retry"
+        case .completed, .failed, .cancelled: status.rawValue
+        }
+    }
 }
 
 /// Names a job for an operator (no user check).

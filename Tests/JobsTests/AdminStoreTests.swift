@@ -134,4 +134,31 @@ struct AdminStoreTests {
             #expect(abs((loads.first?.oldestQueuedAt ?? .distantPast).timeIntervalSince(start.addingTimeInterval(1))) < 0.01)
         }
     }
+
+    @Test(arguments: JobsBackend.allCases) func eachAttemptIsKeptWithItsWorkerStartEndOutcomeAndError(backend: JobsBackend) async throws {
+        try await withJobsStore(backend) { harness in
+            let store = harness.store, now = harness.now
+            _ = try await harness.created("job-1")
+            // Attempt 1 on gpu-1 fails and the job is queued again; attempt 2 on gpu-2 completes
+            _ = try await store.write(starts: ["job-1"], workers: ["job-1": "gpu-1"], results: [], now: now).starts[0].get()
+            _ = try await store.fail(JobAttempt(jobId: "job-1", attempt: 1), error: "provider busy", retryable: true, now: now.addingTimeInterval(2))
+            let running = try await store.attempts(of: "job-1")
+            #expect(running.map(\.outcome) == ["retry"] && running.first?.workerId == "gpu-1" && running.first?.error == "provider busy")
+            _ = try await store.write(starts: ["job-1"], workers: ["job-1": "gpu-2"], results: [], now: now.addingTimeInterval(3)).starts[0].get()
+            let second = try await store.attempts(of: "job-1")
+            #expect(second.count == 2 && second[1].workerId == "gpu-2" && second[1].endedAt == nil && second[1].outcome == nil)
+            let done = JobResult.done(JobOutput(resultKey: "results/alice/job-1.jpg", thumbnailKey: "thumbnails/alice/job-1.jpg"))
+            _ = try await store.write(starts: [], results: [(JobAttempt(jobId: "job-1", attempt: 2), done)], now: now.addingTimeInterval(5)).results[0].get()
+            let attempts = try await store.attempts(of: "job-1")
+            #expect(attempts.map(\.attempt) == [1, 2] && attempts.map(\.outcome) == ["retry", "completed"] && attempts[1].error == nil)
+            #expect(abs((attempts[0].endedAt ?? .distantPast).timeIntervalSince(now.addingTimeInterval(2))) < 0.01)
+            #expect(abs(attempts[1].startedAt.timeIntervalSince(now.addingTimeInterval(3))) < 0.01)
+            // A late report of the first attempt changes nothing; a purge removes them
+            _ = try await store.fail(JobAttempt(jobId: "job-1", attempt: 1), error: "late", retryable: false, now: now.addingTimeInterval(6))
+            #expect(try await store.attempts(of: "job-1") == attempts)
+            _ = try await store.purge("job-1", userId: "alice", now: now.addingTimeInterval(7))
+            #expect(try await store.attempts(of: "job-1").isEmpty)
+            #expect(try await store.attempts(of: "no-such-job").isEmpty)
+        }
+    }
 }

@@ -140,6 +140,12 @@ struct AdminJobsTests {
                 let usage = try await system.clients.quota.call(Quota.usage, UserReference(userId: aliceId))
                 return usage.status.daily.used == 1 && usage.charges.first { $0.jobId == jobId }?.state == .committed
             }
+            // Its two attempts, each with its worker and how it ended
+            let detail = JobSystem.json(try await client.execute(uri: "/admin/v1/jobs/\(jobId)", method: .get, headers: viewer))
+            let attempts = detail["attempts"] as? [[String: Any]] ?? []
+            #expect(attempts.compactMap { $0["outcome"] as? String } == ["failed", "completed"])
+            #expect(attempts.allSatisfy { ($0["workerId"] as? String)?.isEmpty == false && $0["startedAt"] as? String != nil && $0["endedAt"] as? String != nil })
+            #expect((attempts.first?["error"] as? String)?.contains("400") == true)
             // Idempotent: it is not failed any more
             #expect(try await post("/admin/v1/jobs/retry", #"{"ids": ["\#(jobId)"]}"#).1["changed"] as? Int == 0)
 

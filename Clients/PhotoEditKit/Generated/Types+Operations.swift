@@ -10265,6 +10265,68 @@ internal enum Operations {
                         internal var resultUrl: Swift.String?
                         /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/thumbnailUrl`.
                         internal var thumbnailUrl: Swift.String?
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/AttemptsPayload`.
+                        internal struct AttemptsPayloadPayload: Codable, Hashable, Sendable {
+                            /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/AttemptsPayload/attempt`.
+                            internal var attempt: Swift.Int
+                            /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/AttemptsPayload/workerId`.
+                            internal var workerId: Swift.String?
+                            /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/AttemptsPayload/startedAt`.
+                            internal var startedAt: Foundation.Date
+                            /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/AttemptsPayload/endedAt`.
+                            internal var endedAt: Foundation.Date?
+                            /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/AttemptsPayload/outcome`.
+                            internal enum OutcomePayload: String, Codable, Hashable, Sendable, CaseIterable {
+                                case completed = "completed"
+                                case failed = "failed"
+                                case cancelled = "cancelled"
+                                case retry = "retry"
+                            }
+                            /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/AttemptsPayload/outcome`.
+                            internal var outcome: Operations.AdminJob.Output.Ok.Body.JsonPayload.AttemptsPayloadPayload.OutcomePayload?
+                            /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/AttemptsPayload/error`.
+                            internal var error: Swift.String?
+                            /// Creates a new `AttemptsPayloadPayload`.
+                            ///
+                            /// - Parameters:
+                            ///   - attempt:
+                            ///   - workerId:
+                            ///   - startedAt:
+                            ///   - endedAt:
+                            ///   - outcome:
+                            ///   - error:
+                            internal init(
+                                attempt: Swift.Int,
+                                workerId: Swift.String? = nil,
+                                startedAt: Foundation.Date,
+                                endedAt: Foundation.Date? = nil,
+                                outcome: Operations.AdminJob.Output.Ok.Body.JsonPayload.AttemptsPayloadPayload.OutcomePayload? = nil,
+                                error: Swift.String? = nil
+                            ) {
+                                self.attempt = attempt
+                                self.workerId = workerId
+                                self.startedAt = startedAt
+                                self.endedAt = endedAt
+                                self.outcome = outcome
+                                self.error = error
+                            }
+                            internal enum CodingKeys: String, CodingKey {
+                                case attempt
+                                case workerId
+                                case startedAt
+                                case endedAt
+                                case outcome
+                                case error
+                            }
+                        }
+                        /// Its attempts, first to last.
+                        ///
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/attempts`.
+                        internal typealias AttemptsPayload = [Operations.AdminJob.Output.Ok.Body.JsonPayload.AttemptsPayloadPayload]
+                        /// Its attempts, first to last.
+                        ///
+                        /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/json/attempts`.
+                        internal var attempts: Operations.AdminJob.Output.Ok.Body.JsonPayload.AttemptsPayload
                         /// Creates a new `JsonPayload`.
                         ///
                         /// - Parameters:
@@ -10273,18 +10335,21 @@ internal enum Operations {
                         ///   - inputUrl:
                         ///   - resultUrl:
                         ///   - thumbnailUrl:
+                        ///   - attempts: Its attempts, first to last.
                         internal init(
                             job: Components.Schemas.AdminJob,
                             settlement: Operations.AdminJob.Output.Ok.Body.JsonPayload.SettlementPayload,
                             inputUrl: Swift.String? = nil,
                             resultUrl: Swift.String? = nil,
-                            thumbnailUrl: Swift.String? = nil
+                            thumbnailUrl: Swift.String? = nil,
+                            attempts: Operations.AdminJob.Output.Ok.Body.JsonPayload.AttemptsPayload
                         ) {
                             self.job = job
                             self.settlement = settlement
                             self.inputUrl = inputUrl
                             self.resultUrl = resultUrl
                             self.thumbnailUrl = thumbnailUrl
+                            self.attempts = attempts
                         }
                         internal enum CodingKeys: String, CodingKey {
                             case job
@@ -10292,6 +10357,7 @@ internal enum Operations {
                             case inputUrl
                             case resultUrl
                             case thumbnailUrl
+                            case attempts
                         }
                     }
                     /// - Remark: Generated from `#/paths/admin/v1/jobs/{jobId}/GET/responses/200/content/application\/json`.

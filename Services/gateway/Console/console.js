@@ -233,6 +233,10 @@ async function jobPage(id) {
       ["queued", "processing"].includes(job.status) ? h("button", { id: "job-cancel", class: "danger", onclick: () =>
         act("Cancel this job? Its credits go back to the user.", () => api("POST", "/admin/v1/jobs/cancel", { ids: [job.id] }), () => "Cancel asked.") }, "Cancel") : null)),
     h("dl", { id: "job-detail" }, fields.map(([name, value]) => [h("dt", {}, name), h("dd", {}, value)])),
+    h("h2", {}, "Attempts"),
+    table("attempts-table", ["#", "Worker", "Started", "Ended", "Outcome", "Error"], detail.attempts.map((attempt) => h("tr", {},
+      h("td", {}, attempt.attempt), h("td", {}, attempt.workerId || ""), h("td", {}, when(attempt.startedAt)), h("td", {}, when(attempt.endedAt)),
+      h("td", { class: `state-${attempt.outcome || "processing"}` }, attempt.outcome || "running"), h("td", { class: "wrap" }, attempt.error || "")))),
     h("h2", {}, "Files"), images,
   ];
 }

@@ -268,7 +268,9 @@ public actor Dispatcher {
     /// A worker whose result's write fails still holds the attempt and sends the result again
     /// with its next heartbeat; a start that fails leaves its job queued.
     private func write(starts: [Machine.Start], results: [Report]) async {
-        let written = await store.write(starts: starts.map(\.job.jobId), results: results.map { ($0.attempt, $0.result) }, now: Date())
+        var workers: [String: String] = [:]
+        for start in starts { workers[start.job.jobId] = machine.workerId(start.peer) }
+        let written = await store.write(starts: starts.map(\.job.jobId), workers: workers, results: results.map { ($0.attempt, $0.result) }, now: Date())
         var actions: [Machine.Action] = []
         for (report, written) in zip(results, written.results) {
             let outcome: Machine.RecordOutcome

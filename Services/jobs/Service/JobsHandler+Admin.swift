@@ -41,6 +41,7 @@ extension JobsHandler {
         }
         router.register(Admin.retry) { request, _ in try await retry(request) }
         router.register(Admin.overview) { _, _ in try await overview() }
+        router.register(Admin.attempts) { request, _ in try await store.attempts(of: request.jobId) }
         router.register(Admin.control) { request, _ in try await control(request) }
         router.register(Admin.audit) { request, _ in
             try await store.appendAudit(request)

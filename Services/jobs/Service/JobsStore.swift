@@ -58,6 +58,8 @@ public protocol JobsStore: Sendable {
     func changeDispatchControls(_ change: DispatchControls.Change) async throws -> (controls: DispatchControls, changed: Bool)
     /// Jobs queued and processing by effect, with the oldest queued one's creation.
     func activeByEffect() async throws -> [EffectLoad]
+    /// A job's attempts, first to last.
+    func attempts(of jobId: String) async throws -> [AttemptRecord]
     /// Writes an operator's action to the audit log.
     func appendAudit(_ entry: AuditEntry) async throws
     /// The audit log, newest first, before the entry `before`.
@@ -69,10 +71,18 @@ public protocol JobsStore: Sendable {
     /// outbox, failed or queued again after a backoff, or cancelled; a refused result's files
     /// discarded), each on its own (one that fails leaves the others). A store may write them in
     /// one transaction.
-    func write(starts: [String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome
+    /// `workers` names the worker each start is handed to (by job id), kept with the attempt.
+    func write(starts: [String], workers: [String: String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome
 }
 
 /// What each write of a batch did, in the order asked.
+extension JobsStore {
+    /// Starts and results with no worker named for the starts.
+    public func write(starts: [String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome {
+        await write(starts: starts, workers: [:], results: results, now: now)
+    }
+}
+
 /// One effect's jobs waiting and running.
 public struct EffectLoad: Sendable, Equatable {
     public var effectId: String

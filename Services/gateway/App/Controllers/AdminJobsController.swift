@@ -72,6 +72,8 @@ struct AdminJobsController<Context: GatewayRequestContext>: Sendable {
         var inputUrl: String?
         var resultUrl: String?
         var thumbnailUrl: String?
+        /// Its attempts, first to last: worker, start, end, outcome, error.
+        var attempts: [AttemptRecord]
     }
 
     /// The most ids one action names (so that its body fits the 64 KiB of a JSON body); a
@@ -148,6 +150,7 @@ struct AdminJobsController<Context: GatewayRequestContext>: Sendable {
         router.get("/admin/v1/jobs/:jobId") { request, context in
             try authenticator.requireOperator(request)
             let jobId = try context.parameters.require("jobId")
+            async let attempts = clients.call(.jobs, Admin.attempts, AdminJobReference(jobId: jobId))
             let page = try await clients.call(.jobs, Admin.job, AdminJobReference(jobId: jobId))
             let settlement = switch page.status {
             case .completed: "committed"
@@ -156,7 +159,7 @@ struct AdminJobsController<Context: GatewayRequestContext>: Sendable {
             }
             return try JSONResponse.make(.ok, DetailJSON(
                 job: JobJSON(page), settlement: settlement, inputUrl: links.url(page.imageKey), resultUrl: links.url(page.resultKey),
-                thumbnailUrl: links.url(page.thumbnailKey)
+                thumbnailUrl: links.url(page.thumbnailKey), attempts: try await attempts
             ))
         }
         for (path, method) in [("cancel", Admin.cancel), ("retry", Admin.retry)] {

@@ -93,10 +93,29 @@ public enum JobRows {
         if announce {
             arguments += [updated, job.id]
             try db.cachedStatement(sql: "UPDATE job SET \(set), historyDueAt = ?, historyAttempts = 0 WHERE id = ?").execute(arguments: arguments)
+            try endAttempt(db, job)
         } else {
             arguments += [job.id]
             try db.cachedStatement(sql: "UPDATE job SET \(set) WHERE id = ?").execute(arguments: arguments)
         }
+    }
+
+    // MARK: Attempts
+
+    /// Keeps the attempt a start began, with the worker it went to.
+    static func startAttempt(_ db: Database, _ job: JobRecord, worker: String?) throws {
+        try db.cachedStatement(sql: """
+            INSERT INTO attempt (jobId, attempt, workerId, startedAt) VALUES (?, ?, ?, ?)
+            ON CONFLICT (jobId, attempt) DO UPDATE SET workerId = excluded.workerId, startedAt = excluded.startedAt, endedAt = NULL, outcome = NULL, error = NULL
+            """).execute(arguments: [job.id, job.attempts, worker, StoredDate.text(job.updatedAt)])
+    }
+
+    /// A state change that ends the job's current attempt (the job left `processing`) writes how
+    /// it ended; an attempt ended already (a cancel of a queued job, an operator's retry) stays.
+    static func endAttempt(_ db: Database, _ job: JobRecord) throws {
+        guard job.attempts > 0, let outcome = AttemptRecord.outcome(of: job.status) else { return }
+        try db.cachedStatement(sql: "UPDATE attempt SET endedAt = ?, outcome = ?, error = ? WHERE jobId = ? AND attempt = ? AND endedAt IS NULL")
+            .execute(arguments: [StoredDate.text(job.updatedAt), outcome, job.status == .completed ? nil : job.lastError, job.id, job.attempts])
     }
 
     // MARK: Provider requests

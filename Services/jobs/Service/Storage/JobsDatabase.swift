@@ -166,6 +166,15 @@ public struct JobsDatabase: Sendable {
             // drained workers).
             try db.execute(sql: "CREATE TABLE dispatch_controls (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)")
         }
+        migrator.registerMigration("v12: each job's attempts") { db in
+            // One row an attempt: the worker it went to, when it started and ended, how it ended.
+            // Removed with its job.
+            try db.execute(sql: """
+                CREATE TABLE attempt (
+                    jobId TEXT NOT NULL, attempt INTEGER NOT NULL, workerId TEXT, startedAt TEXT NOT NULL,
+                    endedAt TEXT, outcome TEXT, error TEXT, PRIMARY KEY (jobId, attempt)) WITHOUT ROWID
+                """)
+        }
         return migrator
     }
 }

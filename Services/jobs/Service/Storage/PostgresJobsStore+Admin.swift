@@ -36,6 +36,20 @@ extension PostgresJobsStore {
         }
     }
 
+    public func attempts(of jobId: String) async throws -> [AttemptRecord] {
+        let logger = logger
+        return try await database.connection { db in
+            var attempts: [AttemptRecord] = []
+            for try await (attempt, worker, started, ended, outcome, error) in try await db.query("""
+                SELECT attempt, worker_id, started_at, ended_at, outcome, error FROM jobs_attempt WHERE job_id = \(jobId) ORDER BY attempt
+                """, logger: logger).decode((Int, String?, Double, Double?, String?, String?).self) {
+                attempts.append(AttemptRecord(attempt: attempt, workerId: worker, startedAt: Date(timeIntervalSince1970: started),
+                                              endedAt: ended.map(Date.init(timeIntervalSince1970:)), outcome: outcome, error: error))
+            }
+            return attempts
+        }
+    }
+
     public func dispatchControls() async throws -> DispatchControls {
         let logger = logger
         let body = try await database.connection { db in

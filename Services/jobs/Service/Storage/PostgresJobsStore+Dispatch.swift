@@ -19,6 +19,7 @@ extension PostgresJobsStore {
     /// One event's writes.
     struct DispatchEvent: Sendable {
         var starts: [String]
+        var workers: [String: String]
         var results: [(attempt: JobAttempt, result: JobResult)]
         var now: Date
     }
@@ -30,9 +31,9 @@ extension PostgresJobsStore {
         }
     }
 
-    public func write(starts: [String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome {
+    public func write(starts: [String], workers: [String: String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome {
         guard !starts.isEmpty || !results.isEmpty else { return JobsBatchOutcome(starts: [], results: []) }
-        let event = DispatchEvent(starts: starts, results: results, now: now)
+        let event = DispatchEvent(starts: starts, workers: workers, results: results, now: now)
         do {
             if let dispatches { return try await dispatches.submit(event) }
             return try await write([event])[0]
@@ -67,6 +68,8 @@ extension PostgresJobsStore {
         var changed: Set<String> = []
         var outbox: [OutboxRow] = []
         var ended: [JobRecord] = []
+        var attemptsStarted: [(job: JobRecord, worker: String?)] = []
+        var attemptsEnded: [EndedAttempt] = []
         func apply(_ transition: JobRules.Transition, at now: Date) {
             jobs[transition.job.id] = transition.job
             changed.insert(transition.job.id)
@@ -88,6 +91,7 @@ extension PostgresJobsStore {
                     continue
                 }
                 apply(transition, at: now)
+                attemptsStarted.append((transition.job, event.workers[id]))
                 started.append(.success(transition.job))
             }
             var recorded: [Result<(outcome: JobReportOutcome, retryAfter: Duration?), any Error>] = []
@@ -112,6 +116,7 @@ extension PostgresJobsStore {
                     recorded.append(.success((.alreadyRecorded(job), nil)))
                 case .apply(let transition):
                     apply(transition, at: now)
+                    if let outcome = AttemptRecord.outcome(of: transition.job.status) { attemptsEnded.append(EndedAttempt(transition.job, outcome: outcome)) }
                     recorded.append(.success((.applied(transition.job), transition.retryAfter)))
                 }
             }
@@ -141,6 +146,10 @@ extension PostgresJobsStore {
                 ORDER BY o.n
                 """, logger: logger)
         }
+        // An attempt's start and its end never share a batch: a worker hears of a start only
+        // once it is written.
+        try await startAttempts(db, attemptsStarted)
+        try await endAttempts(db, attemptsEnded)
         try await notify(db, ended)
         return outcomes
     }

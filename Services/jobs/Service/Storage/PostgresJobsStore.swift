@@ -137,6 +137,14 @@ public struct PostgresJobsStore: ReportingJobsStore {
         PostgresMigration("v7: operators' dispatch controls", [
             "CREATE TABLE jobs_dispatch_controls (id integer PRIMARY KEY CHECK (id = 1), body text NOT NULL)",
         ]),
+        // One row an attempt: the worker it went to, when it started and ended, how it ended.
+        PostgresMigration("v8: each job's attempts", [
+            """
+            CREATE TABLE jobs_attempt (
+                job_id text NOT NULL, attempt bigint NOT NULL, worker_id text, started_at double precision NOT NULL,
+                ended_at double precision, outcome text, error text, PRIMARY KEY (job_id, attempt))
+            """,
+        ]),
     ]
 
     // MARK: Any replica
@@ -242,6 +250,7 @@ public struct PostgresJobsStore: ReportingJobsStore {
             // A job that has not ended gives its charge back, as a cancel would.
             if let settlement = JobRules.purgeSettlement(job) { try await store.settle(db, job: job, settlement, now: now) }
             try await db.query("DELETE FROM jobs_job WHERE id = \(id)", logger: store.logger)
+            try await db.query("DELETE FROM jobs_attempt WHERE job_id = \(id)", logger: store.logger)
             var keys = [job.resultKey, job.thumbnailKey].compactMap { $0 }
             let sharing = try await db.first(
                 "SELECT count(*) FROM jobs_job WHERE user_id = \(userId) AND image_key = \(job.imageKey)", as: Int.self, logger: store.logger
@@ -392,6 +401,48 @@ public struct PostgresJobsStore: ReportingJobsStore {
         )
     }
 
+    // MARK: Attempts
+
+    /// How an attempt ended, as the attempts table keeps it.
+    struct EndedAttempt {
+        var jobId: String
+        var attempt: Int
+        var at: Double
+        var outcome: String
+        var error: String?
+
+        init(_ job: JobRecord, outcome: String) {
+            jobId = job.id
+            attempt = job.attempts
+            at = job.updatedAt.timeIntervalSince1970
+            self.outcome = outcome
+            error = job.status == .completed ? nil : job.lastError
+        }
+    }
+
+    /// Writes how these attempts ended; one ended already stays as it was.
+    func endAttempts(_ db: PostgresConnection, _ ended: [EndedAttempt]) async throws {
+        guard !ended.isEmpty else { return }
+        try await db.query("""
+            UPDATE jobs_attempt a SET ended_at = e.at, outcome = e.outcome, error = NULLIF(e.error, '')
+            FROM unnest(\(ended.map(\.jobId))::text[], \(ended.map(\.attempt))::bigint[], \(ended.map(\.at))::float8[],
+                        \(ended.map(\.outcome))::text[], \(ended.map { $0.error ?? "" })::text[]) AS e(job_id, attempt, at, outcome, error)
+            WHERE a.job_id = e.job_id AND a.attempt = e.attempt AND a.ended_at IS NULL
+            """, logger: logger)
+    }
+
+    /// Keeps the attempts these starts began, with the workers they went to.
+    func startAttempts(_ db: PostgresConnection, _ started: [(job: JobRecord, worker: String?)]) async throws {
+        guard !started.isEmpty else { return }
+        try await db.query("""
+            INSERT INTO jobs_attempt (job_id, attempt, worker_id, started_at)
+            SELECT j, n, NULLIF(w, ''), t FROM unnest(\(started.map(\.job.id))::text[], \(started.map(\.job.attempts))::bigint[],
+                                                   \(started.map { $0.worker ?? "" })::text[], \(started.map { $0.job.updatedAt.timeIntervalSince1970 })::float8[]) AS s(j, n, w, t)
+            ORDER BY j, n
+            ON CONFLICT (job_id, attempt) DO UPDATE SET worker_id = excluded.worker_id, started_at = excluded.started_at, ended_at = NULL, outcome = NULL, error = NULL
+            """, logger: logger)
+    }
+
     // MARK: Rows
 
     /// As `JobRows.columns` (as many, in the same order: `JobRows.columnCount`).
@@ -442,6 +493,9 @@ public struct PostgresJobsStore: ReportingJobsStore {
             """,
             logger: logger
         )
+        if announce, job.attempts > 0, let outcome = AttemptRecord.outcome(of: job.status) {
+            try await endAttempts(db, [EndedAttempt(job, outcome: outcome)])
+        }
     }
 
     static func job(_ row: PostgresRow) throws -> JobRecord {

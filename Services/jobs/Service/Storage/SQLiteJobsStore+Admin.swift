@@ -35,6 +35,13 @@ extension SQLiteJobsStore {
         }
     }
 
+    public func attempts(of jobId: String) async throws -> [AttemptRecord] {
+        try await database.read { db in
+            try Row.fetchAll(db, sql: "SELECT attempt, workerId, startedAt, endedAt, outcome, error FROM attempt WHERE jobId = ? ORDER BY attempt", arguments: [jobId])
+                .map { AttemptRecord(attempt: $0["attempt"], workerId: $0["workerId"], startedAt: $0["startedAt"], endedAt: $0["endedAt"], outcome: $0["outcome"], error: $0["error"]) }
+        }
+    }
+
     public func dispatchControls() async throws -> DispatchControls {
         try await database.read { db in try Self.controls(db) }
     }

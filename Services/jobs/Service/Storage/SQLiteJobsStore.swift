@@ -181,6 +181,7 @@ public struct SQLiteJobsStore: ReportingJobsStore {
             // A job that has not ended gives its charge back, as a cancel would.
             if let settlement = JobRules.purgeSettlement(job) { try Self.settle(db, job: job, settlement, now: now) }
             _ = try JobRecord.deleteOne(db, key: id)
+            try db.execute(sql: "DELETE FROM attempt WHERE jobId = ?", arguments: [id])
             var keys = [job.resultKey, job.thumbnailKey].compactMap { $0 }
             let sharing = try JobRecord
                 .filter(JobRecord.Columns.userId == userId && JobRecord.Columns.imageKey == job.imageKey)
@@ -237,20 +238,20 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     /// each in a savepoint of its own, so that only the failing one is undone. The usual batch,
     /// where none fails, pays for one savepoint, not one per write. The whole transaction failing
     /// fails them all.
-    public func write(starts: [String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome {
+    public func write(starts: [String], workers: [String: String], results: [(attempt: JobAttempt, result: JobResult)], now: Date) async -> JobsBatchOutcome {
         guard !starts.isEmpty || !results.isEmpty else { return JobsBatchOutcome(starts: [], results: []) }
         do {
             return try await database.write { [self] db in
                 let together = Self.alone(db) {
                     let batch = try BatchJobs(db, ids: starts + results.map(\.attempt.jobId))
                     return JobsBatchOutcome(
-                        starts: try starts.map { id in .success(try startRow(db, id, now: now, batch: batch)) },
+                        starts: try starts.map { id in .success(try startRow(db, id, worker: workers[id], now: now, batch: batch)) },
                         results: try results.map { report in .success(try recordRow(db, report.attempt, report.result, now: now, batch: batch)) }
                     )
                 }
                 if case .success(let outcome) = together { return outcome }
                 return JobsBatchOutcome(
-                    starts: starts.map { id in Self.alone(db) { try startRow(db, id, now: now) } },
+                    starts: starts.map { id in Self.alone(db) { try startRow(db, id, worker: workers[id], now: now) } },
                     results: results.map { report in Self.alone(db) { try recordRow(db, report.attempt, report.result, now: now) } }
                 )
             }
@@ -260,9 +261,10 @@ public struct SQLiteJobsStore: ReportingJobsStore {
     }
 
     /// A queued job started: processing as a new attempt; nil if it is no longer queued.
-    func startRow(_ db: Database, _ id: String, now: Date, batch: BatchJobs? = nil) throws -> JobRecord? {
+    func startRow(_ db: Database, _ id: String, worker: String?, now: Date, batch: BatchJobs? = nil) throws -> JobRecord? {
         guard let job = try batch?.job(db, id) ?? JobRows.job(db, id), let transition = JobRules.start(job, now: now) else { return nil }
         try apply(db, transition)
+        try JobRows.startAttempt(db, transition.job, worker: worker)
         batch?.changed(transition.job)
         return transition.job
     }
