@@ -118,7 +118,14 @@ public struct AdminOverview: Codable, Sendable, Equatable {
         /// Whether the limit is an operator's, set live (else `JOBS_PROVIDER_CONCURRENCY`).
         public var limitSetLive: Bool
         public var paused: Bool
-        public init(provider: String, queued: Int, processing: Int, oldestQueuedAt: Date?, inFlight: Int?, limit: Int?, limitSetLive: Bool, paused: Bool) {
+        /// Waits the provider asked for (429, `Retry-After`) and refusals for safety, over the
+        /// connected workers since each started (nil: not known on this replica).
+        public var rateLimitWaits: Int?
+        public var refusals: Int?
+        public init(provider: String, queued: Int, processing: Int, oldestQueuedAt: Date?, inFlight: Int?, limit: Int?, limitSetLive: Bool, paused: Bool,
+                    rateLimitWaits: Int? = nil, refusals: Int? = nil) {
+            self.rateLimitWaits = rateLimitWaits
+            self.refusals = refusals
             self.provider = provider
             self.queued = queued
             self.processing = processing

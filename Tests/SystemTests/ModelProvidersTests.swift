@@ -198,6 +198,12 @@ struct ModelProvidersTests {
                 #expect(JobSystem.json(job)["attempts"] as? Int == 1, "a refusal is not retried")
                 try await waitUntil { try await Self.dailyRemaining(client, user) == 5 }
             }
+            // The operators' overview counts each provider's refusals, from the workers' metrics
+            try await waitUntil {
+                let overview = JobSystem.json(try await client.execute(uri: "/admin/v1/overview", method: .get, headers: [.authorization: "Bearer \(JobSystem.adminToken)"]))
+                let providers = overview["providers"] as? [[String: Any]] ?? []
+                return ["gemini", "openai", "fal"].allSatisfy { name in (providers.first { $0["provider"] as? String == name }?["refusals"] as? Int ?? 0) == 1 }
+            }
             // 5 left: a 4-credit job is admitted, the next refused naming 4 needed and 1 left
             let (firstStatus, first) = try await Self.create(client, user, key: key, effect: "veo", prompt: "wave")
             #expect(firstStatus == .accepted)

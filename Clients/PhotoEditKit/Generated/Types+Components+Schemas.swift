@@ -952,6 +952,14 @@ extension Components {
                 internal var limitSetLive: Swift.Bool
                 /// - Remark: Generated from `#/components/schemas/AdminOverview/ProvidersPayload/paused`.
                 internal var paused: Swift.Bool
+                /// Waits the provider asked for (429), over the connected workers since each started.
+                ///
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/ProvidersPayload/rateLimitWaits`.
+                internal var rateLimitWaits: Swift.Int?
+                /// Refusals for safety
+                ///
+                /// - Remark: Generated from `#/components/schemas/AdminOverview/ProvidersPayload/refusals`.
+                internal var refusals: Swift.Int?
                 /// Creates a new `ProvidersPayloadPayload`.
                 ///
                 /// - Parameters:
@@ -963,6 +971,8 @@ extension Components {
                 ///   - limit: The most held at once (absent means no limit).
                 ///   - limitSetLive:
                 ///   - paused:
+                ///   - rateLimitWaits: Waits the provider asked for (429), over the connected workers since each started.
+                ///   - refusals: Refusals for safety
                 internal init(
                     provider: Swift.String,
                     queued: Swift.Int,
@@ -971,7 +981,9 @@ extension Components {
                     inFlight: Swift.Int? = nil,
                     limit: Swift.Int? = nil,
                     limitSetLive: Swift.Bool,
-                    paused: Swift.Bool
+                    paused: Swift.Bool,
+                    rateLimitWaits: Swift.Int? = nil,
+                    refusals: Swift.Int? = nil
                 ) {
                     self.provider = provider
                     self.queued = queued
@@ -981,6 +993,8 @@ extension Components {
                     self.limit = limit
                     self.limitSetLive = limitSetLive
                     self.paused = paused
+                    self.rateLimitWaits = rateLimitWaits
+                    self.refusals = refusals
                 }
                 internal enum CodingKeys: String, CodingKey {
                     case provider
@@ -991,6 +1005,8 @@ extension Components {
                     case limit
                     case limitSetLive
                     case paused
+                    case rateLimitWaits
+                    case refusals
                 }
             }
             /// - Remark: Generated from `#/components/schemas/AdminOverview/providers`.

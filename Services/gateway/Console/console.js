@@ -249,6 +249,7 @@ async function providersPage() {
     return h("tr", { "data-provider": provider.provider },
       h("td", {}, provider.provider), h("td", {}, provider.queued), h("td", {}, provider.processing), h("td", {}, provider.inFlight ?? "?"),
       h("td", {}, provider.limit ?? "none", provider.limitSetLive ? " (live)" : ""), h("td", {}, ago(provider.oldestQueuedAt)),
+      h("td", { class: "waits" }, provider.rateLimitWaits ?? "?"), h("td", { class: "refusals" }, provider.refusals ?? "?"),
       h("td", { class: provider.paused ? "paused" : "" }, provider.paused ? "paused" : "running"),
       adminOnly(h("td", {},
         provider.paused
@@ -261,8 +262,8 @@ async function providersPage() {
   });
   return [
     h("h1", {}, "Providers"),
-    table("providers-table", ["Provider", "Queued", "Processing", "In flight", "Concurrency", "Oldest queued", "Dispatch", ...adminOnly("")], rows),
-    h("p", { class: "legend" }, "In flight: jobs held by workers. Rate-limit waits and refusals are in each worker's metrics (worker_provider_* on /metrics)."),
+    table("providers-table", ["Provider", "Queued", "Processing", "In flight", "Concurrency", "Oldest queued", "Rate-limit waits", "Refusals", "Dispatch", ...adminOnly("")], rows),
+    h("p", { class: "legend" }, "In flight: jobs held by workers. Rate-limit waits (the provider asked to wait) and refusals (for safety) are counted over the connected workers since each started."),
   ];
 }
 

@@ -92,8 +92,13 @@ public actor Dispatcher {
 
     /// What operators read live: the workers, and each provider's jobs held and limit.
     public func live() -> LiveDispatch {
-        LiveDispatch(workers: machine.workerViews(now: .now), activeByProvider: machine.activeByProvider(), providerLimits: machine.providerLimits,
-                     controls: machine.controls, lastHour: outcomes.lastHour(at: Date()))
+        let texts = workerMetrics.values.map(\.text)
+        return LiveDispatch(
+            workers: machine.workerViews(now: .now), activeByProvider: machine.activeByProvider(), providerLimits: machine.providerLimits,
+            controls: machine.controls, lastHour: outcomes.lastHour(at: Date()),
+            rateLimitWaits: ProviderCounters.sum("worker_provider_rate_limit_waits_total", in: texts),
+            refusals: ProviderCounters.sum("worker_provider_refusals_total", in: texts)
+        )
     }
 
     /// Queues a newly created job and hands it out if a worker is free.

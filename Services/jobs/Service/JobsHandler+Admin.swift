@@ -103,7 +103,8 @@ extension JobsHandler {
             return AdminOverview.Provider(
                 provider: name, queued: mine.reduce(0) { $0 + $1.queued }, processing: mine.reduce(0) { $0 + $1.processing },
                 oldestQueuedAt: mine.compactMap(\.oldestQueuedAt).min(), inFlight: live.map { $0.activeByProvider[name] ?? 0 },
-                limit: limits[name], limitSetLive: controls.providerLimits[name] != nil, paused: pausedProviders.contains(name)
+                limit: limits[name], limitSetLive: controls.providerLimits[name] != nil, paused: pausedProviders.contains(name),
+                rateLimitWaits: live.map { $0.rateLimitWaits[name] ?? 0 }, refusals: live.map { $0.refusals[name] ?? 0 }
             )
         }
         let now = Date()
