@@ -5,6 +5,7 @@ import HummingbirdTesting
 import Messages
 import NIOCore
 import Testing
+import TestSupport
 
 /// The operators' admin API on a live system: jobs across users by filter and cursor, one job in
 /// detail, cancels by ids or by filter that say what they changed and are idempotent, the viewer
@@ -101,8 +102,16 @@ struct AdminJobsTests {
         await system.stop()
     }
 
-    @Test func aFailedJobIsRetriedWithItsCreditsChargedAgainAndCreditsAreGrantedAndTakenBack() async throws {
-        let system = try await JobSystem(workers: 1, gateway: ["VIEWER_TOKEN": Self.viewerToken])
+    /// A system on SQLite, or with quota and jobs on PostgreSQL (fresh databases of the test server).
+    static func system(_ backend: String) async throws -> JobSystem {
+        guard backend == "postgres" else { return try await JobSystem(workers: 1, gateway: ["VIEWER_TOKEN": Self.viewerToken]) }
+        let quota = try await TestPostgres.freshDatabase(), jobs = try await TestPostgres.freshDatabase()
+        return try await JobSystem(workers: 1, quota: ["QUOTA_DATABASE_URL": TestPostgres.url(quota)], jobs: ["JOBS_DATABASE_URL": TestPostgres.url(jobs)],
+                                   gateway: ["VIEWER_TOKEN": Self.viewerToken])
+    }
+
+    @Test(arguments: ["sqlite", "postgres"]) func aFailedJobIsRetriedWithItsCreditsChargedAgainAndCreditsAreGrantedAndTakenBack(backend: String) async throws {
+        let system = try await Self.system(backend)
         let admin: HTTPFields = [.authorization: "Bearer \(JobSystem.adminToken)", .contentType: "application/json"]
         let viewer: HTTPFields = [.authorization: "Bearer \(Self.viewerToken)", .contentType: "application/json"]
         let alice = JobSystem.guest(UUID())
@@ -175,8 +184,8 @@ struct AdminJobsTests {
         await system.stop()
     }
 
-    @Test func pausingResumingConcurrencyAndDrainingSteerDispatchLosingNoJob() async throws {
-        let system = try await JobSystem(workers: 1, gateway: ["VIEWER_TOKEN": Self.viewerToken])
+    @Test(arguments: ["sqlite", "postgres"]) func pausingResumingConcurrencyAndDrainingSteerDispatchLosingNoJob(backend: String) async throws {
+        let system = try await Self.system(backend)
         let admin: HTTPFields = [.authorization: "Bearer \(JobSystem.adminToken)", .contentType: "application/json"]
         let viewer: HTTPFields = [.authorization: "Bearer \(Self.viewerToken)", .contentType: "application/json"]
         let alice = JobSystem.guest(UUID())

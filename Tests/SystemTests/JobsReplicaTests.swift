@@ -115,4 +115,61 @@ struct JobsReplicaTests {
         await worker.stop()
         for replica in replicas { await replica.process.stop() }
     }
+
+    @Test func anOperatorsPauseMadeThroughEitherReplicaReachesTheLeaderAndLosesNoJob() async throws {
+        let location = try await TestPostgres.freshDatabase()
+        let data = FileManager.default.temporaryDirectory.appendingPathComponent("jobs-replicas-\(UUID().uuidString)")
+        let effects = #"[{"id": "noop", "title": "No-op", "processor": "noop"}]"#
+        let workerEndpoints = (0..<2).map { _ in "tcp://127.0.0.1:\(freePort())" }
+        let replicas = try workerEndpoints.map { workerEndpoint in
+            let endpoint = "tcp://127.0.0.1:\(freePort())"
+            let process = try ServiceProcess("jobs", environment: [
+                "JOBS_BIND": endpoint, "JOBS_WORKER_BIND": workerEndpoint, "DATA_DIR": data.path, "JOBS_DATABASE_URL": TestPostgres.url(location),
+                "QUOTA_ENDPOINT": "tcp://127.0.0.1:\(freePort())", "HISTORY_ENDPOINT": "tcp://127.0.0.1:\(freePort())", "JOBS_EFFECTS": effects,
+            ])
+            return Replica(process: process, endpoint: endpoint)
+        }
+        let worker = try ServiceProcess("worker", environment: [
+            "JOBS_WORKER_ENDPOINT": workerEndpoints.joined(separator: ","), "WORKER_CAPACITY": "4", "WORKER_ID": "replica-worker",
+            "WORKER_SCRATCH_DIR": data.appendingPathComponent("scratch").path, "JOBS_EFFECTS": effects,
+        ])
+        try await TestPostgres.withDatabase(location) { database in
+            try await withBusClients(replicas.map { .init(endpoint: $0.endpoint, defaultTimeout: .seconds(10)) }) { clients in
+                for client in clients { _ = try await waitUntilHealthy(client) }
+                let user = "device:\(UUID().uuidString.lowercased())"
+                // The leader is the replica whose overview has the worker
+                var leaderIndex: Int?
+                try await waitUntil(within: .seconds(30)) {
+                    for (index, client) in clients.enumerated() where try await client.call(Admin.overview, Empty()).workers.count == 1 { leaderIndex = index }
+                    return leaderIndex != nil
+                }
+                let leader = clients[leaderIndex!], follower = clients[1 - leaderIndex!]
+                #expect(try await follower.call(Admin.overview, Empty()).dispatching == false)
+                // A pause made through the follower is stored, and reaches the leader
+                _ = try await follower.call(Admin.control, AdminControl(change: .pauseEffect("noop"), actor: "admin"))
+                try await waitUntil(within: .seconds(30)) { try await leader.call(Admin.overview, Empty()).controls.pausedEffects == ["noop"] }
+                let ids = (0..<3).map { _ in UUID().uuidString.lowercased() }
+                for id in ids {
+                    _ = try await follower.call(Jobs.create, CreateJob(jobId: id, userId: user, isPro: false, imageKey: "uploads/none/x.jpg", effectId: "noop"))
+                }
+                // The leader knows the three and hands none out
+                try await waitUntil(within: .seconds(30)) {
+                    let noop = try await leader.call(Admin.overview, Empty()).effects.first { $0.effect == "noop" }
+                    return noop?.queued == 3 && noop?.paused == true
+                }
+                #expect(try await leader.call(Admin.overview, Empty()).workers.first?.running == 0)
+                // Resumed through the follower: all three complete
+                _ = try await follower.call(Admin.control, AdminControl(change: .resumeEffect("noop"), actor: "admin"))
+                try await waitUntil(within: .seconds(30)) {
+                    for id in ids where try await leader.call(Jobs.get, JobReference(jobId: id, userId: user)).status != .completed { return false }
+                    return true
+                }
+                let audit = try await leader.call(Admin.auditLog, AuditQuery())
+                #expect(audit.entries.map(\.action) == ["dispatch.resume", "dispatch.pause"])
+                _ = database
+            }
+        }
+        await worker.stop()
+        for replica in replicas { await replica.process.stop() }
+    }
 }
