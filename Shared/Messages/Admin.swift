@@ -39,7 +39,7 @@ public struct DispatchControls: Codable, Sendable, Equatable {
     public var providerLimits: [String: Int]
     /// Worker ids.
     public var drainedWorkers: [String]
-    /// The most entries of each kind (a control names what exists: effects, providers, workers).
+    /// The most workers drained at once (effects and providers are the catalogue's).
     public static let maxEntries = 1000
 
     public init(pausedEffects: [String] = [], pausedProviders: [String] = [], providerLimits: [String: Int] = [:], drainedWorkers: [String] = []) {

@@ -19,7 +19,7 @@ public enum Quota {
     /// takes them back), with `used` moved by exactly that much in both (below zero if need be).
     /// Applied once per adjustment id; kept among the user's charges as `grant:` and the id, its
     /// cost the negated amount.
-    public static let adjust = BusMethod<AdjustCredits, QuotaStatus>("quota.adjust", roles: [.gateway, .operator], retrySafe: true)
+    public static let adjust = BusMethod<AdjustCredits, CreditsAdjusted>("quota.adjust", roles: [.gateway, .operator], retrySafe: true)
     /// Admin: a user's usage and recent charges.
     public static let usage = BusMethod<UserReference, UserUsage>("quota.usage", roles: [.gateway, .operator], retrySafe: true)
     /// The plan catalogue: limits and history retention of each plan.
@@ -128,6 +128,17 @@ public struct AdjustCredits: Codable, Sendable, Equatable {
         self.userId = userId
         self.credits = credits
         self.adjustmentId = adjustmentId
+    }
+}
+
+/// An adjustment's outcome: whether this call applied it (false: it was applied before), and
+/// the user's quota now.
+public struct CreditsAdjusted: Codable, Sendable, Equatable {
+    public var applied: Bool
+    public var status: QuotaStatus
+    public init(applied: Bool, status: QuotaStatus) {
+        self.applied = applied
+        self.status = status
     }
 }
 

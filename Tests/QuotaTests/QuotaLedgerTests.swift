@@ -139,11 +139,13 @@ struct QuotaLedgerTests {
         try await withQuotaStore(backend) { q in
             for index in 0..<3 { _ = try await q.reserve("hana", "job-\(index)", at: noon) }
             // A grant of 10 to a user who used 3: used goes to -7, so 27 are left today
-            let granted = try await q.store.adjust(AdjustCredits(userId: "hana", credits: 10, adjustmentId: "support-1"), now: noon)
+            let adjusted = try await q.store.adjust(AdjustCredits(userId: "hana", credits: 10, adjustmentId: "support-1"), now: noon)
+            #expect(adjusted.applied)
+            let granted = adjusted.status
             #expect(granted.daily.used == -7 && granted.daily.remaining == 27 && granted.monthly.used == -7 && granted.monthly.remaining == 607)
             #expect(try await q.status("hana", at: noon) == granted)
             // The same adjustment again changes nothing
-            #expect(try await q.store.adjust(AdjustCredits(userId: "hana", credits: 10, adjustmentId: "support-1"), now: noon) == granted)
+            #expect(try await q.store.adjust(AdjustCredits(userId: "hana", credits: 10, adjustmentId: "support-1"), now: noon) == CreditsAdjusted(applied: false, status: granted))
             // Nor can another user's adjustment take its id
             #expect(await busError { _ = try await q.store.adjust(AdjustCredits(userId: "mallory", credits: 10, adjustmentId: "support-1"), now: noon) }?.code
                     == Quota.ErrorCode.jobIdTaken)
@@ -154,7 +156,7 @@ struct QuotaLedgerTests {
             for index in 0..<28 { #expect(try await q.reserve("hana", "more-\(index)", at: noon).admitted) }
             #expect(try await q.reserve("hana", "one-too-many", at: noon).admitted == false)
             // A takeback: 5 more used
-            let taken = try await q.store.adjust(AdjustCredits(userId: "hana", credits: -5, adjustmentId: "support-2"), now: noon)
+            let taken = try await q.store.adjust(AdjustCredits(userId: "hana", credits: -5, adjustmentId: "support-2"), now: noon).status
             #expect(taken.daily.used == 25 && taken.daily.remaining == 0 && taken.monthly.used == 25)
             // Both are among the user's charges, a grant as a negative one
             let charges = try await q.store.usage(userId: "hana", now: noon).charges

@@ -144,13 +144,19 @@ extension JobsHandler {
             if let limit, !(1...10_000).contains(limit) { throw BusError(.badRequest, "a provider's concurrency is 1 to 10000") }
             (action, target) = ("dispatch.concurrency", "provider:" + name)
             detail = limit.map { "\($0)" } ?? "configured"
-        case .drain(let worker), .undrain(let worker):
+        case .drain(let worker):
             guard (1...256).contains(worker.utf8.count) else { throw BusError(.badRequest, "a worker id is 1 to 256 bytes") }
-            if case .drain = request.change { (action, target) = ("workers.drain", worker) } else { (action, target) = ("workers.undrain", worker) }
+            // Effects and providers are the catalogue's; worker ids are anyone's: bounded here.
+            let drained = try await store.dispatchControls().drainedWorkers
+            guard drained.count < DispatchControls.maxEntries || drained.contains(worker) else {
+                throw BusError(.badRequest, "\(DispatchControls.maxEntries) workers are drained already; undrain some first")
+            }
+            (action, target) = ("workers.drain", worker)
+        case .undrain(let worker):
+            guard (1...256).contains(worker.utf8.count) else { throw BusError(.badRequest, "a worker id is 1 to 256 bytes") }
+            (action, target) = ("workers.undrain", worker)
         }
         let (controls, changed) = try await store.changeDispatchControls(request.change)
-        guard controls.pausedEffects.count + controls.pausedProviders.count + controls.providerLimits.count + controls.drainedWorkers.count
-            <= 4 * DispatchControls.maxEntries else { throw BusError(.badRequest, "too many controls") }
         if changed { await dispatcher.apply(controls) }
         try await store.appendAudit(AuditEntry(at: Date(), actor: request.actor, action: action, target: target, count: changed ? 1 : 0, detail: detail))
         return controls

@@ -17,7 +17,7 @@ public protocol QuotaStore: Sendable {
     /// A user's plan and windows now.
     func status(userId: String, now: Date) async throws -> QuotaStatus
     /// Grants credits (or takes them back) in the user's current windows, once per adjustment id.
-    func adjust(_ request: AdjustCredits, now: Date) async throws -> QuotaStatus
+    func adjust(_ request: AdjustCredits, now: Date) async throws -> CreditsAdjusted
     /// Sets a user's plan (and time zone, and end).
     func setPlan(_ request: SetPlan, now: Date) async throws -> QuotaStatus
     /// Applies a subscription event once per event id, in order per user.

@@ -79,16 +79,17 @@ struct AdminController<Context: GatewayRequestContext>: Sendable {
                 guard (1...128).contains(key.utf8.count) else { throw Problem(.badRequest, detail: "Idempotency-Key must be 1 to 128 bytes.") }
                 adjustmentId = "key:" + key
             }
-            let status = try await clients.call(.quota, Quota.adjust, AdjustCredits(userId: userId, credits: change.credits, adjustmentId: adjustmentId))
+            let adjusted = try await clients.call(.quota, Quota.adjust, AdjustCredits(userId: userId, credits: change.credits, adjustmentId: adjustmentId))
             do {
+                // A resend of an adjustment made before is written too, as changing nothing.
                 _ = try await clients.call(.jobs, Admin.audit, AuditEntry(
                     at: Date(), actor: "admin", action: change.credits > 0 ? "users.grant" : "users.takeback", target: userId,
-                    count: abs(change.credits), detail: reason
+                    count: adjusted.applied ? abs(change.credits) : 0, detail: reason
                 ))
             } catch {
                 logger.warning("credit change not written to the audit log", metadata: ["user": "\(userId)", "credits": "\(change.credits)", "error": "\(error)"])
             }
-            return try JSONResponse.make(.ok, status)
+            return try JSONResponse.make(.ok, adjusted.status)
         }
         router.get("/admin/v1/users/:userId/usage") { request, context in
             try authenticator.requireOperator(request)

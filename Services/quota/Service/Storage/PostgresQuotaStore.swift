@@ -196,7 +196,7 @@ public struct PostgresQuotaStore: QuotaStore {
 
     /// A grant (or takeback) in one transaction of its own, under the user's lock as a batch's
     /// reservations take it: its charge row, then both windows moved by the amount.
-    public func adjust(_ request: AdjustCredits, now: Date) async throws -> QuotaStatus {
+    public func adjust(_ request: AdjustCredits, now: Date) async throws -> CreditsAdjusted {
         try ledger.check(request)
         let (ledger, logger) = (ledger, logger)
         return try await database.transaction { db in
@@ -205,7 +205,7 @@ public struct PostgresQuotaStore: QuotaStore {
                 guard owner == request.userId else {
                     throw BusError(Quota.ErrorCode.jobIdTaken, "adjustment \(request.adjustmentId) belongs to another user")
                 }
-                return try await Self.userContext(db, ledger, request.userId, now: now, logger: logger).status()
+                return CreditsAdjusted(applied: false, status: try await Self.userContext(db, ledger, request.userId, now: now, logger: logger).status())
             }
             var context = try await Self.userContext(db, ledger, request.userId, now: now, logger: logger)
             try await db.query("""
@@ -220,7 +220,7 @@ public struct PostgresQuotaStore: QuotaStore {
                 """, logger: logger)
             context.dailyUsed -= request.credits
             context.monthlyUsed -= request.credits
-            return context.status()
+            return CreditsAdjusted(applied: true, status: context.status())
         }
     }
 

@@ -120,7 +120,7 @@ public struct QuotaDatabase: QuotaStore {
         return try await engine.perform(QuotaMemory.Need(userId: userId, now: now)) { try $0.status(userId: userId, now: now) }
     }
 
-    public func adjust(_ request: AdjustCredits, now: Date) async throws -> QuotaStatus {
+    public func adjust(_ request: AdjustCredits, now: Date) async throws -> CreditsAdjusted {
         try await engine.perform(QuotaMemory.Need(userId: request.userId, now: now, jobId: request.chargeId)) { try $0.adjust(request, now: now) }
     }
 

@@ -177,13 +177,13 @@ struct QuotaMemory {
 
     /// Grants credits (or takes them back) in the user's current day and month: a charge of the
     /// negated amount, settled at once. The same adjustment again changes nothing more.
-    mutating func adjust(_ request: AdjustCredits, now: Date) throws -> QuotaStatus {
+    mutating func adjust(_ request: AdjustCredits, now: Date) throws -> CreditsAdjusted {
         try ledger.check(request)
         if let existing = try charge(request.chargeId) {
             guard existing.change.userId == request.userId else {
                 throw BusError(Quota.ErrorCode.jobIdTaken, "adjustment \(request.adjustmentId) belongs to another user")
             }
-            return try context(request.userId, now: now).status()
+            return CreditsAdjusted(applied: false, status: try context(request.userId, now: now).status())
         }
         var context = try context(request.userId, now: now)
         context.dailyUsed -= request.credits
@@ -196,7 +196,7 @@ struct QuotaMemory {
                 LedgerChange.Usage(counter: Self.counter(request.userId, context.month), used: context.monthlyUsed),
             ]
         ))
-        return context.status()
+        return CreditsAdjusted(applied: true, status: context.status())
     }
 
     /// A user's plan and windows now.
