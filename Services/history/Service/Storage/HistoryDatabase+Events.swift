@@ -46,10 +46,10 @@ extension HistoryDatabase {
             try db.cachedStatement(
                 sql: """
                     INSERT INTO item (userId, effectId, effectTitle, prompt, status, progress, createdAt, updatedAt, finishedAt,
-                        resultKey, thumbnailKey, imageKey, parameters, cost, lastError, version, changeSequence, jobId)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        resultKey, thumbnailKey, imageKey, parameters, cost, lastError, version, changeSequence, jobId, id)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     """
-            ).execute(arguments: StatementArguments(values + [job.id]))
+            ).execute(arguments: StatementArguments(values + [job.id, try nextItemId(db)]))
         }
         try adjustCount(db, userId: job.userId, status: job.status.rawValue, by: 1)
         return true

@@ -144,7 +144,66 @@ public struct HistoryDatabase: Sendable {
                 CREATE INDEX share_age ON share (expiresAt);
                 """)
         }
+        // The item table clustered on (user, created, job): a page is one range read of the
+        // table itself, where it was a range of `item_page` and then a lookup by rowid for each
+        // item. `id` stays (unique, given out from `meta`'s `itemId`) as the search index's
+        // rowid, so the index is kept as it is. Run in the migration's transaction: an existing
+        // database is copied over whole, or not at all.
+        migrator.registerMigration("v2: items clustered by user, creation and job") { db in
+            try db.execute(sql: """
+                CREATE TABLE item_clustered (
+                    userId TEXT NOT NULL,
+                    createdAt INTEGER NOT NULL,
+                    jobId TEXT NOT NULL UNIQUE,
+                    id INTEGER NOT NULL UNIQUE,
+                    effectId TEXT NOT NULL,
+                    effectTitle TEXT NOT NULL,
+                    prompt TEXT,
+                    status TEXT NOT NULL,
+                    progress REAL NOT NULL,
+                    updatedAt INTEGER NOT NULL,
+                    finishedAt INTEGER,
+                    resultKey TEXT,
+                    thumbnailKey TEXT,
+                    imageKey TEXT NOT NULL,
+                    parameters TEXT NOT NULL,
+                    cost INTEGER NOT NULL,
+                    lastError TEXT,
+                    version INTEGER NOT NULL,
+                    changeSequence INTEGER NOT NULL,
+                    PRIMARY KEY (userId, createdAt, jobId)
+                ) WITHOUT ROWID;
+                INSERT INTO item_clustered (userId, createdAt, jobId, id, effectId, effectTitle, prompt, status, progress, updatedAt, finishedAt,
+                    resultKey, thumbnailKey, imageKey, parameters, cost, lastError, version, changeSequence)
+                SELECT userId, createdAt, jobId, id, effectId, effectTitle, prompt, status, progress, updatedAt, finishedAt,
+                    resultKey, thumbnailKey, imageKey, parameters, cost, lastError, version, changeSequence FROM item;
+                INSERT INTO meta (key, value) SELECT 'itemId', COALESCE(MAX(id), 0) FROM item;
+                DROP TRIGGER item_search_insert;
+                DROP TRIGGER item_search_delete;
+                DROP TRIGGER item_search_update;
+                DROP TABLE item;
+                ALTER TABLE item_clustered RENAME TO item;
+                CREATE INDEX item_status_page ON item (userId, status, createdAt, jobId);
+                CREATE INDEX item_changes ON item (userId, changeSequence);
+                CREATE INDEX item_age ON item (createdAt);
+                CREATE TRIGGER item_search_insert AFTER INSERT ON item BEGIN
+                    INSERT INTO item_search (rowid, prompt, effectTitle) VALUES (new.id, new.prompt, new.effectTitle);
+                END;
+                CREATE TRIGGER item_search_delete AFTER DELETE ON item BEGIN
+                    INSERT INTO item_search (item_search, rowid, prompt, effectTitle) VALUES ('delete', old.id, old.prompt, old.effectTitle);
+                END;
+                CREATE TRIGGER item_search_update AFTER UPDATE OF prompt, effectTitle ON item BEGIN
+                    INSERT INTO item_search (item_search, rowid, prompt, effectTitle) VALUES ('delete', old.id, old.prompt, old.effectTitle);
+                    INSERT INTO item_search (rowid, prompt, effectTitle) VALUES (new.id, new.prompt, new.effectTitle);
+                END;
+                """)
+        }
         return migrator
+    }
+
+    /// The id of a new item (its row in the search index).
+    static func nextItemId(_ db: Database) throws -> Int64 {
+        try Int64.fetchOne(db.cachedStatement(sql: "UPDATE meta SET value = value + 1 WHERE key = 'itemId' RETURNING value")) ?? 0
     }
 
     // MARK: Shared by the writes
