@@ -175,6 +175,11 @@ public struct JobsDatabase: Sendable {
                     endedAt TEXT, outcome TEXT, error TEXT, PRIMARY KEY (jobId, attempt)) WITHOUT ROWID
                 """)
         }
+        migrator.registerMigration("v13: jobs by creation") { db in
+            // The operators' job list, newest first, reads this backwards instead of sorting the
+            // table (the console opens on it). A job's creation never changes: written once.
+            try db.execute(sql: "CREATE INDEX job_created ON job (createdAt, id)")
+        }
         return migrator
     }
 }
