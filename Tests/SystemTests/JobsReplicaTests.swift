@@ -25,9 +25,9 @@ struct JobsReplicaTests {
         }
     }
 
-    @Test func anyReplicaCreatesOneDispatchesAndTheOtherTakesOverWhenTheLeaderIsKilled() async throws {
-        // Given two jobs replicas on one new database, and a worker that lists both
-        let location = try await TestPostgres.freshDatabase()
+    /// Two jobs replicas on the database at `location`, with the no-op effect, and a worker that
+    /// lists both.
+    static func start(on location: PostgresLocation) throws -> (replicas: [Replica], worker: ServiceProcess) {
         let data = FileManager.default.temporaryDirectory.appendingPathComponent("jobs-replicas-\(UUID().uuidString)")
         let effects = #"[{"id": "noop", "title": "No-op", "processor": "noop"}]"#
         let workerEndpoints = (0..<2).map { _ in "tcp://127.0.0.1:\(freePort())" }
@@ -43,6 +43,13 @@ struct JobsReplicaTests {
             "JOBS_WORKER_ENDPOINT": workerEndpoints.joined(separator: ","), "WORKER_CAPACITY": "4", "WORKER_ID": "replica-worker",
             "WORKER_SCRATCH_DIR": data.appendingPathComponent("scratch").path, "JOBS_EFFECTS": effects,
         ])
+        return (replicas, worker)
+    }
+
+    @Test func anyReplicaCreatesOneDispatchesAndTheOtherTakesOverWhenTheLeaderIsKilled() async throws {
+        // Given two jobs replicas on one new database, and a worker that lists both
+        let location = try await TestPostgres.freshDatabase()
+        let (replicas, worker) = try Self.start(on: location)
         let both = replicas.map(\.endpoint).joined(separator: ",")
         try await TestPostgres.withDatabase(location) { database in
             try await withBusClients(
@@ -118,22 +125,8 @@ struct JobsReplicaTests {
 
     @Test func anOperatorsPauseMadeThroughEitherReplicaReachesTheLeaderAndLosesNoJob() async throws {
         let location = try await TestPostgres.freshDatabase()
-        let data = FileManager.default.temporaryDirectory.appendingPathComponent("jobs-replicas-\(UUID().uuidString)")
-        let effects = #"[{"id": "noop", "title": "No-op", "processor": "noop"}]"#
-        let workerEndpoints = (0..<2).map { _ in "tcp://127.0.0.1:\(freePort())" }
-        let replicas = try workerEndpoints.map { workerEndpoint in
-            let endpoint = "tcp://127.0.0.1:\(freePort())"
-            let process = try ServiceProcess("jobs", environment: [
-                "JOBS_BIND": endpoint, "JOBS_WORKER_BIND": workerEndpoint, "DATA_DIR": data.path, "JOBS_DATABASE_URL": TestPostgres.url(location),
-                "QUOTA_ENDPOINT": "tcp://127.0.0.1:\(freePort())", "HISTORY_ENDPOINT": "tcp://127.0.0.1:\(freePort())", "JOBS_EFFECTS": effects,
-            ])
-            return Replica(process: process, endpoint: endpoint)
-        }
-        let worker = try ServiceProcess("worker", environment: [
-            "JOBS_WORKER_ENDPOINT": workerEndpoints.joined(separator: ","), "WORKER_CAPACITY": "4", "WORKER_ID": "replica-worker",
-            "WORKER_SCRATCH_DIR": data.appendingPathComponent("scratch").path, "JOBS_EFFECTS": effects,
-        ])
-        try await TestPostgres.withDatabase(location) { database in
+        let (replicas, worker) = try Self.start(on: location)
+        try await TestPostgres.withDatabase(location) { _ in
             try await withBusClients(replicas.map { .init(endpoint: $0.endpoint, defaultTimeout: .seconds(10)) }) { clients in
                 for client in clients { _ = try await waitUntilHealthy(client) }
                 let user = "device:\(UUID().uuidString.lowercased())"
@@ -166,7 +159,6 @@ struct JobsReplicaTests {
                 }
                 let audit = try await leader.call(Admin.auditLog, AuditQuery())
                 #expect(audit.entries.map(\.action) == ["dispatch.resume", "dispatch.pause"])
-                _ = database
             }
         }
         await worker.stop()

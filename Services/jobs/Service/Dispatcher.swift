@@ -92,12 +92,9 @@ public actor Dispatcher {
 
     /// What operators read live: the workers, and each provider's jobs held and limit.
     public func live() -> LiveDispatch {
-        let texts = workerMetrics.values.map(\.text)
-        return LiveDispatch(
+        LiveDispatch(
             workers: machine.workerViews(now: .now), activeByProvider: machine.activeByProvider(), providerLimits: machine.providerLimits,
-            controls: machine.controls, lastHour: outcomes.lastHour(at: Date()),
-            rateLimitWaits: ProviderCounters.sum("worker_provider_rate_limit_waits_total", in: texts),
-            refusals: ProviderCounters.sum("worker_provider_refusals_total", in: texts)
+            controls: machine.controls, lastHour: outcomes.lastHour(at: Date()), workerMetrics: workerMetrics.values.map(\.text)
         )
     }
 

@@ -35,9 +35,9 @@ public struct LiveDispatch: Sendable {
     public var providerLimits: [String: Int]
     public var controls: DispatchControls
     public var lastHour: [RecentOutcomes.Minute]
-    /// By provider, over the connected workers since each started (from the metrics they send).
-    public var rateLimitWaits: [String: Int]
-    public var refusals: [String: Int]
+    /// The metrics text each connected worker last sent (read by the caller, off the
+    /// dispatcher: up to 256 KiB a worker).
+    public var workerMetrics: [String]
 }
 
 extension Dispatcher: JobDispatch {

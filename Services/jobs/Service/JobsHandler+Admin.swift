@@ -97,6 +97,9 @@ extension JobsHandler {
                                  oldestQueuedAt: load.oldestQueuedAt, paused: pausedEffects.contains(load.effectId))
         }
         let limits = live?.providerLimits ?? controls.providerLimits
+        // Since each connected worker started, from the metrics they send.
+        let rateLimitWaits = live.map { ProviderCounters.sum("worker_provider_rate_limit_waits_total", in: $0.workerMetrics) }
+        let refusals = live.map { ProviderCounters.sum("worker_provider_refusals_total", in: $0.workerMetrics) }
         let names = Set(effects.map(\.provider)).union(limits.keys).union(controls.pausedProviders)
         let providers = names.sorted().map { name in
             let mine = effects.filter { $0.provider == name }
@@ -104,7 +107,7 @@ extension JobsHandler {
                 provider: name, queued: mine.reduce(0) { $0 + $1.queued }, processing: mine.reduce(0) { $0 + $1.processing },
                 oldestQueuedAt: mine.compactMap(\.oldestQueuedAt).min(), inFlight: live.map { $0.activeByProvider[name] ?? 0 },
                 limit: limits[name], limitSetLive: controls.providerLimits[name] != nil, paused: pausedProviders.contains(name),
-                rateLimitWaits: live.map { $0.rateLimitWaits[name] ?? 0 }, refusals: live.map { $0.refusals[name] ?? 0 }
+                rateLimitWaits: rateLimitWaits.map { $0[name] ?? 0 }, refusals: refusals.map { $0[name] ?? 0 }
             )
         }
         let now = Date()
