@@ -282,14 +282,19 @@ public struct QuotaDecision: Codable, Sendable, Equatable {
     public var retryAt: Date?
     /// With `network` among the violated windows: the credits the guests' network has left today.
     public var networkRemaining: Int?
+    /// True when the job id was charged before: its first admission answered again, nothing
+    /// charged now (so a caller that refuses the job must not release a charge it did not make).
+    public var replayed: Bool?
 
-    public init(admitted: Bool, jobId: String, status: QuotaStatus, violated: [String], retryAt: Date?, networkRemaining: Int? = nil) {
+    public init(admitted: Bool, jobId: String, status: QuotaStatus, violated: [String], retryAt: Date?, networkRemaining: Int? = nil,
+                replayed: Bool? = nil) {
         self.admitted = admitted
         self.jobId = jobId
         self.status = status
         self.violated = violated
         self.retryAt = retryAt
         self.networkRemaining = networkRemaining
+        self.replayed = replayed
     }
 }
 

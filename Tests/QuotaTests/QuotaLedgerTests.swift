@@ -236,4 +236,42 @@ struct QuotaLedgerTests {
             #expect(try await admit("device:c", at: noon.addingTimeInterval(3601)).admitted)
         }
     }
+
+    @Test(arguments: QuotaBackend.allCases) func settledChargesAreForgottenOnceTheWindowIsPastAndReservationsNever(_ backend: QuotaBackend) async throws {
+        try await withQuotaStore(backend) { q in
+            // Given charges settled at noon, one settled twenty hours later, and one never settled
+            _ = try await q.reserve("ivy", "old-committed", at: noon)
+            _ = try await q.store.commit(jobId: "old-committed", now: noon)
+            _ = try await q.reserve("ivy", "old-released", at: noon)
+            _ = try await q.store.release(jobId: "old-released", now: noon)
+            _ = try await q.reserve("ivy", "still-reserved", at: noon)
+            let later = noon.addingTimeInterval(20 * 3600)
+            _ = try await q.reserve("ivy", "recent", at: later)
+            _ = try await q.store.commit(jobId: "recent", now: later)
+            _ = try await q.store.usage(userId: "ivy", now: later)  // (on SQLite: once the tables hold them)
+            // When the charges settled before an hour after noon are forgotten, one at a time
+            let cutoff = noon.addingTimeInterval(3600)
+            #expect(try await q.store.forget(settledBefore: cutoff, limit: 1) == 1)
+            #expect(try await q.store.forget(settledBefore: cutoff, limit: 100) == 1)
+            #expect(try await q.store.forget(settledBefore: cutoff, limit: 100) == 0)
+            // Then only the reservation and the recent charge are left, and the windows are as they were
+            let next = noon.addingTimeInterval(48 * 3600)  // two days on: no charge of that day yet
+            let usage = try await q.store.usage(userId: "ivy", now: later)
+            #expect(Set(usage.charges.map(\.jobId)) == ["still-reserved", "recent"])
+            #expect(usage.status.daily.used == 1)
+            #expect(try await q.status("ivy", at: noon).daily.used == 2)
+            // And the reservation still settles, however old
+            #expect(try await q.store.release(jobId: "still-reserved", now: next).state == .released)
+            // And a remembered id sent again is answered again, charging nothing; a forgotten one
+            // is a new charge (the gateway refuses such a creation and gives it back)
+            let replay = try await q.reserve("ivy", "recent", at: next)
+            #expect(replay.admitted && replay.replayed == true && replay.status.daily.used == 0)
+            let fresh = try await q.reserve("ivy", "old-committed", at: next)
+            #expect(fresh.admitted && fresh.replayed == nil && fresh.status.daily.used == 1)
+            #expect(try await q.store.release(jobId: "old-committed", now: next).state == .released)
+            #expect(try await q.status("ivy", at: next).daily.used == 0)
+            // And a forgotten id cannot be settled any more
+            #expect(await busError { _ = try await q.store.commit(jobId: "old-released", now: next) }?.code == .notFound)
+        }
+    }
 }

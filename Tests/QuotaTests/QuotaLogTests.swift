@@ -175,6 +175,61 @@ struct QuotaMemoryLedgerTests {
         #expect(try await reopened.status(userId: tailJob.userId, now: tailJob.reservedAt) == before)
     }
 
+    @Test func memoryKnowsEveryJobIdTheTablesHoldAcrossARestartAndForgetsThoseForgotten() async throws {
+        let folder = try Self.folder()
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let noon = try Date("2026-11-21T12:00:00Z", strategy: .iso8601)
+        // Given charges of gateway-made (UUID) and other job ids, settled or not
+        let first = try Self.open(folder)
+        let uuids = (0..<5).map { _ in UUID().uuidString.lowercased() }
+        for (index, jobId) in (uuids + ["job-a", "JOB-A", uuids[0].uppercased()]).enumerated() {
+            #expect(try await first.reserve(ReserveQuota(userId: "kim", jobId: jobId), now: noon).replayed == nil)
+            if index % 2 == 0 { _ = try await first.commit(jobId: jobId, now: noon) }
+        }
+        #expect(try await first.knownJobIds() == 8)
+        _ = try await first.usage(userId: "kim", now: noon)
+        await first.close()
+        // When the store is opened again
+        let reopened = try Self.open(folder)
+        // Then memory knows each id again (ids differing only in case are different ids), and
+        // each sent again is answered again, charging nothing
+        #expect(try await reopened.knownJobIds() == 8)
+        for jobId in uuids + ["job-a", "JOB-A", uuids[0].uppercased()] {
+            #expect(try await reopened.reserve(ReserveQuota(userId: "kim", jobId: jobId), now: noon).replayed == true, "\(jobId)")
+        }
+        #expect(try await reopened.status(userId: "kim", now: noon).daily.used == 8)
+        // And after the settled ones are forgotten, memory forgets them too: sent again, they
+        // are new charges, while the reservations kept are still answered again
+        #expect(try await reopened.forget(settledBefore: noon.addingTimeInterval(1), limit: 100) == 4)
+        #expect(try await reopened.knownJobIds() == 4)
+        #expect(try await reopened.reserve(ReserveQuota(userId: "kim", jobId: uuids[0]), now: noon).replayed == nil)
+        #expect(try await reopened.reserve(ReserveQuota(userId: "kim", jobId: uuids[1]), now: noon).replayed == true)
+        #expect(try await reopened.knownJobIds() == 5)
+        #expect(try await reopened.status(userId: "kim", now: noon).daily.used == 9)
+    }
+
+    @Test func anIdChargedAgainAfterTheTablesViewIsNotForgottenByMemory() async throws {
+        let store = try QuotaDatabase.inMemory()
+        let noon = try Date("2026-11-21T12:00:00Z", strategy: .iso8601)
+        // Given a settled charge the tables hold (applied through its sequence number)
+        _ = try await store.reserve(ReserveQuota(userId: "lee", jobId: "job-1"), now: noon)
+        _ = try await store.release(jobId: "job-1", now: noon)
+        _ = try await store.usage(userId: "lee", now: noon)
+        let applied = store.engine.checkpointer.appliedSeq
+        // And the same id charged again since (a change after that view)
+        _ = try await store.reserve(ReserveQuota(userId: "lee", jobId: "job-1"), now: noon)
+        // When memory hears that the tables forgot the id as of that view
+        try await store.engine.perform { $0.forget(["job-1"], applied: applied) }
+        // Then memory still knows the new charge: sent again, it is answered again
+        #expect(try await store.reserve(ReserveQuota(userId: "lee", jobId: "job-1"), now: noon).replayed == true)
+        #expect(try await store.status(userId: "lee", now: noon).daily.used == 1)
+        // But told as of a view that saw the new charge, memory forgets it (the tables would
+        // have held only a settled row to delete; here the test tells it so directly)
+        let now = try await store.engine.perform { $0.lastSeq }
+        try await store.engine.perform { $0.forget(["job-1"], applied: now) }
+        #expect(try await store.knownJobIds() == 0)
+    }
+
     @Test func aStatusBetweenBatchesIsAnsweredFromMemoryAsTheLedgersThreadWouldAnswerIt() async throws {
         let folder = try Self.folder()
         defer { try? FileManager.default.removeItem(at: folder) }

@@ -68,7 +68,7 @@ private func addFileRoutes(
     LegacyJobsController(clients: clients, authenticator: authenticator, links: links).addRoutes(to: router)
     let creator = JobCreator(
         clients: clients, uploads: UploadCheck(blobs: blobs, maxBytes: configuration.uploadMaxBytes, maxPixels: configuration.imageMaxPixels),
-        prices: EffectPrices(clients: clients)
+        prices: EffectPrices(clients: clients), idempotencyWindow: TimeInterval(configuration.idempotencyWindow)
     )
     ProviderWebhooksController(
         clients: clients, webhooks: WebhookSigner(secret: configuration.urlSigningSecret, publicBaseURL: configuration.publicBaseURL),

@@ -37,6 +37,7 @@ await ProcessExit.run("quota", files: files) { try await BusServiceRunner.run(.q
         StaleReservationResolver(
             store: store, jobs: jobs, staleAfter: configuration.staleAfter, interval: configuration.staleScanInterval, logger: logger
         ),
+        ChargeForgetter(store: store, window: configuration.idempotencyWindow, logger: logger),
     ]
 }
 }

@@ -22,6 +22,9 @@ public struct QuotaConfiguration: Sendable {
     /// New guests a client network may make an hour (`QUOTA_GUESTS_PER_NETWORK_HOUR`, 30) and
     /// the credits its guests share a day (`QUOTA_GUEST_NETWORK_DAILY`, 100; 0: none shared).
     public var guests: GuestLimits
+    /// How long a settled charge's job id is remembered (`IDEMPOTENCY_WINDOW_S`, default 86400:
+    /// a day, as Stripe keeps idempotency keys); the gateway refuses a job id older than that.
+    public var idempotencyWindow: Duration
 
     /// Reads the configuration; `dataDirectory` is the service's `DATA_DIR`.
     public init(environment: Environment, dataDirectory: String) throws {
@@ -39,6 +42,7 @@ public struct QuotaConfiguration: Sendable {
         staleScanInterval = .milliseconds(max(10, try environment.int("QUOTA_STALE_SCAN_MS", default: 10_000)))
         jobsEndpoint = environment.string(ServiceName.jobs.endpointVariable, default: ServiceName.jobs.defaultEndpoint)
         databaseURL = try environment.optional("QUOTA_DATABASE_URL").map { try PostgresLocation(variable: "QUOTA_DATABASE_URL", url: $0) }
+        idempotencyWindow = .seconds(max(1, try environment.int("IDEMPOTENCY_WINDOW_S", default: 86_400)))
         guests = GuestLimits(
             perNetworkHour: max(0, try environment.int("QUOTA_GUESTS_PER_NETWORK_HOUR", default: 30)),
             networkDaily: max(0, try environment.int("QUOTA_GUEST_NETWORK_DAILY", default: 100))
@@ -47,5 +51,6 @@ public struct QuotaConfiguration: Sendable {
 
     /// The variables `init(environment:dataDirectory:)` reads.
     public static let environmentKeys = ["QUOTA_PLANS", "QUOTA_DB", "QUOTA_STALE_AFTER_S", "QUOTA_STALE_SCAN_MS", "JOBS_ENDPOINT",
-                                         "QUOTA_GUESTS_PER_NETWORK_HOUR", "QUOTA_GUEST_NETWORK_DAILY", "QUOTA_DATABASE_URL"]
+                                         "QUOTA_GUESTS_PER_NETWORK_HOUR", "QUOTA_GUEST_NETWORK_DAILY", "QUOTA_DATABASE_URL",
+                                         "IDEMPOTENCY_WINDOW_S"]
 }

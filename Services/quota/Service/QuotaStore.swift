@@ -30,4 +30,8 @@ public protocol QuotaStore: Sendable {
     func usage(userId: String, now: Date) async throws -> UserUsage
     /// Reservations neither committed nor released, made before `cutoff`, oldest first.
     func staleReservations(before cutoff: Date, limit: Int) async throws -> [String]
+    /// Deletes up to `limit` charges settled before `cutoff` (the idempotency window's start),
+    /// oldest first, and answers how many: their job ids are forgotten. Reservations are kept
+    /// whatever their age (the stale-reservation resolver settles them).
+    func forget(settledBefore cutoff: Date, limit: Int) async throws -> Int
 }

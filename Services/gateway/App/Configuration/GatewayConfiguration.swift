@@ -44,6 +44,9 @@ public struct GatewayConfiguration: Sendable {
     public var signedURLLifetime: Int
     /// How long a history share link works (`SHARE_TTL_S`, default 7 days).
     public var shareLifetime: Int
+    /// How long an `Idempotency-Key` names its job (`IDEMPOTENCY_WINDOW_S`, default a day, as
+    /// quota remembers a charge): sent again later, it is refused (409 `idempotency_key_expired`).
+    public var idempotencyWindow: Int
     /// The most pixels an uploaded image may have, read from its header (`IMAGE_MAX_PIXELS`,
     /// default 50 megapixels).
     public var imageMaxPixels: Int
@@ -108,6 +111,7 @@ public struct GatewayConfiguration: Sendable {
         uploadMaxBytes = try environment.int("UPLOAD_MAX_BYTES", default: 20 << 20)
         signedURLLifetime = try environment.int("SIGNED_URL_TTL_S", default: 900)
         shareLifetime = try environment.int("SHARE_TTL_S", default: 7 * 86_400)
+        idempotencyWindow = max(1, try environment.int("IDEMPOTENCY_WINDOW_S", default: 86_400))
         imageMaxPixels = try environment.int("IMAGE_MAX_PIXELS", default: 50_000_000)
         streamsPerUser = try environment.int("SSE_MAX_PER_USER", default: 8)
         streamsTotal = try environment.int("SSE_MAX_STREAMS", default: 4_000)
@@ -131,7 +135,7 @@ public struct GatewayConfiguration: Sendable {
     /// The environment variables `init(environment:)` reads.
     public static var environmentKeys: [String] {
         ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "LOG_FORMAT", "JWT_SECRET", "ADMIN_TOKEN", "VIEWER_TOKEN",
-         "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S",
+         "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S", "IDEMPOTENCY_WINDOW_S",
          "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "FAL_WEBHOOK_JWKS_URL", "OPENAPI_FILE", "BUS_CURVE_PUBLIC", "BUS_CURVE_KEY", "BUS_ENCODING",
          "GATEWAY_TASKS_ON_EVENT_LOOPS",
          "HTTP_IDLE_TIMEOUT_S", "HTTP_BODY_MIN_BYTES_PER_S", "HTTP_BODY_GRACE_S", "HTTP_MAX_CONNECTIONS", "TRUSTED_PROXIES",

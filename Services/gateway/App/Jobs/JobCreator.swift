@@ -14,6 +14,9 @@ struct JobCreator: Sendable {
     let uploads: UploadCheck
     /// Each effect's price now (a re-run pays its model's price of today, not the original's).
     let prices: EffectPrices
+    /// How long an `Idempotency-Key` names its job, in seconds (quota forgets a settled charge
+    /// after as long).
+    let idempotencyWindow: TimeInterval
 
     struct Accepted: Encodable {
         var jobId: String
@@ -49,6 +52,16 @@ struct JobCreator: Sendable {
                 _ = try? await clients.client(for: .quota).call(Quota.release, ChargeReference(jobId: jobId))
             }
             throw Problem(error, service: "jobs")
+        }
+        if idempotencyKey != nil, job.createdAt < Date().addingTimeInterval(-idempotencyWindow) {
+            // The key named a job made before the window: quota may have forgotten its charge
+            // and charged this id again. That charge (not one quota only answered again) goes
+            // back, and the request is refused rather than answered with an old job.
+            if decision.replayed != true {
+                _ = try? await clients.client(for: .quota).call(Quota.release, ChargeReference(jobId: jobId))
+            }
+            throw Problem(.conflict, detail: "This Idempotency-Key was first used more than \(Int(idempotencyWindow)) seconds ago; send a new key for a new edit.",
+                          extensions: ["code": .string("idempotency_key_expired")])
         }
         return try JSONResponse.make(
             .accepted, Accepted(jobId: job.id, status: job.status, createdAt: job.createdAt),

@@ -207,7 +207,9 @@ extension PostgresQuotaStore {
                     // Reserved or committed: the same admission again. Released (its job was never
                     // made, or ended without a result): a retry of it is charged afresh, below.
                     if existing.charge.state != .released {
-                        results.append(.success(.decision(QuotaDecision(admitted: true, jobId: request.jobId, status: context.status(), violated: [], retryAt: nil))))
+                        results.append(.success(.decision(QuotaDecision(
+                            admitted: true, jobId: request.jobId, status: context.status(), violated: [], retryAt: nil, replayed: true
+                        ))))
                         continue
                     }
                 }

@@ -139,6 +139,11 @@ public struct PostgresQuotaStore: QuotaStore {
             $fn$
             """,
         ]),
+        // Settled charges are forgotten once the idempotency window is past (`forget`): found by
+        // when they settled, with no entry for the reserved ones (they are never forgotten).
+        PostgresMigration("v4: settled charges by when they settled", [
+            "CREATE INDEX quota_charge_settled ON quota_charge (settled_at) WHERE state <> 'reserved'",
+        ]),
     ]
 
     // MARK: QuotaStore
@@ -322,6 +327,20 @@ public struct PostgresQuotaStore: QuotaStore {
                 "SELECT job_id FROM quota_charge WHERE state = 'reserved' AND reserved_at < \(cutoff) ORDER BY reserved_at LIMIT \(limit)",
                 as: String.self, logger: logger
             )
+        }
+    }
+
+    /// Deletes up to `limit` settled charges settled before `cutoff`, oldest first; skips rows a
+    /// batch holds (it may be charging the same id again right now).
+    public func forget(settledBefore cutoff: Date, limit: Int) async throws -> Int {
+        let logger = logger
+        return try await database.connection { db in
+            try await db.all("""
+                DELETE FROM quota_charge WHERE job_id IN (
+                    SELECT job_id FROM quota_charge WHERE state <> 'reserved' AND settled_at < \(cutoff)
+                    ORDER BY settled_at LIMIT \(limit) FOR UPDATE SKIP LOCKED)
+                RETURNING job_id
+                """, as: String.self, logger: logger).count
         }
     }
 

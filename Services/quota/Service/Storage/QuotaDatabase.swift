@@ -183,6 +183,29 @@ public struct QuotaDatabase: QuotaStore {
         return try await engine.perform { memory in reserved.filter { !memory.isSettled($0) } }
     }
 
+    /// Deletes settled charges from the tables, then from memory: those memory changed since the
+    /// transaction's view (`appliedSeq`) stay there, to be written back by the checkpointer.
+    public func forget(settledBefore cutoff: Date, limit: Int) async throws -> Int {
+        let (jobIds, applied) = try await writer.write { db -> ([String], UInt64) in
+            let jobIds = try String.fetchAll(
+                db, sql: "SELECT jobId FROM charge WHERE state != 'reserved' AND settledAt < ? ORDER BY settledAt LIMIT ?",
+                arguments: [StoredDate.text(cutoff), limit]
+            )
+            let delete = try db.cachedStatement(sql: "DELETE FROM charge WHERE jobId = ?")
+            for jobId in jobIds { try delete.execute(arguments: [jobId]) }
+            let applied = UInt64(bitPattern: try Int64.fetchOne(db, sql: "SELECT appliedSeq FROM ledger_state WHERE id = 1") ?? 0)
+            return (jobIds, applied)
+        }
+        guard !jobIds.isEmpty else { return 0 }
+        try await engine.perform { memory in memory.forget(jobIds, applied: applied) }
+        return jobIds.count
+    }
+
+    /// How many job ids memory knows without reading (nil: more than it keeps), for tests.
+    func knownJobIds() async throws -> Int? {
+        try await engine.perform { $0.knownJobIds }
+    }
+
     static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
         migrator.registerMigration("v1: users, usage, charges") { db in
@@ -270,6 +293,10 @@ public struct QuotaDatabase: QuotaStore {
             try db.execute(sql: "ALTER TABLE charge_by_job RENAME TO charge")
             try db.execute(sql: "CREATE INDEX charge_by_user ON charge (userId, reservedAt)")
             try db.execute(sql: "CREATE INDEX charge_reserved ON charge (reservedAt) WHERE state = 'reserved'")
+        }
+        migrator.registerMigration("v7: settled charges by when they settled") { db in
+            // Charges settled before the idempotency window are forgotten (`forget`).
+            try db.execute(sql: "CREATE INDEX charge_settled ON charge (settledAt) WHERE state != 'reserved'")
         }
         return migrator
     }

@@ -39,11 +39,14 @@ struct QuotaMemory {
         var seq: UInt64 { change.seq }
     }
 
-    /// The most entries kept of each kind before those already in the tables are dropped.
+    /// The most entries kept of each kind before those already in the tables are dropped; and
+    /// the most job ids `known` holds (about 40 bytes each for the gateway's UUIDs) before it is
+    /// given up for reads of the tables.
     struct Capacity {
         var users = 100_000
         var counters = 300_000
         var charges = 300_000
+        var jobIds = 2_000_000
     }
 
     let ledger: QuotaLedger
@@ -53,6 +56,13 @@ struct QuotaMemory {
     private(set) var users: [String: UserEntry] = [:]
     private(set) var counters: [UsageCounter: CounterEntry] = [:]
     private(set) var charges: [String: ChargeEntry] = [:]
+    /// Every job id with a charge in memory or the tables, when `knownWhole` (the tables keep only
+    /// the idempotency window's charges, which `forget` prunes): a new job id, the common case,
+    /// is then known to be new without a read. Each with the sequence number of its last change
+    /// (0: older than this process), so that forgetting an id the tables no longer hold keeps one
+    /// charged again since.
+    private var known: [JobKey: UInt64] = [:]
+    private var knownWhole = false
     /// The last sequence number given out.
     private(set) var lastSeq: UInt64
     /// The checkpointer's progress, as last heard (entries at or below it may be dropped).
@@ -94,7 +104,8 @@ struct QuotaMemory {
                 throw BusError(Quota.ErrorCode.jobIdTaken, "job id \(request.jobId) belongs to another user")
             }
             if existing.change.state != .released {
-                return QuotaDecision(admitted: true, jobId: request.jobId, status: try context(request.userId, now: now).status(), violated: [], retryAt: nil)
+                return QuotaDecision(admitted: true, jobId: request.jobId, status: try context(request.userId, now: now).status(), violated: [], retryAt: nil,
+                                     replayed: true)
             }
         }
         let context = try context(request.userId, now: now)
@@ -216,6 +227,27 @@ struct QuotaMemory {
         users[userId] = try reader.read { try Self.loadUser($0, userId) }
     }
 
+    // MARK: Job ids
+
+    /// Whether memory knows, without a read, that `jobId` has no charge anywhere.
+    private func isNew(_ jobId: String) -> Bool {
+        knownWhole && known[JobKey(jobId)] == nil
+    }
+
+    /// The tables no longer hold these charges (`QuotaDatabase.forget`, in a transaction that saw
+    /// every change through `applied`): memory forgets them too, but for an id changed since.
+    mutating func forget(_ jobIds: [String], applied: UInt64) {
+        for jobId in jobIds {
+            let key = JobKey(jobId)
+            if let seq = known[key], seq > applied { continue }
+            known[key] = nil
+            if let entry = charges[jobId], entry.seq <= applied { charges[jobId] = nil }
+        }
+    }
+
+    /// How many job ids memory knows (nil: too many; it reads the tables instead).
+    var knownJobIds: Int? { knownWhole ? known.count : nil }
+
     // MARK: What memory holds whole
 
     /// Loads every plan row, and every usage counter of the windows current now in any time
@@ -254,6 +286,14 @@ struct QuotaMemory {
         if let loadedUsers = loaded.users {
             users = loadedUsers
             usersWhole = true
+        }
+        let jobIds = try reader.read { db -> [String]? in
+            guard try Int.fetchOne(db, sql: "SELECT count(*) FROM charge") ?? 0 <= capacity.jobIds / 2 else { return nil }
+            return try String.fetchAll(db, sql: "SELECT jobId FROM charge")
+        }
+        if let jobIds {
+            known = Dictionary(jobIds.map { (JobKey($0), 0) }, uniquingKeysWith: max)
+            knownWhole = true
         }
         if let loadedCounters = loaded.counters {
             for (counter, used) in loadedCounters { counters[counter] = CounterEntry(used: used, seq: 0) }
@@ -296,7 +336,7 @@ struct QuotaMemory {
         absentCharges.removeAll(keepingCapacity: true)
         let missing = needs.filter { !holds($0) }
         guard !missing.isEmpty else { return }
-        let jobIds = Array(Set(missing.compactMap(\.jobId).filter { charges[$0] == nil }))
+        let jobIds = Array(Set(missing.compactMap(\.jobId).filter { charges[$0] == nil && !isNew($0) }))
         let loaded = try load(missing, jobIds: jobIds)
         for (userId, entry) in loaded.users { users[userId] = entry }
         for (counter, used) in loaded.counters where counters[counter] == nil { counters[counter] = CounterEntry(used: used, seq: 0) }
@@ -342,7 +382,7 @@ struct QuotaMemory {
     }
 
     private func holds(_ need: Need) -> Bool {
-        if let jobId = need.jobId, charges[jobId] == nil { return false }
+        if let jobId = need.jobId, charges[jobId] == nil, !isNew(jobId) { return false }
         guard let userId = need.userId else { return true }
         guard let entry = knownUser(userId) else { return false }
         guard let now = need.now else { return true }
@@ -377,7 +417,7 @@ struct QuotaMemory {
 
     private mutating func charge(_ jobId: String) throws -> ChargeEntry? {
         if let entry = charges[jobId] { return entry }
-        if absentCharges.contains(jobId) { return nil }
+        if isNew(jobId) || absentCharges.contains(jobId) { return nil }
         guard let change = try reader.read({ try Self.loadCharge($0, jobId) }) else { return nil }
         charges[jobId] = ChargeEntry(change: change)
         return charges[jobId]
@@ -471,6 +511,14 @@ struct QuotaMemory {
         change.seq = lastSeq
         undo.append(.charge(change.jobId, charges[change.jobId]))
         charges[change.jobId] = ChargeEntry(change: change)
+        // Not undone by `rollBack`: an id known that the tables lack costs a read, no more.
+        if knownWhole {
+            known[JobKey(change.jobId)] = change.seq
+            if known.count > capacity.jobIds {
+                known = [:]
+                knownWhole = false
+            }
+        }
         for usage in change.usage {
             undo.append(.counter(usage.counter, counters[usage.counter]))
             counters[usage.counter] = CounterEntry(used: usage.used, seq: change.seq)
@@ -569,5 +617,43 @@ struct QuotaMemory {
     /// `instant` to the millisecond, as the tables store it.
     static func millisecond(_ instant: Date) -> Double {
         (instant.timeIntervalSince1970 * 1000).rounded() / 1000
+    }
+}
+
+/// A job id as `QuotaMemory.known` keeps it: a lowercase UUID, as the gateway makes them, in 16
+/// bytes; anything else as its text.
+struct JobKey: Hashable {
+    private enum Value: Hashable {
+        case uuid(UInt64, UInt64)
+        case text(String)
+    }
+
+    private let value: Value
+
+    init(_ id: String) {
+        value = Self.uuid(id).map { .uuid($0.0, $0.1) } ?? .text(id)
+    }
+
+    /// The two halves of a lowercase hyphenated UUID; nil for any other text (an uppercase UUID
+    /// is another job id, so it is kept as text).
+    private static func uuid(_ id: String) -> (UInt64, UInt64)? {
+        guard id.utf8.count == 36 else { return nil }
+        var halves: (UInt64, UInt64) = (0, 0)
+        var digits = 0
+        for (index, byte) in id.utf8.enumerated() {
+            if index == 8 || index == 13 || index == 18 || index == 23 {
+                guard byte == UInt8(ascii: "-") else { return nil }
+                continue
+            }
+            let nibble: UInt8
+            switch byte {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): nibble = byte - UInt8(ascii: "0")
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): nibble = byte - UInt8(ascii: "a") + 10
+            default: return nil
+            }
+            if digits < 16 { halves.0 = halves.0 << 4 | UInt64(nibble) } else { halves.1 = halves.1 << 4 | UInt64(nibble) }
+            digits += 1
+        }
+        return halves
     }
 }
