@@ -197,9 +197,12 @@ public struct JobLookup: Codable, Sendable, Equatable {
 public struct JobExistence: Codable, Sendable, Equatable {
     public var exists: Bool
     public var status: JobStatus?
-    public init(exists: Bool, status: JobStatus?) {
+    /// When the job ended, if it has and is still kept.
+    public var finishedAt: Date?
+    public init(exists: Bool, status: JobStatus?, finishedAt: Date? = nil) {
         self.exists = exists
         self.status = status
+        self.finishedAt = finishedAt
     }
 }
 

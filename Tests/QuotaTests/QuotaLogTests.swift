@@ -286,7 +286,7 @@ struct QuotaMemoryLedgerTests {
         // When the service opens it
         let store = try Self.open(folder)
         // Then the charge is there, found by the stale scan while reserved, and settles
-        #expect(try await store.staleReservations(before: now, limit: 10) == ["old-job"])
+        #expect(try await store.staleReservations(before: now, limit: 10).map(\.jobId) == ["old-job"])
         #expect(try await store.commit(jobId: "old-job", now: now).cost == 3)
         #expect(try await store.usage(userId: "old-user", now: now).charges.map(\.state) == [.committed])
         #expect(try await store.staleReservations(before: now, limit: 10).isEmpty)

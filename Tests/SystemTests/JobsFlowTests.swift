@@ -5,8 +5,11 @@ import GatewayApp
 import HTTPTypes
 import Hummingbird
 import HummingbirdTesting
+import Logging
 import Messages
+import QuotaService
 import ServiceKit
+import Synchronization
 import Testing
 
 @Suite("Jobs and workers, through the gateway", .serialized, .timeLimit(.minutes(5)))
@@ -168,6 +171,84 @@ struct JobsFlowTests {
             let usage = try await system.clients.quota.call(Quota.usage, UserReference(userId: userId))
             #expect(usage.status.daily.used == 1)
         }
+        await system.stop()
+    }
+
+    @Test func anIdempotencyKeyPastItsWindowIsRefusedAndNeverChargesTwice() async throws {
+        // A window of two seconds, for quota (which then forgets the charge) and the gateway
+        let window = ["IDEMPOTENCY_WINDOW_S": "2"]
+        let system = try await JobSystem(workers: 1, quota: window, gateway: window)
+        let user = JobSystem.guest(UUID())
+        let userId = "device:\(user[.deviceId]!.lowercased())"
+        try await system.gateway { client in
+            // Given a job made with a key, completed
+            let key = try await JobSystem.upload(client, as: user)
+            let first = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "copy", idempotencyKey: "tap-1")
+            let jobId = try JobSystem.jobId(of: first)
+            _ = try await JobSystem.waitForStatus(client, as: user, jobId: jobId)
+            // When the same key is sent again once the window is past, before and after quota
+            // has forgotten the charge
+            var refused: TestResponse?
+            try await waitUntil {
+                let again = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "copy", idempotencyKey: "tap-1")
+                #expect(again.status == .accepted || again.status == .conflict, "\(again.status)")
+                if again.status == .conflict { refused = again }
+                return again.status == .conflict
+            }
+            try await waitUntil {
+                let usage = try await system.clients.quota.call(Quota.usage, UserReference(userId: userId))
+                return !usage.charges.contains { $0.jobId == jobId }
+            }
+            let afterForgetting = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "copy", idempotencyKey: "tap-1")
+            // Then each is refused with a problem naming the expired key, and the job was charged once
+            for response in [try #require(refused), afterForgetting] {
+                #expect(response.status == .conflict)
+                #expect(JobSystem.json(response)["code"] as? String == "idempotency_key_expired")
+            }
+            let usage = try await system.clients.quota.call(Quota.usage, UserReference(userId: userId))
+            #expect(usage.status.daily.used == 1)
+            // And a new key makes a new job
+            let fresh = try await JobSystem.createJob(client, as: user, imageKey: key, effect: "copy", idempotencyKey: "tap-2")
+            #expect(fresh.status == .accepted)
+            #expect(try await system.clients.quota.call(Quota.usage, UserReference(userId: userId)).status.daily.used == 2)
+        }
+        await system.stop()
+    }
+
+    @Test func aStaleReservationMadeLongAfterItsJobEndedIsReleasedNotCommitted() async throws {
+        // The real jobs service answers about real jobs; the reservations are made in a ledger
+        // of the test's own with the times the test gives (quota's clock, two minutes on)
+        let system = try await JobSystem(workers: 1)
+        let user = JobSystem.guest(UUID())
+        let userId = "device:\(user[.deviceId]!.lowercased())"
+        let made = Mutex<[String]>([])
+        try await system.gateway { client in
+            let key = try await JobSystem.upload(client, as: user)
+            for _ in 0..<2 {
+                let jobId = try JobSystem.jobId(of: try await JobSystem.createJob(client, as: user, imageKey: key, effect: "copy"))
+                _ = try await JobSystem.waitForStatus(client, as: user, jobId: jobId)
+                made.withLock { $0.append(jobId) }
+            }
+        }
+        let jobIds = made.withLock { $0 }
+        let ledger = try QuotaDatabase.inMemory()
+        // Given a reservation of a completed job's id made before it ended (its own charge, whose
+        // commit was lost), and one made two minutes after the other ended (a forgotten id sent
+        // again, refused by the gateway, whose give-back was lost)
+        let now = Date()
+        _ = try await ledger.reserve(ReserveQuota(userId: userId, jobId: jobIds[0]), now: now.addingTimeInterval(-600))
+        _ = try await ledger.reserve(ReserveQuota(userId: userId, jobId: jobIds[1]), now: now.addingTimeInterval(120))
+        _ = try await ledger.usage(userId: userId, now: now)  // (once the ledger's tables hold them)
+        // When the resolver finds them stale
+        var logger = Logger(label: "test.resolver")
+        logger.logLevel = .warning
+        let resolver = StaleReservationResolver(store: ledger, jobs: system.clients.jobs, staleAfter: .seconds(1), interval: .seconds(60), logger: logger)
+        #expect(try await resolver.resolve(now: now.addingTimeInterval(300)) == 2)
+        // Then the job's own charge is committed and the later one released
+        let charges = try await ledger.usage(userId: userId, now: now).charges
+        #expect(charges.first { $0.jobId == jobIds[0] }?.state == .committed)
+        #expect(charges.first { $0.jobId == jobIds[1] }?.state == .released)
+        await ledger.close()
         await system.stop()
     }
 

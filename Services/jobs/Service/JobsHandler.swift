@@ -46,7 +46,9 @@ public struct JobsHandler: Sendable {
         }
         router.register(Jobs.lookup) { request, _ in
             let status = try await store.lookup(request.jobId, abandonIfAbsent: request.abandonIfAbsent, now: Date())
-            return JobExistence(exists: status != nil, status: status)
+            // An ended job's end: quota's resolver tells a charge made after it from the job's own.
+            let finishedAt = status?.isTerminal == true ? try await store.job(request.jobId, userId: nil)?.finishedAt : nil
+            return JobExistence(exists: status != nil, status: status, finishedAt: finishedAt)
         }
         router.register(Jobs.purge) { request, _ in
             let purge = try await store.purge(request.jobId, userId: request.userId, now: Date())

@@ -5,6 +5,17 @@ import Messages
 /// each one transaction, a write durable before it returns. `QuotaHandler` and
 /// `StaleReservationResolver` depend on this and nothing else; `QuotaDatabase` (SQLite, group
 /// committed) is today's implementation.
+/// A reservation neither committed nor released: its job id, and when it was made.
+public struct StaleReservation: Sendable, Equatable {
+    public var jobId: String
+    public var reservedAt: Date
+
+    public init(jobId: String, reservedAt: Date) {
+        self.jobId = jobId
+        self.reservedAt = reservedAt
+    }
+}
+
 public protocol QuotaStore: Sendable {
     /// Charges the job's price in every window at once, or denies naming the windows that refuse;
     /// a job id already charged answers its first admission again.
@@ -29,7 +40,7 @@ public protocol QuotaStore: Sendable {
     /// A user's windows and their latest charges.
     func usage(userId: String, now: Date) async throws -> UserUsage
     /// Reservations neither committed nor released, made before `cutoff`, oldest first.
-    func staleReservations(before cutoff: Date, limit: Int) async throws -> [String]
+    func staleReservations(before cutoff: Date, limit: Int) async throws -> [StaleReservation]
     /// Deletes up to `limit` charges settled before `cutoff` (the idempotency window's start),
     /// oldest first, and answers how many: their job ids are forgotten. Reservations are kept
     /// whatever their age (the stale-reservation resolver settles them).

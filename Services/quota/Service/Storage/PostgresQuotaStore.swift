@@ -320,13 +320,13 @@ public struct PostgresQuotaStore: QuotaStore {
         }
     }
 
-    public func staleReservations(before cutoff: Date, limit: Int) async throws -> [String] {
+    public func staleReservations(before cutoff: Date, limit: Int) async throws -> [StaleReservation] {
         let logger = logger
         return try await database.connection { db in
-            try await db.all(
-                "SELECT job_id FROM quota_charge WHERE state = 'reserved' AND reserved_at < \(cutoff) ORDER BY reserved_at LIMIT \(limit)",
-                as: String.self, logger: logger
-            )
+            try await db.allRows(
+                "SELECT job_id, reserved_at FROM quota_charge WHERE state = 'reserved' AND reserved_at < \(cutoff) ORDER BY reserved_at LIMIT \(limit)",
+                as: (String, Date).self, logger: logger
+            ).map { StaleReservation(jobId: $0.0, reservedAt: $0.1) }
         }
     }
 

@@ -172,15 +172,15 @@ public struct QuotaDatabase: QuotaStore {
     }
 
     /// Reserved charges in the tables made before `cutoff`, but those memory knows are settled.
-    public func staleReservations(before cutoff: Date, limit: Int) async throws -> [String] {
+    public func staleReservations(before cutoff: Date, limit: Int) async throws -> [StaleReservation] {
         let reserved = try await writer.read { db in
-            try String.fetchAll(
-                db, sql: "SELECT jobId FROM charge WHERE state = 'reserved' AND reservedAt < ? ORDER BY reservedAt LIMIT ?",
+            try Row.fetchAll(
+                db, sql: "SELECT jobId, reservedAt FROM charge WHERE state = 'reserved' AND reservedAt < ? ORDER BY reservedAt LIMIT ?",
                 arguments: [cutoff, limit]
-            )
+            ).map { StaleReservation(jobId: $0["jobId"], reservedAt: $0["reservedAt"]) }
         }
         guard !reserved.isEmpty else { return [] }
-        return try await engine.perform { memory in reserved.filter { !memory.isSettled($0) } }
+        return try await engine.perform { memory in reserved.filter { !memory.isSettled($0.jobId) } }
     }
 
     /// Deletes settled charges from the tables, then from memory: those memory changed since the
