@@ -12,7 +12,7 @@ extension Components {
         ///
         /// - Remark: Generated from `#/components/parameters/userId`.
         internal typealias UserId = Swift.String
-        /// The same key from the same user names the same job, created and charged once.
+        /// The same key from the same user names the same job, created and charged once, for IDEMPOTENCY_WINDOW_S (a day) from its creation; later the key is refused (409 idempotency_key_expired).
         ///
         /// - Remark: Generated from `#/components/parameters/Idempotency-Key`.
         internal typealias IdempotencyKey = Swift.String

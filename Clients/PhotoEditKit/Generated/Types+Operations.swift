@@ -3958,7 +3958,7 @@ internal enum Operations {
         internal struct Input: Sendable, Hashable {
             /// - Remark: Generated from `#/paths/api/v1/jobs/POST/header`.
             internal struct Headers: Sendable, Hashable {
-                /// The same key from the same user names the same job, created and charged once.
+                /// The same key from the same user names the same job, created and charged once, for IDEMPOTENCY_WINDOW_S (a day) from its creation; later the key is refused (409 idempotency_key_expired).
                 ///
                 /// - Remark: Generated from `#/paths/api/v1/jobs/POST/header/Idempotency-Key`.
                 internal var idempotencyKey: Components.Parameters.IdempotencyKey?
@@ -3966,7 +3966,7 @@ internal enum Operations {
                 /// Creates a new `Headers`.
                 ///
                 /// - Parameters:
-                ///   - idempotencyKey: The same key from the same user names the same job, created and charged once.
+                ///   - idempotencyKey: The same key from the same user names the same job, created and charged once, for IDEMPOTENCY_WINDOW_S (a day) from its creation; later the key is refused (409 idempotency_key_expired).
                 ///   - accept:
                 internal init(
                     idempotencyKey: Components.Parameters.IdempotencyKey? = nil,
@@ -5393,7 +5393,7 @@ internal enum Operations {
             internal var path: Operations.RerunJob.Input.Path
             /// - Remark: Generated from `#/paths/api/v1/jobs/{jobId}/rerun/POST/header`.
             internal struct Headers: Sendable, Hashable {
-                /// The same key from the same user names the same job, created and charged once.
+                /// The same key from the same user names the same job, created and charged once, for IDEMPOTENCY_WINDOW_S (a day) from its creation; later the key is refused (409 idempotency_key_expired).
                 ///
                 /// - Remark: Generated from `#/paths/api/v1/jobs/{jobId}/rerun/POST/header/Idempotency-Key`.
                 internal var idempotencyKey: Components.Parameters.IdempotencyKey?
@@ -5401,7 +5401,7 @@ internal enum Operations {
                 /// Creates a new `Headers`.
                 ///
                 /// - Parameters:
-                ///   - idempotencyKey: The same key from the same user names the same job, created and charged once.
+                ///   - idempotencyKey: The same key from the same user names the same job, created and charged once, for IDEMPOTENCY_WINDOW_S (a day) from its creation; later the key is refused (409 idempotency_key_expired).
                 ///   - accept:
                 internal init(
                     idempotencyKey: Components.Parameters.IdempotencyKey? = nil,
@@ -6911,7 +6911,7 @@ internal enum Operations {
             internal var path: Operations.RerunHistoryItem.Input.Path
             /// - Remark: Generated from `#/paths/api/v1/history/{jobId}/rerun/POST/header`.
             internal struct Headers: Sendable, Hashable {
-                /// The same key from the same user names the same job, created and charged once.
+                /// The same key from the same user names the same job, created and charged once, for IDEMPOTENCY_WINDOW_S (a day) from its creation; later the key is refused (409 idempotency_key_expired).
                 ///
                 /// - Remark: Generated from `#/paths/api/v1/history/{jobId}/rerun/POST/header/Idempotency-Key`.
                 internal var idempotencyKey: Components.Parameters.IdempotencyKey?
@@ -6919,7 +6919,7 @@ internal enum Operations {
                 /// Creates a new `Headers`.
                 ///
                 /// - Parameters:
-                ///   - idempotencyKey: The same key from the same user names the same job, created and charged once.
+                ///   - idempotencyKey: The same key from the same user names the same job, created and charged once, for IDEMPOTENCY_WINDOW_S (a day) from its creation; later the key is refused (409 idempotency_key_expired).
                 ///   - accept:
                 internal init(
                     idempotencyKey: Components.Parameters.IdempotencyKey? = nil,
