@@ -5,7 +5,10 @@
 # whole run, no workers, so jobs only queue), all with logs at warning; then /healthz and the
 # bare route again with `make run`'s default logging (info, to a file), and /healthz and users/me
 # with the gateway's tasks on its event loops (GATEWAY_TASKS_ON_EVENT_LOOPS=true). Prints req/s, p50 and p99
-# of each and the line `gateway/bare throughput ratio: healthz A  users/me B  jobs C`.
+# of each and the line `gateway/bare throughput ratio: healthz A  users/me B  jobs C`; and, for
+# POST /api/v1/jobs, the CPU time (user + system, from /proc) each process spent per job created,
+# counted from before the run until every outbox entry it made is delivered:
+# `POST jobs CPU per job: gateway A µs, quota B µs, jobs C µs, history D µs, total E µs`.
 # BENCH_PERF=DIR also records a perf profile of the whole machine during each measurement.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +26,8 @@ export QUOTA_PLANS='{"free": {"daily": 20, "monthly": 600, "retentionDays": 30},
 export JOBS_MAX_QUEUED=10000000
 GATEWAY_PORT=$(port); BARE_PORT=$(port)
 export GATEWAY_PORT PUBLIC_BASE_URL="http://127.0.0.1:$GATEWAY_PORT"
-for name in quota history jobs; do "$BIN/$name" > "$work/$name.log" 2>&1 & pids+=($!); done
+declare -A service_pid
+for name in quota history jobs; do "$BIN/$name" > "$work/$name.log" 2>&1 & pids+=($!); service_pid[$name]=$!; done
 start_gateway() {
   "$BIN/gateway" > "$work/gateway.log" 2>&1 & gateway=$!; pids+=($gateway)
   for _ in $(seq 1 100); do curl -fsS "$url/readyz" >/dev/null 2>&1 && return 0; sleep 0.2; done
@@ -55,7 +59,26 @@ LUA
 bare=$(MEASURE_LABEL=bare measure "$bare_url/healthz")
 healthz=$(MEASURE_LABEL=healthz measure "$url/healthz")
 me=$(MEASURE_LABEL=users-me measure -H "Authorization: Bearer $token" "$url/api/v1/users/me")
+# CPU ticks (user + system) of a process so far.
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+metric_sum() { curl -fsS "$url/metrics" | awk -v name="$1" '$1 == name || index($1, name "{") == 1 { sum += $NF } END { printf "%d", sum }'; }
+service_pid[gateway]=$gateway
+declare -A cpu_before
+for name in gateway quota jobs history; do cpu_before[$name]=$(ticks "${service_pid[$name]}"); done
+queued_before=$(metric_sum jobs_queue_length)
 jobs=$(MEASURE_LABEL=jobs measure -s "$work/create.lua" "$url/api/v1/jobs")
+# Until the outboxes have delivered what the creations made (history's items, for one).
+for _ in $(seq 1 600); do [ "$(metric_sum jobs_outbox_backlog)" = 0 ] && break; sleep 0.1; done
+created=$(( $(metric_sum jobs_queue_length) - queued_before ))
+hz=$(getconf CLK_TCK)
+cpu_line="POST jobs CPU per job:"
+cpu_total=0
+for name in gateway quota jobs history; do
+  spent=$(( $(ticks "${service_pid[$name]}") - ${cpu_before[$name]} ))
+  cpu_total=$(( cpu_total + spent ))
+  cpu_line+=" $name $(awk -v t="$spent" -v hz="$hz" -v n="$created" 'BEGIN { printf "%.0f", t * 1e6 / hz / n }') µs,"
+done
+cpu_line+=" total $(awk -v t="$cpu_total" -v hz="$hz" -v n="$created" 'BEGIN { printf "%.0f", t * 1e6 / hz / n }') µs"
 
 # The same gateway with its tasks on its event loops instead of Swift's pool (bus calls then go
 # out and come back on the loop that serves the request, EventLoopLane): measured in the same run.
@@ -82,4 +105,6 @@ row "gateway /healthz, logs at info ($info_lines lines)" "$healthz_info"
 ratio() { awk -v a="${1%% *}" -v b="${bare%% *}" 'BEGIN { printf "%.2f", a/b }'; }
 echo "gateway/bare throughput ratio (logs at info): healthz $(ratio "$healthz_info")"
 echo "gateway/bare throughput ratio (tasks on the event loops): healthz $(ratio "$healthz_loops")  users/me $(ratio "$me_loops")"
+echo "POST jobs created: $created (CPU counted until the outboxes were empty)"
+echo "$cpu_line"
 echo "gateway/bare throughput ratio: healthz $(ratio "$healthz")  users/me $(ratio "$me")  jobs $(ratio "$jobs")"
