@@ -60,6 +60,23 @@ public struct BinaryFieldWriter {
         writer.close(downTo: depth)
     }
 
+    /// A dictionary of numbers (an effect's parameters), as its `Codable` form writes it: a keyed
+    /// container of its keys, in the dictionary's order. (Through `Codable`, an empty one cost a
+    /// generic container and metadata lookups in every job's messages.)
+    public mutating func write(_ name: StaticString, _ values: [String: Double]) {
+        key(name)
+        let depth = writer.depth
+        writer.openContainer(.keyed)
+        for (key, value) in values {
+            writer.writeVarint(UInt64(key.utf8.count))
+            writer.bytes.append(contentsOf: key.utf8)
+            writer.write(value)
+        }
+        writer.close(downTo: depth)
+    }
+
+    public mutating func write(_ name: StaticString, _ values: [String: Double]?) { if let values { write(name, values) } }
+
     public mutating func write<T: BinaryStringEnum>(_ name: StaticString, _ values: [T]) {
         let depth = openArray(name)
         for value in values { writer.write(value.rawValue) }
@@ -211,6 +228,20 @@ public struct BinaryFieldValue {
     public func decode<T: BinaryStringEnum>(_ type: [T].Type) throws -> [T] {
         try decode([String].self).map { text in try value(T.self, of: text) }
     }
+
+    /// A dictionary of numbers, from its keyed container (a key sent twice: the last one).
+    public func decode(_ type: [String: Double].Type) throws -> [String: Double] {
+        let tag = try reader.tag(at: offset, limit: limit, codingPath: codingPath)
+        guard tag == .keyed else { throw reader.typeMismatch(type, tag, codingPath) }
+        guard fields.depth < BinaryCoding.maxDepth else { throw reader.corrupt(codingPath, "nested deeper than \(BinaryCoding.maxDepth)") }
+        let body = try reader.containerBody(at: offset, limit: limit, codingPath: codingPath)
+        let entries = BinaryFieldReader(reader: reader, body: body, depth: fields.depth + 1, codingPath: codingPath)
+        var values: [String: Double] = [:]
+        try entries.forEach { name, value in values[String(decoding: name.bytes, as: UTF8.self)] = try value.decode(Double.self) }
+        return values
+    }
+
+    public func optional(_ type: [String: Double].Type) throws -> [String: Double]? { isNil ? nil : try decode(type) }
 
     /// A nested message.
     public func decode<T: BinaryDirectCodable>(_ type: T.Type) throws -> T {
