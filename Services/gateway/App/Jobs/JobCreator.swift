@@ -18,12 +18,6 @@ struct JobCreator: Sendable {
     /// after as long).
     let idempotencyWindow: TimeInterval
 
-    struct Accepted: Encodable {
-        var jobId: String
-        var status: JobStatus
-        var createdAt: Date
-    }
-
     /// Validates, reserves quota for the job id, creates the job; releases on a definite failure.
     /// `network` is a guest's client network (from `GuestAdmissionMiddleware`): its guests share
     /// the day's free credits. `version`: a re-run's, the version of the image its job was
@@ -63,10 +57,24 @@ struct JobCreator: Sendable {
             throw Problem(.conflict, detail: "This Idempotency-Key was first used more than \(Int(idempotencyWindow)) seconds ago; send a new key for a new edit.",
                           extensions: ["code": .string("idempotency_key_expired")])
         }
-        return try JSONResponse.make(
-            .accepted, Accepted(jobId: job.id, status: job.status, createdAt: job.createdAt),
-            headers: [.location: "/api/v1/jobs/\(job.id)"] + RateLimitHeaders.headers(for: decision.status, now: Date())
-        )
+        var headers: HTTPFields = [.location: "/api/v1/jobs/\(job.id)", .contentType: "application/json"]
+        headers.append(contentsOf: RateLimitHeaders.headers(for: decision.status, now: Date()))
+        return Response(status: .accepted, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: Self.accepted(job))))
+    }
+
+    /// `{"createdAt", "jobId", "status"}`, the keys in sorted order and the date to the second,
+    /// as `JSONEncoder` wrote it, without one (its generic encoding was 2% of the machine in
+    /// `make bench-gateway`'s job creations).
+    static func accepted(_ job: JobRecord) -> [UInt8] {
+        var out = JSONBytes(capacity: 128)
+        out.raw("{\"createdAt\":")
+        out.date(job.createdAt)
+        out.raw(",\"jobId\":")
+        out.string(job.id)
+        out.raw(",\"status\":")
+        out.string(job.status.rawValue)
+        out.raw("}")
+        return out.bytes
     }
 
     /// With an `Idempotency-Key`, the job id is derived from (user, key): the same request sent
@@ -88,12 +96,4 @@ struct JobCreator: Sendable {
 extension HTTPField.Name {
     /// `Idempotency-Key`: the same key from the same user names the same job.
     public static let idempotencyKey = HTTPField.Name("Idempotency-Key")!
-}
-
-extension HTTPFields {
-    static func + (lhs: HTTPFields, rhs: HTTPFields) -> HTTPFields {
-        var fields = lhs
-        fields.append(contentsOf: rhs)
-        return fields
-    }
 }
