@@ -638,22 +638,26 @@ struct JobKey: Hashable {
     /// is another job id, so it is kept as text).
     private static func uuid(_ id: String) -> (UInt64, UInt64)? {
         guard id.utf8.count == 36 else { return nil }
-        var halves: (UInt64, UInt64) = (0, 0)
-        var digits = 0
-        for (index, byte) in id.utf8.enumerated() {
-            if index == 8 || index == 13 || index == 18 || index == 23 {
-                guard byte == UInt8(ascii: "-") else { return nil }
-                continue
+        var id = id
+        return id.withUTF8 { bytes -> (UInt64, UInt64)? in
+            var halves: (UInt64, UInt64) = (0, 0)
+            var digits = 0
+            for index in 0..<36 {
+                let byte = bytes[index]
+                if index == 8 || index == 13 || index == 18 || index == 23 {
+                    guard byte == UInt8(ascii: "-") else { return nil }
+                    continue
+                }
+                let nibble: UInt8
+                switch byte {
+                case UInt8(ascii: "0")...UInt8(ascii: "9"): nibble = byte - UInt8(ascii: "0")
+                case UInt8(ascii: "a")...UInt8(ascii: "f"): nibble = byte - UInt8(ascii: "a") + 10
+                default: return nil
+                }
+                if digits < 16 { halves.0 = halves.0 << 4 | UInt64(nibble) } else { halves.1 = halves.1 << 4 | UInt64(nibble) }
+                digits += 1
             }
-            let nibble: UInt8
-            switch byte {
-            case UInt8(ascii: "0")...UInt8(ascii: "9"): nibble = byte - UInt8(ascii: "0")
-            case UInt8(ascii: "a")...UInt8(ascii: "f"): nibble = byte - UInt8(ascii: "a") + 10
-            default: return nil
-            }
-            if digits < 16 { halves.0 = halves.0 << 4 | UInt64(nibble) } else { halves.1 = halves.1 << 4 | UInt64(nibble) }
-            digits += 1
+            return halves
         }
-        return halves
     }
 }
