@@ -5,17 +5,6 @@ import Messages
 /// each one transaction, a write durable before it returns. `QuotaHandler` and
 /// `StaleReservationResolver` depend on this and nothing else; `QuotaDatabase` (SQLite, group
 /// committed) is today's implementation.
-/// A reservation neither committed nor released: its job id, and when it was made.
-public struct StaleReservation: Sendable, Equatable {
-    public var jobId: String
-    public var reservedAt: Date
-
-    public init(jobId: String, reservedAt: Date) {
-        self.jobId = jobId
-        self.reservedAt = reservedAt
-    }
-}
-
 public protocol QuotaStore: Sendable {
     /// Charges the job's price in every window at once, or denies naming the windows that refuse;
     /// a job id already charged answers its first admission again.
@@ -45,4 +34,15 @@ public protocol QuotaStore: Sendable {
     /// oldest first, and answers how many: their job ids are forgotten. Reservations are kept
     /// whatever their age (the stale-reservation resolver settles them).
     func forget(settledBefore cutoff: Date, limit: Int) async throws -> Int
+}
+
+/// A reservation neither committed nor released: its job id, and when it was made.
+public struct StaleReservation: Sendable, Equatable {
+    public var jobId: String
+    public var reservedAt: Date
+
+    public init(jobId: String, reservedAt: Date) {
+        self.jobId = jobId
+        self.reservedAt = reservedAt
+    }
 }

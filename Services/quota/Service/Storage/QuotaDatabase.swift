@@ -17,8 +17,9 @@ import Storage
 /// The log is a folder beside the database file: `quota.sqlite` keeps its log in
 /// `quota.sqlite-ledger/`.
 public struct QuotaDatabase: QuotaStore {
-    /// The connection every table write goes through: on the ledger's thread (`engine`), or the
-    /// derived tables' checkpoints (`LedgerCheckpointer`). No one else sees it.
+    /// The connection every table write goes through: on the ledger's thread (`engine`), the
+    /// derived tables' checkpoints (`LedgerCheckpointer`), or the deletions of charges past the
+    /// idempotency window (`forget`). No one else sees it.
     private let writer: any DatabaseWriter
     /// The plans, windows and checks.
     let ledger: QuotaLedger
