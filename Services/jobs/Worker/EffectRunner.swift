@@ -38,6 +38,10 @@ public struct EffectRunner: Sendable {
         self.maxPixels = maxPixels
         self.maxInputBytes = maxInputBytes
         self.providers = providers
+        // libvips must be started before any use, and only once (a probe while another thread
+        // was still in VIPS_INIT found no loader type and crashed the test process): a runner
+        // cannot exist without it. After the first call this is a lock taken and given back.
+        Self.startImageLibrary()
     }
 
     /// How a long generation talks to its worker: `submitted` once the provider has the request
