@@ -83,8 +83,10 @@ final class Chaos: Sendable {
             let kills = events.filter { $0.kind == "kill" }.count
             let named = kills < first.count ? candidates.first { $0.name == first[kills] } : nil
             guard let victim = named ?? candidates.randomElement(using: &rng) else { continue }
-            guard kill(victim.pid, SIGKILL) == 0 else { continue }
+            // The time is read before the signal: a failure the kill causes is recorded after it even
+            // when this thread is preempted between the two calls on a busy machine.
             let killedAt = recorder.elapsed()
+            guard kill(victim.pid, SIGKILL) == 0 else { continue }
             add(Event(at: killedAt, kind: "kill", process: victim.name, pid: victim.pid))
             await waitForRestart(of: victim, killedAt: killedAt)
         }
