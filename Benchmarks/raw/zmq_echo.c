@@ -35,29 +35,37 @@ static int serve(const char *endpoint) {
 }
 
 /* Diagnostic variant: a ROUTER that answers in the bus's reply format (so a Swift BusClient can
- * be measured alone against a C server). */
+ * be measured alone against a C server). A message is one request or a batch of them (header and
+ * body frames in pairs, at most 64); a batch is answered in one message, as the bus server does. */
+#define MAX_BATCH 64
 static int serve_bus(const char *endpoint) {
     void *ctx = zmq_ctx_new();
     void *router = zmq_socket(ctx, ZMQ_ROUTER);
     if (zmq_bind(router, endpoint) != 0) { perror("zmq_bind"); return 1; }
-    zmq_msg_t parts[3];
+    zmq_msg_t parts[1 + 2 * MAX_BATCH];
     for (;;) {
         int count = 0, more = 1;
-        while (more && count < 3) {
-            zmq_msg_init(&parts[count]);
-            if (zmq_msg_recv(&parts[count], router, 0) < 0) return 1;
-            more = zmq_msg_more(&parts[count]);
+        while (more) {
+            zmq_msg_t *part = &parts[count < 1 + 2 * MAX_BATCH ? count : 2 * MAX_BATCH];
+            if (count >= 1 + 2 * MAX_BATCH) zmq_msg_close(part);
+            zmq_msg_init(part);
+            if (zmq_msg_recv(part, router, 0) < 0) return 1;
+            more = zmq_msg_more(part);
             count++;
         }
-        if (count != 3 || zmq_msg_size(&parts[1]) < 11) { for (int i = 0; i < count; i++) zmq_msg_close(&parts[i]); continue; }
-        /* version, kind, encoding, request id: the request's, with kind 1 (reply) */
-        unsigned char reply[11];
-        memcpy(reply, zmq_msg_data(&parts[1]), 11);
-        reply[1] = 1;
+        int valid = count >= 3 && count <= 1 + 2 * MAX_BATCH && count % 2 == 1;
+        for (int i = 1; valid && i < count; i += 2) if (zmq_msg_size(&parts[i]) < 11) valid = 0;
+        if (!valid) { for (int i = 0; i < count && i < 1 + 2 * MAX_BATCH; i++) zmq_msg_close(&parts[i]); continue; }
         zmq_msg_send(&parts[0], router, ZMQ_SNDMORE);
-        zmq_send(router, reply, 11, ZMQ_SNDMORE);
-        zmq_msg_send(&parts[2], router, 0);
-        zmq_msg_close(&parts[1]);
+        for (int i = 1; i < count; i += 2) {
+            /* version, kind, encoding, request id: the request's, with kind 1 (reply) */
+            unsigned char reply[11];
+            memcpy(reply, zmq_msg_data(&parts[i]), 11);
+            reply[1] = 1;
+            zmq_send(router, reply, 11, ZMQ_SNDMORE);
+            zmq_msg_close(&parts[i]);
+            zmq_msg_send(&parts[i + 1], router, i + 2 < count ? ZMQ_SNDMORE : 0);
+        }
     }
 }
 

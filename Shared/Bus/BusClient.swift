@@ -341,11 +341,9 @@ public final class BusClient: Sendable, Service {
                 let waiting = unsent
                 unsent.removeAll(keepingCapacity: true)
                 let live = state.withLock { state in waiting.filter { state.pending[$0.id] != nil } }  // not cancelled meanwhile
-                for item in live where !sendRequest(item, on: socket, timers: &timers) { unsent.append(item) }
+                unsent.append(contentsOf: sendRequests(live, on: socket, timers: &timers))
             }
-            for item in batch where !sendRequest(item, on: socket, timers: &timers) {
-                unsent.append(item)
-            }
+            unsent.append(contentsOf: sendRequests(batch, on: socket, timers: &timers))
             receiveReplies(on: socket)
             if let monitor, let monitorIndex {
                 // Replies that arrived before the disconnection were read just above.
@@ -429,44 +427,74 @@ public final class BusClient: Sendable, Service {
     /// request waits for one (until its deadline), as a single service's requests wait in libzmq's
     /// queue for it to come up.
     func sendRequest(_ item: Outgoing, on socket: ZMQSocket, timers: inout Heap<Timer>) -> Bool {
-        guard item.deadline > ContinuousClock.now else {
-            finish(item.id, with: .failure(BusError(.timeout, "deadline passed before the request was sent")))
-            return true
+        sendRequests(CollectionOfOne(item), on: socket, timers: &timers).isEmpty
+    }
+
+    /// Sends `items` in batches of up to `WireFormat.maxBatch` requests a message (one replica
+    /// takes a whole batch), finishing each call that cannot be sent with why; returns those to try
+    /// again (see `sendRequest`).
+    func sendRequests(_ items: some Collection<Outgoing>, on socket: ZMQSocket, timers: inout Heap<Timer>) -> [Outgoing] {
+        guard !items.isEmpty else { return [] }
+        let now = ContinuousClock.now
+        var retry: [Outgoing] = []
+        var batch: [Outgoing] = []
+        var frames: [[UInt8]] = []
+        batch.reserveCapacity(min(items.count, WireFormat.maxBatch))
+        frames.reserveCapacity(2 * min(items.count, WireFormat.maxBatch))
+        func flush() {
+            defer { batch.removeAll(keepingCapacity: true); frames.removeAll(keepingCapacity: true) }
+            do {
+                try socket.send(frames)
+                for item in batch { timers.insert(Timer(deadline: item.deadline, id: item.id)) }
+            } catch ZMQError.wouldBlock {
+                if configuration.endpoints.count > 1 { retry.append(contentsOf: batch); return }
+                for item in batch {
+                    finish(item.id, with: .failure(BusError(.overloaded, "cannot queue for \(configuration.endpoint): its send queue is full, or the connection was refused (a failed handshake is not retried)")))
+                }
+            } catch {
+                for item in batch { finish(item.id, with: .failure(BusError(.unavailable, "cannot send to \(configuration.endpoint): \(error)"))) }
+            }
         }
-        do {
-            try socket.send([item.header, item.body])
-            timers.insert(Timer(deadline: item.deadline, id: item.id))
-        } catch ZMQError.wouldBlock {
-            if configuration.endpoints.count > 1 { return false }
-            finish(item.id, with: .failure(BusError(.overloaded, "cannot queue for \(configuration.endpoint): its send queue is full, or the connection was refused (a failed handshake is not retried)")))
-        } catch {
-            finish(item.id, with: .failure(BusError(.unavailable, "cannot send to \(configuration.endpoint): \(error)")))
+        for item in items {
+            guard item.deadline > now else {
+                finish(item.id, with: .failure(BusError(.timeout, "deadline passed before the request was sent")))
+                continue
+            }
+            batch.append(item)
+            frames.append(item.header)
+            frames.append(item.body)
+            if batch.count == WireFormat.maxBatch { flush() }
         }
-        return true
+        if !batch.isEmpty { flush() }
+        return retry
     }
 
     func receiveReplies(on socket: ZMQSocket) {
         while true {
             let received: ZMQSocket.ReceivedMessage?
             do {
-                received = try socket.receive(maxFrames: 2)
+                received = try socket.receive(maxFrames: 2 * WireFormat.maxBatch)
             } catch {
                 logger.error("zmq receive failed", metadata: ["error": "\(error)"])
                 return
             }
             guard let received else { return }
-            guard case .frames(let frames) = received, frames.count == 2,
-                  let (id, kind, encoding) = WireFormat.decodeReplyHeader(frames[0])
-            else {
+            guard case .frames(let frames) = received, let pairs = WireFormat.pairs(frames[...]) else {
                 logger.warning("dropped a malformed reply", metadata: ["endpoint": "\(configuration.endpoint)"])
                 continue
             }
-            if kind == .reply {
-                finish(id, with: .reply(frames[1], encoding))
-            } else {
-                let error = (try? BusCodec.decode(BusError.self, from: frames[1], as: encoding))
-                    ?? BusError(.badReply, "undecodable error reply")
-                finish(id, with: .failure(error))
+            for (header, body) in pairs {
+                guard let (id, kind, encoding) = WireFormat.decodeReplyHeader(header) else {
+                    logger.warning("dropped a malformed reply", metadata: ["endpoint": "\(configuration.endpoint)"])
+                    continue
+                }
+                if kind == .reply {
+                    finish(id, with: .reply(body, encoding))
+                } else {
+                    let error = (try? BusCodec.decode(BusError.self, from: body, as: encoding))
+                        ?? BusError(.badReply, "undecodable error reply")
+                    finish(id, with: .failure(error))
+                }
             }
         }
     }

@@ -58,6 +58,8 @@ public final class BusServer: Service, Sendable {
         var requestId: UInt64
         var encoding: BusEncoding
         var result: Result<[UInt8], BusError>
+        /// The request came in a batch: its reply may go in one with others to the same caller.
+        var batched = false
     }
 
     private struct State {
@@ -158,25 +160,25 @@ public final class BusServer: Service, Sendable {
                 state.replies.removeAll(keepingCapacity: true)
                 return (replies, state.stopRequested)
             }
-            for reply in replies {
-                inFlight -= 1
-                send(reply, on: socket)
-            }
+            inFlight -= replies.count
+            send(replies, on: socket)
             if stopRequested && !draining {
                 draining = true
                 logger.info("draining", metadata: ["in-flight": "\(inFlight)"])
             }
-            // Read what is waiting, a bounded batch at a time so replies are not held back.
+            // Read what is waiting, a bounded number of messages at a time so replies are not held
+            // back; refusals (malformed, expired, overloaded) go out with this turn's replies.
+            var refusals: [Reply] = []
             for _ in 0..<256 {
                 let received: ZMQSocket.ReceivedMessage?
                 do {
-                    received = try socket.receive(maxFrames: 3)
+                    received = try socket.receive(maxFrames: 1 + 2 * WireFormat.maxBatch)
                 } catch {
                     logger.error("zmq receive failed", metadata: ["error": "\(error)"])
                     break
                 }
                 guard let received else { break }
-                admit(received, on: socket, inFlight: &inFlight, draining: draining)
+                admit(received, on: socket, inFlight: &inFlight, draining: draining, refusals: &refusals)
             }
             // Run the handlers just admitted (and any resumed): most finish here and now.
             executor.runQueuedJobs()
@@ -185,10 +187,8 @@ public final class BusServer: Service, Sendable {
                 state.replies.removeAll(keepingCapacity: true)
                 return replies
             }
-            for reply in finished {
-                inFlight -= 1
-                send(reply, on: socket)
-            }
+            inFlight -= finished.count
+            send(refusals + finished, on: socket)
             if draining && inFlight == 0 { break }
         }
         socket.close()
@@ -196,62 +196,100 @@ public final class BusServer: Service, Sendable {
         return .success(())
     }
 
-    private func admit(_ received: ZMQSocket.ReceivedMessage, on socket: ZMQSocket, inFlight: inout Int, draining: Bool) {
+    /// Admits each request of a message (one, or a batch): its handler starts as a task on this
+    /// thread's executor, or its refusal is added to `refusals`.
+    private func admit(_ received: ZMQSocket.ReceivedMessage, on socket: ZMQSocket, inFlight: inout Int, draining: Bool, refusals: inout [Reply]) {
         let frames: [[UInt8]]
-        let wellFormed: Bool
+        let truncated: Bool
         switch received {
-        case .frames(let all): frames = all; wellFormed = all.count == 3
-        case .truncated(let first): frames = first; wellFormed = false
+        case .frames(let all): frames = all; truncated = false
+        case .truncated(let first): frames = first; truncated = true
         }
         guard frames.count >= 2 else {
             logger.debug("dropped a message with too few frames")
             return
         }
         let identity = frames[0]
-        let header: WireFormat.RequestHeader
-        switch WireFormat.decodeRequest(frames[1]) {
-        case .failure(.unreadable):
-            logger.debug("dropped a message without a readable header")
+        let callerRole = socket.readsUserId ? BusRole(rawValue: socket.lastUserId ?? "") : nil
+        guard !truncated, let pairs = WireFormat.pairs(frames[1...]) else {
+            // Every request whose id can be read hears why none of the message was handled.
+            let reason = truncated
+                ? "a batch holds at most \(WireFormat.maxBatch) requests"
+                : "a request is a header frame and a body frame (a batch, pairs of them)"
+            var refused = 0
+            for frame in frames.dropFirst() {
+                switch WireFormat.decodeRequest(frame) {
+                case .success(let header):
+                    refusals.append(Reply(identity: identity, requestId: header.requestId, encoding: header.encoding,
+                                          result: .failure(BusError(.badRequest, reason))))
+                    refused += 1
+                case .failure(.malformed(let requestId, _)):
+                    refusals.append(Reply(identity: identity, requestId: requestId, encoding: .binary,
+                                          result: .failure(BusError(.badRequest, reason))))
+                    refused += 1
+                case .failure(.unreadable):
+                    continue
+                }
+            }
+            if refused == 0 { logger.debug("dropped a message whose frames do not pair up") }
             return
-        case .failure(.malformed(let requestId, let reason)):
-            send(Reply(identity: identity, requestId: requestId, encoding: .binary, result: .failure(BusError(.badRequest, reason))), on: socket)
-            return
-        case .success(let decoded):
-            header = decoded
         }
-        guard wellFormed else {
-            let error = BusError(.badRequest, "a request is a header frame and a body frame")
-            send(Reply(identity: identity, requestId: header.requestId, encoding: header.encoding, result: .failure(error)), on: socket)
-            return
+        let batched = pairs.count > 1
+        for (headerBytes, body) in pairs {
+            let header: WireFormat.RequestHeader
+            switch WireFormat.decodeRequest(headerBytes) {
+            case .failure(.unreadable):
+                logger.debug("dropped a message without a readable header")
+                continue
+            case .failure(.malformed(let requestId, let reason)):
+                refusals.append(Reply(identity: identity, requestId: requestId, encoding: .binary,
+                                      result: .failure(BusError(.badRequest, reason)), batched: batched))
+                continue
+            case .success(let decoded):
+                header = decoded
+            }
+            if let refusal = refusal(of: header, inFlight: inFlight, draining: draining) {
+                if let refusal {
+                    refusals.append(Reply(identity: identity, requestId: header.requestId, encoding: header.encoding,
+                                          result: .failure(refusal), batched: batched))
+                }
+                continue
+            }
+            inFlight += 1
+            start(header, body: body, identity: identity, callerRole: callerRole, batched: batched)
         }
+    }
+
+    /// Why `header`'s request is not handled: `.some(nil)` to drop it unanswered, an error to
+    /// answer; nil to handle it.
+    private func refusal(of header: WireFormat.RequestHeader, inFlight: Int, draining: Bool) -> BusError?? {
         if header.deadlineMilliseconds < BusCodec.nowMilliseconds() {
             // Nobody waits for this reply any more (it sat in a queue while we were down).
             logger.debug("dropped an expired request", metadata: ["method": "\(header.method)", "request-id": "\(header.traceId)"])
-            return
+            return .some(nil)
         }
         if draining {
-            let error = BusError(.unavailable, "service is shutting down")
-            send(Reply(identity: identity, requestId: header.requestId, encoding: header.encoding, result: .failure(error)), on: socket)
-            return
+            return BusError(.unavailable, "service is shutting down")
         }
         if inFlight >= configuration.maxInFlight {
             let method = router.knows(header.method) ? header.method : "unknown"
             Counter(label: "bus_overloaded_total", dimensions: [("method", method)]).increment()
             metrics.answered(method: method, code: BusError.Code.overloaded.rawValue, after: nil)
-            let error = BusError(.overloaded, "\(configuration.maxInFlight) requests already in progress")
-            send(Reply(identity: identity, requestId: header.requestId, encoding: header.encoding, result: .failure(error)), on: socket)
-            return
+            return BusError(.overloaded, "\(configuration.maxInFlight) requests already in progress")
         }
-        inFlight += 1
+        return nil
+    }
+
+    /// Runs one request's handler as a task on this thread's executor; its reply is queued.
+    private func start(_ header: WireFormat.RequestHeader, body: [UInt8], identity: [UInt8], callerRole: BusRole?, batched: Bool) {
         BusServerMetrics.inProgress.increment()
         let requestContext = BusRequestContext(
             method: header.method,
             traceId: header.traceId,
             deadlineMilliseconds: header.deadlineMilliseconds,
-            callerRole: socket.readsUserId ? BusRole(rawValue: socket.lastUserId ?? "") : nil,
+            callerRole: callerRole,
             logger: logger
         )
-        let body = frames[2]
         Task(executorPreference: executor) { [router, metrics, debug = logger.logLevel <= .debug] in
             let started = ContinuousClock.now
             // (An envelope's deadline is whatever the caller wrote: at most an hour is taken.)
@@ -278,22 +316,48 @@ public final class BusServer: Service, Sendable {
                     requestContext.logger.debug("failed", metadata: ["code": "\(error.code.rawValue)", "duration-us": "\(elapsed.wholeMicroseconds)"])
                 }
             }
-            self.enqueue(Reply(identity: identity, requestId: header.requestId, encoding: header.encoding, result: result))
+            self.enqueue(Reply(identity: identity, requestId: header.requestId, encoding: header.encoding, result: result, batched: batched))
         }
     }
 
-    private func send(_ reply: Reply, on socket: ZMQSocket) {
-        let frames: [[UInt8]]
+    /// Sends `replies`: those to requests that came in batches grouped by caller, up to
+    /// `WireFormat.maxBatch` in a message, the others one a message.
+    private func send(_ replies: some Collection<Reply>, on socket: ZMQSocket) {
+        guard !replies.isEmpty else { return }
+        var callers: [[UInt8]] = []
+        var batches: [[UInt8]: [[UInt8]]] = [:]
+        for reply in replies {
+            guard reply.batched else {
+                var frames = [reply.identity]
+                append(reply, to: &frames)
+                send(frames, on: socket)
+                continue
+            }
+            if batches[reply.identity] == nil { callers.append(reply.identity) }
+            append(reply, to: &batches[reply.identity, default: [reply.identity]])
+            if let frames = batches[reply.identity], frames.count > 2 * WireFormat.maxBatch {
+                send(frames, on: socket)
+                batches[reply.identity] = [reply.identity]
+            }
+        }
+        for caller in callers {
+            if let frames = batches[caller], frames.count > 1 { send(frames, on: socket) }
+        }
+    }
+
+    /// Appends `reply`'s header and body to `frames`.
+    private func append(_ reply: Reply, to frames: inout [[UInt8]]) {
         switch reply.result {
         case .success(let body):
-            frames = [reply.identity, WireFormat.encodeReplyHeader(requestId: reply.requestId, kind: .reply, encoding: reply.encoding), body]
+            frames.append(WireFormat.encodeReplyHeader(requestId: reply.requestId, kind: .reply, encoding: reply.encoding))
+            frames.append(body)
         case .failure(let error):
-            frames = [
-                reply.identity,
-                WireFormat.encodeReplyHeader(requestId: reply.requestId, kind: .error, encoding: reply.encoding),
-                BusCodec.encode(error: error, as: reply.encoding),
-            ]
+            frames.append(WireFormat.encodeReplyHeader(requestId: reply.requestId, kind: .error, encoding: reply.encoding))
+            frames.append(BusCodec.encode(error: error, as: reply.encoding))
         }
+    }
+
+    private func send(_ frames: [[UInt8]], on socket: ZMQSocket) {
         do {
             try socket.send(frames)
         } catch {

@@ -21,8 +21,34 @@ import BinaryWire
 /// A reply is `[header, body]` with a header of version, kind (1 reply, 2 error), body encoding
 /// (the request's) and request id; the body is the reply, or for kind 2 the `BusError`
 /// `{code, message, retryable}`, in that encoding.
+///
+/// **Batches.** One message may carry up to `maxBatch` requests, `[header, body, header, body, …]`:
+/// a client sends everything queued for its socket in one message, so libzmq wakes its I/O thread
+/// and the server's once for them all, and frames a batch in one write. A server answers the
+/// requests of a batch in batches too (the replies ready in one turn of its loop, to one caller, in
+/// one message), and a single request with a single reply, so a caller that never batches (an older
+/// one, or the C diagnostic client) reads only what it always did. A client reads any number of
+/// reply pairs in a message. Servers understand batches before callers send them: upgrade a
+/// system's services before its gateways.
 enum WireFormat {
     static let version: UInt8 = 2
+
+    /// The most requests, or replies, in one message.
+    static let maxBatch = 64
+
+    /// The request or reply pairs of a message's frames (after a ROUTER's routing id); nil when the
+    /// frames do not pair up.
+    static func pairs(_ frames: ArraySlice<[UInt8]>) -> [(header: [UInt8], body: [UInt8])]? {
+        guard !frames.isEmpty, frames.count % 2 == 0 else { return nil }
+        var pairs: [(header: [UInt8], body: [UInt8])] = []
+        pairs.reserveCapacity(frames.count / 2)
+        var index = frames.startIndex
+        while index < frames.endIndex {
+            pairs.append((frames[index], frames[index + 1]))
+            index += 2
+        }
+        return pairs
+    }
 
     enum Kind: UInt8 {
         case request = 0

@@ -86,6 +86,8 @@ struct BusFailureTests {
             #expect(replies[77] == "bad_request")
             #expect(replies[78] == "bad_request")
             #expect(replies[79] == "bad_request")
+            // (of a batch over the limit, the requests in the part read: the first 64)
+            #expect((80..<144).allSatisfy { replies[$0] == "bad_request" })
             // And well-formed requests are still answered
             try await withClient(endpoint: endpoint) { client in
                 let reply = try await client.call(TestMethods.echo, Tagged(tag: 5, text: "fine"))
@@ -158,21 +160,26 @@ private func sendMalformedMessages(endpoint: String) async throws -> [UInt64: St
         [[], []],                                               // empty frames: dropped
         [Array(repeating: 0xFF, count: 64), [1]],               // wrong version: dropped
         [Array(header(id: 77).prefix(15)), Array("{}".utf8)],   // truncated header: bad_request
-        [header(id: 78), Array("{}".utf8), [9, 9, 9]],           // extra frame: bad_request
-        Array(repeating: header(id: 79), count: 20),             // twenty frames: bad_request
+        [header(id: 78), Array("{}".utf8), [9, 9, 9]],           // frames that do not pair up: bad_request
+        Array(repeating: header(id: 79), count: 20),             // a batch of ten, each body a header: bad_request
+        (0..<65).flatMap { [header(id: 80 + UInt64($0)), Array("{}".utf8)] },  // a batch over 64: bad_request, each read
     ]
     for message in messages { try dealer.send(message, wait: true) }
 
     var replies: [UInt64: String] = [:]
     let deadline = ContinuousClock.now.advanced(by: .seconds(5))
-    while replies.count < 3 && ContinuousClock.now < deadline {
-        guard let received = try dealer.receive(), case .frames(let frames) = received, frames.count == 2,
-              let (id, kind, encoding) = WireFormat.decodeReplyHeader(frames[0]), kind == .error
+    while replies.count < 3 + 64 && ContinuousClock.now < deadline {
+        guard let received = try dealer.receive(maxFrames: 256), case .frames(let frames) = received,
+              let pairs = WireFormat.pairs(frames[...])
         else {
             try await Task.sleep(for: .milliseconds(10))
             continue
         }
-        replies[id] = try BusCodec.decode(BusError.self, from: frames[1], as: encoding).code.rawValue
+        for (header, body) in pairs {
+            let (id, kind, encoding) = try #require(WireFormat.decodeReplyHeader(header))
+            #expect(kind == .error)
+            replies[id] = try BusCodec.decode(BusError.self, from: body, as: encoding).code.rawValue
+        }
     }
     return replies
 }
