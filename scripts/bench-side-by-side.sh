@@ -7,7 +7,7 @@
 #   scripts/bench-side-by-side.sh BEFORE_DIR AFTER_DIR
 #
 # (each folder holding quota, jobs, worker, quota-bench and jobs-bench; the clients of AFTER_DIR
-# measure both). ROUNDS (default 3) turns each; BENCH_SECONDS (5) a quota run; BENCH_NOOP_JOBS
+# measure both, or each folder's own with OWN_CLIENTS=1, for a change of the bus's wire format). ROUNDS (default 3) turns each; BENCH_SECONDS (5) a quota run; BENCH_NOOP_JOBS
 # (5000) a jobs run. Prints every run and the medians, and ends with
 # `after/before: quota decisions X, jobs throughput Y`.
 set -euo pipefail
@@ -20,6 +20,7 @@ SECONDS_EACH=${BENCH_SECONDS:-5}
 NOOP_JOBS=${BENCH_NOOP_JOBS:-5000}
 CALLERS=${BENCH_CALLERS:-64}
 source scripts/bench-lib.sh
+client_dir() { if [ "${OWN_CLIENTS:-0}" = 1 ]; then echo "$1"; else echo "$AFTER"; fi; }
 field() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 
 quota_run() { # quota_run DIR: decisions/s of a fresh quota service of DIR
@@ -28,7 +29,7 @@ quota_run() { # quota_run DIR: decisions/s of a fresh quota service of DIR
   endpoint="tcp://127.0.0.1:$(port)"
   QUOTA_BIND=$endpoint DATA_DIR=$data LOG_LEVEL=warning QUOTA_MAX_IN_FLIGHT=4096 "$1/quota" >"$data/quota.log" 2>&1 & pid=$!
   sleep 1
-  out=$("$AFTER/quota-bench" "$endpoint" "$SECONDS_EACH" "$CALLERS")
+  out=$("$(client_dir "$1")/quota-bench" "$endpoint" "$SECONDS_EACH" "$CALLERS")
   kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
   field "$out" decisions_per_s
 }
@@ -46,7 +47,7 @@ jobs_run() { # jobs_run DIR: jobs/s of no-op jobs through a fresh jobs service a
     JOBS_WORKER_ENDPOINT=$worker_endpoint LOG_LEVEL=warning WORKER_ID="side-$index" WORKER_CAPACITY=8 "$1/worker" >"$data/worker-$index.log" 2>&1 & workers+=($!)
   done
   sleep 1.5
-  out=$("$AFTER/jobs-bench" "$jobs_endpoint" "$data/blobs" "$NOOP_JOBS" noop Tests/Fixtures/images/photo.jpg)
+  out=$("$(client_dir "$1")/jobs-bench" "$jobs_endpoint" "$data/blobs" "$NOOP_JOBS" noop Tests/Fixtures/images/photo.jpg)
   kill "${workers[@]}" "$jobs_pid" 2>/dev/null; wait "${workers[@]}" "$jobs_pid" 2>/dev/null || true
   field "$out" jobs_per_s
 }
