@@ -30,9 +30,9 @@ bus=$(measure "$BIN/bus-bench " "$BIN/bus-bench ")
 read -r server_public server_secret caller_public caller_secret <<< "$("$BIN/bus-bench" keys -)"
 # exec: the background job is the server itself, so the kill below reaches it.
 curve_server() { BUS_CURVE_SECRET=$server_secret BUS_CURVE_CLIENTS="gateway:$caller_public" exec "$BIN/bus-bench" server "$@"; }
-curve_client() { BUS_CURVE_PUBLIC=$server_public BUS_CURVE_KEY=$caller_secret "$BIN/bus-bench" client "$@"; }
+curve_client() { BUS_BENCH_ECHO_ONLY=1 BUS_CURVE_PUBLIC=$server_public BUS_CURVE_KEY=$caller_secret "$BIN/bus-bench" client "$@"; }
 curve=$(measure "curve_" "curve_")
-swift_client=$(measure ".build/bench/zmq_echo bus" "$BIN/bus-bench ")
+swift_client=$(BUS_BENCH_ECHO_ONLY=1 measure ".build/bench/zmq_echo bus" "$BIN/bus-bench ")
 hex_body=$("$BIN/bus-bench" body -)
 c_bus_client() { .build/bench/zmq_echo busclient "$1" "$2" "$hex_body"; }  # with a binary body
 swift_server=$(measure "$BIN/bus-bench " "c_bus_")
@@ -52,6 +52,8 @@ echo "bus, callers on the client's thread latency, 1 in flight:    ${bus_exec_la
 echo "bus, callers on the client's thread throughput, 64 in flight: ${bus_exec_tp} req/s"
 echo "bus, callers on a NIO event loop   latency, 1 in flight:    ${bus_loop_lat} us"
 echo "bus, callers on a NIO event loop   throughput, 64 in flight: ${bus_loop_tp} req/s"
+echo "bus, quota's own messages           latency, 1 in flight:    $(field "$bus" reserve_latency_us) us"
+echo "bus, quota's own messages           throughput, 64 in flight: $(field "$bus" reserve_throughput_rps) req/s (ReserveQuota $(field "$bus" reserve_bytes) bytes, QuotaDecision $(field "$bus" decision_bytes) bytes)"
 echo "bus with CURVE, callers by key      latency, 1 in flight:    ${curve_lat} us"
 echo "bus with CURVE, callers by key      throughput, 64 in flight: ${curve_tp} req/s"
 echo "diagnostic: bus client vs C server  $(field "$swift_client" latency_us) us, $(field "$swift_client" throughput_rps) req/s"

@@ -11,7 +11,8 @@ import ZeroMQ
 // Bus benchmark: `bus-bench server ENDPOINT` serves an echo method; `bus-bench client ENDPOINT
 // [SECONDS]` measures round-trip latency with one request in flight and throughput with 64 in
 // flight, with a Codable body of about 200 bytes, for callers on the cooperative pool and for
-// callers on the client's I/O executor. `bus-bench inproc ENDPOINT` runs both ends in one process;
+// callers on the client's I/O executor, and with the services' own hand-written messages (a quota
+// reservation and its decision). `bus-bench inproc ENDPOINT` runs both ends in one process;
 // `bus-bench handler -` times the handler path alone (decode, handle, encode) without sockets, in
 // binary and in JSON; `bus-bench body -` prints the sample's binary body in hex.
 
@@ -34,14 +35,36 @@ let sample = EchoBody(
     parameters: ["sigma": 1.5, "factor": 2]
 )
 
+/// The services' own messages, written by hand (`@BinaryMessage`): a quota reservation as the
+/// gateway sends it for each job, answered with the decision quota gives (its status with both
+/// windows), made from the request without a ledger, so what is measured is the bus.
+let reserve = BusMethod<ReserveQuota, QuotaDecision>("bench.reserve", roles: Set(BusRole.known))
+let reservation = ReserveQuota(userId: "device:2b7f4c1e-8a53-4f0e-9d55-0c6c1c1a9e77", jobId: "4f1c2d9e-6b7a-4c3e-8f21-9a0b1c2d3e4f", cost: 1)
+let windowStart = Date(timeIntervalSince1970: 1_795_000_000)
+
+func decision(for request: ReserveQuota) -> QuotaDecision {
+    func window(_ name: String, _ limit: Int, _ seconds: Int) -> QuotaWindow {
+        QuotaWindow(name: name, limit: limit, used: request.cost, remaining: limit - request.cost, startsAt: windowStart,
+                    resetsAt: windowStart.addingTimeInterval(Double(seconds)), nominalSeconds: seconds)
+    }
+    let status = QuotaStatus(userId: request.userId, plan: "free", isPro: false, timeZone: "Europe/Berlin",
+                             daily: window("daily", 20, 86_400), monthly: window("monthly", 600, 2_592_000))
+    return QuotaDecision(admitted: true, jobId: request.jobId, status: status, violated: [], retryAt: nil)
+}
+
+/// One call of the measured kind: the echo of a Codable body, or a reservation.
+typealias Call = @Sendable (BusClient) async throws -> Void
+let echoCall: Call = { client in _ = try await client.call(echo, sample) }
+let reserveCall: Call = { client in _ = try await client.call(reserve, reservation) }
+
 /// Calls one at a time for `seconds`; returns the mean round trip in microseconds.
-func latency(client: BusClient, seconds: Double) async throws -> Double {
+func latency(client: BusClient, seconds: Double, call: Call = echoCall) async throws -> Double {
     // Warm up: the connection, the JSON coders, the pool.
-    for _ in 0..<2000 { _ = try await client.call(echo, sample) }
+    for _ in 0..<2000 { try await call(client) }
     var count = 0
     let start = ContinuousClock.now
     while start.duration(to: .now) < .seconds(seconds) {
-        _ = try await client.call(echo, sample)
+        try await call(client)
         count += 1
     }
     let elapsed = start.duration(to: .now)
@@ -49,7 +72,7 @@ func latency(client: BusClient, seconds: Double) async throws -> Double {
 }
 
 /// Runs `inFlight` callers in a loop for `seconds`; returns the calls completed per second.
-func throughput(client: BusClient, inFlight: Int, seconds: Double) async throws -> Double {
+func throughput(client: BusClient, inFlight: Int, seconds: Double, call: @escaping Call = echoCall) async throws -> Double {
     let start = ContinuousClock.now
     let deadline = start.advanced(by: .seconds(seconds))
     let completed = try await withThrowingTaskGroup(of: Int.self) { group in
@@ -57,7 +80,7 @@ func throughput(client: BusClient, inFlight: Int, seconds: Double) async throws 
             group.addTask {
                 var count = 0
                 while ContinuousClock.now < deadline {
-                    _ = try await client.call(echo, sample)
+                    try await call(client)
                     count += 1
                 }
                 return count
@@ -109,6 +132,7 @@ case "server":
     }
     var router = BusRouter()
     router.register(echo) { body, _ in body }
+    router.register(reserve) { request, _ in decision(for: request) }
     let server = BusServer(configuration: configuration, router: router, logger: Logger(label: "bench"))
     try await server.run()
 case "keys":
@@ -134,9 +158,14 @@ case "client":
         let onLoop = EventLoopTaskExecutor(loops.next())
         let loopLatency = try await withTaskExecutorPreference(onLoop) { try await latency(client: client, seconds: seconds) }
         let loopRate = try await withTaskExecutorPreference(onLoop) { try await throughput(client: client, inFlight: 64, seconds: seconds) }
+        // The services' hand-written messages, from the pool (not against the C server, which only echoes).
+        let echoOnly = ProcessInfo.processInfo.environment["BUS_BENCH_ECHO_ONLY"] == "1"
+        let reserveLatency = echoOnly ? 0 : try await latency(client: client, seconds: seconds, call: reserveCall)
+        let reserveRate = echoOnly ? 0 : try await throughput(client: client, inFlight: 64, seconds: seconds, call: reserveCall)
         print(String(
-            format: "latency_us=%.2f throughput_rps=%.0f executor_latency_us=%.2f executor_throughput_rps=%.0f loop_latency_us=%.2f loop_throughput_rps=%.0f",
-            latencyMicros, poolRate, executorLatency, executorRate, loopLatency, loopRate
+            format: "latency_us=%.2f throughput_rps=%.0f executor_latency_us=%.2f executor_throughput_rps=%.0f loop_latency_us=%.2f loop_throughput_rps=%.0f reserve_latency_us=%.2f reserve_throughput_rps=%.0f reserve_bytes=%d decision_bytes=%d",
+            latencyMicros, poolRate, executorLatency, executorRate, loopLatency, loopRate, reserveLatency, reserveRate,
+            try BinaryCoding.encode(reservation).count, try BinaryCoding.encode(decision(for: reservation)).count
         ))
     }
     try await loops.shutdownGracefully()
