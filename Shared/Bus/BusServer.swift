@@ -248,36 +248,43 @@ public final class BusServer: Service, Sendable {
             case .success(let decoded):
                 header = decoded
             }
-            if let refusal = refusal(of: header, inFlight: inFlight, draining: draining) {
-                if let refusal {
-                    refusals.append(Reply(identity: identity, requestId: header.requestId, encoding: header.encoding,
-                                          result: .failure(refusal), batched: batched))
-                }
+            switch admission(of: header, inFlight: inFlight, draining: draining) {
+            case .handle:
+                inFlight += 1
+                start(header, body: body, identity: identity, callerRole: callerRole, batched: batched)
+            case .drop:
                 continue
+            case .refuse(let error):
+                refusals.append(Reply(identity: identity, requestId: header.requestId, encoding: header.encoding,
+                                      result: .failure(error), batched: batched))
             }
-            inFlight += 1
-            start(header, body: body, identity: identity, callerRole: callerRole, batched: batched)
         }
     }
 
-    /// Why `header`'s request is not handled: `.some(nil)` to drop it unanswered, an error to
-    /// answer; nil to handle it.
-    private func refusal(of header: WireFormat.RequestHeader, inFlight: Int, draining: Bool) -> BusError?? {
+    private enum Admission {
+        case handle
+        /// Unanswered: nobody waits for it.
+        case drop
+        case refuse(BusError)
+    }
+
+    /// Whether `header`'s request is handled now, and if not, why.
+    private func admission(of header: WireFormat.RequestHeader, inFlight: Int, draining: Bool) -> Admission {
         if header.deadlineMilliseconds < BusCodec.nowMilliseconds() {
             // Nobody waits for this reply any more (it sat in a queue while we were down).
             logger.debug("dropped an expired request", metadata: ["method": "\(header.method)", "request-id": "\(header.traceId)"])
-            return .some(nil)
+            return .drop
         }
         if draining {
-            return BusError(.unavailable, "service is shutting down")
+            return .refuse(BusError(.unavailable, "service is shutting down"))
         }
         if inFlight >= configuration.maxInFlight {
             let method = router.knows(header.method) ? header.method : "unknown"
             Counter(label: "bus_overloaded_total", dimensions: [("method", method)]).increment()
             metrics.answered(method: method, code: BusError.Code.overloaded.rawValue, after: nil)
-            return BusError(.overloaded, "\(configuration.maxInFlight) requests already in progress")
+            return .refuse(BusError(.overloaded, "\(configuration.maxInFlight) requests already in progress"))
         }
-        return nil
+        return .handle
     }
 
     /// Runs one request's handler as a task on this thread's executor; its reply is queued.
