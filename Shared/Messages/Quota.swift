@@ -285,9 +285,13 @@ public struct QuotaDecision: Codable, Sendable, Equatable {
     /// True when the job id was charged before: its first admission answered again, nothing
     /// charged now (so a caller that refuses the job must not release a charge it did not make).
     public var replayed: Bool?
+    /// How long quota remembers a settled charge's job id, in seconds (`IDEMPOTENCY_WINDOW_S`):
+    /// past it, the id could be charged again, so a caller refuses an `Idempotency-Key` whose job
+    /// is older. Nil from a quota that does not say.
+    public var idempotencyWindow: Int?
 
     public init(admitted: Bool, jobId: String, status: QuotaStatus, violated: [String], retryAt: Date?, networkRemaining: Int? = nil,
-                replayed: Bool? = nil) {
+                replayed: Bool? = nil, idempotencyWindow: Int? = nil) {
         self.admitted = admitted
         self.jobId = jobId
         self.status = status
@@ -295,6 +299,7 @@ public struct QuotaDecision: Codable, Sendable, Equatable {
         self.retryAt = retryAt
         self.networkRemaining = networkRemaining
         self.replayed = replayed
+        self.idempotencyWindow = idempotencyWindow
     }
 }
 

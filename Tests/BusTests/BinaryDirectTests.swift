@@ -38,7 +38,8 @@ struct BinaryDirectTests {
     private static let decisions: [QuotaDecision] = statuses.flatMap { status in
         [
             QuotaDecision(admitted: true, jobId: "job-1", status: status, violated: [], retryAt: nil),
-            QuotaDecision(admitted: false, jobId: "", status: status, violated: ["daily", "network"], retryAt: instant, networkRemaining: 0, replayed: true),
+            QuotaDecision(admitted: false, jobId: "", status: status, violated: ["daily", "network"], retryAt: instant, networkRemaining: 0, replayed: true,
+                          idempotencyWindow: 86_400),
         ]
     }
 

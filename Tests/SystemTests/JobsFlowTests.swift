@@ -174,10 +174,12 @@ struct JobsFlowTests {
         await system.stop()
     }
 
-    @Test func anIdempotencyKeyPastItsWindowIsRefusedAndNeverChargesTwice() async throws {
-        // A window of two seconds, for quota (which then forgets the charge) and the gateway
+    @Test(arguments: [true, false])
+    func anIdempotencyKeyPastItsWindowIsRefusedAndNeverChargesTwice(gatewayToo: Bool) async throws {
+        // A window of two seconds for quota (which then forgets the charge), and for the gateway
+        // too or not: a gateway left at its default day follows the window quota tells it
         let window = ["IDEMPOTENCY_WINDOW_S": "2"]
-        let system = try await JobSystem(workers: 1, quota: window, gateway: window)
+        let system = try await JobSystem(workers: 1, quota: window, gateway: gatewayToo ? window : [:])
         let user = JobSystem.guest(UUID())
         let userId = "device:\(user[.deviceId]!.lowercased())"
         try await system.gateway { client in

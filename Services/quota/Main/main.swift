@@ -28,7 +28,7 @@ await ProcessExit.run("quota", files: files) { try await BusServiceRunner.run(.q
         storage.append(ClosedAtShutdown(database.close))
         logger.info("quota database open", metadata: ["path": "\(configuration.databasePath)"])
     }
-    QuotaHandler(store: store, plans: configuration.plans).register(on: &router)
+    QuotaHandler(store: store, plans: configuration.plans, idempotencyWindow: configuration.idempotencyWindow).register(on: &router)
     logger.info("quota plans", metadata: ["plans": "\(configuration.plans.plans.keys.sorted().joined(separator: ","))"])
     // Listed before the resolver that calls through it, so that it stops after it.
     let jobs = BusClient(configuration: service.client(of: configuration.jobsEndpoint), logger: logger)

@@ -10,10 +10,14 @@ public struct QuotaHandler: Sendable {
     let store: any QuotaStore
     let plans: PlanCatalog
     let now: @Sendable () -> Date
+    /// How long a settled charge is remembered (`IDEMPOTENCY_WINDOW_S`), told with each decision
+    /// so that the gateway refuses keys by quota's window, whatever its own is set to.
+    let idempotencyWindow: Duration?
 
-    public init(store: any QuotaStore, plans: PlanCatalog, now: @escaping @Sendable () -> Date = Date.init) {
+    public init(store: any QuotaStore, plans: PlanCatalog, idempotencyWindow: Duration? = nil, now: @escaping @Sendable () -> Date = Date.init) {
         self.store = store
         self.plans = plans
+        self.idempotencyWindow = idempotencyWindow
         self.now = now
     }
 
@@ -56,8 +60,9 @@ public struct QuotaHandler: Sendable {
         _ = Self.decisionCounters
         _ = Self.guestsRefused
         router.register(Quota.reserve) { request, _ in
-            let decision = try await store.reserve(request, now: now())
+            var decision = try await store.reserve(request, now: now())
             Self.count(decision)
+            decision.idempotencyWindow = idempotencyWindow.map { Int($0.components.seconds) }
             return decision
         }
         router.register(Quota.commit) { request, _ in try await store.commit(jobId: request.jobId, now: now()) }

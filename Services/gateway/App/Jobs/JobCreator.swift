@@ -14,8 +14,8 @@ struct JobCreator: Sendable {
     let uploads: UploadCheck
     /// Each effect's price now (a re-run pays its model's price of today, not the original's).
     let prices: EffectPrices
-    /// How long an `Idempotency-Key` names its job, in seconds (quota forgets a settled charge
-    /// after as long).
+    /// How long an `Idempotency-Key` names its job, in seconds, at most: quota's own window, told
+    /// with each decision, is taken when it is shorter (quota forgets a settled charge after it).
     let idempotencyWindow: TimeInterval
 
     /// Validates, reserves quota for the job id, creates the job; releases on a definite failure.
@@ -47,14 +47,15 @@ struct JobCreator: Sendable {
             }
             throw Problem(error, service: "jobs")
         }
-        if idempotencyKey != nil, job.createdAt < Date().addingTimeInterval(-idempotencyWindow) {
+        let window = min(idempotencyWindow, decision.idempotencyWindow.map(TimeInterval.init) ?? idempotencyWindow)
+        if idempotencyKey != nil, job.createdAt < Date().addingTimeInterval(-window) {
             // The key named a job made before the window: quota may have forgotten its charge
             // and charged this id again. That charge (not one quota only answered again) goes
             // back, and the request is refused rather than answered with an old job.
             if decision.replayed != true {
                 _ = try? await clients.client(for: .quota).call(Quota.release, ChargeReference(jobId: jobId))
             }
-            throw Problem(.conflict, detail: "This Idempotency-Key was first used more than \(Int(idempotencyWindow)) seconds ago; send a new key for a new edit.",
+            throw Problem(.conflict, detail: "This Idempotency-Key was first used more than \(Int(window)) seconds ago; send a new key for a new edit.",
                           extensions: ["code": .string("idempotency_key_expired")])
         }
         var headers: HTTPFields = [.location: "/api/v1/jobs/\(job.id)", .contentType: "application/json"]
