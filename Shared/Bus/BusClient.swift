@@ -99,6 +99,8 @@ public final class BusClient: Sendable, Service {
     }
 
     public let configuration: Configuration
+    /// How many endpoints `configuration` names (replicas), read once.
+    private let replicas: Int
     private let state = Mutex(State())
     private let wakeup: Wakeup
     private let executor: IOThreadExecutor
@@ -109,6 +111,7 @@ public final class BusClient: Sendable, Service {
     /// A client of `configuration.endpoint`; it connects when `run()` starts.
     public init(configuration: Configuration, context: ZMQContext = .shared, logger: Logger = Logger(label: "bus.client")) {
         self.configuration = configuration
+        self.replicas = max(1, configuration.endpoints.count)
         self.context = context
         self.logger = logger
         self.wakeup = Wakeup()
@@ -430,24 +433,27 @@ public final class BusClient: Sendable, Service {
         sendRequests(CollectionOfOne(item), on: socket, timers: &timers).isEmpty
     }
 
-    /// Sends `items` in batches of up to `WireFormat.maxBatch` requests a message (one replica
-    /// takes a whole batch), finishing each call that cannot be sent with why; returns those to try
-    /// again (see `sendRequest`).
+    /// Sends `items` in batches of up to `WireFormat.maxBatch` requests a message, finishing each
+    /// call that cannot be sent with why; returns those to try again (see `sendRequest`). One
+    /// replica takes a whole message, so with several endpoints the items are split in as many
+    /// messages as there are endpoints (libzmq hands each message to the next connected replica):
+    /// calls made together still spread over the replicas.
     func sendRequests(_ items: some Collection<Outgoing>, on socket: ZMQSocket, timers: inout Heap<Timer>) -> [Outgoing] {
         guard !items.isEmpty else { return [] }
         let now = ContinuousClock.now
+        let batchSize = min(WireFormat.maxBatch, (items.count + replicas - 1) / replicas)
         var retry: [Outgoing] = []
         var batch: [Outgoing] = []
         var frames: [[UInt8]] = []
-        batch.reserveCapacity(min(items.count, WireFormat.maxBatch))
-        frames.reserveCapacity(2 * min(items.count, WireFormat.maxBatch))
+        batch.reserveCapacity(batchSize)
+        frames.reserveCapacity(2 * batchSize)
         func flush() {
             defer { batch.removeAll(keepingCapacity: true); frames.removeAll(keepingCapacity: true) }
             do {
                 try socket.send(frames)
                 for item in batch { timers.insert(Timer(deadline: item.deadline, id: item.id)) }
             } catch ZMQError.wouldBlock {
-                if configuration.endpoints.count > 1 { retry.append(contentsOf: batch); return }
+                if replicas > 1 { retry.append(contentsOf: batch); return }
                 for item in batch {
                     finish(item.id, with: .failure(BusError(.overloaded, "cannot queue for \(configuration.endpoint): its send queue is full, or the connection was refused (a failed handshake is not retried)")))
                 }
@@ -463,7 +469,7 @@ public final class BusClient: Sendable, Service {
             batch.append(item)
             frames.append(item.header)
             frames.append(item.body)
-            if batch.count == WireFormat.maxBatch { flush() }
+            if batch.count == batchSize { flush() }
         }
         if !batch.isEmpty { flush() }
         return retry
