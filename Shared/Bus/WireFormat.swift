@@ -23,7 +23,8 @@ import BinaryWire
 /// `{code, message, retryable}`, in that encoding.
 ///
 /// **Batches.** One message may carry up to `maxBatch` requests, `[header, body, header, body, …]`:
-/// a client sends everything queued for its socket in one message, so libzmq wakes its I/O thread
+/// a client sends everything queued for its socket in one message (one for each replica when it
+/// has several, so calls made together still spread over them), so libzmq wakes its I/O thread
 /// and the server's once for them all, and frames a batch in one write. A server answers the
 /// requests of a batch in batches too (the replies ready in one turn of its loop, to one caller, in
 /// one message), and a single request with a single reply, so a caller that never batches (an older
