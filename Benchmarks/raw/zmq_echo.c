@@ -42,15 +42,16 @@ static int serve_bus(const char *endpoint) {
     void *ctx = zmq_ctx_new();
     void *router = zmq_socket(ctx, ZMQ_ROUTER);
     if (zmq_bind(router, endpoint) != 0) { perror("zmq_bind"); return 1; }
-    zmq_msg_t parts[1 + 2 * MAX_BATCH];
+    zmq_msg_t parts[1 + 2 * MAX_BATCH], overflow;
     for (;;) {
         int count = 0, more = 1;
         while (more) {
-            zmq_msg_t *part = &parts[count < 1 + 2 * MAX_BATCH ? count : 2 * MAX_BATCH];
-            if (count >= 1 + 2 * MAX_BATCH) zmq_msg_close(part);
+            /* Frames past the limit are read into a scratch message and dropped. */
+            zmq_msg_t *part = count < 1 + 2 * MAX_BATCH ? &parts[count] : &overflow;
             zmq_msg_init(part);
             if (zmq_msg_recv(part, router, 0) < 0) return 1;
             more = zmq_msg_more(part);
+            if (part == &overflow) zmq_msg_close(part);
             count++;
         }
         int valid = count >= 3 && count <= 1 + 2 * MAX_BATCH && count % 2 == 1;
