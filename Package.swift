@@ -218,7 +218,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "quota",
-            dependencies: ["QuotaService", "ServiceKit", "Storage", .product(name: "ServiceLifecycle", package: "swift-service-lifecycle")],
+            dependencies: ["QuotaService", "ServiceKit", "Storage", "Bus", .product(name: "ServiceLifecycle", package: "swift-service-lifecycle")],
             path: "Services/quota/Main",
             swiftSettings: swiftSettings
         ),
@@ -243,9 +243,16 @@ let package = Package(
             path: "Services/history/Service",
             swiftSettings: swiftSettings
         ),
+        // Each target names every module of ours it imports, also one it could reach through
+        // another: SwiftPM rebuilds a target when a module it names changes, and a release build
+        // compiles another module's class sizes into the code that creates its objects. history's
+        // main.swift made its BusClients while only HistoryService was named: adding a stored
+        // property to BusClient left it compiled with the old size in incremental release builds,
+        // which then crashed at start or stop with "double free or corruption" (a fresh build was
+        // right). `make test`'s debug builds do not inline across modules and never showed it.
         .executableTarget(
             name: "history",
-            dependencies: ["HistoryService", "ServiceKit", "Storage"],
+            dependencies: ["HistoryService", "ServiceKit", "Storage", "Bus"],
             path: "Services/history/Main",
             swiftSettings: swiftSettings
         ),
@@ -280,7 +287,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "jobs",
-            dependencies: ["JobsService", "ServiceKit", "Storage"],
+            dependencies: ["JobsService", "JobsCore", "ServiceKit", "Storage", "Bus", "Blobs"],
             path: "Services/jobs/Main",
             swiftSettings: swiftSettings
         ),
@@ -319,7 +326,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "worker",
-            dependencies: ["WorkerKit", "ServiceKit", "ZeroMQ"],
+            dependencies: ["WorkerKit", "JobsCore", "ServiceKit", "ZeroMQ"],
             path: "Services/jobs/WorkerMain",
             swiftSettings: swiftSettings
         ),
@@ -523,7 +530,7 @@ let package = Package(
         .testTarget(
             name: "HistoryTests",
             dependencies: [
-                "HistoryCore", "HistoryService", "Messages", "Bus", "Storage", "TestSupport",
+                "HistoryCore", "HistoryService", "Messages", "Bus", "Storage", "ServiceKit", "TestSupport",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ],
             path: "Tests/HistoryTests",
@@ -542,7 +549,7 @@ let package = Package(
             name: "SystemTests",
             dependencies: [
                 "TestSupport", .product(name: "PostgresNIO", package: "postgres-nio"),
-                "Bus", "Messages", "ZeroMQ", "ServiceKit", "GatewayApp", "AppAttest", "QuotaService", "JobsService", "HistoryService", "WorkerKit", "JobsCore", "ImageOps", "Blobs", "CXattr",
+                "Bus", "Messages", "ZeroMQ", "ServiceKit", "Storage", "GatewayApp", "AppAttest", "QuotaService", "JobsService", "HistoryService", "WorkerKit", "JobsCore", "ImageOps", "Blobs", "CXattr",
                 "PhotoEditKit",
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Hummingbird", package: "hummingbird"),
