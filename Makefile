@@ -28,7 +28,9 @@ HEAVY_TESTS := SlowClientsTests|QuotaProcessTests|BusProcessTests|BusReplicaTest
 hosts-chaos: deps
 	scripts/hosts-chaos.sh
 
-## Builds everything (services, fixtures, tests), runs the bus tests (alone: they time requests
+## Checks that each target names every module of ours it imports (scripts/check-imports.py: an
+## unnamed one can go stale in incremental release builds), builds everything (services,
+## fixtures, tests), runs the bus tests (alone: they time requests
 ## in milliseconds), then the rest of the suite beside a RADOS Gateway of its own (scripts/with-s3.sh:
 ## Ceph's S3 server from Debian, in a temporary folder on a free port, stopped after) and a
 ## throwaway PostgreSQL of its own (scripts/with-postgres.sh: Debian's PostgreSQL 15, likewise,
@@ -51,6 +53,7 @@ hosts-chaos: deps
 ## workers and jobs in flight included, within 10 s, leaving nothing running (scripts/stop-check.sh);
 ## and a stack on both PostgreSQL and S3 sent SIGKILL 300 ms after its SIGINT leaves neither running.
 test: deps
+	scripts/check-imports.py
 	scripts/swift-build.sh --build-tests
 	scripts/swift-build.sh --product swift-openapi-generator
 	scripts/swift-test.sh 10 --filter BusTests
