@@ -9,13 +9,64 @@ extension HistoryDatabase {
     /// Returns how many events changed an item.
     public func applyJobEvents(_ events: [JobEvent]) async throws -> Int {
         try await write { db in
+            var batch = EventBatch()
             var applied = 0
-            for event in events where try Self.apply(db, event) { applied += 1 }
+            for event in events where try Self.apply(db, event, in: &batch) { applied += 1 }
+            try batch.finish(db)
             return applied
         }
     }
 
-    static func apply(_ db: Database, _ event: JobEvent) throws -> Bool {
+    /// What a batch of events changes besides the items themselves, gathered and written once at
+    /// its end instead of at each event: the numbers it takes (changes feed, item ids) and the
+    /// counts per user and status. Per event these were four of its statements.
+    struct EventBatch {
+        /// The last change number and item id taken; nil until the batch first needs one.
+        private var changeSequence: Int64?
+        private var itemId: Int64?
+        /// Each (user, status) count's change.
+        private var counts: [CountKey: Int] = [:]
+
+        struct CountKey: Hashable {
+            var userId: String
+            var status: String
+        }
+
+        mutating func nextChangeSequence(_ db: Database) throws -> Int64 {
+            let next = try (changeSequence ?? Self.meta(db, "changeSequence")) + 1
+            changeSequence = next
+            return next
+        }
+
+        mutating func nextItemId(_ db: Database) throws -> Int64 {
+            let next = try (itemId ?? Self.meta(db, "itemId")) + 1
+            itemId = next
+            return next
+        }
+
+        mutating func count(userId: String, status: String, by delta: Int) {
+            counts[CountKey(userId: userId, status: status), default: 0] += delta
+        }
+
+        /// Writes the numbers taken and the counts' changes.
+        func finish(_ db: Database) throws {
+            if let changeSequence { try Self.setMeta(db, "changeSequence", changeSequence) }
+            if let itemId { try Self.setMeta(db, "itemId", itemId) }
+            for (key, delta) in counts where delta != 0 {
+                try HistoryDatabase.adjustCount(db, userId: key.userId, status: key.status, by: delta)
+            }
+        }
+
+        private static func meta(_ db: Database, _ key: String) throws -> Int64 {
+            try Int64.fetchOne(db.cachedStatement(sql: "SELECT value FROM meta WHERE key = ?"), arguments: [key]) ?? 0
+        }
+
+        private static func setMeta(_ db: Database, _ key: String, _ value: Int64) throws {
+            try db.cachedStatement(sql: "UPDATE meta SET value = ? WHERE key = ?").execute(arguments: [value, key])
+        }
+    }
+
+    static func apply(_ db: Database, _ event: JobEvent, in batch: inout EventBatch) throws -> Bool {
         let job = event.job
         let createdAt = job.createdAt.milliseconds
         if let deletedCreatedAt = try Int64.fetchOne(db.cachedStatement(sql: "SELECT createdAt FROM deletion WHERE jobId = ?"), arguments: [job.id]) {
@@ -26,7 +77,7 @@ extension HistoryDatabase {
         if let existing, (existing["version"] as Int) >= job.version { return false }
         let cost = HistoryReads.cost(of: job)
         let parameters = try HistoryReads.json(job.parameters)
-        let sequence = try nextChangeSequence(db)
+        let sequence = try batch.nextChangeSequence(db)
         let values: [(any DatabaseValueConvertible)?] = [
             job.userId, job.effectId, event.effectTitle, job.prompt, job.status.rawValue, job.progress, createdAt,
             job.updatedAt.milliseconds, job.finishedAt?.milliseconds, job.resultKey, job.thumbnailKey, job.imageKey,
@@ -41,7 +92,7 @@ extension HistoryDatabase {
                     WHERE jobId = ?
                     """
             ).execute(arguments: StatementArguments(values + [job.id]))
-            try adjustCount(db, userId: existing["userId"], status: existing["status"], by: -1)
+            batch.count(userId: existing["userId"], status: existing["status"], by: -1)
         } else {
             try db.cachedStatement(
                 sql: """
@@ -49,9 +100,9 @@ extension HistoryDatabase {
                         resultKey, thumbnailKey, imageKey, parameters, cost, lastError, version, changeSequence, jobId, id)
                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     """
-            ).execute(arguments: StatementArguments(values + [job.id, try nextItemId(db)]))
+            ).execute(arguments: StatementArguments(values + [job.id, try batch.nextItemId(db)]))
         }
-        try adjustCount(db, userId: job.userId, status: job.status.rawValue, by: 1)
+        batch.count(userId: job.userId, status: job.status.rawValue, by: 1)
         return true
     }
 }
