@@ -32,12 +32,14 @@ extension HistoryDatabase {
             var status: String
         }
 
+        /// The next number of the changes feed.
         mutating func nextChangeSequence(_ db: Database) throws -> Int64 {
             let next = try (changeSequence ?? Self.meta(db, "changeSequence")) + 1
             changeSequence = next
             return next
         }
 
+        /// The id of a new item (its row in the search index).
         mutating func nextItemId(_ db: Database) throws -> Int64 {
             let next = try (itemId ?? Self.meta(db, "itemId")) + 1
             itemId = next

@@ -201,11 +201,6 @@ public struct HistoryDatabase: Sendable {
         return migrator
     }
 
-    /// The id of a new item (its row in the search index).
-    static func nextItemId(_ db: Database) throws -> Int64 {
-        try Int64.fetchOne(db.cachedStatement(sql: "UPDATE meta SET value = value + 1 WHERE key = 'itemId' RETURNING value")) ?? 0
-    }
-
     // MARK: Shared by the writes
 
     /// The next number of the changes feed.
