@@ -30,14 +30,8 @@ extension HistoryItem {
         out.string(jobId)
         out.raw(",\"originalImageKey\":")
         out.string(originalImageKey)
-        out.raw(",\"parameters\":{")
-        for (index, name) in parameters.keys.sorted().enumerated() {
-            if index > 0 { out.raw(",") }
-            out.string(name)
-            out.raw(":")
-            out.number(parameters[name]!)
-        }
-        out.raw("}")
+        out.raw(",\"parameters\":")
+        out.numbers(parameters)
         if appStatus == .processing {
             out.raw(",\"progress\":")
             out.number(progress)

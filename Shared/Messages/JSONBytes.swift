@@ -76,6 +76,19 @@ public struct JSONBytes {
 
     private static let hex = Array("0123456789abcdef".utf8)
 
+    /// `{"a":1,"b":0.5}`: an object of numbers, its keys in sorted order (as `JSONEncoder`'s
+    /// `.sortedKeys` wrote them), each number as `number` writes it.
+    public mutating func numbers(_ values: [String: Double]) {
+        raw("{")
+        for (index, name) in values.keys.sorted().enumerated() {
+            if index > 0 { raw(",") }
+            string(name)
+            raw(":")
+            number(values[name]!)
+        }
+        raw("}")
+    }
+
     /// `2026-11-25T17:53:09Z`: UTC, to the second (rounded down), as `JSONEncoder`'s `.iso8601`
     /// writes it.
     public mutating func date(_ date: Date) {

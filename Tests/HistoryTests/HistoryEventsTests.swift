@@ -26,6 +26,22 @@ enum Events {
 
 @Suite("History events", .timeLimit(.minutes(5)))
 struct HistoryEventsTests {
+    @Test(arguments: HistoryBackend.allCases) func anItemsParametersAreKeptExactly(backend: HistoryBackend) async throws {
+        try await withHistoryStore(backend) { database in
+            // Given edits with several parameters (fractions, a negative, a tiny one, a key to
+            // escape) and with none
+            var event = Events.job("p1")
+            let parameters: [String: Double] = ["sigma": 2, "amount": 0.35, "shift": -12.5, "tiny": 1e-7, "quote\"d": 3]
+            event.job.parameters = parameters
+            var bare = Events.job("p2")
+            bare.job.parameters = [:]
+            _ = try await database.applyJobEvents([event, bare])
+            // Then each item reads back the parameters it was created with
+            #expect(try await database.item("p1", userId: "u1")?.parameters == parameters)
+            #expect(try await database.item("p2", userId: "u1")?.parameters == [:])
+        }
+    }
+
     @Test(arguments: HistoryBackend.allCases) func aReplayedEventChangesNothing(backend: HistoryBackend) async throws {
         // Given an item at version 2
         try await withHistoryStore(backend) { database in

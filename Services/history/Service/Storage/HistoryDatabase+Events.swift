@@ -78,7 +78,7 @@ extension HistoryDatabase {
         let existing = try Row.fetchOne(db.cachedStatement(sql: "SELECT version, status, userId FROM item WHERE jobId = ?"), arguments: [job.id])
         if let existing, (existing["version"] as Int) >= job.version { return false }
         let cost = HistoryReads.cost(of: job)
-        let parameters = try HistoryReads.json(job.parameters)
+        let parameters = HistoryReads.json(job.parameters)
         let sequence = try batch.nextChangeSequence(db)
         let values: [(any DatabaseValueConvertible)?] = [
             job.userId, job.effectId, event.effectTitle, job.prompt, job.status.rawValue, job.progress, createdAt,

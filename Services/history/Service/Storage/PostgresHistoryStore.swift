@@ -707,7 +707,7 @@ struct HistoryItemRow: Encodable {
         result_key = job.resultKey
         thumbnail_key = job.thumbnailKey
         image_key = job.imageKey
-        parameters = try HistoryReads.json(job.parameters)
+        parameters = HistoryReads.json(job.parameters)
         cost = HistoryReads.cost(of: job)
         last_error = job.lastError
         version = job.version
