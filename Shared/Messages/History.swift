@@ -39,7 +39,9 @@ public enum History {
 }
 
 /// A job's state as jobs emits it to history: the whole record after each change, with the title
-/// of its effect.
+/// of its effect. Written and read by hand (`@BinaryMessage`) on the bus: the generic `Codable`
+/// path of a delivery of 200 was 8% of history's CPU applying events in `make bench-gateway`.
+@BinaryMessage
 public struct JobEvent: Codable, Sendable, Equatable {
     public var job: JobRecord
     public var effectTitle: String
@@ -51,6 +53,7 @@ public struct JobEvent: Codable, Sendable, Equatable {
 }
 
 /// A batch of job events, oldest first.
+@BinaryMessage
 public struct JobEvents: Codable, Sendable, Equatable {
     public var events: [JobEvent]
     public init(events: [JobEvent]) { self.events = events }

@@ -152,6 +152,10 @@ struct BinaryDirectTests {
         for decision in Self.decisions { try expectSameAsCodable(decision) }
         for reservation in Self.reservations { try expectSameAsCodable(reservation) }
         for job in Self.jobs { try expectSameAsCodable(job) }
+        // Jobs' deliveries to history, one event and batches.
+        let events = Self.jobs.map { JobEvent(job: $0, effectTitle: "Soft Focus") }
+        for event in events { try expectSameAsCodable(event) }
+        for batch in [JobEvents(events: events), JobEvents(events: [])] { try expectSameAsCodable(batch) }
         for page in Self.pages { try expectSameAsCodable(page) }
         for assignment in Self.assignments {
             try expectSameAsCodable(assignment)
@@ -195,7 +199,7 @@ struct BinaryDirectTests {
         let assignment = assignments[1]
         return [
             UserReference(userId: "user-1"), statuses[1], statuses[1].daily, decisions[3], reservations[1], jobs[1], pages[1],
-            creations[1], attempt, assignment.transfer!.result, assignment.transfer!, assignment, assignment.effect.parameters[0],
+            creations[1], JobEvent(job: jobs[1], effectTitle: "Soft Focus"), JobEvents(events: [JobEvent(job: jobs[1], effectTitle: "t")]), attempt, assignment.transfer!.result, assignment.transfer!, assignment, assignment.effect.parameters[0],
             EffectDescription(
                 id: "veo", title: "Video", parameters: [.init(name: "seconds", minimum: 4, maximum: 8, defaultValue: 4)], processor: "fal",
                 endpoint: "https://fal.example/veo", credits: 40, kind: .video, model: "fal-ai/veo3.1/image-to-video", timeoutSeconds: 600
@@ -415,6 +419,7 @@ struct BinaryDirectTests {
                 let bytes = corrupted(valid, using: &generator)
                 _ = try? BinaryCoding.decode(JobRecord.self, from: bytes)
                 _ = try? BinaryCoding.decode(RenderedHistoryPage.self, from: bytes)
+                _ = try? BinaryCoding.decode(JobEvents.self, from: bytes)
             }
         }
     }
