@@ -199,7 +199,8 @@ struct BinaryDirectTests {
         let assignment = assignments[1]
         return [
             UserReference(userId: "user-1"), statuses[1], statuses[1].daily, decisions[3], reservations[1], jobs[1], pages[1],
-            creations[1], JobEvent(job: jobs[1], effectTitle: "Soft Focus"), JobEvents(events: [JobEvent(job: jobs[1], effectTitle: "t")]), attempt, assignment.transfer!.result, assignment.transfer!, assignment, assignment.effect.parameters[0],
+            creations[1], JobEvent(job: jobs[1], effectTitle: "Soft Focus"), JobEvents(events: [JobEvent(job: jobs[1], effectTitle: "t")]),
+            attempt, assignment.transfer!.result, assignment.transfer!, assignment, assignment.effect.parameters[0],
             EffectDescription(
                 id: "veo", title: "Video", parameters: [.init(name: "seconds", minimum: 4, maximum: 8, defaultValue: 4)], processor: "fal",
                 endpoint: "https://fal.example/veo", credits: 40, kind: .video, model: "fal-ai/veo3.1/image-to-video", timeoutSeconds: 600
