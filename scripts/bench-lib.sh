@@ -1,8 +1,10 @@
 # Shared by the bench scripts (sourced): release builds, free ports, a scratch folder and the
 # background processes, all cleaned up on exit.
 
-# Builds each named product for release, quietly unless it fails; sets BIN.
+# Builds each named product for release, quietly unless it fails; sets BIN. BENCH_BIN=DIR instead
+# runs the binaries of DIR, built before (to measure two builds in turns on the same machine).
 build_release() {
+  if [ -n "${BENCH_BIN:-}" ]; then BIN=$(cd "$BENCH_BIN" && pwd); return 0; fi
   for product in "$@"; do
     scripts/swift-build.sh -c release --product "$product" >/dev/null 2>&1 || scripts/swift-build.sh -c release --product "$product"
   done
