@@ -15,9 +15,9 @@ let swiftSettings: [SwiftSetting] = [
 /// looked up at run time (4% of the jobs process in `bench-jobs`, perf). Measured with
 /// `scripts/bench-side-by-side.sh`: no-op jobs 1.20 and 1.21 times as fast (medians of 3 and 5
 /// rounds, faster in each). The cost is compile time: a release build of every product took
-/// 18 minutes here. Debug builds (the tests, `make run`) are unchanged. PhotoEditKit, the product
-/// apps depend on, uses none of these modules: SwiftPM refuses unsafe flags only in a dependency's
-/// targets that a dependent builds.
+/// 18 minutes here. Debug builds (the tests, `make run`) are unchanged. An unsafe flag makes the
+/// products containing its target unusable by other packages (PackageDescription's
+/// `unsafeFlags`); PhotoEditKit, the product apps depend on, contains none of these targets.
 let crossModuleSettings: [SwiftSetting] = swiftSettings + [.unsafeFlags(["-cross-module-optimization"], .when(configuration: .release))]
 
 let package = Package(
