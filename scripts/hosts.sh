@@ -224,6 +224,9 @@ defaults
     timeout connect 2s
     timeout client 60s
     timeout server 60s
+    # Idle client connections close after 30 s, each with its own connection to a gateway (http-reuse
+    # never), before a gateway's own 60 s (deploy/hosts/haproxy.cfg says why).
+    timeout http-keep-alive 30s
     retries 2
     option redispatch
 frontend api
@@ -232,6 +235,7 @@ frontend api
     default_backend gateways
 backend gateways
     balance roundrobin
+    http-reuse never
     option httpchk GET /readyz
     default-server check inter 1s fall 2 rise 2
     server gw1 $(addr gw1):8080

@@ -60,10 +60,11 @@ final class GatewayClient: Sendable {
         configuration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = connections
         configuration.timeout = .init(connect: .seconds(5), read: .seconds(60))
         // Idle connections are closed here well before the server's side does (the gateway's
-        // HTTP_IDLE_TIMEOUT_S and HAProxy's client timeout are 60 s, as this pool's default was):
-        // with both at 60 s, a request sent on a connection the server was just closing got no
-        // answer (`remoteConnectionClosed`, seen once in the hosts' fault run), a failure of the
-        // load test's own making.
+        // HTTP_IDLE_TIMEOUT_S is 60 s, as this pool's default was, and the hosts' HAProxy closes
+        // idle clients after 30 s): with both at 60 s, a request sent on a connection the server
+        // was just closing got no answer (`remoteConnectionClosed`, seen once in the hosts' fault
+        // run), a failure of the load test's own making. The same race between HAProxy and the
+        // gateways is why that HAProxy does not share idle connections (deploy/hosts/haproxy.cfg).
         configuration.connectionPool = .init(idleTimeout: .seconds(20))
         configuration.decompression = .disabled
         http = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
