@@ -216,31 +216,9 @@ up() {
       "WORKER_CAPACITY=2" "GEMINI_API_KEY=test-gemini-key" "OPENAI_API_KEY=test-openai-key" "FAL_KEY=test-fal-key" \
       "DATA_DIR=$DIR/$host/data" "TMPDIR=$DIR/$host/tmp"
   done
-  cat > "$DIR/edge/haproxy.cfg" <<EOF
-global
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 2s
-    timeout client 60s
-    timeout server 60s
-    # Idle client connections close after 30 s, each with its own connection to a gateway (http-reuse
-    # never), before a gateway's own 60 s (deploy/hosts/haproxy.cfg says why).
-    timeout http-keep-alive 30s
-    retries 2
-    option redispatch
-frontend api
-    bind $(addr edge):8080
-    option forwardfor
-    default_backend gateways
-backend gateways
-    balance roundrobin
-    http-reuse never
-    option httpchk GET /readyz
-    default-server check inter 1s fall 2 rise 2
-    server gw1 $(addr gw1):8080
-    server gw2 $(addr gw2):8080
-EOF
+  # The edge runs deploy/hosts/haproxy.cfg itself, given the gateways as edge-host.yaml gives them.
+  cp "$REPO/deploy/hosts/haproxy.cfg" "$DIR/edge/haproxy.cfg"
+  write_env "$DIR/edge/host.env" "GATEWAY_1=$(addr gw1):8080" "GATEWAY_2=$(addr gw2):8080"
   for host in svc1 svc2; do boot "$host"; done
   for host in gw1 gw2 wk1 wk2 edge; do boot "$host"; done
   wait_for 180 "the edge's /readyz" curl -fsS "$public/readyz"
@@ -295,7 +273,7 @@ init() {
         sleep 1 & wait $!
       done ;;
     edge)
-      supervise haproxy haproxy -db -f "$hdir/haproxy.cfg" & children+=($!) ;;
+      supervise haproxy bash -c 'set -a; source "$1"; set +a; exec haproxy -db -f "$2"' _ "$hdir/host.env" "$hdir/haproxy.cfg" & children+=($!) ;;
     gw1|gw2)
       supervise gateway service gateway & children+=($!) ;;
     svc1|svc2)
