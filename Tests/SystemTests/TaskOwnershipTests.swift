@@ -46,6 +46,11 @@ struct TaskOwnershipTests {
             it ends after a second idle; its owner (the store) calls `close()`, which lets it \
             answer what is queued and awaits its end (`ClosedAtShutdown` in each service's main)
             """),
+        "Shared/Threads/ReadThreads.swift": (1, """
+            a store's read threads (`DatabaseReads`): started when a read finds every running one \
+            busy, each ends after a second idle; its owner (the store) calls `close()`, which lets \
+            them run what is queued and awaits their end (`ClosedAtShutdown` in each service's main)
+            """),
         "Shared/Storage/WALCheckpointer.swift": (1, """
             started by `WALCheckpointer.start` (not an init), ended and awaited by `close()`, \
             which its database's `close()` calls

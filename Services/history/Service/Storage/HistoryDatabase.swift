@@ -13,6 +13,8 @@ public struct HistoryDatabase: Sendable {
     /// Checkpoints the WAL of a database file outside the writer's commits (those that apply
     /// jobs' events come continuously); stops at `close()`.
     private let checkpointer: WALCheckpointer?
+    /// Every read, on threads of the database's own (`DatabaseReads`); ended at `close()`.
+    private let reads: DatabaseReads
     /// Mints and opens page cursors and changes tokens; its key lives in the database.
     public let signer: TokenSigner
     /// A search of a user with at most this many items reads their items one by one; a longer
@@ -23,15 +25,20 @@ public struct HistoryDatabase: Sendable {
     public init(_ writer: any DatabaseWriter, scanUpTo: Int = 10_000, checkpointer: WALCheckpointer? = nil) throws {
         self.writer = writer
         self.checkpointer = checkpointer
+        reads = DatabaseReads(writer, name: "history-read")
         self.scanUpTo = scanUpTo
         try Self.migrator.migrate(writer)
         let key = try writer.read { db in try Data.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'tokenKey'") }
         signer = TokenSigner(key: Array(key ?? Data()))
     }
 
-    /// Stops the background checkpoints: the service's main calls it as it stops
-    /// (`ClosedAtShutdown`). Writes go straight to the writer, which answers each once durable.
-    public func close() async { await checkpointer?.close() }
+    /// Stops the reads' threads (once the reads queued have run) and the background checkpoints:
+    /// the service's main calls it as it stops (`ClosedAtShutdown`). Writes go straight to the
+    /// writer, which answers each once durable.
+    public func close() async {
+        await reads.close()
+        await checkpointer?.close()
+    }
 
     /// Opens (or creates) the file at `path`, WAL with `synchronous=FULL`, checkpointed in the
     /// background as jobs' and quota's are.
@@ -61,7 +68,7 @@ public struct HistoryDatabase: Sendable {
     }
 
     func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
-        try await writer.read(body)
+        try await reads.read(body)
     }
 
     static var migrator: DatabaseMigrator {
