@@ -16,10 +16,13 @@ public struct JobsDatabase: Sendable {
     /// Checkpoints the WAL of a database file outside the group committer's commits; stops when
     /// the last copy of this database is released.
     let checkpointer: WALCheckpointer?
+    /// Every read, on threads of the database's own (`DatabaseReads`); ended at `close()`.
+    private let reads: DatabaseReads
 
     public init(_ writer: any DatabaseWriter, checkpointer: WALCheckpointer? = nil) throws {
         self.writer = writer
         self.writes = GroupCommitter(writer: writer)
+        reads = DatabaseReads(writer, name: "jobs-read")
         self.checkpointer = checkpointer
         try Self.migrator.migrate(writer)
     }
@@ -31,16 +34,17 @@ public struct JobsDatabase: Sendable {
 
     /// Runs `body` on a read-only connection (a snapshot, beside the writer).
     func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
-        try await writer.read(body)
+        try await reads.read(body)
     }
 
     /// The group committer's counts: transactions and the changes they carried.
     public var writeStatistics: GroupCommitter.Statistics { writes.statistics }
 
-    /// Refuses new writes, and returns once every write accepted is durable and answered: the
-    /// service's main calls it as it stops (`ClosedAtShutdown`).
+    /// Refuses new writes, and returns once every write accepted is durable and answered (and
+    /// the reads queued have run): the service's main calls it as it stops (`ClosedAtShutdown`).
     public func close() async {
         await writes.close()
+        await reads.close()
         await checkpointer?.close()
     }
 
