@@ -77,6 +77,14 @@ struct BinaryDirectTests {
         ),
     ]
 
+    private static let listings = [
+        ListHistory(userId: "user-1"),
+        ListHistory(
+            userId: "user-2", limit: 20, offset: 40, cursor: "c.1", statuses: [.completed, .failed], query: "sky \"blue\"", groupByMonth: true,
+            timeZone: "Europe/Berlin", locale: "de"
+        ),
+    ]
+
     private static let assignments: [JobAssignment] = [
         JobAssignment(
             attempt: JobAttempt(jobId: "job-1", attempt: 1), userId: "user-1", imageKey: "uploads/user-1/a.jpg",
@@ -157,6 +165,7 @@ struct BinaryDirectTests {
         for event in events { try expectSameAsCodable(event) }
         for batch in [JobEvents(events: events), JobEvents(events: [])] { try expectSameAsCodable(batch) }
         for page in Self.pages { try expectSameAsCodable(page) }
+        for request in Self.listings { try expectSameAsCodable(request) }
         for assignment in Self.assignments {
             try expectSameAsCodable(assignment)
             try expectSameAsCodable(assignment.attempt)
@@ -198,7 +207,7 @@ struct BinaryDirectTests {
     private static var fullValues: [any BinaryDirectCodable & Encodable] {
         let assignment = assignments[1]
         return [
-            UserReference(userId: "user-1"), statuses[1], statuses[1].daily, decisions[3], reservations[1], jobs[1], pages[1],
+            UserReference(userId: "user-1"), statuses[1], statuses[1].daily, decisions[3], reservations[1], jobs[1], pages[1], listings[1],
             creations[1], JobEvent(job: jobs[1], effectTitle: "Soft Focus"), JobEvents(events: [JobEvent(job: jobs[1], effectTitle: "t")]),
             attempt, assignment.transfer!.result, assignment.transfer!, assignment, assignment.effect.parameters[0],
             EffectDescription(
@@ -415,12 +424,13 @@ struct BinaryDirectTests {
                 _ = try? BinaryCoding.decode(DispatcherMessage.self, from: bytes)
             }
         }
-        for valid in [try BinaryCoding.encode(Self.jobs[1]), try BinaryCoding.encode(Self.pages[1])] {
+        for valid in [try BinaryCoding.encode(Self.jobs[1]), try BinaryCoding.encode(Self.pages[1]), try BinaryCoding.encode(Self.listings[1])] {
             for _ in 0..<3000 {
                 let bytes = corrupted(valid, using: &generator)
                 _ = try? BinaryCoding.decode(JobRecord.self, from: bytes)
                 _ = try? BinaryCoding.decode(RenderedHistoryPage.self, from: bytes)
                 _ = try? BinaryCoding.decode(JobEvents.self, from: bytes)
+                _ = try? BinaryCoding.decode(ListHistory.self, from: bytes)
             }
         }
     }
