@@ -247,6 +247,8 @@ let package = Package(
             dependencies: [
                 "HistoryCore", "Messages", "Bus", "ServiceKit", "Storage",
                 .product(name: "GRDB", package: "GRDB.swift"),
+                // SQLite's C interface: a page's JSON is written from the statement's columns.
+                .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Crypto", package: "swift-crypto"),

@@ -47,7 +47,7 @@ public struct HistoryHandler: Sendable {
         }
         router.register(History.page) { request, _ in
             try Self.validate(request)
-            return RenderedHistoryPage(try await database.page(request))
+            return try await database.renderedPage(request)
         }
         router.register(History.get) { request, _ in
             guard let item = try await database.item(request.jobId, userId: request.userId) else { throw Self.notFound(request.jobId) }

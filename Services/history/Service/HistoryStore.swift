@@ -12,6 +12,8 @@ public protocol HistoryStore: Sendable {
     func applyJobEvents(_ events: [JobEvent]) async throws -> Int
     /// One page of a user's items (filtered, searched, optionally in month sections).
     func page(_ request: ListHistory) async throws -> HistoryPage
+    /// The same page with each item's JSON written up to its URLs (`history.page`).
+    func renderedPage(_ request: ListHistory) async throws -> RenderedHistoryPage
     /// One of the user's items; nil for anyone else's or none.
     func item(_ jobId: String, userId: String) async throws -> HistoryItem?
     /// Deletes one of the user's items, leaving a tombstone and queueing its purge for jobs.
@@ -42,6 +44,11 @@ public protocol HistoryStore: Sendable {
 }
 
 extension HistoryStore {
+    /// The page's items written one by one (PostgreSQL's store; SQLite's writes them from its rows).
+    public func renderedPage(_ request: ListHistory) async throws -> RenderedHistoryPage {
+        RenderedHistoryPage(try await page(request))
+    }
+
     /// The purge outbox, as its relay reads it.
     public var purges: PurgeOutbox { PurgeOutbox(store: self) }
 }

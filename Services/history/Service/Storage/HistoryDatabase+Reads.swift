@@ -9,18 +9,26 @@ extension HistoryDatabase {
     /// top do not shift it; otherwise it starts at `offset`. `totalCount` counts the whole
     /// filtered set. Throws `history.invalid_cursor` for a cursor not issued for this user and query.
     public func page(_ request: ListHistory) async throws -> HistoryPage {
+        let (items, total) = try await pageRows(request) { filter, db, limit, offset in try filter.items(db, limit: limit, offset: offset) }
+        return HistoryReads.page(items, total: total, request: request, signer: signer)
+    }
+
+    /// A page's rows as `fetch` reads them (up to `limit + 1` from the filter at the offset, or
+    /// after the cursor), and the count of the whole filtered set, in one snapshot.
+    func pageRows<Rows: Sendable>(
+        _ request: ListHistory, fetch: @escaping @Sendable (Filter, Database, _ limit: Int, _ offset: Int) throws -> Rows
+    ) async throws -> (Rows, total: Int) {
         let after = try HistoryReads.cursor(of: request, signer: signer)
-        let (items, total) = try await read { db in
+        let scanUpTo = scanUpTo
+        return try await read { db in
             var filter = Filter(request)
             if filter.query != nil {
                 filter.scan = try Filter.storedCount(db, userId: request.userId, statuses: []) <= scanUpTo
             }
             let total = try filter.count(db)
             if let after { filter.after(after) }
-            let items = try filter.items(db, limit: request.limit + 1, offset: after == nil ? request.offset : 0)
-            return (items, total)
+            return (try fetch(filter, db, request.limit + 1, after == nil ? request.offset : 0), total)
         }
-        return HistoryReads.page(items, total: total, request: request, signer: signer)
     }
 
     /// One of the user's items, nil for anyone else's or an unknown id.
@@ -154,14 +162,20 @@ extension HistoryDatabase {
         }
 
         func items(_ db: Database, limit: Int, offset: Int) throws -> [HistoryItem] {
-            let (sql, arguments) = clause(counting: false)
             // Each row read from the statement as it steps (a cursor), not copied first: its
             // columns go straight from SQLite into the item (the copies and their generic decoding
             // were a tenth of the machine serving pages, perf of `make bench-history`).
-            return try Array(Row.fetchCursor(
-                db.cachedStatement(sql: "SELECT \(HistoryDatabase.itemColumns) FROM item WHERE " + sql + " ORDER BY createdAt DESC, jobId DESC LIMIT ? OFFSET ?"),
-                arguments: StatementArguments(arguments + [limit, offset])
-            ).map(HistoryDatabase.item(from:)))
+            try Array(rows(db, limit: limit, offset: offset).cursor.map(HistoryDatabase.item(from:)))
+        }
+
+        /// The page's rows, `itemColumns` each, newest first, as the statement steps, and the
+        /// statement (its current row is the cursor's).
+        func rows(_ db: Database, limit: Int, offset: Int) throws -> (cursor: RowCursor, statement: Statement) {
+            let (sql, arguments) = clause(counting: false)
+            let statement = try db.cachedStatement(
+                sql: "SELECT \(HistoryDatabase.itemColumns) FROM item WHERE " + sql + " ORDER BY createdAt DESC, jobId DESC LIMIT ? OFFSET ?"
+            )
+            return (try Row.fetchCursor(statement, arguments: StatementArguments(arguments + [limit, offset])), statement)
         }
     }
 }

@@ -1,0 +1,116 @@
+import Foundation
+import GRDB
+import GRDBSQLite
+import HistoryCore
+import Messages
+
+extension HistoryDatabase {
+    /// `history.page`'s answer: the page of `page(_:)` with each item's head written straight from
+    /// the statement's columns as it steps (their text copied from SQLite's buffers into the
+    /// JSON), with no `HistoryItem` and no string per column in between. Exactly
+    /// `RenderedHistoryPage(page(request))` (`HistoryRenderedPageTests`). A page in month sections
+    /// is cut from its items (`MonthSections`), and takes that path.
+    public func renderedPage(_ request: ListHistory) async throws -> RenderedHistoryPage {
+        if request.groupByMonth { return RenderedHistoryPage(try await page(request)) }
+        let (written, total) = try await pageRows(request) { filter, db, limit, offset in
+            try WrittenRows(filter.rows(db, limit: limit, offset: offset), limit: limit - 1)
+        }
+        let next = written.hasMore ? written.last.map {
+            PageCursor(createdAt: $0.createdAt, jobId: $0.jobId).seal(with: signer, userId: request.userId, scope: HistoryReads.scope(of: request))
+        } : nil
+        return RenderedHistoryPage(
+            heads: written.heads, statuses: written.statuses, resultKeys: written.resultKeys, thumbnailKeys: written.thumbnailKeys,
+            totalCount: total, hasMore: written.hasMore, nextCursor: next, sections: nil
+        )
+    }
+
+    /// Up to `limit` rows of `itemColumns` written as `RenderedHistoryPage(_:)` writes items
+    /// (`HistoryItem.writeHead`, the app status, the keys linked once completed), and whether a
+    /// row followed them.
+    struct WrittenRows: Sendable {
+        var heads: [String] = []
+        var statuses: [HistoryStatus] = []
+        var resultKeys: [String] = []
+        var thumbnailKeys: [String] = []
+        var hasMore = false
+        /// The last written item's position, for the next page's cursor.
+        var last: (createdAt: Int64, jobId: String)?
+
+        init(_ rows: (cursor: RowCursor, statement: Statement), limit: Int) throws {
+            heads.reserveCapacity(limit)
+            statuses.reserveCapacity(limit)
+            resultKeys.reserveCapacity(limit)
+            thumbnailKeys.reserveCapacity(limit)
+            let statement = rows.statement.sqliteStatement
+            while try rows.cursor.next() != nil {
+                if heads.count == limit {
+                    hasMore = true
+                    break
+                }
+                write(statement, isLast: heads.count == limit - 1)
+            }
+        }
+
+        /// The current row of `statement`, in `itemColumns`' order.
+        private mutating func write(_ statement: SQLiteStatement, isLast: Bool) {
+            let status = JobStatus(rawValue: Self.text(statement, 5) { String(decoding: $0, as: UTF8.self) } ?? "") ?? .failed
+            let appStatus = HistoryStatus(status)
+            let createdAt = sqlite3_column_int64(statement, 7)
+            var out = JSONBytes(capacity: 512)
+            // The head, key by key as `HistoryItem.writeHead` writes it.
+            out.raw("{\"createdAt\":")
+            out.date(Date(milliseconds: createdAt))
+            out.raw(",\"credits\":")
+            out.integer(Int(sqlite3_column_int64(statement, 14)))
+            out.raw(",\"effectId\":")
+            Self.string(statement, 2, &out)
+            out.raw(",\"effectTitle\":")
+            Self.string(statement, 3, &out)
+            if status == .failed, sqlite3_column_type(statement, 15) != SQLITE_NULL {
+                out.raw(",\"error\":")
+                Self.string(statement, 15, &out)
+            }
+            out.raw(",\"id\":")
+            Self.string(statement, 0, &out)
+            out.raw(",\"originalImageKey\":")
+            Self.string(statement, 12, &out)
+            out.raw(",\"parameters\":")
+            // Most edits have none; the others are read as `HistoryReads.parameters` reads them.
+            if Self.text(statement, 13, { $0.elementsEqual("{}".utf8) }) ?? true {
+                out.raw("{}")
+            } else {
+                out.numbers(HistoryReads.parameters(Self.text(statement, 13) { String(decoding: $0, as: UTF8.self) }))
+            }
+            if appStatus == .processing {
+                out.raw(",\"progress\":")
+                out.number(sqlite3_column_double(statement, 6))
+            }
+            if sqlite3_column_type(statement, 4) != SQLITE_NULL {
+                out.raw(",\"prompt\":")
+                Self.string(statement, 4, &out)
+            }
+            heads.append(String(decoding: out.bytes, as: UTF8.self))
+            statuses.append(appStatus)
+            let completed = status == .completed
+            resultKeys.append(completed ? Self.text(statement, 10) { String(decoding: $0, as: UTF8.self) } ?? "" : "")
+            thumbnailKeys.append(completed ? Self.text(statement, 11) { String(decoding: $0, as: UTF8.self) } ?? "" : "")
+            if isLast { last = (createdAt, Self.text(statement, 0) { String(decoding: $0, as: UTF8.self) } ?? "") }
+        }
+
+        /// Column `index`'s text as `body` reads it, nil when NULL. Up to its first NUL byte, as
+        /// GRDB reads a `String` (`String(cString:)`), so that every route shows the same text.
+        /// A string is made of the head as a whole, which mends any invalid UTF-8 as a string of
+        /// each column did.
+        private static func text<T>(_ statement: SQLiteStatement, _ index: Int32, _ body: (UnsafeBufferPointer<UInt8>) -> T) -> T? {
+            guard sqlite3_column_type(statement, index) != SQLITE_NULL, let start = sqlite3_column_text(statement, index) else { return nil }
+            let count = Int(sqlite3_column_bytes(statement, index))
+            let buffer = UnsafeBufferPointer(start: start, count: count)
+            return body(UnsafeBufferPointer(rebasing: buffer[..<(buffer.firstIndex(of: 0) ?? count)]))
+        }
+
+        /// Column `index` as a JSON string (`""` when NULL, which no column written here is).
+        private static func string(_ statement: SQLiteStatement, _ index: Int32, _ out: inout JSONBytes) {
+            if text(statement, index, { out.string(utf8: $0) }) == nil { out.raw("\"\"") }
+        }
+    }
+}
