@@ -184,6 +184,12 @@ public struct JobsDatabase: Sendable {
             // table (the console opens on it). A job's creation never changes: written once.
             try db.execute(sql: "CREATE INDEX job_created ON job (createdAt, id)")
         }
+        migrator.registerMigration("v14: one index for jobs by image") { db in
+            // `job_by_image` (userId, imageKey) and `job_by_image_key` (imageKey) served the two
+            // questions asked of an image (does this user's other job use it; does any job use
+            // it): (imageKey, userId) answers both, and a creation writes one index fewer.
+            try db.execute(sql: "DROP INDEX job_by_image; DROP INDEX job_by_image_key; CREATE INDEX job_by_image_key ON job (imageKey, userId)")
+        }
         return migrator
     }
 }

@@ -150,6 +150,13 @@ public struct PostgresJobsStore: ReportingJobsStore {
         PostgresMigration("v9: jobs by creation", [
             "CREATE INDEX jobs_job_created ON jobs_job (created_at, id)",
         ]),
+        // (image_key, user_id) answers both questions asked of an image (does this user's other
+        // job use it; does any job use it), where two indexes did: a creation writes one fewer.
+        PostgresMigration("v10: one index for jobs by image", [
+            "DROP INDEX jobs_job_by_user_image",
+            "DROP INDEX jobs_job_by_image",
+            "CREATE INDEX jobs_job_by_image ON jobs_job (image_key, user_id)",
+        ]),
     ]
 
     // MARK: Any replica
