@@ -115,9 +115,11 @@ let package = Package(
             swiftSettings: crossModuleSettings
         ),
         // Threads of their own for blocking work, off the cooperative pool: `IOThread`, and
-        // `BatchThread`, a bounded queue served in batches (the group committer, the quota ledger).
+        // `BatchThread`, a bounded queue served in batches (the group committer, the quota ledger),
+        // and `ReadThreads`, a bounded queue served by a few threads (a store's reads).
         .target(
             name: "Threads",
+            dependencies: [.product(name: "DequeModule", package: "swift-collections")],
             path: "Shared/Threads",
             swiftSettings: crossModuleSettings
         ),

@@ -1,3 +1,4 @@
+import DequeModule
 import Dispatch
 import Foundation
 import Synchronization
@@ -21,36 +22,13 @@ public final class ReadThreads: Sendable {
     }
 
     private struct State {
-        var pending = Deque()
+        var pending = Deque<@Sendable () -> Void>()
         var running = 0
         /// Threads waiting for work that no `submit` has signalled yet.
         var idle = 0
         var closed = false
         /// `close()` callers waiting for the last thread to end.
         var ended: [CheckedContinuation<Void, Never>] = []
-    }
-
-    /// A first-in first-out queue of calls (an array and the index of its head).
-    private struct Deque {
-        var items: [@Sendable () -> Void] = []
-        var head = 0
-        var count: Int { items.count - head }
-
-        mutating func append(_ item: @escaping @Sendable () -> Void) { items.append(item) }
-
-        mutating func popFirst() -> (@Sendable () -> Void)? {
-            guard head < items.count else { return nil }
-            let item = items[head]
-            head += 1
-            if head == items.count {
-                items.removeAll(keepingCapacity: true)
-                head = 0
-            } else if head >= 64, head * 2 >= items.count {
-                items.removeFirst(head)
-                head = 0
-            }
-            return item
-        }
     }
 
     /// The threads' name (at most 15 bytes show in `top -H` and perf).
