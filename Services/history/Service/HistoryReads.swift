@@ -38,13 +38,17 @@ enum HistoryReads {
     static func page(_ fetched: [HistoryItem], total: Int, request: ListHistory, signer: TokenSigner) -> HistoryPage {
         let items = Array(fetched.prefix(request.limit))
         let hasMore = fetched.count > request.limit
-        let next = hasMore ? items.last.map {
-            PageCursor(createdAt: $0.createdAt.milliseconds, jobId: $0.jobId).seal(with: signer, userId: request.userId, scope: scope(of: request))
-        } : nil
+        let next = hasMore ? items.last.map { nextCursor(createdAt: $0.createdAt.milliseconds, jobId: $0.jobId, request: request, signer: signer) } : nil
         return HistoryPage(
             items: items, totalCount: total, hasMore: hasMore, nextCursor: next,
             sections: request.groupByMonth ? MonthSections.group(items, timeZone: request.timeZone, locale: request.locale) : nil
         )
+    }
+
+    /// The cursor of the page after one whose last item is (`createdAt`, `jobId`), bound to the
+    /// request's user and query.
+    static func nextCursor(createdAt: Int64, jobId: String, request: ListHistory, signer: TokenSigner) -> String {
+        PageCursor(createdAt: createdAt, jobId: jobId).seal(with: signer, userId: request.userId, scope: scope(of: request))
     }
 
     /// The sequence a changes request starts after (0 without a token); throws for a token not

@@ -1,7 +1,6 @@
 import Foundation
 import GRDB
 import GRDBSQLite
-import HistoryCore
 import Messages
 
 extension HistoryDatabase {
@@ -15,9 +14,7 @@ extension HistoryDatabase {
         let (written, total) = try await pageRows(request) { filter, db, limit, offset in
             try WrittenRows(filter.rows(db, limit: limit, offset: offset), limit: limit - 1)
         }
-        let next = written.hasMore ? written.last.map {
-            PageCursor(createdAt: $0.createdAt, jobId: $0.jobId).seal(with: signer, userId: request.userId, scope: HistoryReads.scope(of: request))
-        } : nil
+        let next = written.hasMore ? written.last.map { HistoryReads.nextCursor(createdAt: $0.createdAt, jobId: $0.jobId, request: request, signer: signer) } : nil
         return RenderedHistoryPage(
             heads: written.heads, statuses: written.statuses, resultKeys: written.resultKeys, thumbnailKeys: written.thumbnailKeys,
             totalCount: total, hasMore: written.hasMore, nextCursor: next, sections: nil
@@ -53,7 +50,7 @@ extension HistoryDatabase {
 
         /// The current row of `statement`, in `itemColumns`' order.
         private mutating func write(_ statement: SQLiteStatement, isLast: Bool) {
-            let status = JobStatus(rawValue: Self.text(statement, 5) { String(decoding: $0, as: UTF8.self) } ?? "") ?? .failed
+            let status = JobStatus(rawValue: Self.text(statement, 5) ?? "") ?? .failed
             let appStatus = HistoryStatus(status)
             let createdAt = sqlite3_column_int64(statement, 7)
             var out = JSONBytes(capacity: 512)
@@ -79,7 +76,7 @@ extension HistoryDatabase {
             if Self.text(statement, 13, { $0.elementsEqual("{}".utf8) }) ?? true {
                 out.raw("{}")
             } else {
-                out.numbers(HistoryReads.parameters(Self.text(statement, 13) { String(decoding: $0, as: UTF8.self) }))
+                out.numbers(HistoryReads.parameters(Self.text(statement, 13)))
             }
             if appStatus == .processing {
                 out.raw(",\"progress\":")
@@ -92,9 +89,9 @@ extension HistoryDatabase {
             heads.append(String(decoding: out.bytes, as: UTF8.self))
             statuses.append(appStatus)
             let completed = status == .completed
-            resultKeys.append(completed ? Self.text(statement, 10) { String(decoding: $0, as: UTF8.self) } ?? "" : "")
-            thumbnailKeys.append(completed ? Self.text(statement, 11) { String(decoding: $0, as: UTF8.self) } ?? "" : "")
-            if isLast { last = (createdAt, Self.text(statement, 0) { String(decoding: $0, as: UTF8.self) } ?? "") }
+            resultKeys.append(completed ? Self.text(statement, 10) ?? "" : "")
+            thumbnailKeys.append(completed ? Self.text(statement, 11) ?? "" : "")
+            if isLast { last = (createdAt, Self.text(statement, 0) ?? "") }
         }
 
         /// Column `index`'s text as `body` reads it, nil when NULL. Up to its first NUL byte, as
@@ -106,6 +103,11 @@ extension HistoryDatabase {
             let count = Int(sqlite3_column_bytes(statement, index))
             let buffer = UnsafeBufferPointer(start: start, count: count)
             return body(UnsafeBufferPointer(rebasing: buffer[..<(buffer.firstIndex(of: 0) ?? count)]))
+        }
+
+        /// Column `index`'s text as a string, nil when NULL.
+        private static func text(_ statement: SQLiteStatement, _ index: Int32) -> String? {
+            text(statement, index) { String(decoding: $0, as: UTF8.self) }
         }
 
         /// Column `index` as a JSON string (`""` when NULL, which no column written here is).
