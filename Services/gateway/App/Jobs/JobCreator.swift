@@ -79,9 +79,10 @@ struct JobCreator: Sendable {
     }
 
     /// With an `Idempotency-Key`, the job id is derived from (user, key): the same request sent
-    /// again names the same job, which is created and charged once.
+    /// again names the same job, which is created and charged once. Without one it is
+    /// time-ordered (`TimeOrderedID`), so new jobs land on the stores' last pages.
     static func jobId(user: String, idempotencyKey: String?) throws -> String {
-        guard let key = idempotencyKey else { return UUID().uuidString.lowercased() }
+        guard let key = idempotencyKey else { return TimeOrderedID.make() }
         guard (1...255).contains(key.utf8.count) else {
             throw Problem(.badRequest, detail: "Idempotency-Key must be 1 to 255 characters.")
         }
