@@ -75,7 +75,9 @@ extension HistoryDatabase {
             guard deletedCreatedAt != createdAt else { return false }
             try db.cachedStatement(sql: "DELETE FROM deletion WHERE jobId = ?").execute(arguments: [job.id])
         }
-        let existing = try Row.fetchOne(db.cachedStatement(sql: "SELECT version, status, userId FROM item WHERE jobId = ?"), arguments: [job.id])
+        let existing = try Row.fetchOne(
+            db.cachedStatement(sql: "SELECT version, status, userId, id, prompt, effectTitle FROM item WHERE jobId = ?"), arguments: [job.id]
+        )
         if let existing, (existing["version"] as Int) >= job.version { return false }
         let cost = HistoryReads.cost(of: job)
         let parameters = HistoryReads.json(job.parameters)
@@ -95,14 +97,21 @@ extension HistoryDatabase {
                     """
             ).execute(arguments: StatementArguments(values + [job.id]))
             batch.count(userId: existing["userId"], status: existing["status"], by: -1)
+            let id: Int64 = existing["id"], oldPrompt: String? = existing["prompt"], oldTitle: String = existing["effectTitle"]
+            if oldPrompt != job.prompt || oldTitle != event.effectTitle {
+                try SearchIndex.remove(db, id: id, prompt: oldPrompt, effectTitle: oldTitle)
+                try SearchIndex.add(db, id: id, prompt: job.prompt, effectTitle: event.effectTitle)
+            }
         } else {
+            let id = try batch.nextItemId(db)
             try db.cachedStatement(
                 sql: """
                     INSERT INTO item (userId, effectId, effectTitle, prompt, status, progress, createdAt, updatedAt, finishedAt,
                         resultKey, thumbnailKey, imageKey, parameters, cost, lastError, version, changeSequence, jobId, id)
                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     """
-            ).execute(arguments: StatementArguments(values + [job.id, try batch.nextItemId(db)]))
+            ).execute(arguments: StatementArguments(values + [job.id, id]))
+            try SearchIndex.add(db, id: id, prompt: job.prompt, effectTitle: event.effectTitle)
         }
         batch.count(userId: job.userId, status: job.status.rawValue, by: 1)
         return true

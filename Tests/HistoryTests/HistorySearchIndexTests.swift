@@ -1,0 +1,81 @@
+import Foundation
+import GRDB
+@testable import HistoryService
+import Messages
+import Testing
+
+/// The trigram index is kept by the writes themselves since v3 (no triggers): after inserts,
+/// events that change an item, a changed prompt and title, deletes and retention, the index holds
+/// exactly the items' text (FTS5's `integrity-check` against the item table) and searches find
+/// what the items say now.
+@Suite("History's search index kept by its writes", .timeLimit(.minutes(2)))
+struct HistorySearchIndexTests {
+    static func integrityCheck(_ queue: DatabaseQueue) async throws {
+        try await queue.write { db in try db.execute(sql: "INSERT INTO item_search (item_search, rank) VALUES ('integrity-check', 1)") }
+    }
+
+    @Test func theIndexMatchesTheItemsAfterEveryKindOfWrite() async throws {
+        var configuration = Configuration()
+        configuration.prepareDatabase(HistoryDatabase.prepare)
+        let queue = try DatabaseQueue(configuration: configuration)
+        // Given a database of v2, whose triggers kept the index, with an item in it
+        try HistoryDatabase.migrator.migrate(queue, upTo: "v2: items clustered by user, creation and job")
+        try await queue.write { db in
+            try db.execute(sql: """
+                INSERT INTO item (userId, effectId, effectTitle, prompt, status, progress, createdAt, updatedAt, resultKey, thumbnailKey,
+                    imageKey, parameters, cost, version, changeSequence, jobId, id)
+                VALUES ('u1', 'blur', 'Soft Focus', 'a lighthouse at dusk', 'completed', 1, ?, ?, 'results/r.jpg', 'thumbnails/t.jpg',
+                    'uploads/u.jpg', '{}', 1, 1, 1, 'old', 1)
+                """, arguments: [1_764_000_000_000, 1_764_000_000_000])
+            try db.execute(sql: "INSERT INTO item_count (userId, status, count) VALUES ('u1', 'completed', 1)")
+            try db.execute(sql: "UPDATE meta SET value = 1 WHERE key IN ('changeSequence', 'itemId')")
+        }
+        // When the service opens it, the triggers are gone and the item is still found
+        let database = try HistoryDatabase(queue, scanUpTo: 0)
+        #expect(try await queue.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger'") } == 0)
+        #expect(try await database.page(ListHistory(userId: "u1", query: "lighthouse")).items.map(\.jobId) == ["old"])
+
+        // And items inserted, then moved on by later events (same text), are found once each
+        let prompts = ["a sunset over the sea", "mountains at dawn", "the sea at night", "", "a red bicycle"]
+        _ = try await database.applyJobEvents((0..<20).map { index in
+            Events.job("j\(index)", status: .queued, prompt: index % 6 == 5 ? nil : prompts[index % prompts.count],
+                       createdAt: Events.epoch.addingTimeInterval(Double(index) * 60))
+        })
+        for version in 2...3 {
+            _ = try await database.applyJobEvents((0..<20).map { index in
+                Events.job("j\(index)", status: version == 3 ? .completed : .processing, version: version,
+                           prompt: index % 6 == 5 ? nil : prompts[index % prompts.count], createdAt: Events.epoch.addingTimeInterval(Double(index) * 60))
+            })
+        }
+        try await Self.integrityCheck(queue)
+        #expect(try await database.page(ListHistory(userId: "u1", limit: 100, query: "sea")).items.count == 6)
+
+        // And an event that changes an item's prompt and title moves its entry
+        _ = try await database.applyJobEvents([Events.job("j0", version: 4, prompt: "a snowy forest", effectId: "Winter Light")])
+        try await Self.integrityCheck(queue)
+        #expect(try await database.page(ListHistory(userId: "u1", query: "snowy")).items.map(\.jobId) == ["j0"])
+        #expect(try await database.page(ListHistory(userId: "u1", query: "winter light")).items.map(\.jobId) == ["j0"])
+        #expect(try await database.page(ListHistory(userId: "u1", limit: 100, query: "sunset")).items.map(\.jobId) == ["j15", "j10"])
+
+        // And deleted and expired items leave it
+        _ = try await database.deleteItem("j10", userId: "u1", now: Events.epoch)
+        _ = try await database.deleteItem("old", userId: "u1", now: Events.epoch)
+        #expect(try await database.deleteExpiredItems(userId: "u1", before: Events.epoch.addingTimeInterval(5 * 60 + 1), limit: 100, now: Events.epoch) == 6)
+        try await Self.integrityCheck(queue)
+        #expect(try await database.page(ListHistory(userId: "u1", limit: 100, query: "sunset")).items.map(\.jobId) == ["j15"])
+        #expect(try await database.page(ListHistory(userId: "u1", query: "lighthouse")).items.isEmpty)
+    }
+
+    /// The check can fail: an item whose entry is missing is reported.
+    @Test func theCheckFindsAMissingEntry() async throws {
+        var configuration = Configuration()
+        configuration.prepareDatabase(HistoryDatabase.prepare)
+        let queue = try DatabaseQueue(configuration: configuration)
+        let database = try HistoryDatabase(queue, scanUpTo: 0)
+        _ = try await database.applyJobEvents([Events.job("a", prompt: "a harbour")])
+        try await queue.write { db in
+            try HistoryDatabase.SearchIndex.remove(db, id: try Int64.fetchOne(db, sql: "SELECT id FROM item")!, prompt: "a harbour", effectTitle: "Soft Focus")
+        }
+        await #expect(throws: (any Error).self) { try await Self.integrityCheck(queue) }
+    }
+}
