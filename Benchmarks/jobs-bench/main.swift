@@ -16,7 +16,8 @@ func run(endpoint: String, blobDirectory: String, count: Int, effect: String, im
     try await blobs.put(key, from: .file(URL(fileURLWithPath: image)), metadata: BlobMetadata(owner: "bench", contentType: "image/jpeg"))
     try await withBusClient(.init(endpoint: endpoint, defaultTimeout: .seconds(30))) { client in
         let user = "bench-\(UUID().uuidString.prefix(8))"
-        let ids = (0..<count).map { _ in UUID().uuidString.lowercased() }
+        // Job ids as the gateway mints them (time-ordered).
+        let ids = (0..<count).map { _ in TimeOrderedID.make() }
 
         let start = ContinuousClock.now
         try await withThrowingTaskGroup(of: Void.self) { group in

@@ -17,7 +17,8 @@ func caller(client: BusClient, until deadline: ContinuousClock.Instant, users: I
     var tally = Tally()
     tally.latencies.reserveCapacity(100_000)
     while ContinuousClock.now < deadline {
-        let request = ReserveQuota(userId: "bench-user-\(Int.random(in: 0..<users))", jobId: UUID().uuidString)
+        // A job id as the gateway mints it (time-ordered).
+        let request = ReserveQuota(userId: "bench-user-\(Int.random(in: 0..<users))", jobId: TimeOrderedID.make())
         let started = ContinuousClock.now
         let decision = try await client.call(Quota.reserve, request)
         let elapsed = started.duration(to: .now)
