@@ -33,6 +33,8 @@ struct HistorySearchIndexTests {
         // When the service opens it, the triggers are gone and the item is still found
         let database = try HistoryDatabase(queue, scanUpTo: 0)
         #expect(try await queue.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger'") } == 0)
+        // And its writer keeps statement and savepoint journals in memory (`WriterJournalTests`)
+        #expect(try await database.write { db in try Int.fetchOne(db, sql: "PRAGMA temp_store") } == 2)
         #expect(try await database.page(ListHistory(userId: "u1", query: "lighthouse")).items.map(\.jobId) == ["old"])
 
         // And items inserted, then moved on by later events (same text), are found once each

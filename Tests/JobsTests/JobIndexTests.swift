@@ -26,4 +26,11 @@ struct JobIndexTests {
             }
         }
     }
+
+    /// Its writer keeps statement and savepoint journals in memory (`WriterJournalTests`).
+    @Test func theWriterKeepsItsJournalsInMemory() async throws {
+        let database = try JobsDatabase(try DatabaseQueue())
+        #expect(try await database.write { db in try Int.fetchOne(db, sql: "PRAGMA temp_store") } == 2)
+        await database.close()
+    }
 }

@@ -28,6 +28,7 @@ public struct HistoryDatabase: Sendable {
         reads = DatabaseReads(writer, name: "history-read")
         self.scanUpTo = scanUpTo
         try Self.migrator.migrate(writer)
+        try DurableDatabase.keepWriterJournalsInMemory(writer)
         let key = try writer.read { db in try Data.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'tokenKey'") }
         signer = TokenSigner(key: Array(key ?? Data()))
     }

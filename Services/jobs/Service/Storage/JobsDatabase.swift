@@ -25,6 +25,7 @@ public struct JobsDatabase: Sendable {
         reads = DatabaseReads(writer, name: "jobs-read")
         self.checkpointer = checkpointer
         try Self.migrator.migrate(writer)
+        try DurableDatabase.keepWriterJournalsInMemory(writer)
     }
 
     /// Runs `body` in the group committer's next transaction; returns once it is durable.

@@ -19,8 +19,8 @@ import Storage
 public struct QuotaDatabase: QuotaStore {
     /// The connection every table write goes through: on the ledger's thread (`engine`), the
     /// derived tables' checkpoints (`LedgerCheckpointer`), or the deletions of charges past the
-    /// idempotency window (`forget`). No one else sees it.
-    private let writer: any DatabaseWriter
+    /// idempotency window (`forget`). No one else sees it (tests read its settings).
+    let writer: any DatabaseWriter
     /// The plans, windows and checks.
     let ledger: QuotaLedger
     /// Decides in memory, in batches, durable before it answers.
@@ -60,6 +60,7 @@ public struct QuotaDatabase: QuotaStore {
             try db.execute(sql: "PRAGMA cache_size = -32768")
         }
         try migrator.migrate(pool)
+        try DurableDatabase.keepWriterJournalsInMemory(pool)
         let directory = path + "-ledger"
         let applied = try replay(directory: directory, into: pool, logger: logger)
         let log = try LedgerLog(directory: directory, nextSeq: applied + 1)
