@@ -3,7 +3,8 @@
 # (10,000), one of whom has $BIG_ITEMS (100,000); quota, history, jobs and the gateway built for
 # release; wrk at 32 connections against the gateway's /healthz (the baseline) and, through the
 # gateway, a typical user's first page, a cursor page deep in the large history, an offset page
-# at 5,000, and a substring search, all in the same run. STORE=postgres: the same history in a
+# at 5,000, and substring searches (a short history; the large one for a common phrase and for
+# a phrase of one item), all in the same run. STORE=postgres: the same history in a
 # PostgreSQL of its own too, a second stack on it running beside the SQLite one, and the ratio of
 # the two (`history-postgres/sqlite throughput ratio: ...`) with PostgreSQL's statements per
 # request. The two stacks are measured in turns, route by route, $BENCH_ROUNDS times (3, each
@@ -58,6 +59,7 @@ route_arguments() {
     offset) echo "-H|Authorization: Bearer $big|/api/v1/history?limit=50&offset=5000" ;;
     search) echo "-H|Authorization: Bearer $small|/api/v1/history?q=unset" ;;
     bigsearch) echo "-H|Authorization: Bearer $big|/api/v1/history?q=storm%20%231" ;;
+    raresearch) echo "-H|Authorization: Bearer $big|/api/v1/history?q=%2377777" ;;
   esac
 }
 
@@ -106,6 +108,7 @@ report() {
   row "offset page at 5,000 (user with $BIG_ITEMS)" "$(r offset)"
   row "search 'unset' (a user with ~90 items)" "$(r search)"
   row "search 'storm #1' (user with $BIG_ITEMS)" "$(r bigsearch)"
+  row "search '#77777', one item (user with $BIG_ITEMS)" "$(r raresearch)"
   ratio() { awk -v a="${1%% *}" -v b="${2%% *}" 'BEGIN { printf "%.2f", a/b }'; }
   echo "history/healthz throughput ratio$([ "$store" = postgres ] && echo " (postgres)"): first page $(ratio "$(r first)" "$healthz")  deep cursor page $(ratio "$(r deep)" "$healthz")  search $(ratio "$(r search)" "$healthz")"
 }
@@ -117,7 +120,7 @@ if [ "${STORE:-sqlite}" = postgres ]; then
   start_bench_postgres
   start_store sqlite
   start_store postgres
-  for route in healthz first deep offset search bigsearch; do measure_route "$route"; done
+  for route in healthz first deep offset search bigsearch raresearch; do measure_route "$route"; done
   report sqlite
   echo
   report postgres
@@ -127,6 +130,6 @@ if [ "${STORE:-sqlite}" = postgres ]; then
 else
   STORES=sqlite ROUNDS=${BENCH_ROUNDS:-1} DURATION=${BENCH_SECONDS:-10}
   start_store sqlite
-  for route in healthz first deep offset search bigsearch; do measure_route "$route"; done
+  for route in healthz first deep offset search bigsearch raresearch; do measure_route "$route"; done
   report sqlite
 fi

@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import HistoryCore
 @testable import HistoryService
 import Messages
 import Testing
@@ -79,5 +80,62 @@ struct HistorySearchIndexTests {
             try HistoryDatabase.SearchIndex.remove(db, id: try Int64.fetchOne(db, sql: "SELECT id FROM item")!, prompt: "a harbour", effectTitle: "Soft Focus")
         }
         await #expect(throws: (any Error).self) { try await Self.integrityCheck(queue) }
+    }
+
+    /// A long history searched through the index: from the matches when they are few (a rare
+    /// phrase), from the user's items when they are many; both orders answer the same pages and
+    /// counts, statuses and cursors included.
+    @Test func bothOrdersOfAnIndexSearchAnswerTheSame() async throws {
+        var configuration = Configuration()
+        configuration.prepareDatabase(HistoryDatabase.prepare)
+        let queue = try DatabaseQueue(configuration: configuration)
+        let database = try HistoryDatabase(queue, scanUpTo: 0)
+        let statuses: [JobStatus] = [.completed, .failed, .processing]
+        var events: [JobEvent] = []
+        for index in 0..<300 {
+            let prompt = index % 2 == 0 ? "a sunset over the sea" : "mountains at dawn"
+            let created = Events.epoch.addingTimeInterval(Double(index) * 60)
+            events.append(Events.job("u\(index)", user: index % 3 == 0 ? "u2" : "u1", status: statuses[index % 3], prompt: prompt, createdAt: created))
+        }
+        events.append(Events.job("rare", prompt: "a zebra crossing", createdAt: Events.epoch.addingTimeInterval(-60)))
+        _ = try await database.applyJobEvents(events)
+        let requests = [
+            ListHistory(userId: "u1", query: "zebra"), ListHistory(userId: "u2", query: "zebra"), ListHistory(userId: "u1", query: "sunset"),
+            ListHistory(userId: "u1", limit: 7, offset: 5, query: "sea"), ListHistory(userId: "u1", limit: 9, statuses: [.failed], query: "dawn"),
+        ]
+        try await queue.read { db in
+            // The rare phrase goes from its one match; the common one from the user's items.
+            for (query, fromMatches) in [("zebra", true), ("sunset", false)] {
+                var filter = HistoryDatabase.Filter(ListHistory(userId: "u1", query: query))
+                try filter.chooseIndexOrder(db, userItems: 201)
+                #expect(filter.fromMatches == fromMatches, "\(query)")
+                let (sql, arguments) = filter.clause(counting: false)
+                let plan = try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN SELECT jobId FROM item WHERE " + sql, arguments: StatementArguments(arguments))
+                    .map { $0["detail"] as String }.joined(separator: "; ")
+                #expect(plan.contains("(id=?)") == fromMatches, "\(query): \(plan)")
+            }
+            // Every request, and its cursor pages to the end, the same both ways.
+            for request in requests {
+                var answers: [[String]] = []
+                for fromMatches in [false, true] {
+                    var filter = HistoryDatabase.Filter(request)
+                    filter.fromMatches = fromMatches
+                    var pages = ["\(try filter.count(db))"]
+                    pages.append(try filter.items(db, limit: request.limit, offset: request.offset).map(\.jobId).joined(separator: ","))
+                    var last = try filter.items(db, limit: 10, offset: 0).last
+                    while let item = last {
+                        filter.after(PageCursor(createdAt: item.createdAt.milliseconds, jobId: item.jobId))
+                        let page = try filter.items(db, limit: 10, offset: 0)
+                        pages.append(page.map(\.jobId).joined(separator: ","))
+                        last = page.last
+                    }
+                    answers.append(pages)
+                }
+                #expect(answers[0] == answers[1], "\(request)")
+                #expect(answers[0].count > 2 || answers[0][0] == "0", "\(request): cursor pages were followed")
+            }
+        }
+        #expect(try await database.page(ListHistory(userId: "u1", query: "zebra")).items.map(\.jobId) == ["rare"])
+        #expect(try await database.page(ListHistory(userId: "u2", query: "zebra")).totalCount == 0)
     }
 }
