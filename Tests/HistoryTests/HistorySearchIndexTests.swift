@@ -56,6 +56,12 @@ struct HistorySearchIndexTests {
         // And an event that changes an item's prompt and title moves its entry
         _ = try await database.applyJobEvents([Events.job("j0", version: 4, prompt: "a snowy forest", effectId: "Winter Light")])
         try await Self.integrityCheck(queue)
+        // And a prompt with an embedded NUL is indexed, moved and removed whole
+        _ = try await database.applyJobEvents([Events.job("nul", prompt: "before\u{0}after the NUL", createdAt: Events.epoch.addingTimeInterval(86_400))])
+        _ = try await database.applyJobEvents([Events.job("nul", version: 2, prompt: "then\u{0}changed", createdAt: Events.epoch.addingTimeInterval(86_400))])
+        try await Self.integrityCheck(queue)
+        _ = try await database.deleteItem("nul", userId: "u1", now: Events.epoch)
+        try await Self.integrityCheck(queue)
         #expect(try await database.page(ListHistory(userId: "u1", query: "snowy")).items.map(\.jobId) == ["j0"])
         #expect(try await database.page(ListHistory(userId: "u1", query: "winter light")).items.map(\.jobId) == ["j0"])
         #expect(try await database.page(ListHistory(userId: "u1", limit: 100, query: "sunset")).items.map(\.jobId) == ["j15", "j10"])
@@ -77,7 +83,7 @@ struct HistorySearchIndexTests {
         let database = try HistoryDatabase(queue, scanUpTo: 0)
         _ = try await database.applyJobEvents([Events.job("a", prompt: "a harbour")])
         try await queue.write { db in
-            try HistoryDatabase.SearchIndex.remove(db, id: try Int64.fetchOne(db, sql: "SELECT id FROM item")!, prompt: "a harbour", effectTitle: "Soft Focus")
+            try HistoryDatabase.SearchIndex.remove(db, id: try Int64.fetchOne(db, sql: "SELECT id FROM item")!)
         }
         await #expect(throws: (any Error).self) { try await Self.integrityCheck(queue) }
     }

@@ -88,6 +88,11 @@ extension HistoryDatabase {
             parameters, cost, job.lastError, job.version, sequence,
         ]
         if let existing {
+            // The search entry moves only when its text changed (a job's prompt and title are
+            // set at its creation: in practice never).
+            let id: Int64 = existing["id"], oldPrompt: String? = existing["prompt"], oldTitle: String = existing["effectTitle"]
+            let reindex = oldPrompt != job.prompt || oldTitle != event.effectTitle
+            if reindex { try SearchIndex.remove(db, id: id) }
             try db.cachedStatement(
                 sql: """
                     UPDATE item SET userId = ?, effectId = ?, effectTitle = ?, prompt = ?, status = ?, progress = ?, createdAt = ?,
@@ -97,11 +102,7 @@ extension HistoryDatabase {
                     """
             ).execute(arguments: StatementArguments(values + [job.id]))
             batch.count(userId: existing["userId"], status: existing["status"], by: -1)
-            let id: Int64 = existing["id"], oldPrompt: String? = existing["prompt"], oldTitle: String = existing["effectTitle"]
-            if oldPrompt != job.prompt || oldTitle != event.effectTitle {
-                try SearchIndex.remove(db, id: id, prompt: oldPrompt, effectTitle: oldTitle)
-                try SearchIndex.add(db, id: id, prompt: job.prompt, effectTitle: event.effectTitle)
-            }
+            if reindex { try SearchIndex.add(db, id: id, prompt: job.prompt, effectTitle: event.effectTitle) }
         } else {
             let id = try batch.nextItemId(db)
             try db.cachedStatement(

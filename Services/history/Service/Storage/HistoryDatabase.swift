@@ -231,10 +231,13 @@ public struct HistoryDatabase: Sendable {
                 .execute(arguments: [id, prompt, effectTitle])
         }
 
-        /// `prompt` and `effectTitle` as the index holds them (the item's before the change).
-        static func remove(_ db: Database, id: Int64, prompt: String?, effectTitle: String) throws {
-            try db.cachedStatement(sql: "INSERT INTO item_search (item_search, rowid, prompt, effectTitle) VALUES ('delete', ?, ?, ?)")
-                .execute(arguments: [id, prompt, effectTitle])
+        /// Removes the entry of item `id`, before the item itself changes or goes: the index is
+        /// told the text it holds straight from the item's row (SQLite's value as it is; read
+        /// into Swift, text would end at an embedded NUL and no longer match).
+        static func remove(_ db: Database, id: Int64) throws {
+            try db.cachedStatement(sql: """
+                INSERT INTO item_search (item_search, rowid, prompt, effectTitle) SELECT 'delete', id, prompt, effectTitle FROM item WHERE id = ?
+                """).execute(arguments: [id])
         }
     }
 
@@ -261,8 +264,8 @@ public struct HistoryDatabase: Sendable {
     static func removeItem(_ db: Database, row: Row, now: Date) throws {
         let jobId: String = row["jobId"], userId: String = row["userId"], status: String = row["status"]
         let id: Int64 = row["id"]
+        try SearchIndex.remove(db, id: id)
         try db.execute(sql: "DELETE FROM item WHERE id = ?", arguments: [id])
-        try SearchIndex.remove(db, id: id, prompt: row["prompt"], effectTitle: row["effectTitle"])
         try adjustCount(db, userId: userId, status: status, by: -1)
         try db.execute(sql: "DELETE FROM share WHERE jobId = ?", arguments: [jobId])
         try db.execute(
