@@ -126,6 +126,7 @@ struct HistorySearchIndexTests {
                 for fromMatches in [false, true] {
                     var filter = HistoryDatabase.Filter(request)
                     filter.fromMatches = fromMatches
+                    if fromMatches { try filter.readMatchedKeys(db) }
                     var pages = ["\(try filter.count(db))"]
                     pages.append(try filter.items(db, limit: request.limit, offset: request.offset).map(\.jobId).joined(separator: ","))
                     var last = try filter.items(db, limit: 10, offset: 0).last

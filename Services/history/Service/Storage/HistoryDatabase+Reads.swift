@@ -113,6 +113,10 @@ extension HistoryDatabase {
         /// With the index: go from its matches (all users') to their items by id, rather than
         /// read the user's items and keep those among the matches. See `chooseIndexOrder`.
         var fromMatches = false
+        /// With `fromMatches`, once `readMatchedKeys` ran: the keys of the user's items among the
+        /// matches, newest first. The count and the page are taken from them, so each match is
+        /// looked up once a request, not once for the count and again for the page.
+        private(set) var matchedKeys: [PageCursor]?
 
         /// A match costs about this many of the user's rows read, when its item is looked up by
         /// id (by the id index, then the item table): 3.5 µs against 0.23 µs, measured on a
@@ -143,6 +147,23 @@ extension HistoryDatabase {
                 db.cachedStatement(sql: "SELECT COUNT(*) FROM item_search WHERE item_search MATCH ?"), arguments: [phrase]
             ) ?? 0
             fromMatches = matches * Self.lookupCostInRowsRead < userItems
+            if fromMatches { try readMatchedKeys(db) }
+        }
+
+        /// Reads `matchedKeys`: every item of the user (in the statuses) among the matches, by
+        /// id, ordered as pages are (creation time, then job id, as SQLite compares them: the
+        /// id's bytes).
+        mutating func readMatchedKeys(_ db: Database) throws {
+            let (sql, arguments) = clause(counting: true)
+            let keys = try Row.fetchAll(
+                db.cachedStatement(sql: "SELECT createdAt, jobId FROM item WHERE " + sql), arguments: StatementArguments(arguments)
+            ).map { PageCursor(createdAt: $0[0], jobId: $0[1]) }
+            matchedKeys = keys.sorted { Self.isBefore($1, $0) }
+        }
+
+        /// Whether `a` comes before `b` in (createdAt, jobId) order, as SQLite orders the rows.
+        static func isBefore(_ a: PageCursor, _ b: PageCursor) -> Bool {
+            a.createdAt != b.createdAt ? a.createdAt < b.createdAt : a.jobId.utf8.lexicographicallyPrecedes(b.jobId.utf8)
         }
 
         func clause(counting: Bool) -> (String, [(any DatabaseValueConvertible)?]) {
@@ -187,6 +208,7 @@ extension HistoryDatabase {
 
         func count(_ db: Database) throws -> Int {
             if query == nil { return try Self.storedCount(db, userId: userId, statuses: statuses) }
+            if let matchedKeys { return matchedKeys.count }
             let (sql, arguments) = clause(counting: true)
             return try Int.fetchOne(db.cachedStatement(sql: "SELECT COUNT(*) FROM item WHERE " + sql), arguments: StatementArguments(arguments)) ?? 0
         }
@@ -201,11 +223,32 @@ extension HistoryDatabase {
         /// The page's rows, `itemColumns` each, newest first, as the statement steps, and the
         /// statement (its current row is the cursor's).
         func rows(_ db: Database, limit: Int, offset: Int) throws -> (cursor: RowCursor, statement: Statement) {
+            if let matchedKeys { return try rows(db, of: matchedKeys, limit: limit, offset: offset) }
             let (sql, arguments) = clause(counting: false)
             let statement = try db.cachedStatement(
                 sql: "SELECT \(HistoryDatabase.itemColumns) FROM item WHERE " + sql + " ORDER BY createdAt DESC, jobId DESC LIMIT ? OFFSET ?"
             )
             return (try Row.fetchCursor(statement, arguments: StatementArguments(arguments + [limit, offset])), statement)
+        }
+
+        /// The page's rows out of `keys` (newest first): those after the cursor, from `offset`,
+        /// at most `limit`, each read by its primary key.
+        private func rows(_ db: Database, of keys: [PageCursor], limit: Int, offset: Int) throws -> (cursor: RowCursor, statement: Statement) {
+            let start = after.map { after in keys.firstIndex { Self.isBefore($0, after) } ?? keys.count } ?? 0
+            let page = keys.dropFirst(start + offset).prefix(limit)
+            var arguments: [(any DatabaseValueConvertible)?] = []
+            for key in page { arguments += [key.createdAt, key.jobId] }
+            arguments.append(userId)
+            // The keys first, each item then found by its primary key (`IN` over the keys made
+            // SQLite read the user's items instead). Up to a page of keys (101 at most): a
+            // statement of its own rather than one cached per length.
+            let keys = page.isEmpty ? "SELECT NULL AS column1, NULL AS column2 WHERE 0" : "VALUES " + page.map { _ in "(?, ?)" }.joined(separator: ", ")
+            let statement = try db.makeStatement(sql: """
+                SELECT \(HistoryDatabase.itemColumns) FROM (\(keys)) AS page
+                CROSS JOIN item ON item.userId = ? AND item.createdAt = page.column1 AND item.jobId = page.column2
+                ORDER BY item.createdAt DESC, item.jobId DESC
+                """)
+            return (try Row.fetchCursor(statement, arguments: StatementArguments(arguments)), statement)
         }
     }
 }
