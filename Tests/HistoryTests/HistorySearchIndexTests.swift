@@ -11,14 +11,19 @@ import Testing
 /// what the items say now.
 @Suite("History's search index kept by its writes", .timeLimit(.minutes(2)))
 struct HistorySearchIndexTests {
+    /// An empty database in memory, its connection prepared as the service's are.
+    static func queue() throws -> DatabaseQueue {
+        var configuration = Configuration()
+        configuration.prepareDatabase(HistoryDatabase.prepare)
+        return try DatabaseQueue(configuration: configuration)
+    }
+
     static func integrityCheck(_ queue: DatabaseQueue) async throws {
         try await queue.write { db in try db.execute(sql: "INSERT INTO item_search (item_search, rank) VALUES ('integrity-check', 1)") }
     }
 
     @Test func theIndexMatchesTheItemsAfterEveryKindOfWrite() async throws {
-        var configuration = Configuration()
-        configuration.prepareDatabase(HistoryDatabase.prepare)
-        let queue = try DatabaseQueue(configuration: configuration)
+        let queue = try Self.queue()
         // Given a database of v2, whose triggers kept the index, with an item in it
         try HistoryDatabase.migrator.migrate(queue, upTo: "v2: items clustered by user, creation and job")
         try await queue.write { db in
@@ -77,9 +82,7 @@ struct HistorySearchIndexTests {
 
     /// The check can fail: an item whose entry is missing is reported.
     @Test func theCheckFindsAMissingEntry() async throws {
-        var configuration = Configuration()
-        configuration.prepareDatabase(HistoryDatabase.prepare)
-        let queue = try DatabaseQueue(configuration: configuration)
+        let queue = try Self.queue()
         let database = try HistoryDatabase(queue, scanUpTo: 0)
         _ = try await database.applyJobEvents([Events.job("a", prompt: "a harbour")])
         try await queue.write { db in
@@ -92,9 +95,7 @@ struct HistorySearchIndexTests {
     /// phrase), from the user's items when they are many; both orders answer the same pages and
     /// counts, statuses and cursors included.
     @Test func bothOrdersOfAnIndexSearchAnswerTheSame() async throws {
-        var configuration = Configuration()
-        configuration.prepareDatabase(HistoryDatabase.prepare)
-        let queue = try DatabaseQueue(configuration: configuration)
+        let queue = try Self.queue()
         let database = try HistoryDatabase(queue, scanUpTo: 0)
         let statuses: [JobStatus] = [.completed, .failed, .processing]
         var events: [JobEvent] = []
