@@ -116,7 +116,8 @@ let package = Package(
         ),
         // Threads of their own for blocking work, off the cooperative pool: `IOThread`, and
         // `BatchThread`, a bounded queue served in batches (the group committer, the quota ledger),
-        // and `ReadThreads`, a bounded queue served by a few threads (a store's reads).
+        // and `BlockingThreads`, a bounded queue served by a few threads (a store's reads, a
+        // worker's libvips calls).
         .target(
             name: "Threads",
             dependencies: [.product(name: "DequeModule", package: "swift-collections")],

@@ -4,7 +4,7 @@ import GRDB
 import Threads
 
 /// A SQLite database's reads, each run whole on one of a few threads of the store's own
-/// (`ReadThreads`), with GRDB's blocking `read` (a pool's reader connection, one snapshot).
+/// (`BlockingThreads`), with GRDB's blocking `read` (a pool's reader connection, one snapshot).
 ///
 /// GRDB's async `read` went through its dispatch-queue actor and its reader pool's semaphore: with
 /// 32 pages asked at once and 5 readers, threads blocked on the semaphore, and its hops and
@@ -13,7 +13,7 @@ import Threads
 /// coming. The threads are at most the pool's readers, so no read waits for a connection.
 public struct DatabaseReads: Sendable {
     private let reader: any DatabaseReader
-    private let threads: ReadThreads
+    private let threads: BlockingThreads
 
     /// The threads a store's reads get by default: one a core, at most GRDB's default number of
     /// reader connections (5).
@@ -22,7 +22,7 @@ public struct DatabaseReads: Sendable {
     /// Reads of `reader` on up to `threads` threads named `name`, at most `maxQueued` waiting.
     public init(_ reader: any DatabaseReader, name: String, threads: Int = defaultThreads, maxQueued: Int = 10_000) {
         self.reader = reader
-        self.threads = ReadThreads(name: name, threads: threads, maxQueued: maxQueued)
+        self.threads = BlockingThreads(name: name, threads: threads, maxQueued: maxQueued)
     }
 
     /// `body` in a read-only transaction of its own; `overloaded` when `maxQueued` reads already
@@ -30,9 +30,9 @@ public struct DatabaseReads: Sendable {
     public func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
         do {
             return try await threads.run { [reader] in try reader.read(body) }
-        } catch ReadThreads.Refusal.full {
+        } catch BlockingThreads.Refusal.full {
             throw BusError(.overloaded, "\(threads.maxQueued) reads already waiting")
-        } catch ReadThreads.Refusal.closed {
+        } catch BlockingThreads.Refusal.closed {
             throw BusError(.unavailable, "the database is closing")
         }
     }

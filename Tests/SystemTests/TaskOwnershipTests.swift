@@ -46,10 +46,12 @@ struct TaskOwnershipTests {
             it ends after a second idle; its owner (the store) calls `close()`, which lets it \
             answer what is queued and awaits its end (`ClosedAtShutdown` in each service's main)
             """),
-        "Shared/Threads/ReadThreads.swift": (1, """
-            a store's read threads (`DatabaseReads`): started when a read finds every running one \
-            busy, each ends after a second idle; its owner (the store) calls `close()`, which lets \
-            them run what is queued and awaits their end (`ClosedAtShutdown` in each service's main)
+        "Shared/Threads/BlockingThreads.swift": (1, """
+            a store's read threads (`DatabaseReads`) and the worker's blocking pool (`BlockingPool`): \
+            started when a call finds every running one busy, each ends after it idles (a second; a \
+            minute in the worker); a store calls `close()`, which lets them run what is queued and \
+            awaits their end (`ClosedAtShutdown` in each service's main); the worker's is owned by \
+            its process, which has one
             """),
         "Shared/Storage/WALCheckpointer.swift": (1, """
             started by `WALCheckpointer.start` (not an init), ended and awaited by `close()`, \
@@ -58,10 +60,6 @@ struct TaskOwnershipTests {
         "Services/quota/Service/Storage/LedgerCheckpointer.swift": (1, """
             started by changes to write into the tables, it ends once the tables hold them all; \
             what it has not written is in the ledger's log, read again at the next start
-            """),
-        "Services/jobs/Worker/BlockingPool.swift": (1, """
-            the worker's fixed pool for libvips and file copies (one per core), started on first \
-            use and kept for the process's life: owned by the process, which has one
             """),
         "Shared/Bus/BusClient.swift": (1, """
             the client's I/O loop, run by `IOThread.run` from the client's `run()`, which awaits it

@@ -9,8 +9,8 @@ import Testing
 import TestSupport
 import Threads
 
-@Suite("Read threads", .timeLimit(.minutes(2)))
-struct ReadThreadsTests {
+@Suite("Blocking threads", .timeLimit(.minutes(2)))
+struct BlockingThreadsTests {
     /// The calls running at once now, and the most seen.
     final class Inside: Sendable {
         let now = Atomic<Int>(0)
@@ -18,7 +18,7 @@ struct ReadThreadsTests {
     }
 
     @Test func callsRunOnAtMostTheirThreadsAndEveryOneIsAnswered() async throws {
-        let threads = ReadThreads(name: "test-read", threads: 2, maxQueued: 16)
+        let threads = BlockingThreads(name: "test-read", threads: 2, maxQueued: 16)
         let gate = DispatchSemaphore(value: 0)
         let calls = Inside()
         try await withThrowingTaskGroup(of: Int.self) { group in
@@ -47,7 +47,7 @@ struct ReadThreadsTests {
     }
 
     @Test func pastMaxQueuedACallIsRefusedAndIdleThreadsEnd() async throws {
-        let threads = ReadThreads(name: "test-read", threads: 1, maxQueued: 2, idleTimeout: .milliseconds(50))
+        let threads = BlockingThreads(name: "test-read", threads: 1, maxQueued: 2, idleTimeout: .milliseconds(50))
         let gate = DispatchSemaphore(value: 0)
         let answered = Atomic<Int>(0)
         let call: @Sendable () -> Void = {
@@ -69,7 +69,7 @@ struct ReadThreadsTests {
     }
 
     @Test func closeRunsWhatIsQueuedThenRefuses() async throws {
-        let threads = ReadThreads(name: "test-read", threads: 1, maxQueued: 8)
+        let threads = BlockingThreads(name: "test-read", threads: 1, maxQueued: 8)
         let gate = DispatchSemaphore(value: 0)
         let ran = Mutex<[Int]>([])
         let started = Atomic<Bool>(false)
@@ -85,13 +85,13 @@ struct ReadThreadsTests {
         }
         #expect(ran.withLock { $0 } == [0, 1, 2, 3, 4], "in the order queued")
         #expect(threads.running == 0)
-        await #expect(throws: ReadThreads.Refusal.closed) { try await threads.run { 1 } }
+        await #expect(throws: BlockingThreads.Refusal.closed) { try await threads.run { 1 } }
     }
 
     /// Many calls from many tasks, with threads that end after a millisecond idle: a thread
     /// timing out as a call arrives must neither lose the call nor keep a wake-up meant for another.
     @Test func noCallIsLostWhileThreadsComeAndGo() async throws {
-        let threads = ReadThreads(name: "test-read", threads: 3, maxQueued: 10_000, idleTimeout: .milliseconds(1))
+        let threads = BlockingThreads(name: "test-read", threads: 3, maxQueued: 10_000, idleTimeout: .milliseconds(1))
         for wave in 0..<20 {
             let total = try await withThrowingTaskGroup(of: Int.self) { group in
                 for value in 0..<(50 + wave * 10) {

@@ -3,16 +3,18 @@ import Dispatch
 import Foundation
 import Synchronization
 
-/// A bounded queue of blocking calls (a database's reads) served by up to `threads` threads of
-/// its own, never the cooperative pool: each call runs alone on one of them, the queue in order.
+/// A bounded queue of blocking calls served by up to `threads` threads of its own, never the
+/// cooperative pool: each call runs alone on one of them, the queue in order. A store's reads
+/// (`DatabaseReads`) and a worker's libvips calls and file copies (`BlockingPool`) run on it.
 ///
 /// A thread starts when a call finds every running thread busy, and ends after `idleTimeout`
 /// without work, so an idle process holds no thread. A thread that finishes a call takes the next
 /// one queued without sleeping, so a busy queue costs no wake-up per call.
 ///
-/// Its owner is the object that makes it (a store): that object's `close()` calls `close()` here,
-/// which refuses new calls, lets the threads run what is queued and returns once they have ended.
-public final class ReadThreads: Sendable {
+/// Its owner is the object that makes it (a store, the worker process): a store's `close()` calls
+/// `close()` here, which refuses new calls, lets the threads run what is queued and returns once
+/// they have ended.
+public final class BlockingThreads: Sendable {
     /// Why a call was not queued.
     public enum Refusal: Error, Sendable {
         /// `maxQueued` calls are already waiting.
