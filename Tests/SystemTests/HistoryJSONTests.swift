@@ -153,6 +153,52 @@ struct HistoryJSONTests {
         }
     }
 
+    /// `JSONBytes.string` looks at eight bytes at a time: every byte it must escape, at every
+    /// place in a word and in the tail, among ASCII and multi-byte text, is escaped as a byte by
+    /// byte writer does it, and the text reads back.
+    @Test func escapesAreFoundWhereverTheyFallInALongText() throws {
+        func reference(_ text: String) -> [UInt8] {
+            var out: [UInt8] = [UInt8(ascii: "\"")]
+            for byte in text.utf8 {
+                switch byte {
+                case UInt8(ascii: "\""): out += Array(#"\""#.utf8)
+                case UInt8(ascii: "\\"): out += Array(#"\\"#.utf8)
+                case 0x0A: out += Array(#"\n"#.utf8)
+                case 0x0D: out += Array(#"\r"#.utf8)
+                case 0x09: out += Array(#"\t"#.utf8)
+                case 0x08: out += Array(#"\b"#.utf8)
+                case 0x0C: out += Array(#"\f"#.utf8)
+                case 0..<0x20: out += Array(String(format: "\\u%04x", byte).utf8)
+                default: out.append(byte)
+                }
+            }
+            return out + [UInt8(ascii: "\"")]
+        }
+        let specials: [Character] = ["\"", "\\", "\n", "\u{0}", "\u{1F}", "\t"]
+        let fillers = ["a", "é", "漢", "🎨", "~", " ", "!", "#", "[", "]", "\u{7F}"]
+        var texts: [String] = []
+        for length in 0..<40 {
+            for filler in fillers {
+                let plain = String(repeating: filler, count: length)
+                texts.append(plain)
+                for special in specials {
+                    for position in stride(from: 0, through: length, by: max(1, length / 7)) {
+                        var characters = Array(plain)
+                        characters.insert(special, at: min(position, characters.count))
+                        texts.append(String(characters))
+                    }
+                }
+            }
+        }
+        for text in texts {
+            var out = JSONBytes()
+            out.string(text)
+            #expect(out.bytes == reference(text), "\(text.debugDescription)")
+            let back = try JSONSerialization.jsonObject(with: Data(out.bytes), options: .fragmentsAllowed) as? String
+            #expect(back == text)
+        }
+    }
+
     @Test func aPageGroupedByMonthSignsEachKeyOnceAndDecodesAsThePage() async throws {
         let (links, root) = try await Self.links()
         defer { try? FileManager.default.removeItem(at: root) }
