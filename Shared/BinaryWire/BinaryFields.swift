@@ -60,6 +60,12 @@ public struct BinaryFieldWriter {
         writer.close(downTo: depth)
     }
 
+    public mutating func write(_ name: StaticString, _ values: [Int]) {
+        let depth = openArray(name)
+        for value in values { writer.write(Int64(value)) }
+        writer.close(downTo: depth)
+    }
+
     /// A dictionary of numbers (an effect's parameters), as its `Codable` form writes it: a keyed
     /// container of its keys, in the dictionary's order. (Through `Codable`, an empty one cost a
     /// generic container and metadata lookups in every job's messages.)
@@ -223,6 +229,12 @@ public struct BinaryFieldValue {
         var strings: [String] = []
         try forEachElement { offset, end in strings.append(try reader.decodeString(at: offset, limit: end, codingPath: codingPath)) }
         return strings
+    }
+
+    public func decode(_ type: [Int].Type) throws -> [Int] {
+        var values: [Int] = []
+        try forEachElement { offset, end in values.append(try reader.decodeInteger(Int.self, at: offset, limit: end, codingPath: codingPath)) }
+        return values
     }
 
     public func decode<T: BinaryStringEnum>(_ type: [T].Type) throws -> [T] {

@@ -53,7 +53,7 @@ struct HistoryRenderedPageTests {
             #expect(written == RenderedHistoryPage(try await database.page(request)), "\(request)")
         }
         // The pages were not empty: every status, the escapes and the NUL's truncation are in them.
-        let all = try await database.renderedPage(ListHistory(userId: "u1", limit: 100)).heads.joined()
+        let all = try await database.renderedPage(ListHistory(userId: "u1", limit: 100)).headText
         #expect(all.contains(#""error":"provider said \"no\"\n(8)""#))
         #expect(all.contains(#""prompt":"before""#) && !all.contains("after the NUL"))
         #expect(all.contains(#""prompt":"control \u0001\u001f bytes""#))

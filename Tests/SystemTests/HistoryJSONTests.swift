@@ -153,6 +153,29 @@ struct HistoryJSONTests {
         }
     }
 
+    /// A page's heads travel as one text with each head's end. Text that is not UTF-8 (a damaged
+    /// database's) is mended head by head, and the ends still cut the text into the mended heads.
+    @Test func headsWithInvalidUTF8AreMendedAndTheirEndsStillCutThem() {
+        let raw: [[UInt8]] = [Array(#"{"id":"a""#.utf8), [0x7B, 0xFF, 0xC3], Array(#"{"id":"é""#.utf8), [0xE2, 0x82], []]
+        var heads = RenderedHistoryPage.Heads(capacity: raw.count)
+        for bytes in raw { heads.write { out in bytes.withUnsafeBufferPointer { out.json(utf8: $0) } } }
+        let (text, ends) = heads.finish()
+        let page = RenderedHistoryPage(
+            headText: text, headEnds: ends, statuses: Array(repeating: .completed, count: raw.count), resultKeys: Array(repeating: "", count: raw.count),
+            thumbnailKeys: Array(repeating: "", count: raw.count), totalCount: raw.count, hasMore: false, nextCursor: nil, sections: nil
+        )
+        #expect(page.isWellFormed)
+        let utf8 = Array(text.utf8)
+        for (index, bytes) in raw.enumerated() {
+            #expect(Array(utf8[page.headRange(index)]) == Array(String(decoding: bytes, as: UTF8.self).utf8), "head \(index)")
+        }
+        // Valid text is taken as it is.
+        var valid = RenderedHistoryPage.Heads(capacity: 2)
+        valid.write { $0.string("é") }
+        valid.write { $0.raw("{}") }
+        #expect(valid.finish().text == "\"é\"{}" && valid.finish().ends == [4, 6])
+    }
+
     /// `JSONBytes.string` looks at eight bytes at a time: every byte it must escape, at every
     /// place in a word and in the tail, among ASCII and multi-byte text, is escaped as a byte by
     /// byte writer does it, and the text reads back.
@@ -230,6 +253,13 @@ struct HistoryJSONTests {
         broken.statuses.removeLast()
         var refused = HistoryJSON(links: links)
         #expect(throws: BusError.self) { try refused.page(broken) }
+        // Nor one whose heads end past their text, or go back
+        var overrun = RenderedHistoryPage(page)
+        overrun.headEnds[overrun.count - 1] = overrun.headText.utf8.count + 1
+        #expect(throws: BusError.self) { try refused.page(overrun) }
+        var backwards = RenderedHistoryPage(page)
+        backwards.headEnds[0] = backwards.headEnds[1] + 1
+        #expect(throws: BusError.self) { try refused.page(backwards) }
     }
 
     /// `exp` and `sig` of a `/files` URL.

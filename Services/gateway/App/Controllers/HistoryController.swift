@@ -25,7 +25,7 @@ struct HistoryController<Context: GatewayRequestContext>: Sendable {
                 list.locale = HistoryQuery.language(request.headers[.acceptLanguage])
             }
             let page = try await clients.call(.history, History.page, list)
-            return try HistoryJSON.response(links: links, capacity: 512 + page.heads.count * 1024) { try $0.page(page) }
+            return try HistoryJSON.response(links: links, capacity: 512 + page.headText.utf8.count + page.count * 512) { try $0.page(page) }
         }
         router.get("/api/v1/history/changes") { request, context in
             let caller = context.caller

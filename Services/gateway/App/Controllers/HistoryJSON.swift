@@ -38,31 +38,33 @@ struct HistoryJSON {
     /// `{hasMore, items, nextCursor?, sections?, totalCount}`. Throws for a page whose lists do
     /// not line up (history never sends one).
     mutating func page(_ page: RenderedHistoryPage) throws {
-        let count = page.heads.count
-        guard page.statuses.count == count, page.resultKeys.count == count, page.thumbnailKeys.count == count else {
-            throw BusError(.internal, "history answered a page whose item lists differ in length")
+        guard page.isWellFormed else {
+            throw BusError(.internal, "history answered a page whose item lists differ in length or whose heads overrun their text")
         }
-        out.raw("{\"hasMore\":")
-        out.bool(page.hasMore)
-        out.raw(",\"items\":")
-        items(page, page.heads.indices)
-        if let cursor = page.nextCursor {
-            out.raw(",\"nextCursor\":")
-            out.string(cursor)
-        }
-        if let sections = page.sections {
-            out.raw(",\"sections\":[")
-            for (index, section) in sections.enumerated() {
-                if index > 0 { out.raw(",") }
-                out.raw("{\"items\":")
-                items(page, section.items.filter { page.heads.indices.contains($0) })
-                out.raw(",\"month\":")
-                out.string(section.month)
-                out.raw(",\"title\":")
-                out.string(section.title)
-                out.raw("}")
+        var text = page.headText
+        text.withUTF8 { heads in
+            out.raw("{\"hasMore\":")
+            out.bool(page.hasMore)
+            out.raw(",\"items\":")
+            items(page, heads, 0..<page.count)
+            if let cursor = page.nextCursor {
+                out.raw(",\"nextCursor\":")
+                out.string(cursor)
             }
-            out.raw("]")
+            if let sections = page.sections {
+                out.raw(",\"sections\":[")
+                for (index, section) in sections.enumerated() {
+                    if index > 0 { out.raw(",") }
+                    out.raw("{\"items\":")
+                    items(page, heads, section.items.filter { (0..<page.count).contains($0) })
+                    out.raw(",\"month\":")
+                    out.string(section.month)
+                    out.raw(",\"title\":")
+                    out.string(section.title)
+                    out.raw("}")
+                }
+                out.raw("]")
+            }
         }
         out.raw(",\"totalCount\":")
         out.integer(page.totalCount)
@@ -103,13 +105,14 @@ struct HistoryJSON {
         HistoryItem.writeTail(&out, status: item.appStatus, resultURL: url(keys.result), thumbnailURL: url(keys.thumbnail))
     }
 
-    private mutating func items(_ page: RenderedHistoryPage, _ indexes: some Sequence<Int>) {
+    /// The items at `indexes`, their heads cut from `heads` (`page.headText`'s bytes).
+    private mutating func items(_ page: RenderedHistoryPage, _ heads: UnsafeBufferPointer<UInt8>, _ indexes: some Sequence<Int>) {
         out.raw("[")
         var first = true
         for index in indexes {
             if !first { out.raw(",") }
             first = false
-            out.json(page.heads[index])
+            out.json(utf8: UnsafeBufferPointer(rebasing: heads[page.headRange(index)]))
             HistoryItem.writeTail(
                 &out, status: page.statuses[index], resultURL: url(page.resultKeys[index]), thumbnailURL: url(page.thumbnailKeys[index])
             )

@@ -15,8 +15,9 @@ extension HistoryDatabase {
             try WrittenRows(filter.rows(db, limit: limit, offset: offset), limit: limit - 1)
         }
         let next = written.hasMore ? written.last.map { HistoryReads.nextCursor(createdAt: $0.createdAt, jobId: $0.jobId, request: request, signer: signer) } : nil
+        let (text, ends) = written.heads.finish()
         return RenderedHistoryPage(
-            heads: written.heads, statuses: written.statuses, resultKeys: written.resultKeys, thumbnailKeys: written.thumbnailKeys,
+            headText: text, headEnds: ends, statuses: written.statuses, resultKeys: written.resultKeys, thumbnailKeys: written.thumbnailKeys,
             totalCount: total, hasMore: written.hasMore, nextCursor: next, sections: nil
         )
     }
@@ -25,7 +26,7 @@ extension HistoryDatabase {
     /// (`HistoryItem.writeHead`, the app status, the keys linked once completed), and whether a
     /// row followed them.
     struct WrittenRows: Sendable {
-        var heads: [String] = []
+        var heads: RenderedHistoryPage.Heads
         var statuses: [HistoryStatus] = []
         var resultKeys: [String] = []
         var thumbnailKeys: [String] = []
@@ -34,7 +35,7 @@ extension HistoryDatabase {
         var last: (createdAt: Int64, jobId: String)?
 
         init(_ rows: (cursor: RowCursor, statement: Statement), limit: Int) throws {
-            heads.reserveCapacity(limit)
+            heads = .init(capacity: limit)
             statuses.reserveCapacity(limit)
             resultKeys.reserveCapacity(limit)
             thumbnailKeys.reserveCapacity(limit)
@@ -53,24 +54,32 @@ extension HistoryDatabase {
             let status = JobStatus(rawValue: Self.text(statement, 5) ?? "") ?? .failed
             let appStatus = HistoryStatus(status)
             let createdAt = sqlite3_column_int64(statement, 7)
-            var out = JSONBytes(capacity: 512)
-            // The head, key by key as `HistoryItem.writeHead` writes it.
+            heads.write { out in Self.writeHead(statement, status: status, appStatus: appStatus, createdAt: createdAt, &out) }
+            statuses.append(appStatus)
+            let completed = status == .completed
+            resultKeys.append(completed ? Self.text(statement, 10) ?? "" : "")
+            thumbnailKeys.append(completed ? Self.text(statement, 11) ?? "" : "")
+            if isLast { last = (createdAt, Self.text(statement, 0) ?? "") }
+        }
+
+        /// The head, key by key as `HistoryItem.writeHead` writes it.
+        private static func writeHead(_ statement: SQLiteStatement, status: JobStatus, appStatus: HistoryStatus, createdAt: Int64, _ out: inout JSONBytes) {
             out.raw("{\"createdAt\":")
             out.date(Date(milliseconds: createdAt))
             out.raw(",\"credits\":")
             out.integer(Int(sqlite3_column_int64(statement, 14)))
             out.raw(",\"effectId\":")
-            Self.string(statement, 2, &out)
+            string(statement, 2, &out)
             out.raw(",\"effectTitle\":")
-            Self.string(statement, 3, &out)
+            string(statement, 3, &out)
             if status == .failed, sqlite3_column_type(statement, 15) != SQLITE_NULL {
                 out.raw(",\"error\":")
-                Self.string(statement, 15, &out)
+                string(statement, 15, &out)
             }
             out.raw(",\"id\":")
-            Self.string(statement, 0, &out)
+            string(statement, 0, &out)
             out.raw(",\"originalImageKey\":")
-            Self.string(statement, 12, &out)
+            string(statement, 12, &out)
             out.raw(",\"parameters\":")
             // Most edits have none; the others are read as `HistoryReads.parameters` reads them.
             if Self.text(statement, 13, { $0.elementsEqual("{}".utf8) }) ?? true {
@@ -84,20 +93,14 @@ extension HistoryDatabase {
             }
             if sqlite3_column_type(statement, 4) != SQLITE_NULL {
                 out.raw(",\"prompt\":")
-                Self.string(statement, 4, &out)
+                string(statement, 4, &out)
             }
-            heads.append(String(decoding: out.bytes, as: UTF8.self))
-            statuses.append(appStatus)
-            let completed = status == .completed
-            resultKeys.append(completed ? Self.text(statement, 10) ?? "" : "")
-            thumbnailKeys.append(completed ? Self.text(statement, 11) ?? "" : "")
-            if isLast { last = (createdAt, Self.text(statement, 0) ?? "") }
         }
 
         /// Column `index`'s text as `body` reads it, nil when NULL. Up to its first NUL byte, as
         /// GRDB reads a `String` (`String(cString:)`), so that every route shows the same text.
-        /// A string is made of the head as a whole, which mends any invalid UTF-8 as a string of
-        /// each column did.
+        /// The page's text mends any invalid UTF-8 head by head (`RenderedHistoryPage.Heads`), as
+        /// a string of each column did.
         private static func text<T>(_ statement: SQLiteStatement, _ index: Int32, _ body: (UnsafeBufferPointer<UInt8>) -> T) -> T? {
             guard sqlite3_column_type(statement, index) != SQLITE_NULL, let start = sqlite3_column_text(statement, index) else { return nil }
             let count = Int(sqlite3_column_bytes(statement, index))
