@@ -16,6 +16,11 @@ import Storage
 //     migrated as the history service migrates it; written by set-based SQL (a million items
 //     through the store's per-event method would take most of an hour), counts and change
 //     numbers included, as the store keeps them.
+//   history-bench events PATH JOBS
+//     applies the events of JOBS jobs' whole lives (queued, processing, two progress steps,
+//     completed: one insert and four updates each) through HistoryDatabase's method for job
+//     events, in deliveries of 200 events from jobs running side by side, as jobs' outbox
+//     delivers them; prints the events applied per second, inserts and updates apart.
 //   history-bench token SECRET SUB
 //     prints an HS256 token for SUB, valid one hour.
 
@@ -98,6 +103,40 @@ func fillPostgres(url: String, users: Int, items: Int, bigItems: Int) async thro
     print("filled \(items) items for \(users) users in PostgreSQL in \(started.duration(to: .now))")
 }
 
+func events(path: String, jobs: Int) async throws {
+    let database = try HistoryDatabase.open(path: path)
+    let start = Date()
+    // 50 jobs at a time, each through its five states: a delivery holds four events of each.
+    let steps: [(JobStatus, Double)] = [(.queued, 0), (.processing, 0), (.processing, 0.3), (.processing, 0.7), (.completed, 1)]
+    var inserts: Duration = .zero, updates: Duration = .zero
+    var insertCount = 0, updateCount = 0
+    var random = SystemRandomNumberGenerator()
+    for group in stride(from: 0, to: jobs, by: 50) {
+        // A job's prompt and title stay as created, as they do in jobs.
+        let created = (group..<min(jobs, group + 50)).map { index in
+            (index, event(index: index, user: String(format: "user-%05d", index % 1000), createdAt: start.addingTimeInterval(Double(index)), random: &random))
+        }
+        for (step, (status, progress)) in steps.enumerated() {
+            let delivery = created.map { index, first in
+                var next = first
+                next.job.status = status
+                next.job.progress = progress
+                next.job.version = step + 1
+                next.job.updatedAt = start.addingTimeInterval(Double(index + step))
+                if status != .completed { (next.job.resultKey, next.job.thumbnailKey, next.job.finishedAt) = (nil, nil, nil) }
+                return next
+            }
+            let began = ContinuousClock.now
+            _ = try await database.applyJobEvents(delivery)
+            if step == 0 { inserts += began.duration(to: .now); insertCount += delivery.count } else { updates += began.duration(to: .now); updateCount += delivery.count }
+        }
+    }
+    func rate(_ count: Int, _ time: Duration) -> String {
+        String(format: "%.0f", Double(count) / (Double(time.components.seconds) + Double(time.components.attoseconds) / 1e18))
+    }
+    print("history events: \(insertCount) inserts at \(rate(insertCount, inserts))/s, \(updateCount) updates at \(rate(updateCount, updates))/s")
+}
+
 struct Claims: JWTPayload {
     var sub: SubjectClaim
     var exp: ExpirationClaim
@@ -116,9 +155,11 @@ case "fill" where arguments.count == 6:
     try await fill(path: arguments[2], users: Int(arguments[3]) ?? 10_000, items: Int(arguments[4]) ?? 1_000_000, bigItems: Int(arguments[5]) ?? 100_000)
 case "fill-postgres" where arguments.count == 6:
     try await fillPostgres(url: arguments[2], users: Int(arguments[3]) ?? 10_000, items: Int(arguments[4]) ?? 1_000_000, bigItems: Int(arguments[5]) ?? 100_000)
+case "events" where arguments.count == 4:
+    try await events(path: arguments[2], jobs: Int(arguments[3]) ?? 20_000)
 case "token" where arguments.count == 4:
     try await token(secret: arguments[2], sub: arguments[3])
 default:
-    print("usage: history-bench fill PATH USERS ITEMS BIG_ITEMS | history-bench fill-postgres URL USERS ITEMS BIG_ITEMS | history-bench token SECRET SUB")
+    print("usage: history-bench fill PATH USERS ITEMS BIG_ITEMS | history-bench events PATH JOBS | history-bench fill-postgres URL USERS ITEMS BIG_ITEMS | history-bench token SECRET SUB")
     exit(2)
 }

@@ -120,6 +120,34 @@ struct HistoryEventsTests {
         }
     }
 
+    /// An event updates its item in place, unless it names another creation time or user for the
+    /// job (SQLite's update then moves the row, which it otherwise leaves where it is).
+    @Test(arguments: HistoryBackend.allCases) func aJobSeenUnderAnotherCreationTimeOrUserMovesItsItem(backend: HistoryBackend) async throws {
+        try await withHistoryStore(backend) { database in
+            // Given two items of alice's
+            let earlier = Events.epoch.addingTimeInterval(-60), earliest = Events.epoch.addingTimeInterval(-120)
+            _ = try await database.applyJobEvents([
+                Events.job("old", user: "alice", createdAt: earlier), Events.job("j1", user: "alice", status: .processing, version: 1),
+            ])
+            // When a later event of j1 moves it back in time
+            _ = try await database.applyJobEvents([Events.job("j1", user: "alice", status: .processing, version: 2, createdAt: earliest)])
+            // Then her page lists it after the other, at its new time
+            let moved = try await database.page(ListHistory(userId: "alice"))
+            #expect(moved.items.map(\.jobId) == ["old", "j1"])
+            #expect(moved.items.last?.createdAt == earliest)
+            // And when the next names another user, it is theirs alone, counted once
+            _ = try await database.applyJobEvents([Events.job("j1", user: "bob", status: .completed, version: 3, createdAt: earliest)])
+            let alices = try await database.page(ListHistory(userId: "alice")), bobs = try await database.page(ListHistory(userId: "bob"))
+            #expect(alices.items.map(\.jobId) == ["old"] && alices.totalCount == 1)
+            #expect(bobs.items.map(\.jobId) == ["j1"] && bobs.totalCount == 1 && bobs.items.first?.status == .completed)
+            #expect(try await database.item("j1", userId: "alice") == nil)
+            // And an ordinary event after that updates it where it is
+            _ = try await database.applyJobEvents([Events.job("j1", user: "bob", status: .completed, version: 4, prompt: "a new prompt", createdAt: earliest)])
+            #expect(try await database.item("j1", userId: "bob")?.prompt == "a new prompt")
+            #expect(try await database.page(ListHistory(userId: "bob", query: "new prompt")).items.map(\.jobId) == ["j1"])
+        }
+    }
+
     @Test(arguments: HistoryBackend.allCases) func aDeleteQueuesOnePurgeForJobs(backend: HistoryBackend) async throws {
         try await withHistoryStore(backend) { database in
             _ = try await database.applyJobEvents([Events.job("j1"), Events.job("j2")])

@@ -68,6 +68,15 @@ extension HistoryDatabase {
         }
     }
 
+    /// An event's update of its item: every column but the primary key's (user, creation), and
+    /// with them, for an item that moves.
+    private static let updatedColumns = """
+        effectId = ?, effectTitle = ?, prompt = ?, status = ?, progress = ?, updatedAt = ?, finishedAt = ?, resultKey = ?,
+        thumbnailKey = ?, imageKey = ?, parameters = ?, cost = ?, lastError = ?, version = ?, changeSequence = ?
+        """
+    private static let updateInPlace = "UPDATE item SET \(updatedColumns) WHERE jobId = ?"
+    private static let updateAndMove = "UPDATE item SET userId = ?, createdAt = ?, \(updatedColumns) WHERE jobId = ?"
+
     static func apply(_ db: Database, _ event: JobEvent, in batch: inout EventBatch) throws -> Bool {
         let job = event.job
         let createdAt = job.createdAt.milliseconds
@@ -76,16 +85,16 @@ extension HistoryDatabase {
             try db.cachedStatement(sql: "DELETE FROM deletion WHERE jobId = ?").execute(arguments: [job.id])
         }
         let existing = try Row.fetchOne(
-            db.cachedStatement(sql: "SELECT version, status, userId, id, prompt, effectTitle FROM item WHERE jobId = ?"), arguments: [job.id]
+            db.cachedStatement(sql: "SELECT version, status, userId, createdAt, id, prompt, effectTitle FROM item WHERE jobId = ?"), arguments: [job.id]
         )
         if let existing, (existing["version"] as Int) >= job.version { return false }
         let cost = HistoryReads.cost(of: job)
         let parameters = HistoryReads.json(job.parameters)
         let sequence = try batch.nextChangeSequence(db)
+        // The columns every event sets; the primary key's (user, creation) apart.
         let values: [(any DatabaseValueConvertible)?] = [
-            job.userId, job.effectId, event.effectTitle, job.prompt, job.status.rawValue, job.progress, createdAt,
-            job.updatedAt.milliseconds, job.finishedAt?.milliseconds, job.resultKey, job.thumbnailKey, job.imageKey,
-            parameters, cost, job.lastError, job.version, sequence,
+            job.effectId, event.effectTitle, job.prompt, job.status.rawValue, job.progress, job.updatedAt.milliseconds,
+            job.finishedAt?.milliseconds, job.resultKey, job.thumbnailKey, job.imageKey, parameters, cost, job.lastError, job.version, sequence,
         ]
         if let existing {
             // The search entry moves only when its text changed (a job's prompt and title are
@@ -93,25 +102,27 @@ extension HistoryDatabase {
             let id: Int64 = existing["id"], oldPrompt: String? = existing["prompt"], oldTitle: String = existing["effectTitle"]
             let reindex = oldPrompt != job.prompt || oldTitle != event.effectTitle
             if reindex { try SearchIndex.remove(db, id: id) }
-            try db.cachedStatement(
-                sql: """
-                    UPDATE item SET userId = ?, effectId = ?, effectTitle = ?, prompt = ?, status = ?, progress = ?, createdAt = ?,
-                        updatedAt = ?, finishedAt = ?, resultKey = ?, thumbnailKey = ?, imageKey = ?, parameters = ?, cost = ?,
-                        lastError = ?, version = ?, changeSequence = ?
-                    WHERE jobId = ?
-                    """
-            ).execute(arguments: StatementArguments(values + [job.id]))
+            if (existing["userId"] as String) == job.userId, (existing["createdAt"] as Int64) == createdAt {
+                // The item stays where it is. Naming the primary key's columns in the SET, even
+                // with their values unchanged, makes SQLite delete the row and insert it again,
+                // with an entry in each of its five indexes (`history-bench events`: 35,200 →
+                // 39,700 updates a second without them).
+                try db.cachedStatement(sql: Self.updateInPlace).execute(arguments: StatementArguments(values + [job.id]))
+            } else {
+                // Another user or creation time under the same job id: the item moves.
+                try db.cachedStatement(sql: Self.updateAndMove).execute(arguments: StatementArguments([job.userId, createdAt] + values + [job.id]))
+            }
             batch.count(userId: existing["userId"], status: existing["status"], by: -1)
             if reindex { try SearchIndex.add(db, id: id, prompt: job.prompt, effectTitle: event.effectTitle) }
         } else {
             let id = try batch.nextItemId(db)
             try db.cachedStatement(
                 sql: """
-                    INSERT INTO item (userId, effectId, effectTitle, prompt, status, progress, createdAt, updatedAt, finishedAt,
+                    INSERT INTO item (userId, createdAt, effectId, effectTitle, prompt, status, progress, updatedAt, finishedAt,
                         resultKey, thumbnailKey, imageKey, parameters, cost, lastError, version, changeSequence, jobId, id)
                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     """
-            ).execute(arguments: StatementArguments(values + [job.id, id]))
+            ).execute(arguments: StatementArguments([job.userId, createdAt] + values + [job.id, id]))
             try SearchIndex.add(db, id: id, prompt: job.prompt, effectTitle: event.effectTitle)
         }
         batch.count(userId: job.userId, status: job.status.rawValue, by: 1)

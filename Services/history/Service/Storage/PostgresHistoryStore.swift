@@ -138,16 +138,17 @@ public struct PostgresHistoryStore: HistoryStore {
             var deletedCreatedAt: Int64?
             var version: Int?
             var status: String?
+            var userId: String?
         }
         var stored: [String: Stored] = [:]
-        for (id, deletedCreatedAt, version, status) in try await db.allRows(
+        for (id, deletedCreatedAt, version, status, userId) in try await db.allRows(
             """
-            SELECT j, d.created_at, i.version, i.status FROM unnest(\(Array(Set(events.map(\.job.id))))::text[]) AS j
+            SELECT j, d.created_at, i.version, i.status, i.user_id FROM unnest(\(Array(Set(events.map(\.job.id))))::text[]) AS j
             LEFT JOIN history_deletion d ON d.job_id = j LEFT JOIN history_item i ON i.job_id = j
             """,
-            as: (String, Int64?, Int?, String?).self, logger: logger
+            as: (String, Int64?, Int?, String?, String?).self, logger: logger
         ) {
-            stored[id] = Stored(deletedCreatedAt: deletedCreatedAt, version: version, status: status)
+            stored[id] = Stored(deletedCreatedAt: deletedCreatedAt, version: version, status: status, userId: userId)
         }
 
         // The events in order, as one at a time would apply them.
@@ -171,12 +172,14 @@ public struct PostgresHistoryStore: HistoryStore {
                 continue
             }
             written[job.id] = try HistoryItemRow(event, changeSequence: sequence)
-            if state.status != job.status.rawValue {
-                if let status = state.status { counts[job.userId, default: [:]][status, default: 0] -= 1 }
+            // Counted under its user: an event naming another user for the job moves its count.
+            if state.status != job.status.rawValue || state.userId != job.userId {
+                if let status = state.status, let user = state.userId { counts[user, default: [:]][status, default: 0] -= 1 }
                 counts[job.userId, default: [:]][job.status.rawValue, default: 0] += 1
             }
             state.version = job.version
             state.status = job.status.rawValue
+            state.userId = job.userId
             stored[job.id] = state
             applied += 1
         }
