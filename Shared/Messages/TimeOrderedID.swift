@@ -8,19 +8,34 @@ import Foundation
 public enum TimeOrderedID {
     /// A version 7 UUID for `now`, lowercase.
     public static func make(now: Date = Date()) -> String {
-        var random = SystemRandomNumberGenerator()
         let milliseconds = UInt64(max(0, now.timeIntervalSince1970 * 1000))
+        var random = SystemRandomNumberGenerator()
         let high = random.next() as UInt64, low = random.next() as UInt64
         // 48 bits of time, the version nibble 7, then 12 random bits.
         let first = (milliseconds << 16) | 0x7000 | (high & 0x0FFF)
         // The variant bits 10, then 62 random bits.
         let second = (low & 0x3FFF_FFFF_FFFF_FFFF) | 0x8000_0000_0000_0000
-        var bytes = [UInt8](repeating: 0, count: 16)
-        for index in 0..<8 {
-            bytes[index] = UInt8(truncatingIfNeeded: first >> (56 - 8 * index))
-            bytes[8 + index] = UInt8(truncatingIfNeeded: second >> (56 - 8 * index))
+        return text(first, second)
+    }
+
+    /// The UUID text of the 128 bits `first` then `second`, lowercase: 8-4-4-4-12 hex digits.
+    static func text(_ first: UInt64, _ second: UInt64) -> String {
+        String(unsafeUninitializedCapacity: 36) { buffer in
+            let digits: StaticString = "0123456789abcdef"
+            var index = 0
+            func put(_ word: UInt64, _ nibbles: Range<Int>) {
+                for nibble in nibbles {
+                    if index == 8 || index == 13 || index == 18 || index == 23 {
+                        buffer[index] = UInt8(ascii: "-")
+                        index += 1
+                    }
+                    buffer[index] = digits.utf8Start[Int(truncatingIfNeeded: (word >> UInt64(60 - 4 * nibble)) & 0xF)]
+                    index += 1
+                }
+            }
+            put(first, 0..<16)
+            put(second, 0..<16)
+            return index
         }
-        return UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
-                           bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15])).uuidString.lowercased()
     }
 }

@@ -202,4 +202,29 @@ struct RateLimitMappingTests {
         let response = problem.response(requestId: "r1")
         #expect(response.headers[.contentType] == "application/problem+json")
     }
+
+    /// The headers of an answer that admits: only the windows with a limit are named (PRO has no
+    /// monthly one), in order, and a plan with neither sends none.
+    @Test func headersNameOnlyTheWindowsWithALimit() throws {
+        let now = try Date("2026-11-21T23:00:00Z", strategy: .iso8601)
+        let midnight = try Date("2026-11-22T00:00:00Z", strategy: .iso8601)
+        let monthEnd = try Date("2026-12-01T00:00:00Z", strategy: .iso8601)
+        func status(daily: Int?, monthly: Int?) -> QuotaStatus {
+            QuotaStatus(
+                userId: "u", plan: "p", isPro: daily == 500, timeZone: nil,
+                daily: QuotaWindow(name: "daily", limit: daily, used: 3, remaining: daily.map { $0 - 3 }, startsAt: now, resetsAt: midnight, nominalSeconds: 86_400),
+                monthly: QuotaWindow(name: "monthly", limit: monthly, used: 3, remaining: monthly.map { $0 - 3 }, startsAt: now, resetsAt: monthEnd, nominalSeconds: 2_592_000)
+            )
+        }
+        let free = RateLimitHeaders.headers(for: status(daily: 20, monthly: 600), now: now)
+        #expect(free[.rateLimitPolicy] == "\"daily\";q=20;w=86400, \"monthly\";q=600;w=2592000")
+        #expect(free[.rateLimit] == "\"daily\";r=17;t=3600, \"monthly\";r=597;t=781200")
+        let pro = RateLimitHeaders.headers(for: status(daily: 500, monthly: nil), now: now)
+        #expect(pro[.rateLimitPolicy] == "\"daily\";q=500;w=86400")
+        #expect(pro[.rateLimit] == "\"daily\";r=497;t=3600")
+        let monthlyOnly = RateLimitHeaders.headers(for: status(daily: nil, monthly: 600), now: now)
+        #expect(monthlyOnly[.rateLimitPolicy] == "\"monthly\";q=600;w=2592000")
+        #expect(monthlyOnly[.rateLimit] == "\"monthly\";r=597;t=781200")
+        #expect(RateLimitHeaders.headers(for: status(daily: nil, monthly: nil), now: now).isEmpty)
+    }
 }

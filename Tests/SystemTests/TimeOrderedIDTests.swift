@@ -1,6 +1,6 @@
 import Foundation
 @testable import GatewayApp
-import Messages
+@testable import Messages
 import Testing
 
 /// New job ids are version 7 UUIDs (RFC 9562 §5.7): the layout checked bit by bit, the time read
@@ -38,6 +38,25 @@ struct TimeOrderedIDTests {
         }
         let sameMillisecond = (0..<2_000).map { _ in TimeOrderedID.make(now: Date(timeIntervalSince1970: 1_795_000_000)) }
         #expect(seen.count == 2_000 && Set(sameMillisecond).count == 2_000)
+    }
+
+    /// The text is exactly Foundation's UUID text, lowercased, for any bits (the digits are
+    /// written directly).
+    @Test func theTextIsFoundationsUUIDTextLowercased() throws {
+        var random = SystemRandomNumberGenerator()
+        for _ in 0..<1_000 {
+            let first = random.next() as UInt64, second = random.next() as UInt64
+            var bytes = [UInt8](repeating: 0, count: 16)
+            for index in 0..<8 {
+                let shift = UInt64(56 - 8 * index)
+                bytes[index] = UInt8(truncatingIfNeeded: first >> shift)
+                bytes[8 + index] = UInt8(truncatingIfNeeded: second >> shift)
+            }
+            let uuid = UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
+                                   bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
+            #expect(TimeOrderedID.text(first, second) == uuid.uuidString.lowercased())
+        }
+        #expect(TimeOrderedID.text(0, .max) == "00000000-0000-0000-ffff-ffffffffffff")
     }
 
     /// A job without an `Idempotency-Key` gets one; with a key, the id is still derived from it.

@@ -1,5 +1,5 @@
 import Foundation
-import GatewayApp
+@testable import GatewayApp
 import HTTPTypes
 import Hummingbird
 import JWTKit
@@ -16,6 +16,17 @@ struct VerifiedTokenTests {
             head: HTTPRequest(method: .get, scheme: "http", authority: "localhost", path: "/api/v1/users/me", headerFields: [.authorization: "Bearer \(token)"]),
             body: .init(buffer: ByteBuffer())
         )
+    }
+
+    /// `Authorization: Bearer <token>`: the scheme in any case (RFC 9110 §11.1), spaces before
+    /// the token; anything else is no bearer token (a 401).
+    @Test func theBearerSchemeIsReadInAnyCaseAndNothingElseIs() {
+        #expect(Authenticator.bearerToken(in: "Bearer abc.def") == "abc.def")
+        #expect(Authenticator.bearerToken(in: "bearer abc") == "abc")
+        #expect(Authenticator.bearerToken(in: "BeArEr   abc") == "abc")
+        for refused in ["Bearer", "Bearer ", "Bearer   ", "Bearerabc", "Basic dXNlcjpwYXNz", "Bear abc", "Bearér abc", "", " Bearer abc"] {
+            #expect(Authenticator.bearerToken(in: refused) == nil, "\(refused)")
+        }
     }
 
     @Test func aVerifiedTokenIsRememberedUntilItExpiresAndNoLonger() async throws {

@@ -81,6 +81,11 @@ final class HTTPMetricsCache: Sendable {
     func handles(route: String, method: String, status: Int?) -> Handles {
         entries.withLock { entries in
             let key = Key(route: route, method: method)
+            // A route seen before with this status is found without making anything (the
+            // dimensions and labels are made once, for the first request of each).
+            if let entry = entries[key], let status, let requests = entry.byStatus[status] {
+                return Handles(duration: entry.duration, errors: entry.errors, requests: requests)
+            }
             let dimensions = [("http_route", route), ("http_request_method", method)]
             var entry = entries[key] ?? Entry(
                 duration: Metrics.Timer(label: "http_server_request_duration_seconds", dimensions: dimensions),

@@ -8,16 +8,33 @@ public enum RateLimitHeaders {
     /// `RateLimit-Policy: "daily";q=20;w=86400, "monthly";q=600;w=2592000` and
     /// `RateLimit: "daily";r=5;t=3600, "monthly";r=580;t=...` for the windows that have a limit.
     public static func headers(for status: QuotaStatus, now: Date) -> HTTPFields {
-        let limited = [status.daily, status.monthly].filter { $0.limit != nil }
-        var fields = HTTPFields()
-        guard !limited.isEmpty else { return fields }
-        fields[.rateLimitPolicy] = limited
-            .map { "\"\($0.name)\";q=\($0.limit!);w=\($0.nominalSeconds)" }
-            .joined(separator: ", ")
-        fields[.rateLimit] = limited
-            .map { "\"\($0.name)\";r=\($0.remaining ?? 0);t=\(secondsUntil($0.resetsAt, from: now))" }
-            .joined(separator: ", ")
-        return fields
+        // Written straight into two strings: every quota answer carries these headers, and
+        // mapping the windows through interpolations and `joined` was 2% of the machine in
+        // `bench-gateway`'s `users/me` (perf).
+        var policy = "", remaining = ""
+        func add(_ window: QuotaWindow) {
+            guard let limit = window.limit else { return }
+            if !policy.isEmpty {
+                policy += ", "
+                remaining += ", "
+            }
+            policy += "\""
+            policy += window.name
+            policy += "\";q="
+            policy += String(limit)
+            policy += ";w="
+            policy += String(window.nominalSeconds)
+            remaining += "\""
+            remaining += window.name
+            remaining += "\";r="
+            remaining += String(window.remaining ?? 0)
+            remaining += ";t="
+            remaining += String(secondsUntil(window.resetsAt, from: now))
+        }
+        add(status.daily)
+        add(status.monthly)
+        guard !policy.isEmpty else { return HTTPFields() }
+        return [.rateLimitPolicy: policy, .rateLimit: remaining]
     }
 
     /// The 429 answer to a denied reservation: problem+json naming the violated windows, with
