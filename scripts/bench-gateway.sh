@@ -8,7 +8,8 @@
 # of each and the line `gateway/bare throughput ratio: healthz A  users/me B  jobs C`; and, for
 # POST /api/v1/jobs, the CPU time (user + system, from /proc) each process spent per job created,
 # counted from before the run until every outbox entry it made is delivered:
-# `POST jobs CPU per job: gateway A µs, quota B µs, jobs C µs, history D µs, total E µs`.
+# `POST jobs CPU per job: gateway A µs, quota B µs, jobs C µs, history D µs, total E µs`; and the
+# same for users/me (gateway and quota) and the bare route, per request.
 # BENCH_PERF=DIR also records a perf profile of the whole machine during each measurement.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,11 +57,17 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $token"
 LUA
 
-bare=$(MEASURE_LABEL=bare measure "$bare_url/healthz")
-healthz=$(MEASURE_LABEL=healthz measure "$url/healthz")
-me=$(MEASURE_LABEL=users-me measure -H "Authorization: Bearer $token" "$url/api/v1/users/me")
 # CPU ticks (user + system) of a process so far.
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# µs of CPU per request from a tick count and a measure's result (req/s over DURATION seconds).
+per_request() { awk -v t="$1" -v hz="$(getconf CLK_TCK)" -v rps="${2%% *}" -v d="$DURATION" 'BEGIN { printf "%.0f", t * 1e6 / hz / (rps * d) }'; }
+bare_pid=$bare; bare_ticks=$(ticks "$bare_pid")
+bare=$(MEASURE_LABEL=bare measure "$bare_url/healthz")
+bare_ticks=$(( $(ticks "$bare_pid") - bare_ticks ))
+healthz=$(MEASURE_LABEL=healthz measure "$url/healthz")
+me_ticks=$(ticks "$gateway"); me_quota_ticks=$(ticks "${service_pid[quota]}")
+me=$(MEASURE_LABEL=users-me measure -H "Authorization: Bearer $token" "$url/api/v1/users/me")
+me_ticks=$(( $(ticks "$gateway") - me_ticks )); me_quota_ticks=$(( $(ticks "${service_pid[quota]}") - me_quota_ticks ))
 metric_sum() { curl -fsS "$url/metrics" | awk -v name="$1" '$1 == name || index($1, name "{") == 1 { sum += $NF } END { printf "%d", sum }'; }
 service_pid[gateway]=$gateway
 declare -A cpu_before
@@ -110,4 +117,5 @@ echo "gateway/bare throughput ratio (logs at info): healthz $(ratio "$healthz_in
 echo "gateway/bare throughput ratio (tasks on the event loops): healthz $(ratio "$healthz_loops")  users/me $(ratio "$me_loops")"
 echo "POST jobs created: $created (CPU counted until the outboxes were empty)"
 echo "$cpu_line"
+echo "users/me CPU per request: gateway $(per_request "$me_ticks" "$me") µs, quota $(per_request "$me_quota_ticks" "$me") µs (the bare route: $(per_request "$bare_ticks" "$bare") µs)"
 echo "gateway/bare throughput ratio: healthz $(ratio "$healthz")  users/me $(ratio "$me")  jobs $(ratio "$jobs")"

@@ -29,6 +29,22 @@ struct VerifiedTokenTests {
         }
     }
 
+    /// Two `Authorization` fields are refused, even when the first alone would pass.
+    @Test func twoAuthorizationFieldsAreRefused() async throws {
+        let keys = JWTKeyCollection()
+        await keys.add(hmac: HMACKey(from: Self.secret), digestAlgorithm: .sha256)
+        let token = try await keys.sign(TestClaims(sub: .init(value: "user-1"), exp: .init(value: Date().addingTimeInterval(3600)), email: nil))
+        let authenticator = try await Authenticator(jwtSecret: Self.secret, adminToken: nil)
+        _ = try await authenticator.caller(of: request(bearer: token))
+        var fields: HTTPFields = [.authorization: "Bearer \(token)"]
+        fields.append(HTTPField(name: .authorization, value: "Bearer \(token)"))
+        let twice = Request(
+            head: HTTPRequest(method: .get, scheme: "http", authority: "localhost", path: "/api/v1/users/me", headerFields: fields),
+            body: .init(buffer: ByteBuffer())
+        )
+        await #expect(throws: Problem.self) { try await authenticator.caller(of: twice) }
+    }
+
     @Test func aVerifiedTokenIsRememberedUntilItExpiresAndNoLonger() async throws {
         let keys = JWTKeyCollection()
         await keys.add(hmac: HMACKey(from: Self.secret), digestAlgorithm: .sha256)

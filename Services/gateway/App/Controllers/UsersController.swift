@@ -130,7 +130,7 @@ enum UsersJSON {
 
     static func response(_ bytes: [UInt8], _ status: QuotaStatus) -> Response {
         var headers = RateLimitHeaders.headers(for: status, now: Date())
-        headers[.contentType] = "application/json"
+        headers.append(HTTPField(name: .contentType, value: "application/json"))
         return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
     }
 }

@@ -97,7 +97,14 @@ public struct Authenticator: Sendable {
     }
 
     private func bearerToken(_ request: Request) throws -> String? {
-        guard let header = request.headers[.authorization] else { return nil }
+        // The fields themselves: `headers[.authorization]` joins every value it finds into a new
+        // string. Two `Authorization` fields are no single bearer token.
+        var found: String?
+        for field in request.headers where field.name == .authorization {
+            guard found == nil else { throw Self.unauthorized("Send one Authorization field.") }
+            found = field.value
+        }
+        guard let header = found else { return nil }
         guard let token = Self.bearerToken(in: header) else {
             throw Self.unauthorized("Authorization must be 'Bearer <token>'.")
         }
@@ -109,15 +116,16 @@ public struct Authenticator: Sendable {
     /// and lowercasing made three strings of every authenticated request (1% of the machine in
     /// `bench-gateway`'s `users/me`).
     static func bearerToken(in header: String) -> String? {
-        var utf8 = Substring(header).utf8
-        let scheme = "bearer".utf8
-        guard utf8.count > scheme.count,
-              zip(utf8.prefix(scheme.count), scheme).allSatisfy({ $0 | 0x20 == $1 }),
-              utf8[utf8.index(utf8.startIndex, offsetBy: scheme.count)] == UInt8(ascii: " ")
-        else { return nil }
-        utf8 = utf8.dropFirst(scheme.count).drop { $0 == UInt8(ascii: " ") }
-        guard !utf8.isEmpty else { return nil }
-        return String(Substring(utf8))
+        var header = header
+        return header.withUTF8 { bytes -> String? in
+            let scheme: StaticString = "bearer"
+            guard bytes.count > scheme.utf8CodeUnitCount + 1, bytes[scheme.utf8CodeUnitCount] == UInt8(ascii: " ") else { return nil }
+            for index in 0..<scheme.utf8CodeUnitCount where bytes[index] | 0x20 != scheme.utf8Start[index] { return nil }
+            var start = scheme.utf8CodeUnitCount + 1
+            while start < bytes.count, bytes[start] == UInt8(ascii: " ") { start += 1 }
+            guard start < bytes.count else { return nil }
+            return String(decoding: UnsafeBufferPointer(rebasing: bytes[start...]), as: UTF8.self)
+        }
     }
 
     /// Whether two secrets are equal, in time that tells nothing of either.

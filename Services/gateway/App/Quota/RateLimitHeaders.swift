@@ -12,6 +12,8 @@ public enum RateLimitHeaders {
         // mapping the windows through interpolations and `joined` was 2% of the machine in
         // `bench-gateway`'s `users/me` (perf).
         var policy = "", remaining = ""
+        policy.reserveCapacity(64)
+        remaining.reserveCapacity(64)
         func add(_ window: QuotaWindow) {
             guard let limit = window.limit else { return }
             if !policy.isEmpty {
@@ -33,8 +35,12 @@ public enum RateLimitHeaders {
         }
         add(status.daily)
         add(status.monthly)
-        guard !policy.isEmpty else { return HTTPFields() }
-        return [.rateLimitPolicy: policy, .rateLimit: remaining]
+        var fields = HTTPFields()
+        guard !policy.isEmpty else { return fields }
+        fields.reserveCapacity(3)
+        fields.append(HTTPField(name: .rateLimitPolicy, value: policy))
+        fields.append(HTTPField(name: .rateLimit, value: remaining))
+        return fields
     }
 
     /// The 429 answer to a denied reservation: problem+json naming the violated windows, with
