@@ -15,11 +15,6 @@ public struct JSONBytes: Sendable {
         text.withUTF8Buffer { bytes.append(contentsOf: $0) }
     }
 
-    /// Appends `text`, which must already be JSON, as it is.
-    public mutating func json(_ text: String) {
-        bytes.append(contentsOf: text.utf8)
-    }
-
     /// Appends `utf8`, which must already be JSON, as it is.
     public mutating func json(utf8: UnsafeBufferPointer<UInt8>) {
         bytes.append(contentsOf: utf8)

@@ -23,18 +23,18 @@ public enum TimeOrderedID {
         String(unsafeUninitializedCapacity: 36) { buffer in
             let digits: StaticString = "0123456789abcdef"
             var index = 0
-            func put(_ word: UInt64, _ nibbles: Range<Int>) {
-                for nibble in nibbles {
+            func put(_ word: UInt64) {
+                for shift in stride(from: 60, through: 0, by: -4) {
                     if index == 8 || index == 13 || index == 18 || index == 23 {
                         buffer[index] = UInt8(ascii: "-")
                         index += 1
                     }
-                    buffer[index] = digits.utf8Start[Int(truncatingIfNeeded: (word >> UInt64(60 - 4 * nibble)) & 0xF)]
+                    buffer[index] = digits.utf8Start[Int(truncatingIfNeeded: (word >> UInt64(shift)) & 0xF)]
                     index += 1
                 }
             }
-            put(first, 0..<16)
-            put(second, 0..<16)
+            put(first)
+            put(second)
             return index
         }
     }
