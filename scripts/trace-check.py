@@ -108,14 +108,14 @@ def commits_linking(handler, name):
     return [span for span in spans() if span["name"] == name and {"trace_id": trace_id, "span_id": handler["span_id"]} in span["links"]]
 
 
-for service, method, name in [("quota", "quota.reserve", "quota.ledger-commit"), ("jobs", "jobs.reserve-and-create", "sqlite.group-commit")]:
+for service, method, name in [("quota", "quota.reserve", "quota.ledger-commit"), ("jobs", "jobs.create", "sqlite.group-commit")]:
     handler = next(span for span in found if span["service"] == service and span["name"] == method and span["kind"] == SERVER)
     commits = wait(f"{service}'s group commit of {method} links to its handler's span",
                    lambda handler=handler, name=name: commits_linking(handler, name), seconds=10)
     assert all(commit["service"] == service for commit in commits)
 
 # History's deliveries of the job's events are linked to the trace the job was created in.
-created = next(span for span in found if span["service"] == "jobs" and span["name"] == "jobs.reserve-and-create" and span["kind"] == SERVER)
+created = next(span for span in found if span["service"] == "jobs" and span["name"] == "jobs.create" and span["kind"] == SERVER)
 wait("jobs' deliveries of the job's events to history link to the job's trace", lambda: [
     span for span in spans() if span["name"] == "jobs.outbox.history" and {"trace_id": trace_id, "span_id": created["span_id"]} in span["links"]
 ], seconds=10)

@@ -3,15 +3,8 @@ import Foundation
 
 /// The jobs service's methods: creating, reading and cancelling edit jobs.
 public enum Jobs {
-    /// Creates a job (idempotent by job id: the same id returns the existing job) whose credits
-    /// the caller reserved itself.
+    /// Creates a job (idempotent by job id: the same id returns the existing job).
     public static let create = BusMethod<CreateJob, JobRecord>("jobs.create", roles: [.gateway], retrySafe: true)
-    /// Reserves the job's credits with quota (`Quota.reserve`, by job id) and creates the job, in
-    /// one call: how the gateway starts an edit. The effect, the parameters and the queue are
-    /// checked before anything is charged; a refusal by quota comes back as the decision, with no
-    /// job; a creation that definitely failed gives the credits back before it answers. Idempotent
-    /// by job id, as both halves are.
-    public static let reserveAndCreate = BusMethod<ChargedCreation, ChargedJob>("jobs.reserve-and-create", roles: [.gateway], retrySafe: true)
     /// A job, if it belongs to the user (else `not_found`).
     public static let get = BusMethod<JobReference, JobRecord>("jobs.get", roles: [.gateway, .operator], retrySafe: true)
     /// Cancels a job: at once if queued, through the worker if processing.
@@ -61,8 +54,7 @@ public enum JobStatus: String, Codable, BinaryStringEnum, Sendable, CaseIterable
     public var isTerminal: Bool { self == .completed || self == .failed || self == .cancelled }
 }
 
-/// Asks to create a job. The gateway has authenticated the user, and quota has reserved the job's
-/// credits for `jobId` (`Jobs.create`), or is asked to by jobs (`Jobs.reserveAndCreate`).
+/// Asks to create a job. The gateway has authenticated the user and reserved quota for `jobId`.
 @BinaryMessage
 public struct CreateJob: Codable, Sendable, Equatable {
     public var jobId: String
@@ -99,33 +91,6 @@ public struct CreateJob: Codable, Sendable, Equatable {
 
     /// `traceParent` is set by the jobs service as it handles the request, never sent.
     enum CodingKeys: String, CodingKey { case jobId, userId, isPro, imageKey, effectId, parameters, prompt, credits, imageETag }
-}
-
-/// Asks jobs to charge a job and create it (`Jobs.reserveAndCreate`).
-@BinaryMessage
-public struct ChargedCreation: Codable, Sendable, Equatable {
-    /// The job; its `credits` are what is reserved, and its `isPro` is taken from quota's answer.
-    public var job: CreateJob
-    /// A guest's client network, whose guests share the day's free credits (`ReserveQuota.network`).
-    public var network: String?
-
-    public init(job: CreateJob, network: String? = nil) {
-        self.job = job
-        self.network = network
-    }
-}
-
-/// What `Jobs.reserveAndCreate` did: quota's decision, and the job when it was admitted.
-@BinaryMessage
-public struct ChargedJob: Codable, Sendable, Equatable {
-    public var decision: QuotaDecision
-    /// Nil when quota refused (`decision.admitted` false).
-    public var job: JobRecord?
-
-    public init(decision: QuotaDecision, job: JobRecord?) {
-        self.decision = decision
-        self.job = job
-    }
 }
 
 /// The effect catalogue: every effect, and the aliases (`default`) that name one of them.

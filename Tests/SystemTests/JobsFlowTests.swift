@@ -136,58 +136,6 @@ struct JobsFlowTests {
         await system.stop()
     }
 
-    @Test func jobsChargesACreationAfterCheckingItAndGivesBackWhatItCouldNotCreate() async throws {
-        // How the gateway starts an edit: one call, jobs reserving with quota (Jobs.reserveAndCreate)
-        let system = try await JobSystem(workers: 0)
-        let userId = "device:\(UUID().uuidString.lowercased())"
-        let usage = { try await system.clients.quota.call(Quota.usage, UserReference(userId: userId)) }
-        func creation(_ jobId: String, effect: String = "copy", credits: Int = 1) -> ChargedCreation {
-            ChargedCreation(job: CreateJob(jobId: jobId, userId: userId, isPro: true, imageKey: "uploads/x/a.jpg", effectId: effect, credits: credits))
-        }
-        // An unknown effect is refused before anything is charged: no charge at all, not even a released one
-        do {
-            _ = try await system.clients.jobs.call(Jobs.reserveAndCreate, creation("unknown-\(UUID())", effect: "teleport"))
-            Issue.record("an unknown effect was accepted")
-        } catch {
-            #expect(error.code == Jobs.ErrorCode.unknownEffect, "\(error)")
-        }
-        #expect(try await usage().charges.isEmpty)
-        // An admitted creation: charged, then created, its plan from quota's answer (not the caller's)
-        let first = "first-\(UUID())"
-        let created = try await system.clients.jobs.call(Jobs.reserveAndCreate, creation(first))
-        #expect(created.decision.admitted && created.decision.replayed != true)
-        #expect(created.job?.id == first && created.job?.status == .queued && created.job?.isPro == false)
-        #expect(try await usage().charges.map(\.state) == [.reserved])
-        // The same call again (a retry): the same job, its charge answered again, nothing more charged
-        let again = try await system.clients.jobs.call(Jobs.reserveAndCreate, creation(first))
-        #expect(again.job?.id == first && again.job?.version == 1)
-        #expect(again.decision.replayed == true)
-        #expect(try await usage().status.daily.used == 1)
-        // A creation that definitely fails after its charge (its id abandoned): the credit comes back at once
-        let abandoned = "abandoned-\(UUID())"
-        _ = try await system.clients.jobs.call(Jobs.lookup, JobLookup(jobId: abandoned, abandonIfAbsent: true))
-        do {
-            _ = try await system.clients.jobs.call(Jobs.reserveAndCreate, creation(abandoned))
-            Issue.record("an abandoned id was created")
-        } catch {
-            #expect(error.code == Jobs.ErrorCode.abandoned, "\(error)")
-        }
-        let charges = try await usage().charges
-        #expect(charges.first { $0.jobId == abandoned }?.state == .released)
-        #expect(try await usage().status.daily.used == 1)
-        // Quota's refusal comes back as its decision, with no job made
-        let refused = "refused-\(UUID())"
-        let denied = try await system.clients.jobs.call(Jobs.reserveAndCreate, creation(refused, credits: 25))
-        #expect(!denied.decision.admitted && denied.decision.violated.contains("daily") && denied.job == nil)
-        do {
-            _ = try await system.clients.jobs.call(Jobs.get, JobReference(jobId: refused, userId: userId))
-            Issue.record("a refused creation made a job")
-        } catch {
-            #expect(error.code == .notFound, "\(error)")
-        }
-        await system.stop()
-    }
-
     @Test func reservationWithoutAJobIsReleasedAndACreationArrivingLaterIsRefused() async throws {
         // Stale after 1 s: no creation in this test goes through the gateway's reserve and create
         let system = try await JobSystem(workers: 0, quota: ["QUOTA_STALE_AFTER_S": "1"])

@@ -68,7 +68,7 @@ struct MetricsTests {
         let exposition = try PrometheusExposition(body)
         for (name, labels) in [
             ("bus_requests_total", ["service": "quota", "method": "quota.reserve", "code": "ok"]),
-            ("bus_handler_duration_seconds_count", ["service": "jobs", "method": "jobs.reserve-and-create"]),
+            ("bus_handler_duration_seconds_count", ["service": "jobs", "method": "jobs.create"]),
             ("bus_overloaded_total", ["service": "history", "method": "history.list"]),
             ("quota_decisions_total", ["service": "quota", "decision": "denied", "window": "daily"]),
             ("history_events_received_total", ["service": "history"]),
@@ -122,7 +122,7 @@ struct MetricsTests {
         #expect(exposition.sum("bus_requests_total", ["service": "quota", "method": "quota.reserve", "code": "ok"]) == reserves + 2)
         #expect(exposition.sum("quota_decisions_total", ["service": "quota", "decision": "admitted", "window": "daily"]) == 2)
         #expect(exposition.sum("quota_decisions_total", ["service": "quota", "decision": "admitted", "window": "monthly"]) == 2)
-        #expect(exposition.sum("bus_handler_duration_seconds_count", ["service": "jobs", "method": "jobs.reserve-and-create"]) == 2)
+        #expect(exposition.sum("bus_handler_duration_seconds_count", ["service": "jobs", "method": "jobs.create"]) == 2)
         #expect(exposition.value("bus_requests_in_progress", ["service": "quota"]) != nil)
         #expect(exposition.value("jobs_by_state", ["service": "jobs", "state": "completed"]) == 2)
         #expect(exposition.value("jobs_queue_length", ["service": "jobs"]) == 0)

@@ -2,7 +2,6 @@ import Bus
 import Foundation
 import JobsCore
 import Messages
-import Storage
 
 /// The jobs service's bus methods.
 public struct JobsHandler: Sendable {
@@ -33,12 +32,6 @@ public struct JobsHandler: Sendable {
             let traceParent = BusTracing.currentTraceParent()
             request.traceParent = traceParent.isEmpty ? nil : traceParent
             return try await create(request)
-        }
-        router.register(Jobs.reserveAndCreate) { request, _ in
-            var job = request.job
-            let traceParent = BusTracing.currentTraceParent()
-            job.traceParent = traceParent.isEmpty ? nil : traceParent
-            return try await reserveAndCreate(job, network: request.network)
         }
         router.register(Jobs.get) { request, _ in
             guard let job = try await store.job(request.jobId, userId: request.userId) else {
@@ -115,13 +108,6 @@ public struct JobsHandler: Sendable {
     }
 
     func create(_ request: CreateJob) async throws -> JobRecord {
-        let (effectId, parameters) = try await admissible(request)
-        return try await insert(request, effectId: effectId, parameters: parameters)
-    }
-
-    /// Checks the request, its effect and parameters and the queue's room, before any charge: the
-    /// effect's id and the parameters as the job keeps them.
-    private func admissible(_ request: CreateJob) async throws -> (effectId: String, parameters: [String: Double]) {
         for (name, value) in [("job id", request.jobId), ("user id", request.userId), ("image key", request.imageKey)] {
             guard (1...256).contains(value.utf8.count) else { throw BusError(.badRequest, "\(name) must be 1 to 256 bytes") }
         }
@@ -133,44 +119,8 @@ public struct JobsHandler: Sendable {
         guard await dispatcher.queuedCount < maxQueued else {
             throw BusError(Jobs.ErrorCode.queueFull, "\(maxQueued) jobs are queued; try again later", retryable: true)
         }
-        return (effect.id, parameters)
-    }
-
-    private func insert(_ request: CreateJob, effectId: String, parameters: [String: Double]) async throws -> JobRecord {
-        let (job, created) = try await store.create(request, effectId: effectId, parameters: parameters, now: Date())
+        let (job, created) = try await store.create(request, effectId: effect.id, parameters: parameters, now: Date())
         if created { await dispatcher.enqueue(job) }
         return job
     }
-
-    /// `Jobs.reserveAndCreate`: checks, reserves the credits with quota, creates. Quota's decision
-    /// is durable before the job is written, as when the gateway reserved itself. A creation that
-    /// definitely failed gives the credits back now; one whose outcome is unknown (a timeout, a
-    /// lost connection, storage that failed mid-way) leaves them to quota's stale-reservation
-    /// resolver, which asks this service whether the job exists.
-    func reserveAndCreate(_ request: CreateJob, network: String?) async throws -> ChargedJob {
-        guard let quota else { throw BusError(.unavailable, "this jobs service has no quota client to charge a creation") }
-        let (effectId, parameters) = try await admissible(request)
-        let decision = try await quota.call(
-            Quota.reserve, ReserveQuota(userId: request.userId, jobId: request.jobId, cost: request.credits, network: network),
-            timeout: BusDeadline.remaining(less: Self.answerMargin)
-        )
-        guard decision.admitted else { return ChargedJob(decision: decision, job: nil) }
-        var request = request
-        request.isPro = decision.status.isPro
-        do {
-            return ChargedJob(decision: decision, job: try await insert(request, effectId: effectId, parameters: parameters))
-        } catch {
-            let code = (error as? BusError)?.code ?? StorageFailure.busError(for: error)?.code
-            if let code, ![.timeout, .connectionLost, .storageUnavailable, .cancelled].contains(code) {
-                // (A charge this call did not make, one quota answered again, is not this call's to give back.)
-                if decision.replayed != true {
-                    _ = try? await quota.call(Quota.release, ChargeReference(jobId: request.jobId), timeout: .seconds(2))
-                }
-            }
-            throw error
-        }
-    }
-
-    /// Of a caller's deadline, what is kept for answering it after quota answered.
-    static let answerMargin = Duration.milliseconds(250)
 }

@@ -6,9 +6,8 @@ import Hummingbird
 import Messages
 
 /// Creates jobs for the routes that start one (a new edit, a re-run from a job or from history):
-/// checks the image is the caller's and asks jobs, in one call, to reserve the effect's price in
-/// credits for the job id with quota and create the job (`Jobs.reserveAndCreate`: jobs gives the
-/// credits back itself when the creation definitely failed).
+/// checks the image is the caller's, reserves the effect's price in credits for the job id, asks
+/// jobs to create the job, and gives the credits back when creation definitely failed.
 struct JobCreator: Sendable {
     let clients: ServiceClients
     /// The upload checks (owner, type, size, pixels), remembered for a minute once passed.
@@ -19,25 +18,34 @@ struct JobCreator: Sendable {
     /// with each decision, is taken when it is shorter (quota forgets a settled charge after it).
     let idempotencyWindow: TimeInterval
 
-    /// Validates, and has jobs reserve quota for the job id and create the job. `network` is a
-    /// guest's client network (from `GuestAdmissionMiddleware`): its guests share the day's free
-    /// credits. `version`: a re-run's, the version of the image its job was created from (409 if
-    /// the key holds another now); the new job is pinned to the version checked.
+    /// Validates, reserves quota for the job id, creates the job; releases on a definite failure.
+    /// `network` is a guest's client network (from `GuestAdmissionMiddleware`): its guests share
+    /// the day's free credits. `version`: a re-run's, the version of the image its job was
+    /// created from (409 if the key holds another now); the new job is pinned to the version
+    /// checked.
     func create(caller: Caller, imageKey: String, version: String? = nil, effect: String, parameters: [String: Double], prompt: String?,
                 idempotencyKey: String?, network: String? = nil) async throws -> Response {
         let priced = try await prices.effect(effect)
         let image = try await uploads.verify(imageKey, of: caller, version: version)
         let jobId = try Self.jobId(user: caller.id, idempotencyKey: idempotencyKey)
-        let charged = try await clients.call(.jobs, Jobs.reserveAndCreate, ChargedCreation(
-            job: CreateJob(
-                jobId: jobId, userId: caller.id, isPro: false, imageKey: imageKey,
-                effectId: effect, parameters: parameters, prompt: prompt, credits: priced.credits, imageETag: image.etag
-            ),
-            network: caller.isGuest ? network : nil
-        ))
-        let decision = charged.decision
-        guard decision.admitted, let job = charged.job else {
+        let decision = try await clients.call(.quota, Quota.reserve, ReserveQuota(userId: caller.id, jobId: jobId, cost: priced.credits, network: caller.isGuest ? network : nil))
+        guard decision.admitted else {
             throw RateLimitHeaders.problem(for: decision, needed: priced.credits, now: Date())
+        }
+        let job: JobRecord
+        do {
+            job = try await clients.client(for: .jobs).call(Jobs.create, CreateJob(
+                jobId: jobId, userId: caller.id, isPro: decision.status.isPro, imageKey: imageKey,
+                effectId: effect, parameters: parameters, prompt: prompt, credits: priced.credits, imageETag: image.etag
+            ))
+        } catch {
+            // A definite answer means no job exists: give the units back. A timeout, a lost
+            // connection or a storage failure (a database connection lost at the commit) may
+            // hide a created job; quota resolves such reservations by asking jobs later.
+            if ![.timeout, .connectionLost, .storageUnavailable].contains(error.code) {
+                _ = try? await clients.client(for: .quota).call(Quota.release, ChargeReference(jobId: jobId))
+            }
+            throw Problem(error, service: "jobs")
         }
         let window = min(idempotencyWindow, decision.idempotencyWindow.map(TimeInterval.init) ?? idempotencyWindow)
         if idempotencyKey != nil, job.createdAt < Date().addingTimeInterval(-window) {
