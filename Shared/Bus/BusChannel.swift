@@ -217,6 +217,8 @@ public final class BusChannel: Sendable {
         poller.addReadable(socket)
         let wakeIndex = poller.addReadable(fileDescriptor: wakeup.fileDescriptor)
         let monitorIndex = monitor.map { poller.addReadable($0) }
+        // Swapped with the outbox each turn, as `BusClient`'s: nothing copied or allocated again.
+        var batch = Deque<Outgoing>()
         while true {
             do {
                 _ = try poller.poll(timeoutMilliseconds: -1)
@@ -226,14 +228,14 @@ public final class BusChannel: Sendable {
             }
             if poller.isReadable(wakeIndex) { wakeup.drain() }
             if let monitor, let monitorIndex, poller.isReadable(monitorIndex) { handshakes.read(monitor) }
-            let (batch, stopping) = state.withLock { state in
+            let stopping = state.withLock { state in
                 state.wakeScheduled = false
-                let batch = state.outbox
-                state.outbox.removeAll(keepingCapacity: true)
-                return (batch, state.stopping)
+                swap(&batch, &state.outbox)
+                return state.stopping
             }
             if stopping { break }
             for item in batch { transmit(item, on: socket) }
+            batch.removeAll(keepingCapacity: true)
             for _ in 0..<1024 {
                 guard let received = try? socket.receive(maxFrames: 2) else { break }
                 guard case .frames(let frames) = received else { continue }

@@ -314,6 +314,10 @@ public final class BusClient: Sendable, Service {
 
         var stopping = false
         var busy = false
+        // The calls taken from `state` each turn: swapped with its outbox, so that neither is
+        // copied nor allocated again (`Deque.removeAll(keepingCapacity:)` on a shared deque
+        // copies every element first).
+        var batch = Deque<Outgoing>()
 
         while true {
             var timeout = busy ? 0 : timers.min.map { Self.milliseconds(until: $0.deadline) } ?? -1
@@ -333,12 +337,10 @@ public final class BusClient: Sendable, Service {
 
             // Callers on this thread's executor run here; what they send goes out in this turn.
             executor.runQueuedJobs()
-            let batch: Deque<Outgoing>
-            (batch, stopping) = state.withLock { state in
+            stopping = state.withLock { state in
                 state.wakeScheduled = false
-                let batch = state.outbox
-                state.outbox.removeAll(keepingCapacity: true)
-                return (batch, state.stopping)
+                swap(&batch, &state.outbox)
+                return state.stopping
             }
             if !unsent.isEmpty {
                 let waiting = unsent
@@ -347,6 +349,7 @@ public final class BusClient: Sendable, Service {
                 unsent.append(contentsOf: sendRequests(live, on: socket, timers: &timers))
             }
             unsent.append(contentsOf: sendRequests(batch, on: socket, timers: &timers))
+            batch.removeAll(keepingCapacity: true)
             receiveReplies(on: socket)
             if let monitor, let monitorIndex {
                 // Replies that arrived before the disconnection were read just above.

@@ -145,6 +145,10 @@ public final class BusServer: Service, Sendable {
         let wakeIndex = poller.addReadable(fileDescriptor: wakeup.fileDescriptor)
         var inFlight = 0
         var draining = false
+        // The replies taken from `state` each turn: swapped with its buffer, so that neither is
+        // copied nor allocated again (taking a copy and emptying the shared one copied every
+        // reply: `Deque.removeAll(keepingCapacity:)` makes its storage unique first).
+        var replies = Deque<Reply>()
 
         while true {
             do {
@@ -154,14 +158,14 @@ public final class BusServer: Service, Sendable {
                 break
             }
             if poller.isReadable(wakeIndex) { wakeup.drain() }
-            let (replies, stopRequested) = state.withLock { state in
+            let stopRequested = state.withLock { state in
                 state.wakeScheduled = false
-                let replies = state.replies
-                state.replies.removeAll(keepingCapacity: true)
-                return (replies, state.stopRequested)
+                swap(&replies, &state.replies)
+                return state.stopRequested
             }
             inFlight -= replies.count
             send(replies, on: socket)
+            replies.removeAll(keepingCapacity: true)
             if stopRequested && !draining {
                 draining = true
                 logger.info("draining", metadata: ["in-flight": "\(inFlight)"])
@@ -182,13 +186,14 @@ public final class BusServer: Service, Sendable {
             }
             // Run the handlers just admitted (and any resumed): most finish here and now.
             executor.runQueuedJobs()
-            let finished = state.withLock { state in
-                let replies = state.replies
-                state.replies.removeAll(keepingCapacity: true)
-                return replies
+            state.withLock { swap(&replies, &$0.replies) }
+            inFlight -= replies.count
+            if refusals.isEmpty {
+                send(replies, on: socket)
+            } else {
+                send(refusals + replies, on: socket)
             }
-            inFlight -= finished.count
-            send(refusals + finished, on: socket)
+            replies.removeAll(keepingCapacity: true)
             if draining && inFlight == 0 { break }
         }
         socket.close()

@@ -11,8 +11,12 @@ import Synchronization
 /// Jobs enqueued from other threads wake the I/O thread through its `Wakeup`. Code running here
 /// must not block: blocking work belongs on a thread of its own, awaited from here.
 final class IOThreadExecutor: TaskExecutor, @unchecked Sendable {
-    // @unchecked: `jobs` is guarded by its Mutex; an `UnownedJob` is only run on the I/O thread.
+    // @unchecked: `jobs` is guarded by its Mutex; `running`, and every `UnownedJob` run, are the
+    // I/O thread's only.
     private let jobs = Mutex<[UnownedJob]>([])
+    /// The jobs being run, swapped with `jobs`' buffer each round: both buffers keep their
+    /// capacity, so a round allocates nothing. Touched on the I/O thread only.
+    private var running: [UnownedJob] = []
     private let owner = Atomic<UInt>(0)
     private let wakeup: Wakeup
 
@@ -46,15 +50,13 @@ final class IOThreadExecutor: TaskExecutor, @unchecked Sendable {
     func runQueuedJobs(limit: Int = 4096) {
         var ran = 0
         while ran < limit {
-            let batch = jobs.withLock { jobs -> [UnownedJob] in
-                defer { jobs.removeAll(keepingCapacity: true) }
-                return jobs
-            }
-            if batch.isEmpty { return }
-            for job in batch {
+            jobs.withLock { swap(&$0, &running) }
+            if running.isEmpty { return }
+            for job in running {
                 job.runSynchronously(on: asUnownedTaskExecutor())
             }
-            ran += batch.count
+            ran += running.count
+            running.removeAll(keepingCapacity: true)
         }
     }
 }
