@@ -343,8 +343,8 @@ public final class BusClient: Sendable, Service {
                 return state.stopping
             }
             if !unsent.isEmpty {
-                let waiting = unsent
-                unsent.removeAll(keepingCapacity: true)
+                var waiting = Deque<Outgoing>()
+                swap(&waiting, &unsent)
                 let live = state.withLock { state in waiting.filter { state.pending[$0.id] != nil } }  // not cancelled meanwhile
                 unsent.append(contentsOf: sendRequests(live, on: socket, timers: &timers))
             }
