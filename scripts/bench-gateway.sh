@@ -59,8 +59,10 @@ LUA
 
 # CPU ticks (user + system) of a process so far.
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# µs of CPU per item from a tick count and a count of items.
+per_item() { awk -v t="$1" -v hz="$(getconf CLK_TCK)" -v n="$2" 'BEGIN { printf "%.0f", t * 1e6 / hz / n }'; }
 # µs of CPU per request from a tick count and a measure's result (req/s over DURATION seconds).
-per_request() { awk -v t="$1" -v hz="$(getconf CLK_TCK)" -v rps="${2%% *}" -v d="$DURATION" 'BEGIN { printf "%.0f", t * 1e6 / hz / (rps * d) }'; }
+per_request() { per_item "$1" "$(awk -v rps="${2%% *}" -v d="$DURATION" 'BEGIN { print rps * d }')"; }
 bare_pid=$bare; bare_ticks=$(ticks "$bare_pid")
 bare=$(MEASURE_LABEL=bare measure "$bare_url/healthz")
 bare_ticks=$(( $(ticks "$bare_pid") - bare_ticks ))
@@ -80,15 +82,14 @@ for _ in $(seq 1 600); do [ "$(metric_sum jobs_outbox_backlog)" = 0 ] && { drain
 # A backlog left after a minute: the CPU per job below misses what delivering it costs.
 [ -n "$drained" ] || echo "warning: the jobs outbox still held $(metric_sum jobs_outbox_backlog) entries after 60 s; CPU per job is low" >&2
 created=$(( $(metric_sum jobs_queue_length) - queued_before ))
-hz=$(getconf CLK_TCK)
 cpu_line="POST jobs CPU per job:"
 cpu_total=0
 for name in gateway quota jobs history; do
   spent=$(( $(ticks "${service_pid[$name]}") - ${cpu_before[$name]} ))
   cpu_total=$(( cpu_total + spent ))
-  cpu_line+=" $name $(awk -v t="$spent" -v hz="$hz" -v n="$created" 'BEGIN { printf "%.0f", t * 1e6 / hz / n }') µs,"
+  cpu_line+=" $name $(per_item "$spent" "$created") µs,"
 done
-cpu_line+=" total $(awk -v t="$cpu_total" -v hz="$hz" -v n="$created" 'BEGIN { printf "%.0f", t * 1e6 / hz / n }') µs"
+cpu_line+=" total $(per_item "$cpu_total" "$created") µs"
 
 # The same gateway with its tasks on its event loops instead of Swift's pool (bus calls then go
 # out and come back on the loop that serves the request, EventLoopLane): measured in the same run.

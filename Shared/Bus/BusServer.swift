@@ -188,11 +188,8 @@ public final class BusServer: Service, Sendable {
             executor.runQueuedJobs()
             state.withLock { swap(&replies, &$0.replies) }
             inFlight -= replies.count
-            if refusals.isEmpty {
-                send(replies, on: socket)
-            } else {
-                send(refusals + replies, on: socket)
-            }
+            replies.prepend(contentsOf: refusals)  // (never in flight)
+            send(replies, on: socket)
             replies.removeAll(keepingCapacity: true)
             if draining && inFlight == 0 { break }
         }
