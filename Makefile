@@ -55,7 +55,6 @@ hosts-chaos: deps
 test: deps
 	scripts/check-imports.py
 	scripts/swift-build.sh --build-tests
-	scripts/swift-build.sh --product swift-openapi-generator
 	scripts/swift-test.sh 10 --filter BusTests
 	scripts/with-s3.sh scripts/with-postgres.sh bash -c 'scripts/swift-test.sh 10 --filter "$(STORE_TESTS)" \
 	  && scripts/swift-test.sh 20 --skip BusTests --skip "$(STORE_TESTS)" --skip "$(HEAVY_TESTS)" \
@@ -85,13 +84,15 @@ chaos-postgres: deps
 	  CHAOS_THRESHOLDS='POST /api/v1/jobs p99<100ms' scripts/chaos-check.sh
 	CONFIG=release STORE=postgres CHAOS_ONLY=postgres CHAOS_THRESHOLDS='max<4950ms' scripts/chaos-check.sh
 
-## Regenerates the client code from openapi.yaml (committed; a test fails when it is stale).
+## Regenerates the client code from openapi.yaml (committed) and the sums of what it was made from
+## and of what it made (Clients/openapi-generated.sha256: a test fails when they no longer match).
 generate: deps
 	scripts/swift-build.sh --product swift-openapi-generator
 	rm -rf Clients/PhotoEditKit/Generated && mkdir -p Clients/PhotoEditKit/Generated
 	$$(scripts/swift-build.sh --show-bin-path)/swift-openapi-generator generate openapi.yaml \
 	  --config Clients/openapi-generator-config.yaml --output-directory Clients/PhotoEditKit/Generated
 	scripts/embed-console.sh
+	sha256sum openapi.yaml Clients/openapi-generator-config.yaml Clients/PhotoEditKit/Generated/*.swift > Clients/openapi-generated.sha256
 
 ## The console in Chromium (Selenium) against a stack of its own (needs the debug build).
 console-check: deps
