@@ -37,21 +37,18 @@ hosts-chaos: deps
 ## without flushes): STORE_TESTS in parallel, then the other suites in parallel, then HEAVY_TESTS
 ## one at a time. Each part is
 ## bounded (scripts/swift-test.sh: past its minutes the run is stopped and the tests still running
-## are named; every suite also has its own time limit). Then the contract conformance run
-## (schemathesis against openapi.yaml on a live stack), the app's flows as the seeds write them
-## (scripts/seed-contract.sh, on each store), the operators' console in Chromium driven by
-## Selenium (scripts/console-check.sh), then the alert rules' unit tests and a real
-## Prometheus scraping a stack with them (scripts/prometheus-check.sh), then one edit's trace
-## through every process to an OTLP receiver (scripts/trace-check.sh), then 30 s of loadtest under
-## chaos on a stack of its own (fails on any broken invariant), the chaos check again with
-## BLOB_STORE=s3 (the RADOS Gateway killed too), and with STORE=postgres: two replicas of each
-## service, the replicas killed (both jobs replicas first, so the leader surely is); then
-## PostgreSQL itself killed and restarted under load: every request answered before its 5 s
-## deadline (503 while it is down, no 504; the client's max under 6 s, a margin for a loaded machine)
-## and every invariant kept. Last, Ctrl-C
-## (SIGINT to the process group) stops each stack (default, BLOB_STORE=s3, STORE=postgres), three
-## workers and jobs in flight included, within 10 s, leaving nothing running (scripts/stop-check.sh);
-## and a stack on both PostgreSQL and S3 sent SIGKILL 300 ms after its SIGINT leaves neither running.
+## are named; every suite also has its own time limit). Then the checks on live stacks
+## (scripts/test-checks.sh, in two lanes at once): the chaos checks (30 s of loadtest under chaos,
+## failing on any broken invariant: on SQLite, with BLOB_STORE=s3 and the RADOS Gateway killed too,
+## and on PostgreSQL with two replicas of each service killed, both jobs replicas first) beside the
+## contract conformance run (schemathesis against openapi.yaml), the app's flows as the seeds write
+## them (scripts/seed-contract.sh, on each store), the operators' console in Chromium driven by
+## Selenium, the alert rules' unit tests and a real Prometheus scraping a stack with them, one
+## edit's trace through every process to an OTLP receiver, and Ctrl-C (SIGINT to the process group)
+## stopping each stack within 10 s, leaving nothing running, once with SIGKILL 300 ms after the
+## SIGINT. Last, alone: PostgreSQL itself killed and restarted under load, every request answered
+## before its 5 s deadline (503 while it is down, no 504; the client's max under 6 s, a margin for
+## a loaded machine) and every invariant kept.
 test: deps
 	scripts/check-imports.py
 	scripts/swift-build.sh --build-tests
@@ -59,21 +56,7 @@ test: deps
 	scripts/with-s3.sh scripts/with-postgres.sh bash -c 'scripts/swift-test.sh 10 --filter "$(STORE_TESTS)" \
 	  && scripts/swift-test.sh 20 --skip BusTests --skip "$(STORE_TESTS)" --skip "$(HEAVY_TESTS)" \
 	  && scripts/swift-test.sh 20 --no-parallel --filter "$(HEAVY_TESTS)"'
-	scripts/conformance.sh
-	scripts/seed-contract.sh
-	scripts/console-check.sh
-	BLOB_STORE=s3 scripts/seed-contract.sh
-	STORE=postgres scripts/seed-contract.sh
-	scripts/prometheus-check.sh
-	scripts/trace-check.sh
-	scripts/chaos-check.sh
-	BLOB_STORE=s3 scripts/chaos-check.sh
-	STORE=postgres CHAOS_ONLY=quota,history,jobs CHAOS_FIRST=jobs-1,jobs-2 scripts/chaos-check.sh
-	STORE=postgres CHAOS_ONLY=postgres CHAOS_THRESHOLDS='max<6000ms' scripts/chaos-check.sh
-	scripts/stop-check.sh
-	BLOB_STORE=s3 scripts/stop-check.sh
-	STORE=postgres scripts/stop-check.sh
-	STORE=postgres BLOB_STORE=s3 KILL_AFTER_MS=300 scripts/stop-check.sh
+	scripts/test-checks.sh
 
 ## The chaos checks on PostgreSQL in a release build, with the issue's latency target: with two
 ## replicas of each service and one killed every 5 s, p99 of POST /api/v1/jobs stays under
