@@ -12,10 +12,16 @@ import Synchronization
 /// the task of a caller that waits for it anyway, and nothing is left running once every caller
 /// has its answer. At most `lanes` batches run at once.
 ///
-/// A batch is bounded by the latest bus deadline of its operations (none if one has none), so that
-/// no operation is cut short by another's; an operation whose own deadline passed while it waited
-/// is answered `PostgresUnavailable` without being run (nothing was done). Past `maximumWaiting`
-/// operations waiting, a caller is told the same at once.
+/// A batch is bounded by the earliest bus deadline of its operations (none if none has one), so
+/// that each is answered before its caller gives up: a batch that waits in PostgreSQL (a lock held
+/// by a replica cut off from the network, until PostgreSQL ends that session) is stopped by
+/// PostgreSQL in time for the soonest of its callers, and every operation in it is answered
+/// `PostgresUnavailable`, outcome unknown, which callers may send again. Bounded by the latest
+/// deadline instead, the operations with earlier ones were answered after their callers had
+/// given up (504s at the gateway in `make hosts-chaos`, partition-leader-host). A batch that runs
+/// as usual takes milliseconds and meets every deadline either way. An operation whose own
+/// deadline passed while it waited is answered `PostgresUnavailable` without being run (nothing
+/// was done). Past `maximumWaiting` operations waiting, a caller is told the same at once.
 public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Sendable {
     /// Runs a batch: one answer per request, in order. Throwing answers every request with the error.
     public typealias Execute = @Sendable ([Request]) async throws -> [Result<Response, any Error>]
@@ -107,7 +113,7 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
             return Array(state.waiting.prefix(count))
         }
         // An operation whose caller has stopped waiting is not run; the batch is given until the
-        // latest deadline of the others (none if one has none).
+        // earliest deadline of the others (none if none has one).
         let now = ContinuousClock.now
         let firstExpired = deadline.map { $0 <= now } ?? false
         var batch: [Request] = firstExpired ? [] : [first]
@@ -125,7 +131,7 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
             state.statistics.batches += batch.isEmpty ? 0 : 1
         }
         let deadlines = (firstExpired ? [] : [deadline]) + members.map(\.deadline)
-        let batchDeadline = deadlines.contains { $0 == nil } ? nil : deadlines.compactMap { $0 }.max()
+        let batchDeadline = deadlines.compactMap { $0 }.min()
         var results: [Result<Response, any Error>] = []
         if !batch.isEmpty {
             do {

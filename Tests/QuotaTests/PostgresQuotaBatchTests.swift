@@ -5,6 +5,7 @@ import Messages
 import QuotaCore
 @testable import QuotaService
 import Storage
+import Synchronization
 import Testing
 import TestSupport
 
@@ -189,6 +190,56 @@ struct PostgresQuotaBatchTests {
                     try await store.reserve(ReserveQuota(userId: "free", jobId: "job-free"), now: noon)
                 }
                 #expect(decision.admitted)
+            }
+        }
+    }
+
+    @Test func everyOperationOfABatchIsAnsweredBeforeItsOwnDeadlineThoughOthersHaveLaterOnes() async throws {
+        // Given quota on a pool of one connection, and another session holding two users' locks
+        let location = try await TestPostgres.freshDatabase()
+        var logger = Logger(label: "test.quota")
+        logger.logLevel = .critical
+        try await PostgresPool.migrate(location, service: "quota", PostgresQuotaStore.migrations, logger: logger)
+        let quiet = logger
+        try await PostgresPool(location: location, maximumConnections: 1, logger: logger).running { pool in
+            let store = PostgresQuotaStore(database: pool, logger: quiet)
+            try await TestPostgres.withDatabase(location) { other in
+                try await other.connection { db in
+                    _ = try await db.query("SELECT pg_advisory_lock(hashtext('quota:user:first')), pg_advisory_lock(hashtext('quota:user:held'))", logger: quiet)
+                }
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    // A batch waiting for one of them keeps the only lane busy for up to 3 s
+                    group.addTask {
+                        _ = try? await BusDeadline.$current.withValue(.now.advanced(by: .seconds(3))) {
+                            try await store.reserve(ReserveQuota(userId: "first", jobId: "job-first"), now: self.noon)
+                        }
+                    }
+                    while try await other.connection({ db in
+                        try await db.first("SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND NOT granted", as: Int.self, logger: quiet)
+                    }) == 0 {
+                        try await Task.sleep(for: .milliseconds(10))
+                    }
+                    // When the other user's reservation, with 4 s left, and a third user's, with a
+                    // minute left, wait for the next batch together
+                    let deadline = ContinuousClock.now.advanced(by: .seconds(4))
+                    let answered = Mutex<ContinuousClock.Instant?>(nil)
+                    group.addTask {
+                        _ = try? await BusDeadline.$current.withValue(deadline) {
+                            try await store.reserve(ReserveQuota(userId: "held", jobId: "job-held"), now: self.noon)
+                        }
+                        answered.withLock { $0 = .now }
+                    }
+                    group.addTask {
+                        _ = try? await BusDeadline.$current.withValue(.now.advanced(by: .seconds(60))) {
+                            try await store.reserve(ReserveQuota(userId: "later", jobId: "job-later"), now: self.noon)
+                        }
+                    }
+                    try await group.waitForAll()
+                    // Then the held user's is answered before its own deadline, not when the
+                    // batch's latest would have let PostgreSQL give up (a minute on)
+                    let at = try #require(answered.withLock { $0 })
+                    #expect(at < deadline, "answered \(at - deadline) after its deadline")
+                }
             }
         }
     }
