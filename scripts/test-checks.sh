@@ -61,45 +61,34 @@ if [ -n "${TEST_CHECKS_SERIAL:-}" ]; then
   exit
 fi
 
-# Lane 2 in the background, in a process group of its own (set -m), so that an interrupted run
-# stops it and every stack it started.
-background() {
-  local log=$1
+# beside NAME LOG FOREGROUND... -- BACKGROUND...: runs the BACKGROUND commands (a lane) in a
+# process group of their own (set -m, so that an interrupted run stops them and every stack they
+# started), their output kept in LOG, while the FOREGROUND lane runs here; then prints LOG and
+# fails if either lane did.
+beside() {
+  local name=$1 log=$2 foreground=() background_pid status1 status2
+  shift 2
+  while [ "$1" != -- ]; do foreground+=("$1"); shift; done
   shift
   set -m
   lane "$@" > "$log" 2>&1 &
   background_pid=$!
   set +m
+  trap "kill -TERM -- -$background_pid 2>/dev/null; wait $background_pid 2>/dev/null; exit 130" INT TERM
+  lane "${foreground[@]}"
+  status1=$?
+  wait "$background_pid"
+  status2=$?
+  trap - INT TERM
+  echo "test-checks: $name (its output, kept in $log):"
+  cat "$log"
+  [ "$status1" -eq 0 ] || { echo "test-checks: FAILED beside $name (see above)"; return 1; }
+  [ "$status2" -eq 0 ] || { echo "test-checks: FAILED in $name (see above)"; return 1; }
 }
 
 if [ -n "${HOSTS_CHAOS:-}" ]; then
-  background "$OUT/hosts-chaos.log" scripts/hosts-chaos.sh
-  hosts_pid=$background_pid
-  trap 'kill -TERM -- -"$hosts_pid" 2>/dev/null; wait "$hosts_pid" 2>/dev/null; exit 130' INT TERM
-  lane "${lane2[@]}" "${lane1[@]}"
-  status1=$?
-  wait "$hosts_pid"
-  status2=$?
-  trap - INT TERM
-  echo "test-checks: hosts-chaos (its output, kept in $OUT/hosts-chaos.log):"
-  cat "$OUT/hosts-chaos.log"
-  [ "$status1" -eq 0 ] || { echo "test-checks: FAILED in the lanes (see above)"; exit 1; }
-  [ "$status2" -eq 0 ] || { echo "test-checks: FAILED in hosts-chaos (see above)"; exit 1; }
-  lane "$last"
-  exit
+  beside hosts-chaos "$OUT/hosts-chaos.log" "${lane2[@]}" "${lane1[@]}" -- scripts/hosts-chaos.sh || exit 1
+else
+  beside "lane 2" "$OUT/lane-2.log" "${lane1[@]}" -- "${lane2[@]}" || exit 1
 fi
-
-background "$OUT/lane-2.log" "${lane2[@]}"
-lane2_pid=$background_pid
-trap 'kill -TERM -- -"$lane2_pid" 2>/dev/null; wait "$lane2_pid" 2>/dev/null; exit 130' INT TERM
-
-lane "${lane1[@]}"
-status1=$?
-wait "$lane2_pid"
-status2=$?
-trap - INT TERM
-echo "test-checks: lane 2 (its output, kept in $OUT/lane-2.log):"
-cat "$OUT/lane-2.log"
-[ "$status1" -eq 0 ] || { echo "test-checks: FAILED in lane 1 (the chaos checks)"; exit 1; }
-[ "$status2" -eq 0 ] || { echo "test-checks: FAILED in lane 2 (see above)"; exit 1; }
 lane "$last"

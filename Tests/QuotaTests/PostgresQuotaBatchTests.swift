@@ -32,6 +32,27 @@ struct PostgresQuotaBatchTests {
         return try await open([])
     }
 
+    /// Quota on a pool of one connection (fresh tables), and `other`, a session of its own holding
+    /// the locks of `users` (as a replica's transaction stuck on those users would).
+    func withOneConnection(lockedElsewhere users: [String], _ body: (_ store: PostgresQuotaStore, _ other: PostgresPool, Logger) async throws -> Void) async throws {
+        let location = try await TestPostgres.freshDatabase()
+        var logger = Logger(label: "test.quota")
+        logger.logLevel = .critical
+        try await PostgresPool.migrate(location, service: "quota", PostgresQuotaStore.migrations, logger: logger)
+        let quiet = logger
+        try await PostgresPool(location: location, maximumConnections: 1, logger: logger).running { pool in
+            let store = PostgresQuotaStore(database: pool, logger: quiet)
+            try await TestPostgres.withDatabase(location) { other in
+                try await other.connection { db in
+                    for user in users {
+                        _ = try await db.query("SELECT pg_advisory_lock(hashtext(\("quota:user:" + user)))", logger: quiet)
+                    }
+                }
+                try await body(store, other, quiet)
+            }
+        }
+    }
+
     @Test func manyReservesAtOnceShareFewTransactionsAndAdmitExactlyTheCreditsLeft() async throws {
         try await withStores { stores in
             let store = stores[0]
@@ -159,87 +180,64 @@ struct PostgresQuotaBatchTests {
     }
 
     @Test func aBatchWaitingPastItsDeadlineForAUserLockedElsewhereIsStoppedByPostgreSQL() async throws {
-        // Given quota on a pool of one connection, and another session holding a user's lock (as a
-        // replica's transaction stuck on that user would)
-        let location = try await TestPostgres.freshDatabase()
-        var logger = Logger(label: "test.quota")
-        logger.logLevel = .critical
-        try await PostgresPool.migrate(location, service: "quota", PostgresQuotaStore.migrations, logger: logger)
-        let quiet = logger
-        try await PostgresPool(location: location, maximumConnections: 1, logger: logger).running { pool in
-            let store = PostgresQuotaStore(database: pool, logger: quiet)
-            try await TestPostgres.withDatabase(location) { other in
-                try await other.connection { db in
-                    _ = try await db.query("SELECT pg_advisory_lock(hashtext('quota:user:held'))", logger: quiet)
+        // Given quota on a pool of one connection, and another session holding a user's lock
+        try await withOneConnection(lockedElsewhere: ["held"]) { store, _, _ in
+            // When that user's reservation is made for a bus request with 2 s left
+            var thrown: (any Error)?
+            do {
+                _ = try await BusDeadline.$current.withValue(.now.advanced(by: .seconds(2))) {
+                    try await store.reserve(ReserveQuota(userId: "held", jobId: "job-held"), now: noon)
                 }
-                // When that user's reservation is made for a bus request with 2 s left
-                var thrown: (any Error)?
-                do {
-                    _ = try await BusDeadline.$current.withValue(.now.advanced(by: .seconds(2))) {
-                        try await store.reserve(ReserveQuota(userId: "held", jobId: "job-held"), now: noon)
-                    }
-                } catch {
-                    thrown = error
-                }
-                // Then it fails in time to answer, outcome unknown
-                #expect(StorageFailure.busError(for: try #require(thrown))?.code == .storageUnavailable)
-                // And PostgreSQL itself gave up the batch's lock wait at that deadline (the call
-                // sets it): the pool's one connection decides another user's reservation while the
-                // lock is still held
-                let decision = try await BusDeadline.$current.withValue(.now.advanced(by: .seconds(20))) {
-                    try await store.reserve(ReserveQuota(userId: "free", jobId: "job-free"), now: noon)
-                }
-                #expect(decision.admitted)
+            } catch {
+                thrown = error
             }
+            // Then it fails in time to answer, outcome unknown
+            #expect(StorageFailure.busError(for: try #require(thrown))?.code == .storageUnavailable)
+            // And PostgreSQL itself gave up the batch's lock wait at that deadline (the call
+            // sets it): the pool's one connection decides another user's reservation while the
+            // lock is still held
+            let decision = try await BusDeadline.$current.withValue(.now.advanced(by: .seconds(20))) {
+                try await store.reserve(ReserveQuota(userId: "free", jobId: "job-free"), now: noon)
+            }
+            #expect(decision.admitted)
         }
     }
 
     @Test func everyOperationOfABatchIsAnsweredBeforeItsOwnDeadlineThoughOthersHaveLaterOnes() async throws {
         // Given quota on a pool of one connection, and another session holding two users' locks
-        let location = try await TestPostgres.freshDatabase()
-        var logger = Logger(label: "test.quota")
-        logger.logLevel = .critical
-        try await PostgresPool.migrate(location, service: "quota", PostgresQuotaStore.migrations, logger: logger)
-        let quiet = logger
-        try await PostgresPool(location: location, maximumConnections: 1, logger: logger).running { pool in
-            let store = PostgresQuotaStore(database: pool, logger: quiet)
-            try await TestPostgres.withDatabase(location) { other in
-                try await other.connection { db in
-                    _ = try await db.query("SELECT pg_advisory_lock(hashtext('quota:user:first')), pg_advisory_lock(hashtext('quota:user:held'))", logger: quiet)
+        try await withOneConnection(lockedElsewhere: ["first", "held"]) { store, other, logger in
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                // A batch waiting for one of them keeps the only lane busy for up to 3 s
+                group.addTask {
+                    _ = try? await BusDeadline.$current.withValue(.now.advanced(by: .seconds(3))) {
+                        try await store.reserve(ReserveQuota(userId: "first", jobId: "job-first"), now: self.noon)
+                    }
                 }
-                try await withThrowingTaskGroup(of: Void.self) { group in
-                    // A batch waiting for one of them keeps the only lane busy for up to 3 s
-                    group.addTask {
-                        _ = try? await BusDeadline.$current.withValue(.now.advanced(by: .seconds(3))) {
-                            try await store.reserve(ReserveQuota(userId: "first", jobId: "job-first"), now: self.noon)
-                        }
-                    }
-                    while try await other.connection({ db in
-                        try await db.first("SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND NOT granted", as: Int.self, logger: quiet)
-                    }) == 0 {
-                        try await Task.sleep(for: .milliseconds(10))
-                    }
-                    // When the other user's reservation, with 4 s left, and a third user's, with a
-                    // minute left, wait for the next batch together
-                    let deadline = ContinuousClock.now.advanced(by: .seconds(4))
-                    let answered = Mutex<ContinuousClock.Instant?>(nil)
-                    group.addTask {
-                        _ = try? await BusDeadline.$current.withValue(deadline) {
-                            try await store.reserve(ReserveQuota(userId: "held", jobId: "job-held"), now: self.noon)
-                        }
-                        answered.withLock { $0 = .now }
-                    }
-                    group.addTask {
-                        _ = try? await BusDeadline.$current.withValue(.now.advanced(by: .seconds(60))) {
-                            try await store.reserve(ReserveQuota(userId: "later", jobId: "job-later"), now: self.noon)
-                        }
-                    }
-                    try await group.waitForAll()
-                    // Then the held user's is answered before its own deadline, not when the
-                    // batch's latest would have let PostgreSQL give up (a minute on)
-                    let at = try #require(answered.withLock { $0 })
-                    #expect(at < deadline, "answered \(at - deadline) after its deadline")
+                while try await other.connection({ db in
+                    try await db.first("SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND NOT granted", as: Int.self, logger: logger)
+                }) == 0 {
+                    try await Task.sleep(for: .milliseconds(10))
                 }
+                // When the other user's reservation, with 4 s left, and a third user's, with a
+                // minute left, wait for the next batch together
+                let deadline = ContinuousClock.now.advanced(by: .seconds(4))
+                let answered = Mutex<ContinuousClock.Instant?>(nil)
+                group.addTask {
+                    _ = try? await BusDeadline.$current.withValue(deadline) {
+                        try await store.reserve(ReserveQuota(userId: "held", jobId: "job-held"), now: self.noon)
+                    }
+                    answered.withLock { $0 = .now }
+                }
+                group.addTask {
+                    _ = try? await BusDeadline.$current.withValue(.now.advanced(by: .seconds(60))) {
+                        try await store.reserve(ReserveQuota(userId: "later", jobId: "job-later"), now: self.noon)
+                    }
+                }
+                try await group.waitForAll()
+                // Then the held user's is answered before its own deadline, not when the batch's
+                // latest would have let PostgreSQL give up (a minute on)
+                let at = try #require(answered.withLock { $0 })
+                #expect(at < deadline, "answered \(at - deadline) after its deadline")
             }
         }
     }
