@@ -19,7 +19,9 @@ import Synchronization
 /// `PostgresUnavailable`, outcome unknown, which callers may send again. Bounded by the latest
 /// deadline instead, the operations with earlier ones were answered after their callers had
 /// given up (504s at the gateway in `make hosts-chaos`, partition-leader-host). A batch that runs
-/// as usual takes milliseconds and meets every deadline either way. An operation whose own
+/// as usual takes milliseconds and meets every deadline either way. A batch is given at least
+/// `leastTime` (1 s), so that one operation near its deadline (a call sent again late, say) does
+/// not make PostgreSQL stop a batch of hundreds within milliseconds. An operation whose own
 /// deadline passed while it waited is answered `PostgresUnavailable` without being run (nothing
 /// was done). Past `maximumWaiting` operations waiting, a caller is told the same at once.
 public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Sendable {
@@ -105,6 +107,17 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
         }
     }
 
+    /// The least time a batch is given, whatever its operations' deadlines: one that arrived with
+    /// less left does not cut the others' batch short (were the batch to stall, that one would be
+    /// answered after its caller gave up).
+    public static var leastTime: Duration { .seconds(1) }
+
+    /// The deadline a batch of operations with `deadlines` runs under: the earliest (none if none
+    /// has one), but at least `leastTime` from `now`.
+    static func deadline(of deadlines: [ContinuousClock.Instant?], now: ContinuousClock.Instant) -> ContinuousClock.Instant? {
+        deadlines.compactMap { $0 }.min().map { max($0, now.advanced(by: leastTime)) }
+    }
+
     /// Runs a batch of `first` and those waiting, then hands the lead on or gives the lane back.
     private func lead(with first: Request, deadline: ContinuousClock.Instant?) async -> Result<Response, any Error> {
         let others = state.withLock { state in
@@ -130,8 +143,7 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
             state.statistics.operations += batch.count
             state.statistics.batches += batch.isEmpty ? 0 : 1
         }
-        let deadlines = (firstExpired ? [] : [deadline]) + members.map(\.deadline)
-        let batchDeadline = deadlines.compactMap { $0 }.min()
+        let batchDeadline = Self.deadline(of: (firstExpired ? [] : [deadline]) + members.map(\.deadline), now: now)
         var results: [Result<Response, any Error>] = []
         if !batch.isEmpty {
             do {

@@ -4,7 +4,7 @@ import Logging
 import Messages
 import QuotaCore
 @testable import QuotaService
-import Storage
+@testable import Storage
 import Synchronization
 import Testing
 import TestSupport
@@ -240,5 +240,16 @@ struct PostgresQuotaBatchTests {
                 #expect(at < deadline, "answered \(at - deadline) after its deadline")
             }
         }
+    }
+
+    @Test func aBatchRunsUnderItsEarliestDeadlineButIsGivenAtLeastASecond() {
+        let now = ContinuousClock.now
+        func deadline(_ seconds: [Double?]) -> ContinuousClock.Instant? {
+            PostgresBatcher<Int, Int>.deadline(of: seconds.map { $0.map { now.advanced(by: .milliseconds(Int($0 * 1000))) } }, now: now)
+        }
+        #expect(deadline([4, 60, nil]) == now.advanced(by: .seconds(4)))
+        #expect(deadline([0.3, 60]) == now.advanced(by: PostgresBatcher<Int, Int>.leastTime))
+        #expect(deadline([nil, nil]) == nil)
+        #expect(deadline([]) == nil)
     }
 }
