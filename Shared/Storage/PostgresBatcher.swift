@@ -110,7 +110,7 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
     /// The least time a batch is given, whatever its operations' deadlines: one that arrived with
     /// less left does not cut the others' batch short (were the batch to stall, that one would be
     /// answered after its caller gave up).
-    public static var leastTime: Duration { .seconds(1) }
+    static var leastTime: Duration { .seconds(1) }
 
     /// The deadline a batch of operations with `deadlines` runs under: the earliest (none if none
     /// has one), but at least `leastTime` from `now`.
@@ -126,7 +126,7 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
             return Array(state.waiting.prefix(count))
         }
         // An operation whose caller has stopped waiting is not run; the batch is given until the
-        // earliest deadline of the others (none if none has one).
+        // earliest deadline of the others, at least `leastTime` on (`deadline(of:now:)`).
         let now = ContinuousClock.now
         let firstExpired = deadline.map { $0 <= now } ?? false
         var batch: [Request] = firstExpired ? [] : [first]
