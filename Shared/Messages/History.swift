@@ -15,8 +15,9 @@ public enum History {
     /// One of the user's items (`not_found` for anyone else's).
     public static let get = BusMethod<HistoryItemReference, HistoryItem>("history.get", roles: [.gateway, .operator], retrySafe: true)
     /// Deletes an item for good: gone from every read at once, the job and its files purged
-    /// through jobs (retried until jobs acknowledges).
-    public static let delete = BusMethod<HistoryItemReference, DeletedHistoryItem>("history.delete", roles: [.gateway, .operator])
+    /// through jobs (retried until jobs acknowledges). Idempotent by its item: a delete sent again
+    /// (its replica died before answering) finds the user's own tombstone and gets the same answer.
+    public static let delete = BusMethod<HistoryItemReference, DeletedHistoryItem>("history.delete", roles: [.gateway, .operator], retrySafe: true)
     /// Everything that changed for a user since a token: upserts and deletions.
     public static let changes = BusMethod<ChangesSince, HistoryChanges>("history.changes", roles: [.gateway], retrySafe: true)
     /// Makes a public link to a completed item's result.
