@@ -11,12 +11,14 @@
 # $BENCH_SECONDS, 5 s), and each figure is the median of its turns: this machine's speed drifts
 # by a third within minutes, which a run of one store after the other measured as a difference
 # of the stores.
-# BENCH_PERF=DIR also records a perf profile of the whole machine during each measurement.
+# BENCH_PERF=DIR also records a perf profile of the whole machine during each measurement;
+# BENCH_ROUTES measures only some routes (of: healthz first deep offset search bigsearch raresearch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ITEMS=${ITEMS:-1000000}
 USERS=${USERS:-10000}
 BIG_ITEMS=${BIG_ITEMS:-100000}
+ROUTES=${BENCH_ROUTES:-healthz first deep offset search bigsearch raresearch}
 source scripts/bench-lib.sh
 need wrk wrk
 build_release quota history jobs gateway history-bench
@@ -99,7 +101,7 @@ print("%.0f %.2f %.2f" % tuple(statistics.median(column) for column in zip(*runs
 row() { read -r rps p50 p99 <<<"$2"; printf "%-44s %8s req/s  p50 %6s ms  p99 %6s ms\n" "$1" "$rps" "$p50" "$p99"; }
 report() {
   local store=$1 healthz
-  r() { local name="results_${store}_$1"; echo "${!name}"; }
+  r() { local name="results_${store}_$1"; echo "${!name:-}"; }
   healthz=$(r healthz)
   echo "history of $ITEMS items on $store, wrk 32 connections, median of $ROUNDS turns of ${DURATION}s, logs at warning:"
   row "gateway /healthz (baseline)" "$healthz"
@@ -109,7 +111,7 @@ report() {
   row "search 'unset' (a user with ~90 items)" "$(r search)"
   row "search 'storm #1' (user with $BIG_ITEMS)" "$(r bigsearch)"
   row "search '#77777', one item (user with $BIG_ITEMS)" "$(r raresearch)"
-  ratio() { awk -v a="${1%% *}" -v b="${2%% *}" 'BEGIN { printf "%.2f", a/b }'; }
+  ratio() { awk -v a="${1%% *}" -v b="${2%% *}" 'BEGIN { if (b + 0 == 0) printf "-"; else printf "%.2f", a/b }'; }
   echo "history/healthz throughput ratio$([ "$store" = postgres ] && echo " (postgres)"): first page $(ratio "$(r first)" "$healthz")  deep cursor page $(ratio "$(r deep)" "$healthz")  search $(ratio "$(r search)" "$healthz")"
 }
 
@@ -120,16 +122,16 @@ if [ "${STORE:-sqlite}" = postgres ]; then
   start_bench_postgres
   start_store sqlite
   start_store postgres
-  for route in healthz first deep offset search bigsearch raresearch; do measure_route "$route"; done
+  for route in $ROUTES; do measure_route "$route"; done
   report sqlite
   echo
   report postgres
-  echo "PostgreSQL statements per request: first page $statements_first  search $statements_search"
-  ratio() { awk -v a="${1%% *}" -v b="${2%% *}" 'BEGIN { printf "%.2f", a/b }'; }
+  echo "PostgreSQL statements per request: first page ${statements_first:--}  search ${statements_search:--}"
+  ratio() { awk -v a="${1%% *}" -v b="${2%% *}" 'BEGIN { if (b + 0 == 0) printf "-"; else printf "%.2f", a/b }'; }
   echo "history-postgres/sqlite throughput ratio: first page $(ratio "$results_postgres_first" "$results_sqlite_first")  search $(ratio "$results_postgres_search" "$results_sqlite_search")  deep cursor page $(ratio "$results_postgres_deep" "$results_sqlite_deep")"
 else
   STORES=sqlite ROUNDS=${BENCH_ROUNDS:-1} DURATION=${BENCH_SECONDS:-10}
   start_store sqlite
-  for route in healthz first deep offset search bigsearch raresearch; do measure_route "$route"; done
+  for route in $ROUTES; do measure_route "$route"; done
   report sqlite
 fi

@@ -639,35 +639,33 @@ public struct PostgresHistoryStore: HistoryStore {
         thumbnail_key, image_key, parameters, cost, last_error, version, change_sequence
         """
 
-    /// An item's columns as postgres-nio decodes them, in one pass over the row: `itemColumns`
-    /// but the last (`change_sequence`). (Reading them cell by cell, or through
-    /// `makeRandomAccess`, which copies every cell, cost 5 to 15 % of history's time serving
-    /// first pages.)
-    typealias ItemColumns = (
-        String, String, String, String, String?, String, Double, Int64, Int64, Int64?, String?, String?, String, String?, Int, String?, Int
-    )
-
-    static func item(_ c: ItemColumns) -> HistoryItem {
-        HistoryItem(
-            jobId: c.0, userId: c.1, effectId: c.2, effectTitle: c.3, prompt: c.4, status: JobStatus(rawValue: c.5) ?? .failed,
-            progress: c.6, createdAt: Date(milliseconds: c.7), updatedAt: Date(milliseconds: c.8), finishedAt: c.9.map(Date.init(milliseconds:)),
-            resultKey: c.10, thumbnailKey: c.11, originalImageKey: c.12, parameters: HistoryReads.parameters(c.13), cost: c.14,
-            lastError: c.15, version: c.16
-        )
-    }
-
-    /// The item of a row of `itemColumns`.
+    /// The item of a row of `itemColumns` (its `change_sequence` left unread).
     static func item(from row: PostgresRow) throws -> HistoryItem {
-        item(try row.decode(ItemColumns.self))
+        var cells = PostgresCells(row)
+        return try item(&cells)
     }
 
     /// The number (a page's total, an item's change sequence) and the item of a row of a
     /// `bigint` and then `itemColumns`.
     static func numberedItem(from row: PostgresRow) throws -> (Int64, HistoryItem) {
-        let c = try row.decode(
-            (Int64, String, String, String, String, String?, String, Double, Int64, Int64, Int64?, String?, String?, String, String?, Int, String?, Int).self
+        var cells = PostgresCells(row)
+        let number = try cells.int64()
+        return (number, try item(&cells))
+    }
+
+    /// The item of the next cells, `itemColumns` but the last (`change_sequence`), read one by
+    /// one as their types (`PostgresCells`: postgres-nio's decoding of the whole row as one
+    /// tuple took 2.2 times as long: 270 µs of CPU a first page of 50 items, against 123).
+    static func item(_ cells: inout PostgresCells) throws -> HistoryItem {
+        HistoryItem(
+            jobId: try cells.string(), userId: try cells.string(), effectId: try cells.string(), effectTitle: try cells.string(),
+            prompt: try cells.optionalString(), status: JobStatus(rawValue: try cells.string()) ?? .failed, progress: try cells.double(),
+            createdAt: Date(milliseconds: try cells.int64()), updatedAt: Date(milliseconds: try cells.int64()),
+            finishedAt: try cells.optionalInt64().map(Date.init(milliseconds:)), resultKey: try cells.optionalString(),
+            thumbnailKey: try cells.optionalString(), originalImageKey: try cells.string(),
+            parameters: HistoryReads.parameters(try cells.optionalString()), cost: try cells.int(), lastError: try cells.optionalString(),
+            version: try cells.int()
         )
-        return (c.0, item((c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8, c.9, c.10, c.11, c.12, c.13, c.14, c.15, c.16, c.17)))
     }
 }
 
