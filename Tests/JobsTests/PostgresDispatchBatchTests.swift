@@ -148,4 +148,23 @@ struct PostgresDispatchBatchTests {
             #expect(waited.jobs.count == 1 && waited.jobs.isDisjoint(with: firstWriter.jobs), "\(waited) \(firstWriter)")
         }
     }
+
+    @Test func anAttemptStartedAndEndedInOneWriteEndsThoughTheWritesShareOneStatement() async throws {
+        try await withStore { store, database in
+            // Given a queued job
+            try await create(store, "x")
+            var job = try #require(try await store.job("x", userId: nil))
+            job.attempts = 1
+            job.status = .completed
+            // When one write keeps its first attempt's start and its end (the parts of the batch's
+            // one statement share a snapshot: the end's update cannot see the start's row)
+            try await database.connection { [job] db in
+                try await store.writeChanges(db, started: [(job, "worker-1")], ended: [.init(job, outcome: "completed")])
+            }
+            // Then the attempt is kept, and as ended
+            let attempts = try await store.attempts(of: "x")
+            #expect(attempts.map(\.attempt) == [1] && attempts.first?.workerId == "worker-1")
+            #expect(attempts.first?.outcome == "completed" && attempts.first?.endedAt != nil, "\(attempts)")
+        }
+    }
 }

@@ -434,25 +434,7 @@ public struct PostgresJobsStore: ReportingJobsStore {
 
     /// Writes how these attempts ended; one ended already stays as it was.
     func endAttempts(_ db: PostgresConnection, _ ended: [EndedAttempt]) async throws {
-        guard !ended.isEmpty else { return }
-        try await db.query("""
-            UPDATE jobs_attempt a SET ended_at = e.at, outcome = e.outcome, error = NULLIF(e.error, '')
-            FROM unnest(\(ended.map(\.jobId))::text[], \(ended.map(\.attempt))::bigint[], \(ended.map(\.at))::float8[],
-                        \(ended.map(\.outcome))::text[], \(ended.map { $0.error ?? "" })::text[]) AS e(job_id, attempt, at, outcome, error)
-            WHERE a.job_id = e.job_id AND a.attempt = e.attempt AND a.ended_at IS NULL
-            """, logger: logger)
-    }
-
-    /// Keeps the attempts these starts began, with the workers they went to.
-    func startAttempts(_ db: PostgresConnection, _ started: [(job: JobRecord, worker: String?)]) async throws {
-        guard !started.isEmpty else { return }
-        try await db.query("""
-            INSERT INTO jobs_attempt (job_id, attempt, worker_id, started_at)
-            SELECT j, n, NULLIF(w, ''), t FROM unnest(\(started.map(\.job.id))::text[], \(started.map(\.job.attempts))::bigint[],
-                                                   \(started.map { $0.worker ?? "" })::text[], \(started.map { $0.job.updatedAt.timeIntervalSince1970 })::float8[]) AS s(j, n, w, t)
-            ORDER BY j, n
-            ON CONFLICT (job_id, attempt) DO UPDATE SET worker_id = excluded.worker_id, started_at = excluded.started_at, ended_at = NULL, outcome = NULL, error = NULL
-            """, logger: logger)
+        try await writeChanges(db, ended: ended)
     }
 
     // MARK: Rows
