@@ -63,12 +63,8 @@ cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$jobs_pid/stat"; }
 # STORE=postgres: the same no-op run on SQLite and then on PostgreSQL (a server of its own, with
 # the statements it ran per job from pg_stat_statements); ends with
 # `jobs-postgres/sqlite throughput ratio: X`. BENCH_PERF=DIR also records a perf profile of the
-# whole machine during each of the two runs (DIR/sqlite.data, DIR/postgres.data).
-profiled() { # profiled LABEL COMMAND...: COMMAND, under a system-wide perf record with BENCH_PERF
-  if [ -z "${BENCH_PERF:-}" ]; then "${@:2}"; return; fi
-  mkdir -p "$BENCH_PERF"
-  perf record -q -a -g -F 999 -o "$BENCH_PERF/$1.data" -- "${@:2}" 2>/dev/null
-}
+# whole machine during each of the two runs (DIR/sqlite.data, DIR/postgres.data), and
+# PostgreSQL's costliest statements (DIR/statements.txt).
 if [ "${STORE:-sqlite}" = postgres ]; then
   start_bench_postgres
   start_workers 2 "$CAPACITY"
@@ -81,10 +77,7 @@ if [ "${STORE:-sqlite}" = postgres ]; then
   postgres=$(profiled postgres "$BIN/jobs-bench" "$jobs_endpoint" "$work/blobs" "$NOOP_JOBS" noop "$image")
   after=$(statements)
   stop_workers
-  if [ -n "${BENCH_PERF:-}" ]; then
-    scripts/postgres-server.sh query "$pg_dir" "SELECT calls, round(total_exec_time::numeric, 1) AS ms, rows, left(regexp_replace(query, '\s+', ' ', 'g'), 150)
-      FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 15" >"$BENCH_PERF/statements.txt" 2>&1 || true
-  fi
+  top_statements statements.txt
   echo "jobs on SQLite (noop effect, 2 workers of capacity $CAPACITY, $NOOP_JOBS jobs):     $(field "$sqlite" jobs_per_s) jobs/s (create to completed, over the bus)"
   echo "jobs on PostgreSQL (noop effect, 2 workers of capacity $CAPACITY, $NOOP_JOBS jobs): $(field "$postgres" jobs_per_s) jobs/s  $(awk -v s=$(( after - before )) -v n="$NOOP_JOBS" 'BEGIN { printf "%.2f", s / n }') statements/job (every replica's, relays and leases included)"
   awk -v p="$(field "$postgres" jobs_per_s)" -v q="$(field "$sqlite" jobs_per_s)" 'BEGIN { printf "jobs-postgres/sqlite throughput ratio: %.2f\n", p/q }'

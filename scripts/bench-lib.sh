@@ -24,6 +24,14 @@ need() {
 
 # Prints "req/s p50_ms p99_ms" of a wrk run at 32 connections for $DURATION seconds (wrk's own
 # arguments after); fails on answers that are not 2xx.
+# profiled LABEL COMMAND...: runs COMMAND; with BENCH_PERF=DIR, under a system-wide perf profile
+# (call graphs) in DIR/LABEL.data.
+profiled() {
+  if [ -z "${BENCH_PERF:-}" ]; then "${@:2}"; return; fi
+  mkdir -p "$BENCH_PERF"
+  perf record -q -a -g -F 999 -o "$BENCH_PERF/$1.data" -- "${@:2}" 2>/dev/null
+}
+
 # With BENCH_PERF=DIR, each measurement also records a system-wide perf profile (call graphs) in
 # DIR/LABEL.data, LABEL from MEASURE_LABEL; read it with `perf report -i FILE --sort comm,dso`.
 measure() {
@@ -109,6 +117,14 @@ start_bench_postgres() {
   trap 'cleanup; scripts/postgres-server.sh stop "$pg_dir" >/dev/null 2>&1; rm -rf "$pg_dir"' EXIT
   POSTGRES_STATEMENT_STATS=1 scripts/postgres-server.sh start "$pg_dir" "$(port)" >/dev/null
   source "$pg_dir/postgres.env"
+}
+# With BENCH_PERF=DIR: PostgreSQL's 15 statements that took the longest so far, to DIR/$1, and
+# the counts cleared.
+top_statements() {
+  [ -n "${BENCH_PERF:-}" ] || return 0
+  scripts/postgres-server.sh query "$pg_dir" "SELECT calls, round(total_exec_time::numeric, 1) AS ms, rows, left(regexp_replace(query, '\s+', ' ', 'g'), 150)
+    FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 15" >"$BENCH_PERF/$1" 2>&1 || true
+  scripts/postgres-server.sh query "$pg_dir" "SELECT pg_stat_statements_reset()" >/dev/null 2>&1 || true
 }
 statements() {
   scripts/postgres-server.sh query "$pg_dir" \

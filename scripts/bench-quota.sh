@@ -10,6 +10,8 @@
 # folder, scripts/postgres-server.sh), with one and then two replicas (the bench client given both
 # endpoints), against Redis + Lua with `appendfsync always` (the same promise: on disk before the
 # answer). Ends with `quota-postgres/redis-fsync decisions ratio: 1 replica X, 2 replicas Y`.
+# BENCH_PERF=DIR also records a perf profile of the whole machine during each run there, and
+# PostgreSQL's costliest statements of each (DIR/statements-REPLICAS.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${BENCH_SECONDS:-5}
@@ -48,7 +50,7 @@ if [ "${STORE:-sqlite}" = postgres ]; then
   QUOTA_BIND=$endpoint DATA_DIR=$work LOG_LEVEL=warning QUOTA_MAX_IN_FLIGHT=4096 "$BIN/quota" &
   sqlite_pid=$!
   sleep 1
-  out=$("$BIN/quota-bench" "$endpoint" "$SECONDS_EACH" "$CALLERS")
+  out=$(profiled sqlite "$BIN/quota-bench" "$endpoint" "$SECONDS_EACH" "$CALLERS")
   kill "$sqlite_pid" 2>/dev/null; wait "$sqlite_pid" 2>/dev/null || true
   sqlite=$(field "$out" decisions_per_s)
   echo "quota on SQLite, 1 replica (bus, durable, $CALLERS callers):    $sqlite decisions/s  p50 $(field "$out" p50_ms) ms  p99 $(field "$out" p99_ms) ms"
@@ -65,8 +67,9 @@ if [ "${STORE:-sqlite}" = postgres ]; then
     done
     sleep 2
     before=$(statements)
-    out=$("$BIN/quota-bench" "$endpoints" "$SECONDS_EACH" "$CALLERS")
+    out=$(profiled "postgres-$replicas" "$BIN/quota-bench" "$endpoints" "$SECONDS_EACH" "$CALLERS")
     after=$(statements)
+    top_statements "statements-$replicas.txt"
     kill "${started[@]}" 2>/dev/null; wait "${started[@]}" 2>/dev/null || true
     # Every statement the replicas sent while the bench ran (BEGIN and COMMIT included), over
     # every reservation it made (its 200 warm-up ones too).
