@@ -98,6 +98,8 @@ print("%.0f %.2f %.2f" % tuple(statistics.median(column) for column in zip(*runs
   return 0
 }
 
+# The throughput of measurement $1 over that of $2 ("req/s p50 p99" each); "-" without either.
+ratio() { awk -v a="${1%% *}" -v b="${2%% *}" 'BEGIN { if (a == "" || b + 0 == 0) printf "-"; else printf "%.2f", a/b }'; }
 row() { read -r rps p50 p99 <<<"$2"; printf "%-44s %8s req/s  p50 %6s ms  p99 %6s ms\n" "$1" "$rps" "$p50" "$p99"; }
 report() {
   local store=$1 healthz
@@ -111,7 +113,6 @@ report() {
   row "search 'unset' (a user with ~90 items)" "$(r search)"
   row "search 'storm #1' (user with $BIG_ITEMS)" "$(r bigsearch)"
   row "search '#77777', one item (user with $BIG_ITEMS)" "$(r raresearch)"
-  ratio() { awk -v a="${1%% *}" -v b="${2%% *}" 'BEGIN { if (b + 0 == 0) printf "-"; else printf "%.2f", a/b }'; }
   echo "history/healthz throughput ratio$([ "$store" = postgres ] && echo " (postgres)"): first page $(ratio "$(r first)" "$healthz")  deep cursor page $(ratio "$(r deep)" "$healthz")  search $(ratio "$(r search)" "$healthz")"
 }
 
@@ -127,8 +128,7 @@ if [ "${STORE:-sqlite}" = postgres ]; then
   echo
   report postgres
   echo "PostgreSQL statements per request: first page ${statements_first:--}  search ${statements_search:--}"
-  ratio() { awk -v a="${1%% *}" -v b="${2%% *}" 'BEGIN { if (b + 0 == 0) printf "-"; else printf "%.2f", a/b }'; }
-  echo "history-postgres/sqlite throughput ratio: first page $(ratio "$results_postgres_first" "$results_sqlite_first")  search $(ratio "$results_postgres_search" "$results_sqlite_search")  deep cursor page $(ratio "$results_postgres_deep" "$results_sqlite_deep")"
+  echo "history-postgres/sqlite throughput ratio: first page $(ratio "${results_postgres_first:-}" "${results_sqlite_first:-}")  search $(ratio "${results_postgres_search:-}" "${results_sqlite_search:-}")  deep cursor page $(ratio "${results_postgres_deep:-}" "${results_sqlite_deep:-}")"
 else
   STORES=sqlite ROUNDS=${BENCH_ROUNDS:-1} DURATION=${BENCH_SECONDS:-10}
   start_store sqlite

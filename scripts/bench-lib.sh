@@ -22,8 +22,6 @@ need() {
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2" >/dev/null
 }
 
-# Prints "req/s p50_ms p99_ms" of a wrk run at 32 connections for $DURATION seconds (wrk's own
-# arguments after); fails on answers that are not 2xx.
 # profiled LABEL COMMAND...: runs COMMAND; with BENCH_PERF=DIR, under a system-wide perf profile
 # (call graphs) in DIR/LABEL.data.
 profiled() {
@@ -32,6 +30,8 @@ profiled() {
   perf record -q -a -g -F 999 -o "$BENCH_PERF/$1.data" -- "${@:2}" 2>/dev/null
 }
 
+# Prints "req/s p50_ms p99_ms" of a wrk run at 32 connections for $DURATION seconds (wrk's own
+# arguments after); fails on answers that are not 2xx.
 # With BENCH_PERF=DIR, each measurement also records a system-wide perf profile (call graphs) in
 # DIR/LABEL.data, LABEL from MEASURE_LABEL; read it with `perf report -i FILE --sort comm,dso`.
 measure() {

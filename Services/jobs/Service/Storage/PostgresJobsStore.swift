@@ -432,11 +432,6 @@ public struct PostgresJobsStore: ReportingJobsStore {
         }
     }
 
-    /// Writes how these attempts ended; one ended already stays as it was.
-    func endAttempts(_ db: PostgresConnection, _ ended: [EndedAttempt]) async throws {
-        try await writeChanges(db, ended: ended)
-    }
-
     // MARK: Rows
 
     /// As `JobRows.columns` (as many, in the same order: `JobRows.columnCount`).
@@ -488,7 +483,7 @@ public struct PostgresJobsStore: ReportingJobsStore {
             logger: logger
         )
         if announce, job.attempts > 0, let outcome = AttemptRecord.outcome(of: job.status) {
-            try await endAttempts(db, [EndedAttempt(job, outcome: outcome)])
+            try await writeChanges(db, ended: [EndedAttempt(job, outcome: outcome)])
         }
     }
 
