@@ -6,11 +6,19 @@ import Synchronization
 /// as the next batch: one transaction, and a bounded number of round trips, for many callers
 /// (what the SQLite stores' group commit does on their database thread).
 ///
-/// No task of its own: the first caller to find no batch running leads one. It runs `execute`
-/// with every operation waiting (up to `maximumBatch`), answers them, and hands the lead to the
-/// oldest operation that arrived meanwhile, whose caller runs the next batch. So a batch runs in
-/// the task of a caller that waits for it anyway, and nothing is left running once every caller
-/// has its answer. At most `lanes` batches run at once.
+/// The first caller to find no batch running starts a driver: an operation of the pool
+/// (`PostgresPool.launch`), owned by the pool's run (whose stop waits for it) and run on the
+/// pool's event loop, the thread its connections' answers arrive on. The driver runs `execute`
+/// with every operation waiting (up to `maximumBatch`), answers them, and runs the next batch at
+/// once with those that arrived meanwhile, until none wait; then it ends, and nothing is left
+/// running once every caller has its answer. At most `lanes` drivers run at once.
+///
+/// The driver is not a caller's task (as it was): a caller's task runs on the bus server's
+/// thread, and each batch's COMMIT went back there, queued behind the replies of the batch
+/// before, before the next batch's BEGIN came back to the event loop: about 2 ms between one
+/// batch's COMMIT and the next one's BEGIN in the quota service on PostgreSQL (strace), half of a
+/// batch's time. On the loop, the next batch starts as soon as the last one has committed, and
+/// the answers travel back to their callers meanwhile.
 ///
 /// A batch is bounded by the earliest bus deadline of its operations (none if none has one), so
 /// that each is answered before its caller gives up: a batch that waits in PostgreSQL (a lock held
@@ -23,7 +31,8 @@ import Synchronization
 /// `leastTime` (1 s), so that one operation near its deadline (a call sent again late, say) does
 /// not make PostgreSQL stop a batch of hundreds within milliseconds. An operation whose own
 /// deadline passed while it waited is answered `PostgresUnavailable` without being run (nothing
-/// was done). Past `maximumWaiting` operations waiting, a caller is told the same at once.
+/// was done). Past `maximumWaiting` operations waiting, or once the pool has stopped, a caller is
+/// told the same at once.
 public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Sendable {
     /// Runs a batch: one answer per request, in order. Throwing answers every request with the error.
     public typealias Execute = @Sendable ([Request]) async throws -> [Result<Response, any Error>]
@@ -31,7 +40,7 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
     public let maximumBatch: Int
     public let maximumWaiting: Int
     public let lanes: Int
-    private let location: PostgresLocation
+    private let database: PostgresPool
     private let execute: Execute
     private let state = Mutex(State())
 
@@ -57,23 +66,17 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
     private struct Waiter {
         var request: Request
         var deadline: ContinuousClock.Instant?
-        var turn: CheckedContinuation<Turn, Never>
+        var answer: CheckedContinuation<Result<Response, any Error>, Never>
     }
 
-    private enum Admission { case lead, wait, refused }
-
-    private enum Turn {
-        case answered(Result<Response, any Error>)
-        /// Run the next batch: this waiter's request first.
-        case lead
-    }
+    private enum Admission { case drive, wait, refused }
 
     public init(
-        location: PostgresLocation, maximumBatch: Int = 256, maximumWaiting: Int = PostgresPool.maximumOperations, lanes: Int = 1,
+        database: PostgresPool, maximumBatch: Int = 256, maximumWaiting: Int = PostgresPool.maximumOperations, lanes: Int = 1,
         execute: @escaping Execute
     ) {
         precondition(maximumBatch > 0 && lanes > 0)
-        self.location = location
+        self.database = database
         self.maximumBatch = maximumBatch
         self.maximumWaiting = maximumWaiting
         self.lanes = lanes
@@ -83,27 +86,56 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
     /// `request`'s answer, once the batch it joined has committed (or failed).
     public func submit(_ request: Request) async throws -> Response {
         let deadline = BusDeadline.current
-        let turn = await withCheckedContinuation { (turn: CheckedContinuation<Turn, Never>) in
+        return try await withCheckedContinuation { (answer: CheckedContinuation<Result<Response, any Error>, Never>) in
             let admission = state.withLock { state -> Admission in
-                if state.running < lanes {
-                    state.running += 1
-                    return .lead
-                }
                 guard state.waiting.count < maximumWaiting else { return .refused }
-                state.waiting.append(Waiter(request: request, deadline: deadline, turn: turn))
-                return .wait
+                state.waiting.append(Waiter(request: request, deadline: deadline, answer: answer))
+                guard state.running < lanes else { return .wait }
+                state.running += 1
+                return .drive
             }
             switch admission {
-            case .lead: turn.resume(returning: .lead)
+            case .drive: startDriver()
             case .wait: break
-            case .refused: turn.resume(returning: .answered(.failure(PostgresUnavailable(location: location))))
+            case .refused: answer.resume(returning: .failure(PostgresUnavailable(location: database.location)))
             }
+        }.get()
+    }
+
+    /// Starts a driver (see the type's notes); if the pool has stopped, answers those waiting.
+    private func startDriver() {
+        let launched = database.launch({ await self.drive() }, stopped: { self.driverStopped() })
+        if !launched { driverStopped() }
+    }
+
+    /// A driver that never ran (the pool has stopped): its lane is given back, and the operations
+    /// waiting are told the database is unavailable (nothing was done).
+    private func driverStopped() {
+        let waiters = state.withLock { state in
+            state.running -= 1
+            defer { state.waiting.removeAll() }
+            return state.waiting
         }
-        switch turn {
-        case .answered(let result):
-            return try result.get()
-        case .lead:
-            return try await lead(with: request, deadline: deadline).get()
+        for waiter in waiters { waiter.answer.resume(returning: .failure(PostgresUnavailable(location: database.location))) }
+    }
+
+    /// Runs batches of those waiting until none wait, then gives the lane back.
+    private func drive() async {
+        while let waiters = nextBatch() {
+            await run(waiters)
+        }
+    }
+
+    /// The next batch's operations, nil (and the lane given back) if none wait.
+    private func nextBatch() -> [Waiter]? {
+        state.withLock { state in
+            guard !state.waiting.isEmpty else {
+                state.running -= 1
+                return nil
+            }
+            let count = min(state.waiting.count, maximumBatch)
+            defer { state.waiting.removeFirst(count) }
+            return Array(state.waiting.prefix(count))
         }
     }
 
@@ -118,53 +150,35 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
         deadlines.compactMap { $0 }.min().map { max($0, now.advanced(by: leastTime)) }
     }
 
-    /// Runs a batch of `first` and those waiting, then hands the lead on or gives the lane back.
-    private func lead(with first: Request, deadline: ContinuousClock.Instant?) async -> Result<Response, any Error> {
-        let others = state.withLock { state in
-            let count = min(state.waiting.count, maximumBatch - 1)
-            defer { state.waiting.removeFirst(count) }
-            return Array(state.waiting.prefix(count))
-        }
+    /// Runs one batch of `waiters` and answers each.
+    private func run(_ waiters: [Waiter]) async {
         // An operation whose caller has stopped waiting is not run; the batch is given until the
         // earliest deadline of the others, at least `leastTime` on (`deadline(of:now:)`).
         let now = ContinuousClock.now
-        let firstExpired = deadline.map { $0 <= now } ?? false
-        var batch: [Request] = firstExpired ? [] : [first]
         var members: [Waiter] = []
-        for waiter in others {
+        members.reserveCapacity(waiters.count)
+        for waiter in waiters {
             if let deadline = waiter.deadline, deadline <= now {
-                waiter.turn.resume(returning: .answered(.failure(PostgresUnavailable(location: location))))
+                waiter.answer.resume(returning: .failure(PostgresUnavailable(location: database.location)))
             } else {
-                batch.append(waiter.request)
                 members.append(waiter)
             }
         }
+        guard !members.isEmpty else { return }
         state.withLock { state in
-            state.statistics.operations += batch.count
-            state.statistics.batches += batch.isEmpty ? 0 : 1
+            state.statistics.operations += members.count
+            state.statistics.batches += 1
         }
-        let batchDeadline = Self.deadline(of: (firstExpired ? [] : [deadline]) + members.map(\.deadline), now: now)
-        var results: [Result<Response, any Error>] = []
-        if !batch.isEmpty {
-            do {
-                results = try await BusDeadline.$current.withValue(batchDeadline) { try await execute(batch) }
-                precondition(results.count == batch.count, "a batch answers each of its requests")
-            } catch {
-                results = Array(repeating: .failure(error), count: batch.count)
-            }
+        let batchDeadline = Self.deadline(of: members.map(\.deadline), now: now)
+        var results: [Result<Response, any Error>]
+        do {
+            results = try await BusDeadline.$current.withValue(batchDeadline) { try await execute(members.map(\.request)) }
+            precondition(results.count == members.count, "a batch answers each of its requests")
+        } catch {
+            results = Array(repeating: .failure(error), count: members.count)
         }
-        let own: Result<Response, any Error> = firstExpired ? .failure(PostgresUnavailable(location: location)) : results[0]
-        for (waiter, result) in zip(members, results.dropFirst(firstExpired ? 0 : 1)) {
-            waiter.turn.resume(returning: .answered(result))
+        for (waiter, result) in zip(members, results) {
+            waiter.answer.resume(returning: result)
         }
-        let next = state.withLock { state -> Waiter? in
-            guard !state.waiting.isEmpty else {
-                state.running -= 1
-                return nil
-            }
-            return state.waiting.removeFirst()
-        }
-        next?.turn.resume(returning: .lead)
-        return own
     }
 }

@@ -342,6 +342,27 @@ public final class PostgresPool: Service, Sendable {
         try await client.withConnection(body)
     }
 
+    /// Hands `body` to `run()`, which runs it as one of its operations: on the pool's event loop,
+    /// and waited for by the pool's stop. `body` holds no connection of its own (it makes its own
+    /// calls of the pool). False if the pool has stopped or has `maximumOperations` already: then
+    /// `body` never runs, nor does `stopped`. `stopped` is called instead of `body` if the pool
+    /// stops before `body` has started.
+    func launch(_ body: @escaping @Sendable () async -> Void, stopped: @escaping @Sendable () -> Void) -> Bool {
+        enqueue(Operation(run: body, stopped: stopped))
+    }
+
+    /// Hands `operation` to `run()`; false if the pool has stopped or has `maximumOperations`.
+    private func enqueue(_ operation: Operation) -> Bool {
+        let taken = intake.withLock { intake -> Bool in
+            guard intake.open, intake.count < Self.maximumOperations else { return false }
+            intake.count += 1
+            intake.pending.append(operation)
+            return true
+        }
+        if taken { ring.yield() }
+        return taken
+    }
+
     /// Runs `body` on a connection of the pool, failing fast while the server is down and giving
     /// up after `limit` or the current request's deadline (see the type's notes).
     func leased<T: Sendable>(limit: Duration?, _ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
@@ -356,13 +377,7 @@ public final class PostgresPool: Service, Sendable {
                 },
                 stopped: { [location] in answer.give(.failure(PostgresUnavailable(location: location))) }
             )
-            let taken = intake.withLock { intake -> Bool in
-                guard intake.open, intake.count < Self.maximumOperations else { return false }
-                intake.count += 1
-                intake.pending.append(operation)
-                return true
-            }
-            if taken { ring.yield() } else { operation.stopped() }
+            if !enqueue(operation) { operation.stopped() }
         }
         // A connection lost: the server may be gone.
         if case .failure(let error as PSQLError) = outcome, PostgresUnavailable.isConnectionLevel(error) { outage.suspect() }

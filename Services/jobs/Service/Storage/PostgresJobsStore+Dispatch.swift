@@ -27,7 +27,7 @@ extension PostgresJobsStore {
 
     /// The group commit of the dispatcher's writes made through `store` (and its fence).
     static func dispatchBatcher(_ store: PostgresJobsStore) -> PostgresBatcher<DispatchEvent, JobsBatchOutcome> {
-        PostgresBatcher(location: store.database.location) { events in
+        PostgresBatcher(database: store.database) { events in
             try await store.write(events).map { .success($0) }
         }
     }

@@ -50,7 +50,7 @@ public struct PostgresJobsStore: ReportingJobsStore {
         self.pushPlatforms = pushPlatforms
         self.logger = logger
         self.fence = nil
-        self.creations = PostgresBatcher(location: database.location) { batch in
+        self.creations = PostgresBatcher(database: database) { batch in
             try await Self.create(batch, database: database, retry: retry, logger: logger)
         }
         self.dispatches = Self.dispatchBatcher(self)

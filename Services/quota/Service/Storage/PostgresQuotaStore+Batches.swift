@@ -283,39 +283,65 @@ extension PostgresQuotaStore {
         }
 
         // 6-7. The charges made or settled, as one ordered upsert, and the windows' changes, as
-        // another, in one statement. A new job id charged by another user meanwhile is not
-        // overwritten: the batch is run again and then finds it. A release's window row is there
-        // (its reservation made it); its check is a scalar probe per row, not an `EXISTS`, which
-        // PostgreSQL hashed over the whole table.
+        // another, in one statement (`BatchWrite`). A new job id charged by another user
+        // meanwhile is not overwritten: the batch is run again and then finds it.
         let rows = written.sorted().map { charges[$0]! }
         let moved = changes.filter { $0.value != 0 }.sorted { ($0.key.owner, $0.key.kind, $0.key.key) < ($1.key.owner, $1.key.kind, $1.key.key) }
         if !rows.isEmpty || !moved.isEmpty {
-            let count = try await db.first("""
-                WITH charged AS (
-                    INSERT INTO quota_charge (job_id, user_id, cost, state, day_key, month_key, reserved_at, settled_at, network)
-                    SELECT j, u, c, s, d, m, r, CASE WHEN settled THEN t END, NULLIF(n, '')
-                    FROM unnest(\(rows.map(\.charge.jobId))::text[], \(rows.map(\.charge.userId))::text[], \(rows.map(\.charge.cost))::bigint[],
-                                \(rows.map(\.charge.state.rawValue))::text[], \(rows.map(\.charge.dayKey))::text[], \(rows.map(\.charge.monthKey))::text[],
-                                \(rows.map(\.charge.reservedAt))::timestamptz[], \(rows.map { $0.charge.settledAt != nil })::bool[],
-                                \(rows.map { $0.charge.settledAt ?? $0.charge.reservedAt })::timestamptz[], \(rows.map { $0.network ?? "" })::text[])
-                        AS row(j, u, c, s, d, m, r, settled, t, n)
-                    ORDER BY j
-                    ON CONFLICT (job_id) DO UPDATE SET cost = excluded.cost, state = excluded.state, day_key = excluded.day_key,
-                        month_key = excluded.month_key, reserved_at = excluded.reserved_at, settled_at = excluded.settled_at, network = excluded.network
-                        WHERE quota_charge.user_id = excluded.user_id
-                    RETURNING 1
-                ), windows AS (
-                    INSERT INTO quota_usage (user_id, window_kind, window_key, used)
-                    SELECT o, k, w, a FROM unnest(\(moved.map(\.key.owner))::text[], \(moved.map(\.key.kind))::text[], \(moved.map(\.key.key))::text[],
-                                                  \(moved.map(\.value))::bigint[]) AS change(o, k, w, a)
-                    WHERE a > 0 OR (SELECT true FROM quota_usage q WHERE q.user_id = o AND q.window_kind = k AND q.window_key = w LIMIT 1)
-                    ORDER BY o, k, w
-                    ON CONFLICT (user_id, window_kind, window_key) DO UPDATE SET used = quota_usage.used + excluded.used
-                )
-                SELECT count(*) FROM charged
-                """, as: Int.self, logger: logger) ?? 0
+            var bindings = PostgresBindings(capacity: 14)
+            bindings.append(rows.map(\.charge.jobId))
+            bindings.append(rows.map(\.charge.userId))
+            bindings.append(rows.map(\.charge.cost))
+            bindings.append(rows.map(\.charge.state.rawValue))
+            bindings.append(rows.map(\.charge.dayKey))
+            bindings.append(rows.map(\.charge.monthKey))
+            bindings.append(rows.map(\.charge.reservedAt))
+            bindings.append(rows.map { $0.charge.settledAt != nil })
+            bindings.append(rows.map { $0.charge.settledAt ?? $0.charge.reservedAt })
+            bindings.append(rows.map { $0.network ?? "" })
+            bindings.append(moved.map(\.key.owner))
+            bindings.append(moved.map(\.key.kind))
+            bindings.append(moved.map(\.key.key))
+            bindings.append(moved.map(\.value))
+            var count = 0
+            for try await charged in try await db.execute(BatchWrite(bindings: bindings), logger: logger) { count = charged }
             guard count == rows.count else { throw JobIdTakenMeanwhile() }
         }
         return results
+    }
+
+    /// A batch's writes: the charges made or settled, as one upsert in job id order, and the
+    /// windows' changes, as another in key order; answers how many charges were written. A
+    /// release's window row is there (its reservation made it); its check is a scalar probe per
+    /// row, not an `EXISTS`, which PostgreSQL hashed over the whole table. Prepared by
+    /// postgres-nio once per connection, by name, and planned once: parsing and planning it again
+    /// at every batch were a sixth of the PostgreSQL backend's time (perf).
+    struct BatchWrite: PostgresPreparedStatement {
+        typealias Row = Int
+        static let name = "quota_batch_write"
+        static let sql = """
+            WITH charged AS (
+                INSERT INTO quota_charge (job_id, user_id, cost, state, day_key, month_key, reserved_at, settled_at, network)
+                SELECT j, u, c, s, d, m, r, CASE WHEN settled THEN t END, NULLIF(n, '')
+                FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $8::bool[],
+                            $9::timestamptz[], $10::text[]) AS row(j, u, c, s, d, m, r, settled, t, n)
+                ORDER BY j
+                ON CONFLICT (job_id) DO UPDATE SET cost = excluded.cost, state = excluded.state, day_key = excluded.day_key,
+                    month_key = excluded.month_key, reserved_at = excluded.reserved_at, settled_at = excluded.settled_at, network = excluded.network
+                    WHERE quota_charge.user_id = excluded.user_id
+                RETURNING 1
+            ), windows AS (
+                INSERT INTO quota_usage (user_id, window_kind, window_key, used)
+                SELECT o, k, w, a FROM unnest($11::text[], $12::text[], $13::text[], $14::bigint[]) AS change(o, k, w, a)
+                WHERE a > 0 OR (SELECT true FROM quota_usage q WHERE q.user_id = o AND q.window_kind = k AND q.window_key = w LIMIT 1)
+                ORDER BY o, k, w
+                ON CONFLICT (user_id, window_kind, window_key) DO UPDATE SET used = quota_usage.used + excluded.used
+            )
+            SELECT count(*) FROM charged
+            """
+        var bindings: PostgresBindings
+
+        func makeBindings() throws -> PostgresBindings { bindings }
+        func decodeRow(_ row: PostgresRow) throws -> Int { try row.decode(Int.self) }
     }
 }
