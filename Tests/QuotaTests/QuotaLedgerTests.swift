@@ -197,6 +197,18 @@ struct QuotaLedgerTests {
         }
     }
 
+    @Test(arguments: QuotaBackend.allCases) func aZonedUsersDayCountsWhatItUsedWhileUTCIsStillOnTheDayBefore(_ backend: QuotaBackend) async throws {
+        try await withQuotaStore(backend) { q in
+            _ = try await q.store.setPlan(SetPlan(userId: "hiro", plan: "free", timeZone: "Asia/Tokyo"), now: noon)
+            // 16:00Z and 20:00Z on the 21st are both the 22nd in Tokyo (not UTC's day: on
+            // PostgreSQL, that window is read only for a user whose row names a zone).
+            _ = try await q.reserve("hiro", "first", cost: 3, at: try Date("2026-11-21T16:00:00Z", strategy: .iso8601))
+            let second = try await q.reserve("hiro", "second", cost: 2, at: try Date("2026-11-21T20:00:00Z", strategy: .iso8601))
+            #expect(second.status.daily.used == 5)
+            #expect(second.status.monthly.used == 5)
+        }
+    }
+
     @Test(arguments: QuotaBackend.allCases) func badInputGetsTypedErrors(_ backend: QuotaBackend) async throws {
         try await withQuotaStore(backend) { q in
             #expect(await busError { _ = try await q.reserve("ivan", "j", cost: 0, at: noon) }?.code == .badRequest)

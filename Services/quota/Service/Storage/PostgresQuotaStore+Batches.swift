@@ -8,15 +8,15 @@ import Storage
 /// Reservations, commits and releases decided in batches (`PostgresBatcher`): one transaction per
 /// batch, and two statements in it whatever its size:
 ///
-/// 1. one call of `quota_batch_read` (migration v2), which takes the advisory locks of the batch's
+/// 1. one call of `quota_batch_read` (migration v5), which takes the advisory locks of the batch's
 ///    users and guest networks in one fixed order (by their hash), so two replicas' batches never
 ///    wait for each other in a circle, and then reads the charges of its job ids, locked in job
 ///    id order (`FOR UPDATE`: a commit or release holds its charge, and a reservation learns
 ///    whether its job id is already charged), the users' rows, their windows' usage (the day and
-///    month in every zone the user's could be in: its row is not read yet) and which guests are
-///    attested;
+///    month in UTC, and for a user whose row names a zone, in every zone it could be in) and
+///    which guests are attested;
 /// 2. every charge made or settled, as one ordered upsert, and every window's change, as
-///    another, in one statement.
+///    another, in one statement (`BatchWrite`, prepared).
 ///
 /// Between the two the batch is decided in order, by the same rules as one decision at a time
 /// (`QuotaRules`): a later operation sees what an earlier one in the batch did. Rows are locked in
@@ -103,12 +103,18 @@ extension PostgresQuotaStore {
         }
         var days: Set<String> = []
         var months: Set<String> = []
+        // Those of UTC, what a user without a zone uses: read whatever the users' zones.
+        var utcDays: Set<String> = []
+        var utcMonths: Set<String> = []
         for now in nows {
             for zone in Self.outermostZones {
                 let (day, month) = ledger.windows.windows(containing: now, timeZone: zone)
                 days.insert(day.key)
                 months.insert(month.key)
             }
+            let (day, month) = ledger.windows.windows(containing: now, timeZone: nil)
+            utcDays.insert(day.key)
+            utcMonths.insert(month.key)
         }
         var candidates: Set<UsageKey> = []
         for owner in owners {
@@ -124,7 +130,8 @@ extension PostgresQuotaStore {
         // 1-5. The deadline, the locks (users and networks, in one order), then the charges of
         // the batch's job ids (locked: `FOR UPDATE`), the users, those windows' usage and which
         // guests are attested (their network's credits are not shared): one call
-        // (`quota_batch_read`).
+        // (`quota_batch_read`). A user's windows of other zones than UTC are read only if its row
+        // names a zone; a network's, always (its guests' zones decide which it uses).
         var charges: [String: (charge: Charge, network: String?)] = [:]
         var users: [String: UserRow] = [:]
         var used: [UsageKey: Int] = [:]
@@ -132,9 +139,12 @@ extension PostgresQuotaStore {
         let jobIds = Set(batch.map(\.jobId)).sorted()
         let locks = reserving.map { "quota:user:" + $0 } + networks.map { "quota:network:" + $0 }
         let reading = Array(candidates)
+        let always = reading.map { key in
+            key.owner.hasPrefix("net:") || (key.kind == "daily" ? utcDays : utcMonths).contains(key.key)
+        }
         for row in try await db.allRows("""
             SELECT * FROM quota_batch_read(\(timeout.map(Int64.init))::bigint, \(locks)::text[], \(jobIds)::text[], \(Array(reserving))::text[],
-                \(reading.map(\.owner))::text[], \(reading.map(\.kind))::text[], \(reading.map(\.key))::text[], \(guests)::text[])
+                \(reading.map(\.owner))::text[], \(reading.map(\.kind))::text[], \(reading.map(\.key))::text[], \(always)::boolean[], \(guests)::text[])
             """, as: (String, String, String?, Int?, String?, String?, String?, Date?, Date?, String?).self, logger: logger
         ) {
             switch row.0 {
