@@ -11,9 +11,9 @@ enum HistoryBackend: String, CaseIterable, CustomTestStringConvertible {
     var testDescription: String { rawValue }
 }
 
-/// A fresh history store of `backend` for the duration of `body`: SQLite in memory (searching by
-/// reading a history of up to `scanUpTo` items, the index past that), or a new database on the
-/// test PostgreSQL, migrated and keyed as the service does it at start.
+/// A fresh history store of `backend` for the duration of `body`: SQLite in memory, or a new
+/// database on the test PostgreSQL, migrated and keyed as the service does it at start; each
+/// searching by reading a history of up to `scanUpTo` items, the trigram index past that.
 func withHistoryStore<T>(_ backend: HistoryBackend, scanUpTo: Int = 10_000, _ body: (any HistoryStore) async throws -> T) async throws -> T {
     switch backend {
     case .sqlite:
@@ -26,7 +26,7 @@ func withHistoryStore<T>(_ backend: HistoryBackend, scanUpTo: Int = 10_000, _ bo
             try await PostgresHistoryStore.tokenKey(db, logger: logger)
         }
         return try await TestPostgres.withDatabase(location) { database in
-            try await body(PostgresHistoryStore(database: database, tokenKey: key, logger: logger))
+            try await body(PostgresHistoryStore(database: database, tokenKey: key, scanUpTo: scanUpTo, logger: logger))
         }
     }
 }

@@ -64,10 +64,10 @@ struct HistoryPagingTests {
         }
     }
 
-    @Test(arguments: zip([HistoryBackend.sqlite, .sqlite, .postgres], [10_000, 0, 0]))
+    @Test(arguments: zip([HistoryBackend.sqlite, .sqlite, .postgres, .postgres], [10_000, 0, 10_000, 0]))
     func searchFindsASubstringOfThePromptOrTitleIgnoringCase(backend: HistoryBackend, scanUpTo: Int) async throws {
-        // Both ways SQLite searches: reading the items (a short history) and the trigram index (a
-        // long one); PostgreSQL's pg_trgm index.
+        // Both ways each store searches: reading the items (a short history) and the trigram
+        // index (a long one; PostgreSQL's pg_trgm).
         try await withHistoryStore(backend, scanUpTo: scanUpTo) { database in
             _ = try await database.applyJobEvents([
                 Events.job("a", prompt: "Golden SUNSET on the beach"),
@@ -75,8 +75,11 @@ struct HistoryPagingTests {
                 Events.job("c", prompt: nil, effectId: "sharpen"),
                 Events.job("d", user: "u2", prompt: "sunset too"),
                 Events.job("e", prompt: "100% off_sale"),
+                Events.job("f", status: .failed, prompt: "a failed sunset"),
             ])
-            #expect(try await database.page(ListHistory(userId: "u1", query: "unset")).items.map(\.jobId) == ["a"])
+            #expect(try await database.page(ListHistory(userId: "u1", query: "unset")).items.map(\.jobId) == ["f", "a"])
+            #expect(try await database.page(ListHistory(userId: "u1", statuses: [.failed], query: "unset")).items.map(\.jobId) == ["f"])
+            #expect(try await database.page(ListHistory(userId: "u1", statuses: [.completed], query: "unset")).items.map(\.jobId) == ["a"])
             #expect(try await database.page(ListHistory(userId: "u1", query: "CITY")).items.map(\.jobId) == ["b"])
             #expect(try await database.page(ListHistory(userId: "u1", query: "harp")).items.map(\.jobId) == ["c"])
             #expect(try await database.page(ListHistory(userId: "u1", query: "on")).totalCount == 2)
@@ -87,8 +90,9 @@ struct HistoryPagingTests {
         }
     }
 
-    @Test(arguments: HistoryBackend.allCases) func aSearchPagedByCursorOrPastItsEndCountsEveryMatch(backend: HistoryBackend) async throws {
-        try await withHistoryStore(backend) { database in
+    @Test(arguments: zip([HistoryBackend.sqlite, .sqlite, .postgres, .postgres], [10_000, 0, 10_000, 0]))
+    func aSearchPagedByCursorOrPastItsEndCountsEveryMatch(backend: HistoryBackend, scanUpTo: Int) async throws {
+        try await withHistoryStore(backend, scanUpTo: scanUpTo) { database in
             // Given 40 items, every fourth one a sunset
             let events = (0..<40).map { index in
                 Events.job(String(format: "job-%03d", index), prompt: index % 4 == 0 ? "a sunset" : "a city",
