@@ -102,14 +102,15 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
         }.get()
     }
 
-    /// Starts a driver (see the type's notes); if the pool has stopped, answers those waiting.
+    /// Starts a driver (see the type's notes); if the pool has stopped, or has as many
+    /// operations as it takes, answers those waiting.
     private func startDriver() {
         let launched = database.launch({ await self.drive() }, stopped: { self.driverStopped() })
         if !launched { driverStopped() }
     }
 
-    /// A driver that never ran (the pool has stopped): its lane is given back, and the operations
-    /// waiting are told the database is unavailable (nothing was done).
+    /// A driver that never ran (the pool has stopped, or is full): its lane is given back, and
+    /// the operations waiting are told the database is unavailable (nothing was done).
     private func driverStopped() {
         let waiters = state.withLock { state in
             state.running -= 1

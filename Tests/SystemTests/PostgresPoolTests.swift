@@ -333,6 +333,32 @@ struct PostgresPoolTests {
         // When the pool stops, then the stop ends (after its grace) instead of waiting for ever
     }
 
+    @Test func batchesRunOnThePoolWhileItRunsAndAreAnsweredUnavailableOnceItHasStopped() async throws {
+        // Given a batcher whose batches run in the pool (each one statement of its own)
+        let location = try await TestPostgres.freshDatabase()
+        let logger = logger
+        let pool = PostgresPool(location: location, logger: logger)
+        let batcher = PostgresBatcher<Int, Int>(database: pool) { numbers in
+            try await pool.connection { db in
+                let total = try await db.first("SELECT \(numbers.reduce(0, +))::bigint", as: Int.self, logger: logger) ?? 0
+                return numbers.map { _ in .success(total) }
+            }
+        }
+        // When 20 operations are submitted while the pool runs, each is answered by its batch
+        try await pool.running { _ in
+            let answers = try await withThrowingTaskGroup(of: Int.self) { group in
+                for number in 1...20 { group.addTask { try await batcher.submit(number) } }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            #expect(answers.count == 20 && answers.allSatisfy { $0 > 0 })
+            #expect(batcher.statistics.operations == 20 && batcher.waiting == 0, "\(batcher.statistics)")
+        }
+        // And once it has stopped, one submitted is told at once that the database is unavailable
+        // (its batch has no pool to run in), and nothing waits
+        await #expect(throws: PostgresUnavailable.self) { _ = try await batcher.submit(1) }
+        #expect(batcher.waiting == 0 && batcher.statistics.operations == 20)
+    }
+
     @Test func aRunThatIsCancelledStillWaitsForTheOperationsRunning() async throws {
         // Given a pool run for the span of a body (its run is cancelled when the body ends), and an
         // operation that goes on for a while after its connection is taken from it
