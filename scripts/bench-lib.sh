@@ -79,7 +79,22 @@ trap cleanup EXIT
 # ports with its data in $work, logs in $work/NAME.log, and waits until the gateway is ready;
 # sets `gateway` to its URL. Variables exported before apply to every process; GATEWAY_ENV (an
 # array of VAR=value) to the gateway alone. Used by the checks `make test` runs on a live stack.
+# A port is free when chosen, not when bound: another process (a connection of the checks running
+# beside, in the other lane) can take it in between, and the service that wanted it stops. So a
+# stack that does not get ready is stopped and started again on new ports, up to three times.
 start_debug_stack() {
+  local try
+  for try in 1 2 3; do
+    start_debug_stack_once && return 0
+    echo "the stack did not get ready (try $try of 3); the gateway's log:"; tail -20 "$work/gateway.log"
+    kill "${stack_pids[@]}" 2>/dev/null || true
+    wait "${stack_pids[@]}" 2>/dev/null || true
+  done
+  return 1
+}
+
+start_debug_stack_once() {
+  stack_pids=()
   BIN=$(scripts/swift-build.sh --show-bin-path)
   export DATA_DIR=$work LOG_LEVEL=${LOG_LEVEL:-warning}
   export QUOTA_ENDPOINT="tcp://127.0.0.1:$(port)" HISTORY_ENDPOINT="tcp://127.0.0.1:$(port)" JOBS_ENDPOINT="tcp://127.0.0.1:$(port)"
@@ -88,11 +103,18 @@ start_debug_stack() {
   export JOBS_WORKER_ENDPOINT=$JOBS_WORKER_BIND
   export GATEWAY_PORT=$(port)
   export PUBLIC_BASE_URL="http://127.0.0.1:$GATEWAY_PORT" URL_SIGNING_SECRET=${URL_SIGNING_SECRET:-stack-signing-secret}
-  for name in quota history jobs worker; do "$BIN/$name" > "$work/$name.log" 2>&1 & pids+=($!); done
-  env ${GATEWAY_ENV[@]+"${GATEWAY_ENV[@]}"} "$BIN/gateway" > "$work/gateway.log" 2>&1 & pids+=($!)
+  for name in quota history jobs worker; do "$BIN/$name" > "$work/$name.log" 2>&1 & stack_pids+=($!); done
+  env ${GATEWAY_ENV[@]+"${GATEWAY_ENV[@]}"} "$BIN/gateway" > "$work/gateway.log" 2>&1 & stack_pids+=($!)
+  pids+=("${stack_pids[@]}")
   gateway="http://127.0.0.1:$GATEWAY_PORT"
-  for _ in $(seq 1 150); do curl -fsS "$gateway/readyz" >/dev/null 2>&1 && return 0; sleep 0.2; done
-  echo "the stack did not get ready; the gateway's log:"; tail -20 "$work/gateway.log"; return 1
+  local pid
+  for _ in $(seq 1 150); do
+    curl -fsS "$gateway/readyz" >/dev/null 2>&1 && return 0
+    # One that has stopped (its port taken, say) will not come back: no use waiting.
+    for pid in "${stack_pids[@]}"; do kill -0 "$pid" 2>/dev/null || return 1; done
+    sleep 0.2
+  done
+  return 1
 }
 
 # Installs a pinned package from PyPI (pip itself from Debian if missing). Debian's own Python
