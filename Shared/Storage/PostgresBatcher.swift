@@ -11,7 +11,9 @@ import Synchronization
 /// pool's event loop, the thread its connections' answers arrive on. The driver runs `execute`
 /// with every operation waiting (up to `maximumBatch`), answers them, and runs the next batch at
 /// once with those that arrived meanwhile, until none wait; then it ends, and nothing is left
-/// running once every caller has its answer. At most `lanes` drivers run at once.
+/// running once every caller has its answer. One driver at a time: two, each starting a batch
+/// beside the other's, made smaller batches that paid a batch's fixed cost more often, and no
+/// more decisions a second (docs/quota.md).
 ///
 /// The driver is not a caller's task (as it was): a caller's task runs on the bus server's
 /// thread, and each batch's COMMIT went back there, queued behind the replies of the batch
@@ -39,14 +41,14 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
 
     public let maximumBatch: Int
     public let maximumWaiting: Int
-    public let lanes: Int
     private let database: PostgresPool
     private let execute: Execute
     private let state = Mutex(State())
 
     private struct State {
         var waiting: [Waiter] = []
-        var running = 0
+        /// Whether a driver runs.
+        var driving = false
         var statistics = Statistics()
     }
 
@@ -72,14 +74,12 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
     private enum Admission { case drive, wait, refused }
 
     public init(
-        database: PostgresPool, maximumBatch: Int = 256, maximumWaiting: Int = PostgresPool.maximumOperations, lanes: Int = 1,
-        execute: @escaping Execute
+        database: PostgresPool, maximumBatch: Int = 256, maximumWaiting: Int = PostgresPool.maximumOperations, execute: @escaping Execute
     ) {
-        precondition(maximumBatch > 0 && lanes > 0)
+        precondition(maximumBatch > 0)
         self.database = database
         self.maximumBatch = maximumBatch
         self.maximumWaiting = maximumWaiting
-        self.lanes = lanes
         self.execute = execute
     }
 
@@ -90,8 +90,8 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
             let admission = state.withLock { state -> Admission in
                 guard state.waiting.count < maximumWaiting else { return .refused }
                 state.waiting.append(Waiter(request: request, deadline: deadline, answer: answer))
-                guard state.running < lanes else { return .wait }
-                state.running += 1
+                guard !state.driving else { return .wait }
+                state.driving = true
                 return .drive
             }
             switch admission {
@@ -109,29 +109,29 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
         if !launched { driverStopped() }
     }
 
-    /// A driver that never ran (the pool has stopped, or is full): its lane is given back, and
-    /// the operations waiting are told the database is unavailable (nothing was done).
+    /// A driver that never ran (the pool has stopped, or is full): the operations waiting are told
+    /// the database is unavailable (nothing was done), and the next caller starts another.
     private func driverStopped() {
         let waiters = state.withLock { state in
-            state.running -= 1
+            state.driving = false
             defer { state.waiting.removeAll() }
             return state.waiting
         }
         for waiter in waiters { waiter.answer.resume(returning: .failure(PostgresUnavailable(location: database.location))) }
     }
 
-    /// Runs batches of those waiting until none wait, then gives the lane back.
+    /// Runs batches of those waiting until none wait; then the next caller starts another driver.
     private func drive() async {
         while let waiters = nextBatch() {
             await run(waiters)
         }
     }
 
-    /// The next batch's operations, nil (and the lane given back) if none wait.
+    /// The next batch's operations, nil (and the driver done) if none wait.
     private func nextBatch() -> [Waiter]? {
         state.withLock { state in
             guard !state.waiting.isEmpty else {
-                state.running -= 1
+                state.driving = false
                 return nil
             }
             let count = min(state.waiting.count, maximumBatch)

@@ -27,13 +27,13 @@ public struct PostgresHistoryStore: HistoryStore {
     /// Mints and opens page cursors and changes tokens, with the key all replicas share.
     public let signer: TokenSigner
 
-    /// The store on a migrated `database`, with the token key `tokenKey(_:logger:)` read.
     /// The most items a user may have for a search to scan them all with a statement planned once
     /// (see `page`); a user with more is searched through the trigram indexes. (As
     /// `HistoryDatabase.scanUpTo`, lower: a scan here costs about 1.2 µs an item, and the
     /// planning it saves about 0.5 ms.)
     public let scanUpTo: Int
 
+    /// The store on a migrated `database`, with the token key `tokenKey(_:logger:)` read.
     public init(database: PostgresPool, tokenKey: [UInt8], scanUpTo: Int = 1_000, logger: Logger) {
         self.scanUpTo = scanUpTo
         self.database = database
