@@ -140,12 +140,15 @@ start_bench_postgres() {
   POSTGRES_STATEMENT_STATS=1 scripts/postgres-server.sh start "$pg_dir" "$(port)" >/dev/null
   source "$pg_dir/postgres.env"
 }
-# With BENCH_PERF=DIR: PostgreSQL's 15 statements that took the longest so far, to DIR/$1, and
-# the counts cleared.
+# With BENCH_PERF=DIR: PostgreSQL's 15 statements that took the longest and the rows written so far
+# per table, to DIR/$1, and the statements' counts cleared.
 top_statements() {
   [ -n "${BENCH_PERF:-}" ] || return 0
   scripts/postgres-server.sh query "$pg_dir" "SELECT calls, round(total_exec_time::numeric, 1) AS ms, rows, left(regexp_replace(query, '\s+', ' ', 'g'), 150)
     FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 15" >"$BENCH_PERF/$1" 2>&1 || true
+  # Rows written per table, and how many updates were HOT (no index touched).
+  scripts/postgres-server.sh query "$pg_dir" "SELECT relname, n_tup_ins AS inserted, n_tup_upd AS updated, n_tup_hot_upd AS hot, n_tup_del AS deleted
+    FROM pg_stat_user_tables WHERE n_tup_ins + n_tup_upd + n_tup_del > 0 ORDER BY n_tup_ins + n_tup_upd + n_tup_del DESC" >>"$BENCH_PERF/$1" 2>&1 || true
   scripts/postgres-server.sh query "$pg_dir" "SELECT pg_stat_statements_reset()" >/dev/null 2>&1 || true
 }
 statements() {
