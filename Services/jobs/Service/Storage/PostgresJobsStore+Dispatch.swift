@@ -159,35 +159,40 @@ extension PostgresJobsStore {
             try await writeChanges(db, ended: ended)
             return
         }
-        let ids = jobs.map(\.id)
-        let rows = String(decoding: try JSONEncoder().encode(try jobs.map(ChangedJobRow.init)), as: UTF8.self)
-        try await db.query("""
-            WITH changed AS (
-                UPDATE jobs_job j SET status = r.status, progress = r.progress, attempts = r.attempts, last_error = r.last_error,
-                    result_key = r.result_key, thumbnail_key = r.thumbnail_key, updated_at = r.updated_at, started_at = r.started_at,
-                    finished_at = r.finished_at, version = r.version, cancel_requested = r.cancel_requested, submission = r.submission,
-                    history_due_at = r.updated_at, history_attempts = 0
-                FROM jsonb_populate_recordset(NULL::jobs_job, \(rows)::jsonb) AS r
-                WHERE j.id = r.id AND j.id = ANY(\(ids)::text[])
-            ), outbox AS (
-                INSERT INTO jobs_outbox (topic, kind, job_id, version, payload, created_at, next_attempt_at)
-                SELECT o.topic, o.kind, o.job_id, o.version, CASE WHEN o.payload = '' THEN NULL ELSE convert_to(o.payload, 'UTF8') END, o.at, o.at
-                FROM unnest(\(outbox.map(\.topic))::text[], \(outbox.map(\.kind))::text[], \(outbox.map(\.jobId))::text[],
-                            \(outbox.map(\.version))::bigint[], \(outbox.map(\.payload))::text[], \(outbox.map(\.at))::float8[])
-                    WITH ORDINALITY AS o(topic, kind, job_id, version, payload, at, n)
-                ORDER BY o.n
-            ), started AS (
-                INSERT INTO jobs_attempt (job_id, attempt, worker_id, started_at)
-                SELECT j, n, NULLIF(w, ''), t FROM unnest(\(started.map(\.job.id))::text[], \(started.map(\.job.attempts))::bigint[],
-                                                       \(started.map { $0.worker ?? "" })::text[], \(started.map { $0.job.updatedAt.timeIntervalSince1970 })::float8[]) AS s(j, n, w, t)
-                ORDER BY j, n
-                ON CONFLICT (job_id, attempt) DO UPDATE SET worker_id = excluded.worker_id, started_at = excluded.started_at, ended_at = NULL, outcome = NULL, error = NULL
-            )
-            UPDATE jobs_attempt a SET ended_at = e.at, outcome = e.outcome, error = NULLIF(e.error, '')
-            FROM unnest(\(ended.map(\.jobId))::text[], \(ended.map(\.attempt))::bigint[], \(ended.map(\.at))::float8[],
-                        \(ended.map(\.outcome))::text[], \(ended.map { $0.error ?? "" })::text[]) AS e(job_id, attempt, at, outcome, error)
-            WHERE a.job_id = e.job_id AND a.attempt = e.attempt AND a.ended_at IS NULL
-            """, logger: logger)
+        var bindings = PostgresBindings(capacity: 17)
+        bindings.append(String(decoding: try JSONEncoder().encode(try jobs.map(ChangedJobRow.init)), as: UTF8.self))
+        bindings.append(jobs.map(\.id))
+        bindings.append(outbox.map(\.topic))
+        bindings.append(outbox.map(\.kind))
+        bindings.append(outbox.map(\.jobId))
+        bindings.append(outbox.map(\.version))
+        bindings.append(outbox.map(\.payload))
+        bindings.append(outbox.map(\.at))
+        bindings.append(started.map(\.job.id))
+        bindings.append(started.map(\.job.attempts))
+        bindings.append(started.map { $0.worker ?? "" })
+        bindings.append(started.map { $0.job.updatedAt.timeIntervalSince1970 })
+        bindings.append(ended.map(\.jobId))
+        bindings.append(ended.map(\.attempt))
+        bindings.append(ended.map(\.at))
+        bindings.append(ended.map(\.outcome))
+        bindings.append(ended.map { $0.error ?? "" })
+        for try await _ in try await db.execute(WriteChanges(bindings: bindings), logger: logger) {}
+    }
+
+    /// `writeChanges`' statement: a call of `jobs_write_changes` (migration v11, which says why it
+    /// is a function), prepared by postgres-nio once per connection, by name.
+    struct WriteChanges: PostgresPreparedStatement {
+        typealias Row = Int
+        static let name = "jobs_write_changes"
+        static let sql = """
+            SELECT jobs_write_changes($1::jsonb, $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::float8[],
+                                      $9::text[], $10::bigint[], $11::text[], $12::float8[], $13::text[], $14::bigint[], $15::float8[], $16::text[], $17::text[])
+            """
+        var bindings: PostgresBindings
+
+        func makeBindings() throws -> PostgresBindings { bindings }
+        func decodeRow(_ row: PostgresRow) throws -> Int { 0 }
     }
 }
 
