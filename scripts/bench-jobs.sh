@@ -62,25 +62,36 @@ cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$jobs_pid/stat"; }
 
 # STORE=postgres: the same no-op run on SQLite and then on PostgreSQL (a server of its own, with
 # the statements it ran per job from pg_stat_statements); ends with
-# `jobs-postgres/sqlite throughput ratio: X`. BENCH_PERF=DIR also records a perf profile of the
-# whole machine during each of the two runs (DIR/sqlite.data, DIR/postgres.data), and
-# PostgreSQL's costliest statements (DIR/statements.txt).
+# `jobs-postgres/sqlite throughput ratio: X` (of the median rounds). BENCH_PERF=DIR also records
+# a perf profile of the whole machine during each round (DIR/sqlite-N.data, DIR/postgres-N.data),
+# and PostgreSQL's costliest statements (DIR/statements.txt).
 if [ "${STORE:-sqlite}" = postgres ]; then
+  # Each store runs ROUNDS times in a row on the same database (its tables grow from round to
+  # round), and the median round is compared: a single round of a few seconds moved by a third
+  # from one invocation to the next, on either store.
+  ROUNDS=${BENCH_ROUNDS:-3}
+  rounds() { # rounds LABEL: ROUNDS runs of jobs-bench; prints each round's jobs/s, then the median
+    local index runs=()
+    for index in $(seq 1 "$ROUNDS"); do
+      runs+=("$(field "$(profiled "$1-$index" "$BIN/jobs-bench" "$jobs_endpoint" "$work/blobs" "$NOOP_JOBS" noop "$image")" jobs_per_s)")
+    done
+    echo "${runs[*]} $(printf '%s\n' "${runs[@]}" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')"
+  }
   start_bench_postgres
   start_workers 2 "$CAPACITY"
-  sqlite=$(profiled sqlite "$BIN/jobs-bench" "$jobs_endpoint" "$work/blobs" "$NOOP_JOBS" noop "$image")
+  sqlite=$(rounds sqlite)
   stop_workers
   kill "$jobs_pid"; wait "$jobs_pid" 2>/dev/null || true
   start_jobs JOBS_DATABASE_URL="$POSTGRES_URL"
   start_workers 2 "$CAPACITY"
   before=$(statements)
-  postgres=$(profiled postgres "$BIN/jobs-bench" "$jobs_endpoint" "$work/blobs" "$NOOP_JOBS" noop "$image")
+  postgres=$(rounds postgres)
   after=$(statements)
   stop_workers
   top_statements statements.txt
-  echo "jobs on SQLite (noop effect, 2 workers of capacity $CAPACITY, $NOOP_JOBS jobs):     $(field "$sqlite" jobs_per_s) jobs/s (create to completed, over the bus)"
-  echo "jobs on PostgreSQL (noop effect, 2 workers of capacity $CAPACITY, $NOOP_JOBS jobs): $(field "$postgres" jobs_per_s) jobs/s  $(awk -v s=$(( after - before )) -v n="$NOOP_JOBS" 'BEGIN { printf "%.2f", s / n }') statements/job (every replica's, relays and leases included)"
-  awk -v p="$(field "$postgres" jobs_per_s)" -v q="$(field "$sqlite" jobs_per_s)" 'BEGIN { printf "jobs-postgres/sqlite throughput ratio: %.2f\n", p/q }'
+  echo "jobs on SQLite (noop effect, 2 workers of capacity $CAPACITY, $ROUNDS rounds of $NOOP_JOBS jobs):     median ${sqlite##* } jobs/s (rounds: ${sqlite% *}; create to completed, over the bus)"
+  echo "jobs on PostgreSQL (noop effect, 2 workers of capacity $CAPACITY, $ROUNDS rounds of $NOOP_JOBS jobs): median ${postgres##* } jobs/s (rounds: ${postgres% *})  $(awk -v s=$(( after - before )) -v n=$(( NOOP_JOBS * ROUNDS )) 'BEGIN { printf "%.2f", s / n }') statements/job (every replica's, relays and leases included)"
+  awk -v p="${postgres##* }" -v q="${sqlite##* }" 'BEGIN { printf "jobs-postgres/sqlite throughput ratio: %.2f\n", p/q }'
   exit 0
 fi
 
