@@ -133,7 +133,8 @@ extension PostgresJobsStore {
         return outcomes
     }
 
-    /// Writes what a batch changed, in one statement whatever its size: the changed rows, each due
+    /// Writes what a batch changed, in one call of `jobs_write_changes` (migration v11) whatever
+    /// its size, that function's one statement: the changed rows, each due
     /// for history at once (every transition bumps the version); the quota settlements and file
     /// deletions, in their order (no payload is written as an empty text: a payload is JSON, never
     /// empty); the attempts started, and those ended (one ended already stays as it was). Each part
@@ -143,11 +144,11 @@ extension PostgresJobsStore {
     /// rows: an attempt started and ended in one call (which the dispatcher never sends: a worker
     /// hears of a start only once it is written) is written in two.
     ///
-    /// The changed rows' ids are given again as an array: the planner takes any
-    /// `jsonb_populate_recordset` for 100 rows, and joined it to `jobs_job` by reading the whole
-    /// table (a hash join over a sequential scan: 1.5 ms a batch of 20 at 5,000 jobs, growing with
-    /// the table) until the table was large enough for index probes to look cheaper; `id = ANY`
-    /// is planned as index probes.
+    /// The changed rows' ids are given again as an array, and so are the ended attempts' jobs: the
+    /// planner takes any `jsonb_populate_recordset` or `unnest` for 100 rows or so, and joined
+    /// them to their tables by reading the whole tables (a hash join over a sequential scan: 1.5
+    /// ms a batch of 20 at 5,000 jobs, growing with the table); `id = ANY` is planned as index
+    /// probes, the only plan the function allows.
     func writeChanges(
         _ db: PostgresConnection, jobs: [JobRecord] = [], outbox: [OutboxRow] = [], started: [(job: JobRecord, worker: String?)] = [],
         ended: [EndedAttempt] = []
@@ -181,9 +182,10 @@ extension PostgresJobsStore {
     }
 
     /// `writeChanges`' statement: a call of `jobs_write_changes` (migration v11, which says why it
-    /// is a function), prepared by postgres-nio once per connection, by name.
+    /// is a function), prepared by postgres-nio once per connection, by name. Its one row (the
+    /// function returns `void`) is read and dropped.
     struct WriteChanges: PostgresPreparedStatement {
-        typealias Row = Int
+        typealias Row = Void
         static let name = "jobs_write_changes"
         static let sql = """
             SELECT jobs_write_changes($1::jsonb, $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::float8[],
@@ -192,7 +194,7 @@ extension PostgresJobsStore {
         var bindings: PostgresBindings
 
         func makeBindings() throws -> PostgresBindings { bindings }
-        func decodeRow(_ row: PostgresRow) throws -> Int { 0 }
+        func decodeRow(_ row: PostgresRow) throws {}
     }
 }
 
