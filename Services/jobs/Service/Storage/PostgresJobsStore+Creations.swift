@@ -9,9 +9,11 @@ import Storage
 /// PostgreSQL make the next one, in one transaction of at most 6 statements whatever its size:
 /// BEGIN and the statement timeout; the advisory locks of its job ids, in the order of their hash
 /// (a creation and an abandoning lookup of one id stay serialised, and two replicas' batches never
-/// wait for each other in a circle); the rows of its ids already made; which of its ids were
-/// abandoned; and every new row in one insert (its rows as one JSON array, so that absent values
-/// are NULL). Its creations are decided in order: one id twice in a batch is created once.
+/// wait for each other in a circle); the rows of its ids already made and which of its ids were
+/// abandoned, in one read (after the locks, in a statement of its own: a statement's snapshot is
+/// taken when it starts, and would miss what the lock's previous holder committed); every new
+/// row in one insert (its rows as one JSON array, so that absent values are NULL); COMMIT. Its
+/// creations are decided in order: one id twice in a batch is created once.
 extension PostgresJobsStore {
     /// One creation of a batch.
     struct Creation: Sendable {
@@ -31,16 +33,22 @@ extension PostgresJobsStore {
         try await database.transaction { db in
             let ids = Array(Set(batch.map(\.request.jobId)))
             try await db.lockInHashOrder(ids.map { "jobs:job:" + $0 }, logger: logger)
+            // The rows of its ids already made, and which of its ids were abandoned, in one read:
+            // each id's row (its columns null if none), then its abandoned mark (null if none).
             var jobs: [String: JobRecord] = [:]
-            for try await row in try await db.query(
-                "SELECT \(unescaped: columns) FROM jobs_job WHERE id = ANY(\(ids)::text[])", logger: logger
-            ) {
-                let job = try job(row)
-                jobs[job.id] = job
+            var abandoned: Set<String> = []
+            for try await row in try await db.query("""
+                SELECT \(unescaped: columns), a.job_id FROM unnest(\(ids)::text[]) AS k(wanted)
+                LEFT JOIN jobs_job ON jobs_job.id = k.wanted LEFT JOIN jobs_abandoned AS a ON a.job_id = k.wanted
+                WHERE jobs_job.id IS NOT NULL OR a.job_id IS NOT NULL
+                """, logger: logger) {
+                let cells = row.makeRandomAccess()
+                if let id = try cells[JobRows.columnCount].decode(String?.self) { abandoned.insert(id) }
+                if cells[0].bytes != nil {
+                    let job = try job(row)
+                    jobs[job.id] = job
+                }
             }
-            let abandoned = Set(try await db.all(
-                "SELECT job_id FROM jobs_abandoned WHERE job_id = ANY(\(ids)::text[])", as: String.self, logger: logger
-            ))
 
             var results: [Result<Created, any Error>] = []
             var made: [JobRecord] = []
