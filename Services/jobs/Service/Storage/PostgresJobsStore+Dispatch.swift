@@ -11,10 +11,10 @@ import Storage
 /// instead of one transaction for each start and each result, or one for each event: BEGIN; the
 /// lease's fence and every row the batch names, locked in the order of their ids (two batches, or
 /// a batch and a handler's write of one row, never wait for each other in a circle), in one
-/// statement (`lockedRows`); every write in
-/// one statement (`writeChanges`: the changed rows as one JSON array, as creations insert them;
-/// the quota settlements and file deletions; the attempts started and ended); the devices'
-/// notifications of the jobs that ended, with push on; COMMIT. The events are decided in the
+/// statement (`lockedRows`); every write in one statement (`writeChanges`: the changed rows as
+/// one JSON array, as creations insert them; the quota settlements and file deletions; the
+/// attempts started and ended); the devices' notifications of the jobs that ended, with push on;
+/// COMMIT. The events are decided in the
 /// order they arrived, each one's starts first and then its results, as the SQLite store writes
 /// them, each start and result by `JobRules` on the row as the batch has changed it so far.
 extension PostgresJobsStore {
