@@ -14,9 +14,9 @@ import Storage
 /// statement (`lockedRows`); every write in one statement (`writeChanges`: the changed rows as
 /// one JSON array, as creations insert them; the quota settlements and file deletions; the
 /// attempts started and ended); the devices' notifications of the jobs that ended, with push on;
-/// COMMIT. The events are decided in the
-/// order they arrived, each one's starts first and then its results, as the SQLite store writes
-/// them, each start and result by `JobRules` on the row as the batch has changed it so far.
+/// COMMIT. The events are decided in the order they arrived, each one's starts first and then its
+/// results, as the SQLite store writes them, each start and result by `JobRules` on the row as
+/// the batch has changed it so far.
 extension PostgresJobsStore {
     /// One event's writes.
     struct DispatchEvent: Sendable {
