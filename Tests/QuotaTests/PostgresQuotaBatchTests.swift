@@ -2,6 +2,7 @@ import Bus
 import Foundation
 import Logging
 import Messages
+import PostgresNIO
 import QuotaCore
 @testable import QuotaService
 @testable import Storage
@@ -251,5 +252,108 @@ struct PostgresQuotaBatchTests {
         #expect(deadline([0.3, 60]) == now.advanced(by: PostgresBatcher<Int, Int>.leastTime))
         #expect(deadline([nil, nil]) == nil)
         #expect(deadline([]) == nil)
+    }
+
+    /// A connection plans `quota_batch_read` once, from the statistics of that time (as jobs'
+    /// `jobs_write_changes`, whose test this follows). Planned when the tables held a row, its
+    /// reads must still probe by key once they hold thousands: `pg_stat_xact_user_tables` counts
+    /// this transaction's sequential scans (its counts before the call are subtracted).
+    @Test func theBatchReadProbesByKeyAfterTheTablesGrowPastThePlanMadeWhenTheyWereSmall() async throws {
+        try await withStores { stores in
+            try await stores[0].database.connection { db in
+                let logger = Logger(label: "test.quota")
+                func read(_ users: [String]) async throws {
+                    let windows = users.flatMap { [($0, "daily", "2026-11-21"), ($0, "monthly", "2026-11")] }
+                    for try await _ in try await db.query("""
+                        SELECT * FROM quota_batch_read(NULL::bigint, \(users.map { "quota:user:" + $0 })::text[], \(users.map { "job-" + $0 })::text[],
+                            \(users)::text[], \(windows.map(\.0))::text[], \(windows.map(\.1))::text[], \(windows.map(\.2))::text[],
+                            \(windows.map { _ in true })::boolean[], \(users)::text[])
+                        """, logger: logger) {}
+                }
+                // Given a connection that planned the read while each table held one row
+                try await db.query("""
+                    INSERT INTO quota_user (id, plan, time_zone, updated_at) VALUES ('user-00000', 'free', '', now());
+                    """, logger: logger)
+                try await db.query("INSERT INTO quota_usage VALUES ('user-00000', 'daily', '2026-11-21', 1)", logger: logger)
+                try await db.query("""
+                    INSERT INTO quota_charge (job_id, user_id, cost, state, day_key, month_key, reserved_at)
+                    VALUES ('job-user-00000', 'user-00000', 1, 'reserved', '2026-11-21', '2026-11', now())
+                    """, logger: logger)
+                try await db.query("INSERT INTO quota_guest VALUES ('user-00000', 'net', 0, 'key-0')", logger: logger)
+                for table in ["quota_user", "quota_usage", "quota_charge", "quota_guest"] {
+                    try await db.query(PostgresQuery(unsafeSQL: "ANALYZE \(table)"), logger: logger)
+                }
+                try await read(["user-00000"])
+                // And tables that then grew to 3,000 users, each with a window, a charge and a guest row
+                try await db.query("""
+                    INSERT INTO quota_user (id, plan, time_zone, updated_at) SELECT 'user-' || lpad(g::text, 5, '0'), 'free', '', now()
+                    FROM generate_series(1, 3000) AS g
+                    """, logger: logger)
+                try await db.query("INSERT INTO quota_usage SELECT id, 'daily', '2026-11-21', 1 FROM quota_user WHERE id <> 'user-00000'", logger: logger)
+                try await db.query("""
+                    INSERT INTO quota_charge (job_id, user_id, cost, state, day_key, month_key, reserved_at)
+                    SELECT 'job-' || id, id, 1, 'reserved', '2026-11-21', '2026-11', now() FROM quota_user WHERE id <> 'user-00000'
+                    """, logger: logger)
+                try await db.query("INSERT INTO quota_guest SELECT id, 'net', 0, 'key-' || id FROM quota_user WHERE id <> 'user-00000'", logger: logger)
+
+                // When it reads a batch of ten users
+                try await db.query("BEGIN", logger: logger)
+                let scans = """
+                    SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_xact_user_tables
+                    WHERE relname IN ('quota_user', 'quota_usage', 'quota_charge', 'quota_guest')
+                    """
+                let before = try await db.first(PostgresQuery(unsafeSQL: scans), as: Int.self, logger: logger) ?? 0
+                try await read((1...10).map { "user-0000\($0 - 1)" })
+                let after = try await db.first(PostgresQuery(unsafeSQL: scans), as: Int.self, logger: logger) ?? 0
+                try await db.query("COMMIT", logger: logger)
+
+                // Then no table was scanned whole
+                #expect(after - before == 0, "\(after - before) sequential scans of the quota tables")
+            }
+        }
+    }
+
+    /// The batch's write (`BatchWrite`) is prepared, and from its sixth run PostgreSQL may keep a
+    /// plan of it, made from the statistics of that time: a release's probe of its window must
+    /// stay a probe once the tables have grown.
+    @Test func theBatchWriteProbesByKeyAfterTheTablesGrowPastThePlanMadeWhenTheyWereSmall() async throws {
+        try await withStores { stores in
+            try await stores[0].database.connection { db in
+                let logger = Logger(label: "test.quota")
+                func release(_ users: [String]) async throws {
+                    var bindings = PostgresBindings(capacity: 14)
+                    for _ in 0..<6 { bindings.append([String]()) }
+                    bindings.append([Date]())
+                    bindings.append([Bool]())
+                    bindings.append([Date]())
+                    bindings.append([String]())
+                    bindings.append(users)
+                    bindings.append(users.map { _ in "daily" })
+                    bindings.append(users.map { _ in "2026-11-21" })
+                    bindings.append(users.map { _ in -1 })
+                    for try await _ in try await db.execute(PostgresQuotaStore.BatchWrite(bindings: bindings), logger: logger) {}
+                }
+                // Given a connection that ran the write six times while the windows' table held a row
+                try await db.query("INSERT INTO quota_usage VALUES ('user-00000', 'daily', '2026-11-21', 10)", logger: logger)
+                try await db.query("ANALYZE quota_usage", logger: logger)
+                for _ in 0..<6 { try await release(["user-00000"]) }
+                // And a table that then grew to 3,000 windows
+                try await db.query("""
+                    INSERT INTO quota_usage SELECT 'user-' || lpad(g::text, 5, '0'), 'daily', '2026-11-21', 10 FROM generate_series(1, 3000) AS g
+                    """, logger: logger)
+
+                // When it releases a credit of ten users
+                try await db.query("BEGIN", logger: logger)
+                let scans = "SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_xact_user_tables WHERE relname = 'quota_usage'"
+                let before = try await db.first(PostgresQuery(unsafeSQL: scans), as: Int.self, logger: logger) ?? 0
+                try await release((1...10).map { "user-0000\($0 - 1)" })
+                let after = try await db.first(PostgresQuery(unsafeSQL: scans), as: Int.self, logger: logger) ?? 0
+                try await db.query("COMMIT", logger: logger)
+
+                // Then the windows' table was not scanned whole, and each window gave its credit back
+                #expect(after - before == 0, "\(after - before) sequential scans of quota_usage")
+                #expect(try await db.first("SELECT sum(used)::bigint FROM quota_usage WHERE user_id <= 'user-00009'", as: Int.self, logger: logger) == 10 * 10 - 6 - 10)
+            }
+        }
     }
 }

@@ -323,31 +323,16 @@ extension PostgresQuotaStore {
     /// A batch's writes: the charges made or settled, as one upsert in job id order, and the
     /// windows' changes, as another in key order; answers how many charges were written. A
     /// release's window row is there (its reservation made it); its check is a scalar probe per
-    /// row, not an `EXISTS`, which PostgreSQL hashed over the whole table. Prepared by
-    /// postgres-nio once per connection, by name, and planned once: parsing and planning it again
-    /// at every batch were a sixth of the PostgreSQL backend's time (perf).
+    /// row, not an `EXISTS`, which PostgreSQL hashed over the whole table. One call of
+    /// `quota_batch_write` (migration v6, which says why it is a function), prepared by
+    /// postgres-nio once per connection, by name: parsing and planning the statement again at
+    /// every batch were a sixth of the PostgreSQL backend's time (perf).
     struct BatchWrite: PostgresPreparedStatement {
         typealias Row = Int
         static let name = "quota_batch_write"
         static let sql = """
-            WITH charged AS (
-                INSERT INTO quota_charge (job_id, user_id, cost, state, day_key, month_key, reserved_at, settled_at, network)
-                SELECT j, u, c, s, d, m, r, CASE WHEN settled THEN t END, NULLIF(n, '')
-                FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $8::bool[],
-                            $9::timestamptz[], $10::text[]) AS row(j, u, c, s, d, m, r, settled, t, n)
-                ORDER BY j
-                ON CONFLICT (job_id) DO UPDATE SET cost = excluded.cost, state = excluded.state, day_key = excluded.day_key,
-                    month_key = excluded.month_key, reserved_at = excluded.reserved_at, settled_at = excluded.settled_at, network = excluded.network
-                    WHERE quota_charge.user_id = excluded.user_id
-                RETURNING 1
-            ), windows AS (
-                INSERT INTO quota_usage (user_id, window_kind, window_key, used)
-                SELECT o, k, w, a FROM unnest($11::text[], $12::text[], $13::text[], $14::bigint[]) AS change(o, k, w, a)
-                WHERE a > 0 OR (SELECT true FROM quota_usage q WHERE q.user_id = o AND q.window_kind = k AND q.window_key = w LIMIT 1)
-                ORDER BY o, k, w
-                ON CONFLICT (user_id, window_kind, window_key) DO UPDATE SET used = quota_usage.used + excluded.used
-            )
-            SELECT count(*) FROM charged
+            SELECT quota_batch_write($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $8::bool[],
+                                     $9::timestamptz[], $10::text[], $11::text[], $12::text[], $13::text[], $14::bigint[])
             """
         var bindings: PostgresBindings
 
