@@ -149,7 +149,12 @@ public final class PostgresPool: Service, Sendable {
     private let doorbell: AsyncStream<Void>
     private let ring: AsyncStream<Void>.Continuation
 
-    public init(location: PostgresLocation, maximumConnections: Int = 20, backgroundLimit: Duration = defaultBackgroundLimit, logger: Logger) {
+    /// `settings` are given to every connection at its start (PostgreSQL's startup parameters): a
+    /// store's own planner settings (see `PostgresHistoryStore.sessionSettings`).
+    public init(
+        location: PostgresLocation, maximumConnections: Int = 20, backgroundLimit: Duration = defaultBackgroundLimit,
+        settings: [(String, String)] = [], logger: Logger
+    ) {
         self.backgroundLimit = backgroundLimit
         var configuration = PostgresClient.Configuration(
             host: location.host, port: location.port, username: location.username, password: location.password,
@@ -166,7 +171,7 @@ public final class PostgresPool: Service, Sendable {
         // server after 5 s, and its locks with it: else the other replicas' transactions on the
         // same rows (a user's quota, a job) waited until the partition healed. No transaction here
         // waits between its statements: they are sent one after another.
-        configuration.options.additionalStartupParameters = [("idle_in_transaction_session_timeout", "5s")]
+        configuration.options.additionalStartupParameters = [("idle_in_transaction_session_timeout", "5s")] + settings
         // The pool's own lines (each failed attempt to connect, while the server is down) only
         // from warnings up: the stores say what failed, once, at the level that matters. Not its
         // warning of a lease before its `run()`: operations start with the pool's own run, and

@@ -25,7 +25,7 @@ func withHistoryStore<T>(_ backend: HistoryBackend, scanUpTo: Int = 10_000, _ bo
         let key = try await PostgresPool.migrate(location, service: "history", PostgresHistoryStore.migrations, logger: logger) { [logger] db in
             try await PostgresHistoryStore.tokenKey(db, logger: logger)
         }
-        return try await TestPostgres.withDatabase(location) { database in
+        return try await TestPostgres.withDatabase(location, settings: PostgresHistoryStore.sessionSettings) { database in
             try await body(PostgresHistoryStore(database: database, tokenKey: key, scanUpTo: scanUpTo, logger: logger))
         }
     }

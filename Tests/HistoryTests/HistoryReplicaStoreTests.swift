@@ -22,8 +22,8 @@ struct HistoryReplicaStoreTests {
         }
         let (keyA, keyB) = try await (first, second)
         #expect(keyA == keyB)
-        return try await TestPostgres.withDatabase(location) { a in
-            try await TestPostgres.withDatabase(location) { b in
+        return try await TestPostgres.withDatabase(location, settings: PostgresHistoryStore.sessionSettings) { a in
+            try await TestPostgres.withDatabase(location, settings: PostgresHistoryStore.sessionSettings) { b in
                 try await body(PostgresHistoryStore(database: a, tokenKey: keyA, logger: logger), PostgresHistoryStore(database: b, tokenKey: keyB, logger: logger))
             }
         }

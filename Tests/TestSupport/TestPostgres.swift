@@ -43,10 +43,13 @@ public enum TestPostgres {
         "postgres://\(location.username):\(location.password ?? "")@\(location.host):\(location.port)/\(location.database)"
     }
 
-    /// Runs a pool of `location` for the duration of `body`.
-    public static func withDatabase<T>(_ location: PostgresLocation, _ body: (PostgresPool) async throws -> T) async throws -> T {
+    /// Runs a pool of `location` (at most `maximumConnections`, each started with `settings`) for
+    /// the duration of `body`.
+    public static func withDatabase<T>(
+        _ location: PostgresLocation, maximumConnections: Int = 20, settings: [(String, String)] = [], _ body: (PostgresPool) async throws -> T
+    ) async throws -> T {
         var logger = Logger(label: "test.postgres")
         logger.logLevel = .warning
-        return try await PostgresPool(location: location, logger: logger).running(body)
+        return try await PostgresPool(location: location, maximumConnections: maximumConnections, settings: settings, logger: logger).running(body)
     }
 }

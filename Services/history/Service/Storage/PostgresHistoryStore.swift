@@ -33,7 +33,19 @@ public struct PostgresHistoryStore: HistoryStore {
     /// planning it saves about 0.5 ms.)
     public let scanUpTo: Int
 
-    /// The store on a migrated `database`, with the token key `tokenKey(_:logger:)` read.
+    /// The settings of this store's connections (`PostgresPool(settings:)`): sequential scans
+    /// priced out. The pages, the counts and the scanned searches are statements prepared once per
+    /// connection, and after five runs PostgreSQL keeps a generic plan made from the statistics of
+    /// that moment. On a young database (tables of a few rows) that plan scans `history_item` whole
+    /// and sorts it, and it is kept as the tables grow, until autovacuum's next ANALYZE: in psql, a
+    /// page planned while the table held one item still scanned and sorted all of it after 20,000
+    /// more. Every statement here reads a user's rows, or a time range, by an index, so none should
+    /// scan a table whole; with the setting, the plan made while the table was small is the index
+    /// range a page wants (a table with no usable index is still scanned). Jobs and quota fence
+    /// their kept plans the same way, one function at a time (`SET enable_seqscan = off`).
+    public static let sessionSettings = [("enable_seqscan", "off")]
+
+    /// The store on a migrated `database` (made with `sessionSettings`), with the token key `tokenKey(_:logger:)` read.
     public init(database: PostgresPool, tokenKey: [UInt8], scanUpTo: Int = 1_000, logger: Logger) {
         self.scanUpTo = scanUpTo
         self.database = database
