@@ -239,6 +239,13 @@ public struct PostgresHistoryStore: HistoryStore {
     // MARK: Reads
 
     public func page(_ request: ListHistory) async throws -> HistoryPage {
+        let (rows, total) = try await pageRows(request, limit: request.limit, as: PageItems.self)
+        return HistoryReads.page(rows.items, total: total, request: request, signer: signer)
+    }
+
+    /// The rows of `request`'s page (up to `limit`, and the one after it, which only tells that
+    /// there are more) read into a `Reader`, and the total.
+    func pageRows<Reader: PageReader>(_ request: ListHistory, limit: Int, as _: Reader.Type) async throws -> (Reader, Int) {
         let after = try HistoryReads.cursor(of: request, signer: signer)
         let statuses = HistoryReads.statuses(of: request)
         let pattern = HistoryReads.query(of: request).map(Self.containing)
@@ -248,7 +255,7 @@ public struct PostgresHistoryStore: HistoryStore {
         // total comes from the counts kept per status, or, for a search, from counting what
         // matches. A page with no row has no total: from the top it is 0, and only past the last
         // item (an offset or a cursor beyond it) is it counted again.
-        var (items, count): ([HistoryItem], Int)
+        var (rows, count): (Reader, Int)
         if let pattern {
             // A search reads the user's matching items once: each row carries the count of all of
             // them (a window over the matches, taken before the cursor and the limit), so the total
@@ -275,10 +282,10 @@ public struct PostgresHistoryStore: HistoryStore {
             bindings.append(Int64(request.limit + 1))
             bindings.append(Int64(offset))
             bindings.append(Int64(scanUpTo))
-            (items, count) = try await database.connection { [bindings] db in
+            (rows, count) = try await database.connection { [bindings] db in
                 // No row: no match, or a user with more items than the scan takes.
-                let (found, total) = try await Self.readPage(db.execute(ScanSearch(bindings: bindings), logger: logger))
-                guard found.isEmpty else { return (found, total) }
+                let (found, total) = try await Self.readPage(db.execute(ScanSearch(bindings: bindings), logger: logger), into: Reader(limit: limit))
+                guard found.count == 0 else { return (found, total) }
                 var size: Int64 = 0
                 for try await items in try await db.execute(ItemCount(userId: request.userId), logger: logger) { size = items }
                 guard size > scanUpTo else { return (found, total) }
@@ -294,7 +301,7 @@ public struct PostgresHistoryStore: HistoryStore {
                     ORDER BY created_at DESC, job_id DESC LIMIT \(request.limit + 1) OFFSET \(offset)
                     """,
                     logger: logger
-                ))
+                ), into: Reader(limit: limit))
             }
         } else {
             // Any other page is a prepared statement of its shape (`PageShape`), planned once per
@@ -309,9 +316,9 @@ public struct PostgresHistoryStore: HistoryStore {
                 bindings.append(after.createdAt)
                 bindings.append(after.jobId)
             }
-            (items, count) = try await database.connection { [bindings] db in
-                func read<Shape: PageShape.Named>(_: Shape.Type) async throws -> ([HistoryItem], Int) {
-                    try await Self.readPage(db.execute(PreparedPage<Shape>(bindings: bindings), logger: logger))
+            (rows, count) = try await database.connection { [bindings] db in
+                func read<Shape: PageShape.Named>(_: Shape.Type) async throws -> (Reader, Int) {
+                    try await Self.readPage(db.execute(PreparedPage<Shape>(bindings: bindings), logger: logger), into: Reader(limit: limit))
                 }
                 switch (shape.statuses, shape.cursor) {
                 case (false, false): return try await read(PageShape.Top.self)
@@ -321,7 +328,7 @@ public struct PostgresHistoryStore: HistoryStore {
                 }
             }
         }
-        if items.isEmpty, offset > 0 || after != nil {
+        if rows.count == 0, offset > 0 || after != nil {
             count = try await database.connection { db in
                 try await db.first(
                     pattern.map { pattern in
@@ -338,21 +345,41 @@ public struct PostgresHistoryStore: HistoryStore {
                 ) ?? 0
             }
         }
-        return HistoryReads.page(items, total: count, request: request, signer: signer)
+        return (rows, count)
     }
 
-    /// A page's items and total from its rows (see `page`): each row is the total, then an
-    /// item's columns. No row: no item, and a total of 0 (the caller counts again where that is
-    /// not so).
-    static func readPage<Rows: AsyncSequence & Sendable>(_ rows: Rows) async throws -> ([HistoryItem], Int) where Rows.Element == PostgresRow {
-        var items: [HistoryItem] = []
+    /// A page's rows read into `reader`, and the total (see `page`): each row is the total, then
+    /// an item's columns. No row: a total of 0 (the caller counts again where that is not so).
+    static func readPage<Rows: AsyncSequence & Sendable, Reader: PageReader>(
+        _ rows: Rows, into reader: Reader
+    ) async throws -> (Reader, Int) where Rows.Element == PostgresRow {
+        var reader = reader
         var count = 0
         for try await row in rows {
-            let (total, item) = try Self.numberedItem(from: row)
-            count = Int(total)
-            items.append(item)
+            var cells = PostgresCells(row)
+            count = Int(try cells.int64())
+            try reader.read(&cells)
         }
-        return (items, count)
+        return (reader, count)
+    }
+
+    /// What a page's rows are read into: items (`page`), or the heads of the answer written as
+    /// they are read (`renderedPage`).
+    protocol PageReader: Sendable {
+        /// A reader of up to `limit` items (past them a row only tells that there are more).
+        init(limit: Int)
+        /// How many rows it has read, the one past `limit` included.
+        var count: Int { get }
+        /// Reads the next row's item columns (`itemColumns`).
+        mutating func read(_ cells: inout PostgresCells) throws
+    }
+
+    /// A page's rows as items, every one read (`HistoryReads.page` keeps those within the limit).
+    struct PageItems: PageReader {
+        var items: [HistoryItem] = []
+        init(limit: Int) { items.reserveCapacity(limit + 1) }
+        var count: Int { items.count }
+        mutating func read(_ cells: inout PostgresCells) throws { items.append(try PostgresHistoryStore.item(&cells)) }
     }
 
     /// The shape of a page that is not a search: with a status filter or not, from the newest or
