@@ -11,7 +11,7 @@ extension PostgresHistoryStore {
     /// month sections is cut from its items (`MonthSections`), and takes that path.
     public func renderedPage(_ request: ListHistory) async throws -> RenderedHistoryPage {
         if request.groupByMonth { return RenderedHistoryPage(try await page(request)) }
-        let (written, total) = try await pageRows(request, limit: request.limit, as: WrittenItems.self)
+        let (written, total) = try await pageRows(request, as: WrittenItems.self)
         let next = written.hasMore ? written.last.map { HistoryReads.nextCursor(createdAt: $0.createdAt, jobId: $0.jobId, request: request, signer: signer) } : nil
         let (text, ends) = written.heads.finish()
         return RenderedHistoryPage(

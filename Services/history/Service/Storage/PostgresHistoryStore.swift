@@ -45,7 +45,8 @@ public struct PostgresHistoryStore: HistoryStore {
     /// their kept plans the same way, one function at a time (`SET enable_seqscan = off`).
     public static let sessionSettings = [("enable_seqscan", "off")]
 
-    /// The store on a migrated `database` (made with `sessionSettings`), with the token key `tokenKey(_:logger:)` read.
+    /// The store on a migrated `database` (made with `sessionSettings`), with the token key
+    /// `tokenKey(_:logger:)` read.
     public init(database: PostgresPool, tokenKey: [UInt8], scanUpTo: Int = 1_000, logger: Logger) {
         self.scanUpTo = scanUpTo
         self.database = database
@@ -239,18 +240,18 @@ public struct PostgresHistoryStore: HistoryStore {
     // MARK: Reads
 
     public func page(_ request: ListHistory) async throws -> HistoryPage {
-        let (rows, total) = try await pageRows(request, limit: request.limit, as: PageItems.self)
+        let (rows, total) = try await pageRows(request, as: PageItems.self)
         return HistoryReads.page(rows.items, total: total, request: request, signer: signer)
     }
 
-    /// The rows of `request`'s page (up to `limit`, and the one after it, which only tells that
+    /// The rows of `request`'s page (up to its limit, and the one after it, which only tells that
     /// there are more) read into a `Reader`, and the total.
-    func pageRows<Reader: PageReader>(_ request: ListHistory, limit: Int, as _: Reader.Type) async throws -> (Reader, Int) {
+    func pageRows<Reader: PageReader>(_ request: ListHistory, as _: Reader.Type) async throws -> (Reader, Int) {
         let after = try HistoryReads.cursor(of: request, signer: signer)
         let statuses = HistoryReads.statuses(of: request)
         let pattern = HistoryReads.query(of: request).map(Self.containing)
         let offset = after == nil ? request.offset : 0
-        let logger = logger
+        let (limit, logger) = (request.limit, logger)
         // One statement (one snapshot, one round trip): the page's rows, each with the total. The
         // total comes from the counts kept per status, or, for a search, from counting what
         // matches. A page with no row has no total: from the top it is 0, and only past the last
@@ -279,7 +280,7 @@ public struct PostgresHistoryStore: HistoryStore {
                 bindings.appendNull()
                 bindings.appendNull()
             }
-            bindings.append(Int64(request.limit + 1))
+            bindings.append(Int64(limit + 1))
             bindings.append(Int64(offset))
             bindings.append(Int64(scanUpTo))
             (rows, count) = try await database.connection { [bindings] db in
@@ -298,7 +299,7 @@ public struct PostgresHistoryStore: HistoryStore {
                         AND (prompt ILIKE \(pattern) OR effect_title ILIKE \(pattern))
                     ) AS matches
                     WHERE (\(after?.createdAt)::bigint IS NULL OR (created_at, job_id) < (\(after?.createdAt), \(after?.jobId)::text))
-                    ORDER BY created_at DESC, job_id DESC LIMIT \(request.limit + 1) OFFSET \(offset)
+                    ORDER BY created_at DESC, job_id DESC LIMIT \(limit + 1) OFFSET \(offset)
                     """,
                     logger: logger
                 ), into: Reader(limit: limit))
@@ -309,7 +310,7 @@ public struct PostgresHistoryStore: HistoryStore {
             let shape = PageShape(statuses: !statuses.isEmpty, cursor: after != nil)
             var bindings = PostgresBindings()
             bindings.append(request.userId)
-            bindings.append(Int64(request.limit + 1))
+            bindings.append(Int64(limit + 1))
             bindings.append(Int64(offset))
             if shape.statuses { bindings.append(statuses) }
             if let after {
