@@ -256,8 +256,6 @@ let package = Package(
                 // SQLite's C interface: a page's JSON is written from the statement's columns.
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
-                // postgres-nio's cells: a page's JSON is written from their bytes.
-                .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),

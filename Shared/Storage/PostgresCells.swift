@@ -21,17 +21,6 @@ public struct PostgresCells {
     public mutating func int() throws -> Int { try next().decode(Int.self) }
     public mutating func double() throws -> Double { try next().decode(Double.self) }
 
-    /// The next cell's text as the server sent it (a text column's UTF-8, the same in either
-    /// format), nil when NULL: for text written on without a `String` made of it.
-    public mutating func textBytes() throws -> ByteBuffer? {
-        let cell = try next()
-        guard cell.dataType == .text || cell.dataType == .varchar else { throw PostgresCellNotText(column: index - 1) }
-        return cell.bytes
-    }
-
-    /// Passes over the next cell.
-    public mutating func skip() throws { _ = try next() }
-
     private mutating func next() throws -> PostgresCell {
         defer { index += 1 }
         guard let cell = cells.next() else { throw PostgresRowTooShort(column: index) }
@@ -43,10 +32,4 @@ public struct PostgresCells {
 public struct PostgresRowTooShort: Error, CustomStringConvertible {
     public var column: Int
     public var description: String { "the row has no column \(column)" }
-}
-
-/// A cell read as text that is not a text column: a statement and its reader out of step.
-public struct PostgresCellNotText: Error, CustomStringConvertible {
-    public var column: Int
-    public var description: String { "column \(column) is not text" }
 }

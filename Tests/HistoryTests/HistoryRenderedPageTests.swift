@@ -3,18 +3,17 @@ import HistoryService
 import Messages
 import Testing
 
-/// Both stores write `history.page`'s items straight from their rows (`renderedPage`): the answer
-/// must be exactly the one written from the items (`RenderedHistoryPage(page)`), which
-/// `HistoryJSONTests` holds to the app's JSON.
+/// The SQLite store writes `history.page`'s items straight from its rows
+/// (`HistoryDatabase.renderedPage`): the answer must be exactly the one written from the items
+/// (`RenderedHistoryPage(page)`), which `HistoryJSONTests` holds to the app's JSON.
 @Suite("History pages written from rows", .timeLimit(.minutes(5)))
 struct HistoryRenderedPageTests {
-    /// Items of every status, with text to escape, non-ASCII, an embedded NUL (SQLite alone: text
-    /// in PostgreSQL holds none), no prompt, an empty one, parameters and none, fractional
-    /// progress and milliseconds.
-    static func events(_ backend: HistoryBackend = .sqlite) -> [JobEvent] {
+    /// Items of every status, with text to escape, non-ASCII, an embedded NUL, no prompt, an
+    /// empty one, parameters and none, fractional progress and milliseconds.
+    static func events() -> [JobEvent] {
         let prompts: [String?] = [
             "a sunset over the sea", nil, "", "quote \" and backslash \\ and\nnewline\ttab", "emoji 🌅 and ümlaut, 日本語",
-            "control \u{01}\u{1F} bytes", backend == .sqlite ? "before\u{0}after the NUL" : "before", "slash / stays",
+            "control \u{01}\u{1F} bytes", "before\u{0}after the NUL", "slash / stays",
         ]
         let statuses: [JobStatus] = [.queued, .processing, .completed, .failed, .cancelled]
         return (0..<40).map { index in
@@ -34,43 +33,41 @@ struct HistoryRenderedPageTests {
         }
     }
 
-    @Test(arguments: HistoryBackend.allCases) func everyPageIsTheOneWrittenFromItsItems(backend: HistoryBackend) async throws {
-        try await withHistoryStore(backend) { database in
-            _ = try await database.applyJobEvents(Self.events(backend))
-            var requests = [
-                ListHistory(userId: "u1"), ListHistory(userId: "u1", limit: 1), ListHistory(userId: "u1", limit: 7, offset: 3),
-                ListHistory(userId: "u1", limit: 100), ListHistory(userId: "u1", limit: 10, offset: 39), ListHistory(userId: "u1", offset: 40),
-                ListHistory(userId: "u1", limit: 5, statuses: [.failed]), ListHistory(userId: "u1", limit: 4, statuses: [.processing, .completed]),
-                ListHistory(userId: "u1", query: "sunset"), ListHistory(userId: "u1", limit: 3, query: "ü"),
-                ListHistory(userId: "u1", limit: 6, groupByMonth: true), ListHistory(userId: "someone-else"),
-            ]
-            // Cursor pages: each page's cursor, followed to the end.
-            var cursor: String? = nil
-            repeat {
-                let request = ListHistory(userId: "u1", limit: 9, cursor: cursor)
-                requests.append(request)
-                cursor = try await database.renderedPage(request).nextCursor
-            } while cursor != nil
-            for request in requests {
-                let written = try await database.renderedPage(request)
-                #expect(written == RenderedHistoryPage(try await database.page(request)), "\(request)")
-            }
-            // The pages were not empty: every status, the escapes and the NUL's truncation are in them.
-            let all = try await database.renderedPage(ListHistory(userId: "u1", limit: 100)).headText
-            #expect(all.contains(#""error":"provider said \"no\"\n(8)""#))
-            #expect(all.contains(#""prompt":"before""#) && !all.contains("after the NUL"))
-            #expect(all.contains(#""prompt":"control \u0001\u001f bytes""#))
-            #expect(all.contains(#""parameters":{}"#) && all.contains(#""parameters":{"amount":-0.35,"sigma":0.125,"tiny":1e-07}"#))
-            #expect(all.contains(#""progress":"#))
+    @Test func everyPageIsTheOneWrittenFromItsItems() async throws {
+        let database = try HistoryDatabase.inMemory()
+        _ = try await database.applyJobEvents(Self.events())
+        var requests = [
+            ListHistory(userId: "u1"), ListHistory(userId: "u1", limit: 1), ListHistory(userId: "u1", limit: 7, offset: 3),
+            ListHistory(userId: "u1", limit: 100), ListHistory(userId: "u1", limit: 10, offset: 39), ListHistory(userId: "u1", offset: 40),
+            ListHistory(userId: "u1", limit: 5, statuses: [.failed]), ListHistory(userId: "u1", limit: 4, statuses: [.processing, .completed]),
+            ListHistory(userId: "u1", query: "sunset"), ListHistory(userId: "u1", limit: 3, query: "ü"),
+            ListHistory(userId: "u1", limit: 6, groupByMonth: true), ListHistory(userId: "someone-else"),
+        ]
+        // Cursor pages: each page's cursor, followed to the end.
+        var cursor: String? = nil
+        repeat {
+            let request = ListHistory(userId: "u1", limit: 9, cursor: cursor)
+            requests.append(request)
+            cursor = try await database.renderedPage(request).nextCursor
+        } while cursor != nil
+        for request in requests {
+            let written = try await database.renderedPage(request)
+            #expect(written == RenderedHistoryPage(try await database.page(request)), "\(request)")
         }
+        // The pages were not empty: every status, the escapes and the NUL's truncation are in them.
+        let all = try await database.renderedPage(ListHistory(userId: "u1", limit: 100)).headText
+        #expect(all.contains(#""error":"provider said \"no\"\n(8)""#))
+        #expect(all.contains(#""prompt":"before""#) && !all.contains("after the NUL"))
+        #expect(all.contains(#""prompt":"control \u0001\u001f bytes""#))
+        #expect(all.contains(#""parameters":{}"#) && all.contains(#""parameters":{"amount":-0.35,"sigma":0.125,"tiny":1e-07}"#))
+        #expect(all.contains(#""progress":"#))
     }
 
-    @Test(arguments: HistoryBackend.allCases) func aCursorOfAnotherQueryIsRefusedAsBefore(backend: HistoryBackend) async throws {
-        try await withHistoryStore(backend) { database in
-            _ = try await database.applyJobEvents(Self.events(backend))
-            let cursor = try #require(try await database.renderedPage(ListHistory(userId: "u1", limit: 5)).nextCursor)
-            await #expect(throws: BusError.self) { try await database.renderedPage(ListHistory(userId: "u1", limit: 5, cursor: cursor, query: "sea")) }
-            await #expect(throws: BusError.self) { try await database.renderedPage(ListHistory(userId: "u2", limit: 5, cursor: cursor)) }
-        }
+    @Test func aCursorOfAnotherQueryIsRefusedAsBefore() async throws {
+        let database = try HistoryDatabase.inMemory()
+        _ = try await database.applyJobEvents(Self.events())
+        let cursor = try #require(try await database.renderedPage(ListHistory(userId: "u1", limit: 5)).nextCursor)
+        await #expect(throws: BusError.self) { try await database.renderedPage(ListHistory(userId: "u1", limit: 5, cursor: cursor, query: "sea")) }
+        await #expect(throws: BusError.self) { try await database.renderedPage(ListHistory(userId: "u2", limit: 5, cursor: cursor)) }
     }
 }

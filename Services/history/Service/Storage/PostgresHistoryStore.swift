@@ -240,23 +240,16 @@ public struct PostgresHistoryStore: HistoryStore {
     // MARK: Reads
 
     public func page(_ request: ListHistory) async throws -> HistoryPage {
-        let (rows, total) = try await pageRows(request, as: PageItems.self)
-        return HistoryReads.page(rows.items, total: total, request: request, signer: signer)
-    }
-
-    /// The rows of `request`'s page (up to its limit, and the one after it, which only tells that
-    /// there are more) read into a `Reader`, and the total.
-    func pageRows<Reader: PageReader>(_ request: ListHistory, as _: Reader.Type) async throws -> (Reader, Int) {
         let after = try HistoryReads.cursor(of: request, signer: signer)
         let statuses = HistoryReads.statuses(of: request)
         let pattern = HistoryReads.query(of: request).map(Self.containing)
         let offset = after == nil ? request.offset : 0
-        let (limit, logger) = (request.limit, logger)
+        let logger = logger
         // One statement (one snapshot, one round trip): the page's rows, each with the total. The
         // total comes from the counts kept per status, or, for a search, from counting what
         // matches. A page with no row has no total: from the top it is 0, and only past the last
         // item (an offset or a cursor beyond it) is it counted again.
-        var (rows, count): (Reader, Int)
+        var (items, count): ([HistoryItem], Int)
         if let pattern {
             // A search reads the user's matching items once: each row carries the count of all of
             // them (a window over the matches, taken before the cursor and the limit), so the total
@@ -280,13 +273,13 @@ public struct PostgresHistoryStore: HistoryStore {
                 bindings.appendNull()
                 bindings.appendNull()
             }
-            bindings.append(Int64(limit + 1))
+            bindings.append(Int64(request.limit + 1))
             bindings.append(Int64(offset))
             bindings.append(Int64(scanUpTo))
-            (rows, count) = try await database.connection { [bindings] db in
+            (items, count) = try await database.connection { [bindings] db in
                 // No row: no match, or a user with more items than the scan takes.
-                let (found, total) = try await Self.readPage(db.execute(ScanSearch(bindings: bindings), logger: logger), into: Reader(limit: limit))
-                guard found.count == 0 else { return (found, total) }
+                let (found, total) = try await Self.readPage(db.execute(ScanSearch(bindings: bindings), logger: logger))
+                guard found.isEmpty else { return (found, total) }
                 var size: Int64 = 0
                 for try await items in try await db.execute(ItemCount(userId: request.userId), logger: logger) { size = items }
                 guard size > scanUpTo else { return (found, total) }
@@ -299,10 +292,10 @@ public struct PostgresHistoryStore: HistoryStore {
                         AND (prompt ILIKE \(pattern) OR effect_title ILIKE \(pattern))
                     ) AS matches
                     WHERE (\(after?.createdAt)::bigint IS NULL OR (created_at, job_id) < (\(after?.createdAt), \(after?.jobId)::text))
-                    ORDER BY created_at DESC, job_id DESC LIMIT \(limit + 1) OFFSET \(offset)
+                    ORDER BY created_at DESC, job_id DESC LIMIT \(request.limit + 1) OFFSET \(offset)
                     """,
                     logger: logger
-                ), into: Reader(limit: limit))
+                ))
             }
         } else {
             // Any other page is a prepared statement of its shape (`PageShape`), planned once per
@@ -310,16 +303,16 @@ public struct PostgresHistoryStore: HistoryStore {
             let shape = PageShape(statuses: !statuses.isEmpty, cursor: after != nil)
             var bindings = PostgresBindings()
             bindings.append(request.userId)
-            bindings.append(Int64(limit + 1))
+            bindings.append(Int64(request.limit + 1))
             bindings.append(Int64(offset))
             if shape.statuses { bindings.append(statuses) }
             if let after {
                 bindings.append(after.createdAt)
                 bindings.append(after.jobId)
             }
-            (rows, count) = try await database.connection { [bindings] db in
-                func read<Shape: PageShape.Named>(_: Shape.Type) async throws -> (Reader, Int) {
-                    try await Self.readPage(db.execute(PreparedPage<Shape>(bindings: bindings), logger: logger), into: Reader(limit: limit))
+            (items, count) = try await database.connection { [bindings] db in
+                func read<Shape: PageShape.Named>(_: Shape.Type) async throws -> ([HistoryItem], Int) {
+                    try await Self.readPage(db.execute(PreparedPage<Shape>(bindings: bindings), logger: logger))
                 }
                 switch (shape.statuses, shape.cursor) {
                 case (false, false): return try await read(PageShape.Top.self)
@@ -329,7 +322,7 @@ public struct PostgresHistoryStore: HistoryStore {
                 }
             }
         }
-        if rows.count == 0, offset > 0 || after != nil {
+        if items.isEmpty, offset > 0 || after != nil {
             count = try await database.connection { db in
                 try await db.first(
                     pattern.map { pattern in
@@ -346,41 +339,21 @@ public struct PostgresHistoryStore: HistoryStore {
                 ) ?? 0
             }
         }
-        return (rows, count)
+        return HistoryReads.page(items, total: count, request: request, signer: signer)
     }
 
-    /// A page's rows read into `reader`, and the total (see `page`): each row is the total, then
-    /// an item's columns. No row: a total of 0 (the caller counts again where that is not so).
-    static func readPage<Rows: AsyncSequence & Sendable, Reader: PageReader>(
-        _ rows: Rows, into reader: Reader
-    ) async throws -> (Reader, Int) where Rows.Element == PostgresRow {
-        var reader = reader
+    /// A page's items and total from its rows (see `page`): each row is the total, then an
+    /// item's columns. No row: no item, and a total of 0 (the caller counts again where that is
+    /// not so).
+    static func readPage<Rows: AsyncSequence & Sendable>(_ rows: Rows) async throws -> ([HistoryItem], Int) where Rows.Element == PostgresRow {
+        var items: [HistoryItem] = []
         var count = 0
         for try await row in rows {
-            var cells = PostgresCells(row)
-            count = Int(try cells.int64())
-            try reader.read(&cells)
+            let (total, item) = try Self.numberedItem(from: row)
+            count = Int(total)
+            items.append(item)
         }
-        return (reader, count)
-    }
-
-    /// What a page's rows are read into: items (`page`), or the heads of the answer written as
-    /// they are read (`renderedPage`).
-    protocol PageReader: Sendable {
-        /// A reader of up to `limit` items (past them a row only tells that there are more).
-        init(limit: Int)
-        /// How many rows it has read, the one past `limit` included.
-        var count: Int { get }
-        /// Reads the next row's item columns (`itemColumns`).
-        mutating func read(_ cells: inout PostgresCells) throws
-    }
-
-    /// A page's rows as items, every one read (`HistoryReads.page` keeps those within the limit).
-    struct PageItems: PageReader {
-        var items: [HistoryItem] = []
-        init(limit: Int) { items.reserveCapacity(limit + 1) }
-        var count: Int { items.count }
-        mutating func read(_ cells: inout PostgresCells) throws { items.append(try PostgresHistoryStore.item(&cells)) }
+        return (items, count)
     }
 
     /// The shape of a page that is not a search: with a status filter or not, from the newest or
