@@ -30,8 +30,8 @@ struct PostgresHistoryPlanTests {
                 }
             }
             // Given a connection that read pages of every shape, counted and searched while the
-            // tables held two items (analyzed, and no autovacuum to analyze them again: the plans
-            // are replanned only if the test's own growth makes them so)
+            // tables held two items (analyzed then, and autovacuum off for them: an ANALYZE of the
+            // grown tables would have the plans made again, and the test pass without the setting)
             _ = try await store.applyJobEvents([
                 Events.job("a", user: "alice"), Events.job("b", user: "alice", createdAt: Events.epoch.addingTimeInterval(1)),
             ])
