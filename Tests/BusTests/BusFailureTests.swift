@@ -4,6 +4,7 @@ import Testing
 import ZeroMQ
 
 @testable import Bus
+import TestSupport
 
 @Suite("Bus failures", .timeLimit(.minutes(5)))
 struct BusFailureTests {
