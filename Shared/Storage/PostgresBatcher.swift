@@ -15,14 +15,6 @@ import Synchronization
 /// beside the other's, made smaller batches that paid a batch's fixed cost more often, and no
 /// more decisions a second (docs/quota.md).
 ///
-/// **Overlapping commits** (`init(database:maximumBatch:maximumWaiting:overlappingCommits:)`).
-/// A batch's COMMIT waits for its WAL to be flushed to disk, and during that flush the batch's
-/// statements are done and its locks about to go. A batcher made so is told (`committing`) when
-/// its batch has sent its last statement but COMMIT, and the next batch starts then, on a second
-/// driver, with the operations that arrived meanwhile, instead of after the flush: at most two
-/// batches at once, and only one of them before its COMMIT. Whatever the second batch reads of
-/// the first's rows waits for the first's locks, as a second replica's batch would.
-///
 /// The driver is not a caller's task (as it was): a caller's task runs on the bus server's
 /// thread, and each batch's COMMIT went back there, queued behind the replies of the batch
 /// before, before the next batch's BEGIN came back to the event loop: about 2 ms between one
@@ -46,29 +38,17 @@ import Synchronization
 public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Sendable {
     /// Runs a batch: one answer per request, in order. Throwing answers every request with the error.
     public typealias Execute = @Sendable ([Request]) async throws -> [Result<Response, any Error>]
-    /// Runs a batch as `Execute` does, and calls `committing` once its statements are sent but
-    /// COMMIT (see the type's notes).
-    public typealias ExecuteOverlapping = @Sendable (_ requests: [Request], _ committing: @escaping @Sendable () -> Void) async throws -> [Result<
-        Response, any Error
-    >]
 
     public let maximumBatch: Int
     public let maximumWaiting: Int
     private let database: PostgresPool
-    private let execute: ExecuteOverlapping
-    /// 1, or 2 with overlapping commits.
-    private let maximumDrivers: Int
+    private let execute: Execute
     private let state = Mutex(State())
 
     private struct State {
         var waiting: [Waiter] = []
-        /// How many drivers run.
-        var drivers = 0
-        /// The driver whose batch has not reached its COMMIT yet, if one has not; no other
-        /// driver starts a batch meanwhile.
-        var beforeCommit: Int?
-        /// The next driver's number.
-        var nextDriver = 0
+        /// Whether a driver runs.
+        var driving = false
         var statistics = Statistics()
     }
 
@@ -91,30 +71,15 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
         var answer: CheckedContinuation<Result<Response, any Error>, Never>
     }
 
-    private enum Admission { case drive(Int), wait, refused }
+    private enum Admission { case drive, wait, refused }
 
-    public convenience init(
+    public init(
         database: PostgresPool, maximumBatch: Int = 256, maximumWaiting: Int = PostgresPool.maximumOperations, execute: @escaping Execute
     ) {
-        self.init(database: database, maximumBatch: maximumBatch, maximumWaiting: maximumWaiting, maximumDrivers: 1) { requests, _ in
-            try await execute(requests)
-        }
-    }
-
-    /// A batcher whose next batch starts while the last one commits (see the type's notes).
-    public convenience init(
-        database: PostgresPool, maximumBatch: Int = 256, maximumWaiting: Int = PostgresPool.maximumOperations,
-        overlappingCommits execute: @escaping ExecuteOverlapping
-    ) {
-        self.init(database: database, maximumBatch: maximumBatch, maximumWaiting: maximumWaiting, maximumDrivers: 2, execute: execute)
-    }
-
-    private init(database: PostgresPool, maximumBatch: Int, maximumWaiting: Int, maximumDrivers: Int, execute: @escaping ExecuteOverlapping) {
         precondition(maximumBatch > 0)
         self.database = database
         self.maximumBatch = maximumBatch
         self.maximumWaiting = maximumWaiting
-        self.maximumDrivers = maximumDrivers
         self.execute = execute
     }
 
@@ -125,90 +90,54 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
             let admission = state.withLock { state -> Admission in
                 guard state.waiting.count < maximumWaiting else { return .refused }
                 state.waiting.append(Waiter(request: request, deadline: deadline, answer: answer))
-                return startsDriver(&state).map(Admission.drive) ?? .wait
+                guard !state.driving else { return .wait }
+                state.driving = true
+                return .drive
             }
             switch admission {
-            case .drive(let driver): startDriver(driver)
+            case .drive: startDriver()
             case .wait: break
             case .refused: answer.resume(returning: .failure(PostgresUnavailable(location: database.location)))
             }
         }.get()
     }
 
-    /// The number of a driver to start, counted as running and before its COMMIT, if one should
-    /// start: operations wait, no batch is before its COMMIT, and fewer than `maximumDrivers` run.
-    private func startsDriver(_ state: inout State) -> Int? {
-        guard !state.waiting.isEmpty, state.beforeCommit == nil, state.drivers < maximumDrivers else { return nil }
-        defer { state.nextDriver += 1 }
-        state.drivers += 1
-        state.beforeCommit = state.nextDriver
-        return state.nextDriver
-    }
-
-    /// Starts driver `driver` (see the type's notes); if the pool has stopped, or has as many
+    /// Starts a driver (see the type's notes); if the pool has stopped, or has as many
     /// operations as it takes, answers those waiting.
-    private func startDriver(_ driver: Int) {
-        let launched = database.launch({ await self.drive(driver) }, stopped: { self.driverStopped(driver) })
-        if !launched { driverStopped(driver) }
+    private func startDriver() {
+        let launched = database.launch({ await self.drive() }, stopped: { self.driverStopped() })
+        if !launched { driverStopped() }
     }
 
     /// A driver that never ran (the pool has stopped, or is full): the operations waiting are told
     /// the database is unavailable (nothing was done), and the next caller starts another.
-    private func driverStopped(_ driver: Int) {
+    private func driverStopped() {
         let waiters = state.withLock { state in
-            state.drivers -= 1
-            if state.beforeCommit == driver { state.beforeCommit = nil }
+            state.driving = false
             defer { state.waiting.removeAll() }
             return state.waiting
         }
         for waiter in waiters { waiter.answer.resume(returning: .failure(PostgresUnavailable(location: database.location))) }
     }
 
-    /// Runs batches of those waiting until none wait, or another driver's batch is before its
-    /// COMMIT; then that driver, or the next caller, takes those that wait.
-    private func drive(_ driver: Int) async {
-        var waiters = takeBatch()
-        while true {
-            await run(waiters, committing: { self.committing(driver) })
-            guard let next = nextBatch(driver) else { return }
-            waiters = next
+    /// Runs batches of those waiting until none wait; then the next caller starts another driver.
+    private func drive() async {
+        while let waiters = nextBatch() {
+            await run(waiters)
         }
     }
 
-    /// Driver `driver`'s batch has sent all but its COMMIT: another driver may start.
-    private func committing(_ driver: Int) {
-        let started = state.withLock { state -> Int? in
-            guard state.beforeCommit == driver else { return nil }
-            state.beforeCommit = nil
-            return startsDriver(&state)
-        }
-        if let started { startDriver(started) }
-    }
-
-    /// Driver `driver`'s next batch, nil (and the driver done) if none waits or another driver's
-    /// batch is before its COMMIT.
-    private func nextBatch(_ driver: Int) -> [Waiter]? {
+    /// The next batch's operations, nil (and the driver done) if none wait.
+    private func nextBatch() -> [Waiter]? {
         state.withLock { state in
-            if state.beforeCommit == driver { state.beforeCommit = nil }
-            guard !state.waiting.isEmpty, state.beforeCommit == nil else {
-                state.drivers -= 1
+            guard !state.waiting.isEmpty else {
+                state.driving = false
                 return nil
             }
-            state.beforeCommit = driver
-            return takeBatch(&state)
+            let count = min(state.waiting.count, maximumBatch)
+            defer { state.waiting.removeFirst(count) }
+            return Array(state.waiting.prefix(count))
         }
-    }
-
-    /// The operations of a driver's first batch.
-    private func takeBatch() -> [Waiter] {
-        state.withLock { takeBatch(&$0) }
-    }
-
-    /// Up to `maximumBatch` of the operations waiting, the oldest first.
-    private func takeBatch(_ state: inout State) -> [Waiter] {
-        let count = min(state.waiting.count, maximumBatch)
-        defer { state.waiting.removeFirst(count) }
-        return Array(state.waiting.prefix(count))
     }
 
     /// The least time a batch is given, whatever its operations' deadlines: one that arrived with
@@ -223,7 +152,7 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
     }
 
     /// Runs one batch of `waiters` and answers each.
-    private func run(_ waiters: [Waiter], committing: @escaping @Sendable () -> Void) async {
+    private func run(_ waiters: [Waiter]) async {
         // An operation whose caller has stopped waiting is not run; the batch is given until the
         // earliest deadline of the others, at least `leastTime` on (`deadline(of:now:)`).
         let now = ContinuousClock.now
@@ -244,7 +173,7 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
         let batchDeadline = Self.deadline(of: members.map(\.deadline), now: now)
         var results: [Result<Response, any Error>]
         do {
-            results = try await BusDeadline.$current.withValue(batchDeadline) { try await execute(members.map(\.request), committing) }
+            results = try await BusDeadline.$current.withValue(batchDeadline) { try await execute(members.map(\.request)) }
             precondition(results.count == members.count, "a batch answers each of its requests")
         } catch {
             results = Array(repeating: .failure(error), count: members.count)

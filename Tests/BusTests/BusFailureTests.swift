@@ -4,7 +4,6 @@ import Testing
 import ZeroMQ
 
 @testable import Bus
-import TestSupport
 
 @Suite("Bus failures", .timeLimit(.minutes(5)))
 struct BusFailureTests {

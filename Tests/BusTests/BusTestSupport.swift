@@ -5,7 +5,6 @@ import Synchronization
 import Testing
 
 @testable import Bus
-import TestSupport
 
 /// An echo that tells callers apart: the reply carries the caller's own tag.
 struct Tagged: Codable, Sendable, Equatable {
@@ -16,6 +15,34 @@ struct Tagged: Codable, Sendable, Equatable {
 enum TestMethods {
     static let echo = BusMethod<Tagged, Tagged>("test.echo", roles: Set(BusRole.known))
     static let wait = BusMethod<Int, Int>("test.wait", roles: Set(BusRole.known))
+}
+
+/// A gate slow handlers wait at until the test opens it.
+final class Gate: Sendable {
+    private let state = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>], arrived: Int)>((false, [], 0))
+
+    func wait() async {
+        await withCheckedContinuation { continuation in
+            let open = state.withLock { state -> Bool in
+                state.arrived += 1
+                if state.open { return true }
+                state.waiters.append(continuation)
+                return false
+            }
+            if open { continuation.resume() }
+        }
+    }
+
+    var arrived: Int { state.withLock { $0.arrived } }
+
+    func open() {
+        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            state.open = true
+            defer { state.waiters.removeAll() }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
 }
 
 func testRouter(gate: Gate = Gate()) -> BusRouter {

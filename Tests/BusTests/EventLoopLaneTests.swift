@@ -5,7 +5,6 @@ import NIOPosix
 import Testing
 
 @testable import Bus
-import TestSupport
 
 /// Event loops of a group of their own for the duration of `body`.
 func withEventLoops<T: Sendable>(_ count: Int, _ body: ([any EventLoop]) async throws -> T)

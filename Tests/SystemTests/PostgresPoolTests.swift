@@ -359,42 +359,6 @@ struct PostgresPoolTests {
         #expect(batcher.waiting == 0 && batcher.statistics.operations == 20)
     }
 
-    @Test func withOverlappingCommitsTheNextBatchStartsWhileTheLastCommitsAndNotBefore() async throws {
-        // Given a batcher with overlapping commits whose batches note when they start, and whose
-        // first batch's statements and COMMIT each wait to be let go (a flush that takes long)
-        let location = try await TestPostgres.freshDatabase()
-        let pool = PostgresPool(location: location, logger: logger)
-        let starts = Mutex<[[Int]]>([])
-        let statements = Gate(), commit = Gate()
-        let batcher = PostgresBatcher<Int, Int>(database: pool, overlappingCommits: { numbers, committing in
-            starts.withLock { $0.append(numbers) }
-            if numbers == [1] {
-                await statements.wait()
-                committing()
-                await commit.wait()
-            } else {
-                committing()
-            }
-            return numbers.map { .success($0 * 10) }
-        })
-        try await pool.running { _ in
-            async let first = batcher.submit(1)
-            try await waitUntil { starts.withLock(\.count) == 1 }
-            // When an operation arrives while the first batch is before its COMMIT
-            async let second = batcher.submit(2)
-            try await waitUntil { batcher.waiting == 1 }
-            // Then it waits: no batch starts beside one that has not reached its COMMIT
-            #expect(starts.withLock(\.count) == 1)
-            // And once the first batch is committing, the second starts before that COMMIT ends
-            statements.open()
-            // (else an issue is recorded after a minute, and the COMMIT let go for the test to end)
-            try await waitUntil { starts.withLock(\.count) == 2 }
-            commit.open()
-            #expect(try await [first, second] == [10, 20])
-            #expect(starts.withLock { $0 } == [[1], [2]] && batcher.waiting == 0)
-        }
-    }
-
     @Test func aRunThatIsCancelledStillWaitsForTheOperationsRunning() async throws {
         // Given a pool run for the span of a body (its run is cancelled when the body ends), and an
         // operation that goes on for a while after its connection is taken from it
@@ -456,4 +420,3 @@ final class UnreachablePort: Sendable {
 
     func close() { for descriptor in descriptors { Glibc.close(descriptor) } }
 }
-

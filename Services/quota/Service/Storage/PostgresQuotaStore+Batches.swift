@@ -48,18 +48,13 @@ extension PostgresQuotaStore {
     /// How many times a batch is run again after a deadlock or a job id taken in between.
     static let batchAttempts = 3
 
-    /// Decides `batch` in one transaction (see the extension's notes), and calls `committing` once
-    /// all but its COMMIT is sent, for the next batch to start beside it (`PostgresBatcher`).
-    static func decide(
-        _ batch: [Operation], database: PostgresPool, ledger: QuotaLedger, logger: Logger, committing: @escaping @Sendable () -> Void = {}
-    ) async throws -> [Result<Outcome, any Error>] {
+    /// Decides `batch` in one transaction (see the extension's notes).
+    static func decide(_ batch: [Operation], database: PostgresPool, ledger: QuotaLedger, logger: Logger) async throws -> [Result<Outcome, any Error>] {
         var attempt = 1
         while true {
             do {
                 return try await database.transactionSettingItsTimeout { db, timeout in
-                    let results = try await decide(batch, db, timeout: timeout, ledger: ledger, logger: logger)
-                    committing()
-                    return results
+                    try await decide(batch, db, timeout: timeout, ledger: ledger, logger: logger)
                 }
             } catch let error as PSQLError where attempt < batchAttempts && ["40P01", "40001", "23505"].contains(error.serverInfo?[.sqlState] ?? "") {
                 logger.debug("quota batch run again", metadata: ["sqlState": "\(error.serverInfo?[.sqlState] ?? "")"])

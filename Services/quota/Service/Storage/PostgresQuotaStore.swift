@@ -33,9 +33,9 @@ public struct PostgresQuotaStore: QuotaStore {
         self.database = database
         self.ledger = ledger
         self.logger = logger
-        self.batcher = PostgresBatcher(database: database, overlappingCommits: { batch, committing in
-            try await Self.decide(batch, database: database, ledger: ledger, logger: logger, committing: committing)
-        })
+        self.batcher = PostgresBatcher(database: database) { batch in
+            try await Self.decide(batch, database: database, ledger: ledger, logger: logger)
+        }
     }
 
     /// Creates or updates the quota tables (once, however many replicas start together).
