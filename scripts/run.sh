@@ -21,6 +21,13 @@ WORKERS=${WORKERS:-2}
 PID_DIR="$DATA_DIR/pids"
 mkdir -p "$PID_DIR"
 rm -f "$PID_DIR"/*.pid
+# Writes PID $2 as NAME $1's, when it changed, in one rename: `loadtest --chaos` reads these files
+# at any moment, and one read between the truncation and the write of `echo >` found no process
+# (chaos-check once failed so: "no live process").
+write_pid() {
+  [ "$(cat "$PID_DIR/$1.pid" 2>/dev/null)" = "$2" ] && return 0
+  echo "$2" > "$PID_DIR/$1.pid.new" && mv -f "$PID_DIR/$1.pid.new" "$PID_DIR/$1.pid"
+}
 
 # RUN_BIN: the executables were built already, there (scripts/stack-lib.sh builds them as
 # `make test` does).
@@ -137,7 +144,7 @@ supervise() {
   while [ "$stop" -eq 0 ] && ! stopping; do
     "$BIN/$name" 2>&1 &
     child=$!
-    echo "$child" > "$PID_DIR/$label.pid"
+    write_pid "$label" "$child"
     wait "$child"; status=$?
     while kill -0 "$child" 2>/dev/null; do wait "$child"; status=$?; done
     [ "$stop" -eq 1 ] && break
@@ -188,7 +195,7 @@ if [ -n "$PG_DIR" ]; then
     while true; do
       pid=$(head -1 "$PG_DIR/data/postmaster.pid" 2>/dev/null)
       if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = postgres ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null; then
-        echo "$pid" > "$PID_DIR/postgres.pid"
+        write_pid postgres "$pid"
       elif ! stopping; then
         echo "[run] postgres exited; restarting"
         scripts/postgres-server.sh start "$PG_DIR" "$PG_PORT" >/dev/null 2>&1 || sleep 0.5
@@ -204,7 +211,7 @@ if [ -n "$S3_DIR" ]; then
     while true; do
       pid=$(cat "$S3_DIR/run/rgw.pid" 2>/dev/null)
       if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = radosgw ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null; then
-        echo "$pid" > "$PID_DIR/radosgw.pid"
+        write_pid radosgw "$pid"
       elif ! stopping; then
         echo "[run] radosgw exited; restarting"
         scripts/s3-server.sh rgw "$S3_DIR" || sleep 1
