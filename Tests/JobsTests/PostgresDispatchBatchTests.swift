@@ -171,9 +171,7 @@ struct PostgresDispatchBatchTests {
     /// A connection plans `jobs_write_changes` once, from the statistics of that time. Planned
     /// when the tables held a row, the plan scanned both tables whole and kept doing so once they
     /// held thousands (the bench's 8.5 ms batches); the function plans without sequential scans,
-    /// so its writes still probe the primary keys. `pg_stat_xact_user_tables` counts the scans of
-    /// this connection's transaction (its counts before the call are subtracted: PostgreSQL 15
-    /// adds the ones it has not yet published).
+    /// so its writes still probe the primary keys (`TestPostgres.sequentialScans` counts).
     @Test func theWritesProbeByKeyAfterTheTablesGrowPastThePlanMadeWhenTheyWereSmall() async throws {
         try await withStore { store, database in
             try await database.connection { db in
@@ -199,23 +197,20 @@ struct PostgresDispatchBatchTests {
                 try await db.query("INSERT INTO jobs_attempt (job_id, attempt, worker_id, started_at) SELECT id, 1, 'worker-1', created_at FROM jobs_job WHERE id LIKE 'job-%'", logger: quietLogger)
 
                 // When it writes ten of them completed
-                try await db.query("BEGIN", logger: quietLogger)
-                let scans = "SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_xact_user_tables WHERE relname IN ('jobs_job', 'jobs_attempt')"
                 let ten = try await store.rows(db, "SELECT \(unescaped: PostgresJobsStore.columns) FROM jobs_job WHERE id BETWEEN 'job-00001' AND 'job-00010'")
-                let before = try await db.first(PostgresQuery(unsafeSQL: scans), as: Int.self, logger: quietLogger) ?? 0
                 let done = ten.map { job in
                     var job = job
                     job.status = .completed
                     job.version += 1
                     return job
                 }
-                try await store.writeChanges(db, jobs: done, ended: done.map { PostgresJobsStore.EndedAttempt($0, outcome: "completed") })
-                let after = try await db.first(PostgresQuery(unsafeSQL: scans), as: Int.self, logger: quietLogger) ?? 0
-                try await db.query("COMMIT", logger: quietLogger)
+                let scans = try await TestPostgres.sequentialScans(db, of: ["jobs_job", "jobs_attempt"], logger: quietLogger) {
+                    try await store.writeChanges(db, jobs: done, ended: done.map { PostgresJobsStore.EndedAttempt($0, outcome: "completed") })
+                }
 
                 // Then they are written, without a scan of either table
                 #expect(ten.count == 10)
-                #expect(after - before == 0, "\(after - before) sequential scans of jobs_job and jobs_attempt")
+                #expect(scans == 0, "\(scans) sequential scans of jobs_job and jobs_attempt")
                 let ended = try await db.first(
                     "SELECT count(*) FROM jobs_attempt WHERE job_id LIKE 'job-%' AND outcome = 'completed'", as: Int.self, logger: quietLogger
                 )

@@ -256,8 +256,8 @@ struct PostgresQuotaBatchTests {
 
     /// A connection plans `quota_batch_read` once, from the statistics of that time (as jobs'
     /// `jobs_write_changes`, whose test this follows). Planned when the tables held a row, its
-    /// reads must still probe by key once they hold thousands: `pg_stat_xact_user_tables` counts
-    /// this transaction's sequential scans (its counts before the call are subtracted).
+    /// reads must still probe by key once they hold thousands (`TestPostgres.sequentialScans`
+    /// counts).
     @Test func theBatchReadProbesByKeyAfterTheTablesGrowPastThePlanMadeWhenTheyWereSmall() async throws {
         try await withStores { stores in
             try await stores[0].database.connection { db in
@@ -300,24 +300,18 @@ struct PostgresQuotaBatchTests {
                 try await db.query("INSERT INTO quota_guest SELECT id, 'net', 0, 'key-' || id FROM quota_user WHERE id <> 'user-00000'", logger: logger)
 
                 // When it reads a batch of ten users
-                try await db.query("BEGIN", logger: logger)
-                let scans = """
-                    SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_xact_user_tables
-                    WHERE relname IN ('quota_user', 'quota_usage', 'quota_charge', 'quota_guest')
-                    """
-                let before = try await db.first(PostgresQuery(unsafeSQL: scans), as: Int.self, logger: logger) ?? 0
-                try await read((1...10).map { "user-0000\($0 - 1)" })
-                let after = try await db.first(PostgresQuery(unsafeSQL: scans), as: Int.self, logger: logger) ?? 0
-                try await db.query("COMMIT", logger: logger)
+                let scans = try await TestPostgres.sequentialScans(db, of: ["quota_user", "quota_usage", "quota_charge", "quota_guest"], logger: logger) {
+                    try await read((1...10).map { "user-0000\($0 - 1)" })
+                }
 
                 // Then no table was scanned whole
-                #expect(after - before == 0, "\(after - before) sequential scans of the quota tables")
+                #expect(scans == 0, "\(scans) sequential scans of the quota tables")
             }
         }
     }
 
-    /// The batch's write (`BatchWrite`) is prepared, and from its sixth run PostgreSQL may keep a
-    /// plan of it, made from the statistics of that time: a release's probe of its window must
+    /// The batch's write (`quota_batch_write`, called by the prepared `BatchWrite`) is planned
+    /// once per connection, from the statistics of that time: a release's probe of its window must
     /// stay a probe once the tables have grown.
     @Test func theBatchWriteProbesByKeyAfterTheTablesGrowPastThePlanMadeWhenTheyWereSmall() async throws {
         try await withStores { stores in
@@ -347,15 +341,12 @@ struct PostgresQuotaBatchTests {
                     """, logger: logger)
 
                 // When it releases a credit of ten users
-                try await db.query("BEGIN", logger: logger)
-                let scans = "SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_xact_user_tables WHERE relname = 'quota_usage'"
-                let before = try await db.first(PostgresQuery(unsafeSQL: scans), as: Int.self, logger: logger) ?? 0
-                try await release((1...10).map { "user-0000\($0 - 1)" })
-                let after = try await db.first(PostgresQuery(unsafeSQL: scans), as: Int.self, logger: logger) ?? 0
-                try await db.query("COMMIT", logger: logger)
+                let scans = try await TestPostgres.sequentialScans(db, of: ["quota_usage"], logger: logger) {
+                    try await release((1...10).map { "user-0000\($0 - 1)" })
+                }
 
                 // Then the windows' table was not scanned whole, and each window gave its credit back
-                #expect(after - before == 0, "\(after - before) sequential scans of quota_usage")
+                #expect(scans == 0, "\(scans) sequential scans of quota_usage")
                 #expect(try await db.first("SELECT sum(used)::bigint FROM quota_usage WHERE user_id <= 'user-00009'", as: Int.self, logger: logger) == 10 * 10 - 6 - 10)
             }
         }

@@ -52,4 +52,29 @@ public enum TestPostgres {
         logger.logLevel = .warning
         return try await PostgresPool(location: location, maximumConnections: maximumConnections, settings: settings, logger: logger).running(body)
     }
+
+    /// How many times `body` scanned any of `tables` whole, on `db`: `body` runs in a transaction
+    /// of its own, and this transaction's sequential scans (`pg_stat_xact_user_tables`) are
+    /// counted before and after it (PostgreSQL 15 adds to them the ones it has not published yet).
+    public static func sequentialScans(
+        _ db: PostgresConnection, of tables: [String], logger: Logger, during body: () async throws -> Void
+    ) async throws -> Int {
+        func count() async throws -> Int {
+            try await db.first(
+                "SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_xact_user_tables WHERE relname = ANY(\(tables)::text[])",
+                as: Int.self, logger: logger
+            ) ?? 0
+        }
+        try await db.query("BEGIN", logger: logger)
+        do {
+            let before = try await count()
+            try await body()
+            let after = try await count()
+            try await db.query("COMMIT", logger: logger)
+            return after - before
+        } catch {
+            _ = try? await db.query("ROLLBACK", logger: logger)
+            throw error
+        }
+    }
 }
