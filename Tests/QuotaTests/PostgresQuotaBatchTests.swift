@@ -123,7 +123,7 @@ struct PostgresQuotaBatchTests {
                 .settle(jobId: "never-made", to: .committed, now: noon),            // no such charge
                 .reserve(ReserveQuota(userId: "ann", jobId: "a"), now: noon),       // released "a", afresh: no room
             ]
-            let results = try await PostgresQuotaStore.decide(batch, database: store.database, ledger: store.ledger, logger: store.logger)
+            let results = try await PostgresQuotaStore.decide(batch, database: store.database, ledger: store.ledger, zones: store.zones, logger: store.logger)
             func decision(_ index: Int) -> QuotaDecision? {
                 if case .success(.decision(let decision)) = results[index] { return decision }
                 return nil
@@ -157,6 +157,35 @@ struct PostgresQuotaBatchTests {
             #expect(charges["a"]?.state == .released)
             #expect(charges["b"]?.state == .committed)
             #expect(charges["b"]?.settledAt == noon)
+        }
+    }
+
+    /// A replica makes a reservation's windows in the zone it knows its user to have; another
+    /// replica may have changed it. The call checks, and the batch is decided again in the zone
+    /// the user's row names.
+    @Test func aReplicaToldOfAZoneSetOnAnotherDecidesInThatZone() async throws {
+        try await withStores(replicas: 2) { stores in
+            // 2026-11-21T12:00Z is already the 22nd at UTC+14
+            let kiritimati = "Pacific/Kiritimati"
+            _ = try await stores[1].setPlan(SetPlan(userId: "kai", plan: "free", timeZone: kiritimati), now: noon)
+            #expect(stores[0].zones.zone(of: "kai") == nil)
+
+            let first = try await stores[0].reserve(ReserveQuota(userId: "kai", jobId: "k1", cost: 3), now: noon)
+            #expect(first.admitted)
+            #expect(first.status.timeZone == kiritimati)
+            #expect(first.status.daily.used == 3)
+            #expect(first.status.daily.startsAt == (try Date("2026-11-21T10:00:00Z", strategy: .iso8601)))
+            #expect(stores[0].zones.zone(of: "kai") == kiritimati)
+            // The other replica reads the same window
+            #expect(try await stores[1].status(userId: "kai", now: noon).daily.used == 3)
+
+            // Zone cleared on the other replica: this one, still thinking Kiritimati, is told
+            _ = try await stores[1].setPlan(SetPlan(userId: "kai", plan: "free", timeZone: ""), now: noon)
+            let second = try await stores[0].reserve(ReserveQuota(userId: "kai", jobId: "k2", cost: 2), now: noon)
+            #expect(second.status.timeZone == nil)
+            #expect(second.status.daily.used == 2)
+            #expect(second.status.daily.startsAt == (try Date("2026-11-21T00:00:00Z", strategy: .iso8601)))
+            #expect(stores[0].zones.zone(of: "kai") == nil)
         }
     }
 
@@ -254,100 +283,82 @@ struct PostgresQuotaBatchTests {
         #expect(deadline([]) == nil)
     }
 
-    /// A connection plans `quota_batch_read` once, from the statistics of that time (as jobs'
-    /// `jobs_write_changes`, whose test this follows). Planned when the tables held a row, its
-    /// reads must still probe by key once they hold thousands (`TestPostgres.sequentialScans`
-    /// counts).
-    @Test func theBatchReadProbesByKeyAfterTheTablesGrowPastThePlanMadeWhenTheyWereSmall() async throws {
+    /// A connection plans the statements of `quota_batch_decide` once, from the statistics of
+    /// that time (as jobs' `jobs_write_changes`, whose test this follows). Planned when the tables
+    /// held a row, its reads and writes must still probe by key once they hold thousands
+    /// (`TestPostgres.sequentialScans` counts).
+    @Test func theBatchCallProbesByKeyAfterTheTablesGrowPastThePlanMadeWhenTheyWereSmall() async throws {
         try await withStores { stores in
-            try await stores[0].database.connection { db in
+            let store = stores[0]
+            try await store.database.connection { db in
                 let logger = Logger(label: "test.quota")
-                func read(_ users: [String]) async throws {
-                    let windows = users.flatMap { [($0, "daily", "2026-11-21"), ($0, "monthly", "2026-11")] }
-                    for try await _ in try await db.query("""
-                        SELECT * FROM quota_batch_read(NULL::bigint, \(users.map { "quota:user:" + $0 })::text[], \(users.map { "job-" + $0 })::text[],
-                            \(users)::text[], \(windows.map(\.0))::text[], \(windows.map(\.1))::text[], \(windows.map(\.2))::text[],
-                            \(windows.map { _ in true })::boolean[], \(users)::text[])
-                        """, logger: logger) {}
+                let now = noon
+                func decide(_ batch: [PostgresQuotaStore.Operation]) async throws -> [Result<PostgresQuotaStore.Outcome, any Error>] {
+                    guard case .decided(let results) = try await PostgresQuotaStore.decide(
+                        batch, db, timeout: nil, ledger: store.ledger, zones: store.zones, logger: logger
+                    ) else {
+                        Issue.record("the users' zones were not those assumed")
+                        return []
+                    }
+                    return results
                 }
-                // Given a connection that planned the read while each table held one row
-                try await db.query("""
-                    INSERT INTO quota_user (id, plan, time_zone, updated_at) VALUES ('user-00000', 'free', '', now());
-                    """, logger: logger)
+                func reserve(_ users: [String], job: String) -> [PostgresQuotaStore.Operation] {
+                    users.map { .reserve(ReserveQuota(userId: $0, jobId: job + $0, network: "net"), now: now) }
+                }
+                // Given a connection that decided batches while each table held a row
+                try await db.query("INSERT INTO quota_user (id, plan, updated_at) VALUES ('user-00000', 'free', now())", logger: logger)
+                try await db.query("INSERT INTO quota_guest VALUES ('user-00000', 'net', 0, 'key-0')", logger: logger)
+                // (autovacuum off for them: an ANALYZE of the grown tables would have the call planned
+                // again, and the test pass without its fix)
+                for table in ["quota_user", "quota_usage", "quota_charge", "quota_guest"] {
+                    try await db.query(PostgresQuery(unsafeSQL: "ALTER TABLE \(table) SET (autovacuum_enabled = false)"), logger: logger)
+                }
                 try await db.query("INSERT INTO quota_usage VALUES ('user-00000', 'daily', '2026-11-21', 1)", logger: logger)
                 try await db.query("""
                     INSERT INTO quota_charge (job_id, user_id, cost, state, day_key, month_key, reserved_at)
                     VALUES ('job-user-00000', 'user-00000', 1, 'reserved', '2026-11-21', '2026-11', now())
                     """, logger: logger)
-                try await db.query("INSERT INTO quota_guest VALUES ('user-00000', 'net', 0, 'key-0')", logger: logger)
-                // (autovacuum off for them: an ANALYZE of the grown tables would have the read planned
-                // again, and the test pass without its fix)
                 for table in ["quota_user", "quota_usage", "quota_charge", "quota_guest"] {
-                    try await db.query(PostgresQuery(unsafeSQL: "ALTER TABLE \(table) SET (autovacuum_enabled = false)"), logger: logger)
                     try await db.query(PostgresQuery(unsafeSQL: "ANALYZE \(table)"), logger: logger)
                 }
-                try await read(["user-00000"])
-                // And tables that then grew to 3,000 users, each with a window, a charge and a guest row
+                for round in 0..<6 {
+                    _ = try await decide(reserve(["user-00000"], job: "warm-\(round)-") + [.settle(jobId: "warm-\(round)-user-00000", to: .released, now: now)])
+                }
+                // And tables that then grew to 3,000 users, each with its windows, a charge and a guest row
                 try await db.query("""
-                    INSERT INTO quota_user (id, plan, time_zone, updated_at) SELECT 'user-' || lpad(g::text, 5, '0'), 'free', '', now()
+                    INSERT INTO quota_user (id, plan, updated_at) SELECT 'user-' || lpad(g::text, 5, '0'), 'free', now()
                     FROM generate_series(1, 3000) AS g
                     """, logger: logger)
-                try await db.query("INSERT INTO quota_usage SELECT id, 'daily', '2026-11-21', 1 FROM quota_user WHERE id <> 'user-00000'", logger: logger)
+                try await db.query("""
+                    INSERT INTO quota_usage SELECT id, k, CASE k WHEN 'daily' THEN '2026-11-21' ELSE '2026-11' END, 1
+                    FROM quota_user CROSS JOIN (VALUES ('daily'), ('monthly')) AS w(k) WHERE id <> 'user-00000'
+                    """, logger: logger)
                 try await db.query("""
                     INSERT INTO quota_charge (job_id, user_id, cost, state, day_key, month_key, reserved_at)
                     SELECT 'job-' || id, id, 1, 'reserved', '2026-11-21', '2026-11', now() FROM quota_user WHERE id <> 'user-00000'
                     """, logger: logger)
                 try await db.query("INSERT INTO quota_guest SELECT id, 'net', 0, 'key-' || id FROM quota_user WHERE id <> 'user-00000'", logger: logger)
 
-                // When it reads a batch of ten users
+                // When one batch reserves for ten users and releases ten other users' charges
+                let others = (11...20).map { "user-000\($0)" }
+                var results: [Result<PostgresQuotaStore.Outcome, any Error>] = []
                 let scans = try await TestPostgres.sequentialScans(db, of: ["quota_user", "quota_usage", "quota_charge", "quota_guest"], logger: logger) {
-                    try await read((1...10).map { "user-0000\($0 - 1)" })
+                    results = try await decide(
+                        reserve((1...10).map { "user-0000\($0 - 1)" }, job: "new-") + others.map { .settle(jobId: "job-" + $0, to: .released, now: now) }
+                    )
                 }
 
-                // Then no table was scanned whole
+                // Then no table was scanned whole, every reservation was admitted, every release
+                // gave its credit back
                 #expect(scans == 0, "\(scans) sequential scans of the quota tables")
-            }
-        }
-    }
-
-    /// The batch's write (`quota_batch_write`, called by the prepared `BatchWrite`) is planned
-    /// once per connection, from the statistics of that time: a release's probe of its window must
-    /// stay a probe once the tables have grown.
-    @Test func theBatchWriteProbesByKeyAfterTheTablesGrowPastThePlanMadeWhenTheyWereSmall() async throws {
-        try await withStores { stores in
-            try await stores[0].database.connection { db in
-                let logger = Logger(label: "test.quota")
-                func release(_ users: [String]) async throws {
-                    var bindings = PostgresBindings(capacity: 14)
-                    for _ in 0..<6 { bindings.append([String]()) }
-                    bindings.append([Date]())
-                    bindings.append([Bool]())
-                    bindings.append([Date]())
-                    bindings.append([String]())
-                    bindings.append(users)
-                    bindings.append(users.map { _ in "daily" })
-                    bindings.append(users.map { _ in "2026-11-21" })
-                    bindings.append(users.map { _ in -1 })
-                    for try await _ in try await db.execute(PostgresQuotaStore.BatchWrite(bindings: bindings), logger: logger) {}
+                #expect(results.count == 20)
+                for result in results.prefix(10) {
+                    guard case .success(.decision(let decision)) = result else { Issue.record("\(result)"); continue }
+                    #expect(decision.admitted)
                 }
-                // Given a connection that ran the write six times while the windows' table held a row
-                try await db.query("INSERT INTO quota_usage VALUES ('user-00000', 'daily', '2026-11-21', 10)", logger: logger)
-                try await db.query("ALTER TABLE quota_usage SET (autovacuum_enabled = false)", logger: logger)
-                try await db.query("ANALYZE quota_usage", logger: logger)
-                for _ in 0..<6 { try await release(["user-00000"]) }
-                // And a table that then grew to 3,000 windows
-                try await db.query("""
-                    INSERT INTO quota_usage SELECT 'user-' || lpad(g::text, 5, '0'), 'daily', '2026-11-21', 10 FROM generate_series(1, 3000) AS g
-                    """, logger: logger)
-
-                // When it releases a credit of ten users
-                let scans = try await TestPostgres.sequentialScans(db, of: ["quota_usage"], logger: logger) {
-                    try await release((1...10).map { "user-0000\($0 - 1)" })
-                }
-
-                // Then the windows' table was not scanned whole, and each window gave its credit back
-                #expect(scans == 0, "\(scans) sequential scans of quota_usage")
-                #expect(try await db.first("SELECT sum(used)::bigint FROM quota_usage WHERE user_id <= 'user-00009'", as: Int.self, logger: logger) == 10 * 10 - 6 - 10)
+                #expect(try await db.first(
+                    "SELECT sum(used)::bigint FROM quota_usage WHERE user_id = ANY(\(others)::text[])", as: Int.self, logger: logger
+                ) == 0)
             }
         }
     }

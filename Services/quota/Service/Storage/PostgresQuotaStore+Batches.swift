@@ -6,26 +6,30 @@ import QuotaCore
 import Storage
 
 /// Reservations, commits and releases decided in batches (`PostgresBatcher`): one transaction per
-/// batch, and two statements in it whatever its size:
+/// batch, and one call in it whatever its size, `quota_batch_decide` (migration v7), which
 ///
-/// 1. one call of `quota_batch_read` (migration v5), which takes the advisory locks of the batch's
-///    users and guest networks in one fixed order (by their hash), so two replicas' batches never
-///    wait for each other in a circle, and then reads the charges of its job ids, locked in job
-///    id order (`FOR UPDATE`: a commit or release holds its charge, and a reservation learns
-///    whether its job id is already charged), the users' rows, their windows' usage (the day and
-///    month in UTC, and for a user whose row names a zone, in every zone it could be in) and
-///    which guests are attested;
-/// 2. every charge made or settled, as one ordered upsert, and every window's change, as
-///    another, in one statement (`BatchWrite`, prepared).
+/// 1. takes the advisory locks of the batch's users and guest networks in one fixed order (by
+///    their hash), so two replicas' batches never wait for each other in a circle;
+/// 2. reads the users' rows, and stops there if a user's zone is not the one this replica made
+///    its windows' keys in (`ZoneCache`): the replica learns the zones it is told, and runs the
+///    batch again;
+/// 3. reads the charges of the batch's job ids, locked in job id order (`FOR UPDATE`), the usage of
+///    each reservation's day and month (and its guest network's day) and which guests are
+///    attested;
+/// 4. decides the operations in order, by the same rules as `QuotaRules` and the SQLite ledger: a
+///    later operation sees what an earlier one in the batch did;
+/// 5. writes every charge made or settled, as one ordered upsert, and every window's change, as
+///    another;
+/// 6. answers one row per operation, from which the replica makes its answer (statuses and
+///    windows, made in Swift as every other store makes them).
 ///
-/// Between the two the batch is decided in order, by the same rules as one decision at a time
-/// (`QuotaRules`): a later operation sees what an earlier one in the batch did. Rows are locked in
-/// the same order by every batch (advisory locks, then charges, then usage, each sorted), which is
-/// why batches on two replicas do not deadlock; were PostgreSQL to report one anyway, or a job id
-/// taken by another user's batch in between, the batch is run again from the start. With BEGIN
-/// and COMMIT, a batch is four round trips (it was nine, one a statement: the round trips,
-/// PostgreSQL's and the service's wake-ups for each, were most of both processes' CPU); the
-/// deadline is set by the first call, not by a `SET LOCAL` of its own.
+/// The decisions moved into PostgreSQL so that a batch is one call: it was BEGIN, a read, the
+/// decisions in Swift, a write and COMMIT (docs/quota.md has the figures). What stays in Swift is
+/// what needs Foundation: a window's key, bounds and reset time in a zone, and the answers.
+/// Rows are locked in the same order by every batch (advisory locks, then charges, then usage,
+/// each sorted), which is why batches on two replicas do not deadlock; were PostgreSQL to report
+/// one anyway, or a job id taken by another user's batch in between (the call raises
+/// `serialization_failure` then), the batch is run again from the start.
 extension PostgresQuotaStore {
     /// One operation of a batch, checked already (`QuotaLedger.check`).
     enum Operation: Sendable {
@@ -38,6 +42,12 @@ extension PostgresQuotaStore {
             case .settle(let jobId, _, _): jobId
             }
         }
+
+        var now: Date {
+            switch self {
+            case .reserve(_, let now), .settle(_, _, let now): now
+            }
+        }
     }
 
     enum Outcome: Sendable {
@@ -45,298 +55,201 @@ extension PostgresQuotaStore {
         case charge(Charge)
     }
 
-    /// How many times a batch is run again after a deadlock or a job id taken in between.
+    /// How many times a batch is run again after a deadlock, a job id taken in between, or a zone
+    /// it was told of (each counted on its own).
     static let batchAttempts = 3
 
     /// Decides `batch` in one transaction (see the extension's notes).
-    static func decide(_ batch: [Operation], database: PostgresPool, ledger: QuotaLedger, logger: Logger) async throws -> [Result<Outcome, any Error>] {
+    static func decide(
+        _ batch: [Operation], database: PostgresPool, ledger: QuotaLedger, zones: ZoneCache, logger: Logger
+    ) async throws -> [Result<Outcome, any Error>] {
         var attempt = 1
+        var zoneAttempt = 1
         while true {
             do {
-                return try await database.transactionSettingItsTimeout { db, timeout in
-                    try await decide(batch, db, timeout: timeout, ledger: ledger, logger: logger)
+                let called = try await database.transactionSettingItsTimeout { db, timeout in
+                    try await decide(batch, db, timeout: timeout, ledger: ledger, zones: zones, logger: logger)
+                }
+                switch called {
+                case .decided(let results):
+                    return results
+                case .zonesDiffer(let found):
+                    // Keys made in a zone a user no longer has (or never had, as far as this
+                    // replica knew): learn the zones, and decide the batch again.
+                    for (user, zone) in found { zones.learn(user: user, zone: zone) }
+                    guard zoneAttempt < batchAttempts else { throw ZonesChangedMeanwhile() }
+                    zoneAttempt += 1
+                    logger.debug("quota batch run again: users' zones were not those its windows were made in")
+                    continue
                 }
             } catch let error as PSQLError where attempt < batchAttempts && ["40P01", "40001", "23505"].contains(error.serverInfo?[.sqlState] ?? "") {
                 logger.debug("quota batch run again", metadata: ["sqlState": "\(error.serverInfo?[.sqlState] ?? "")"])
-            } catch is JobIdTakenMeanwhile where attempt < batchAttempts {
-                logger.debug("quota batch run again: a job id was charged by another batch meanwhile")
             }
             attempt += 1
         }
     }
 
-    /// Another transaction charged one of the batch's new job ids after the batch read them.
-    struct JobIdTakenMeanwhile: Error, CustomStringConvertible {
-        var description: String { "a job id was charged by another user's reservation at the same time; try again" }
+    /// The users' zones changed at every attempt of a batch (each attempt learns them first).
+    struct ZonesChangedMeanwhile: Error, CustomStringConvertible {
+        var description: String { "users' time zones changed while their reservations were decided; try again" }
     }
 
-    /// UTC and the zones furthest west (UTC-12) and east (UTC+14): their days and months are those
-    /// of every zone at the same instant.
-    static let outermostZones = ["Etc/GMT+12", "UTC", "Etc/GMT-14"]
-
-    /// A window's usage row.
-    struct UsageKey: Hashable {
-        var owner: String
-        var kind: String
-        var key: String
+    /// What one call came to: an answer per operation, or the zones of users whose windows were
+    /// made in another (nothing was decided).
+    enum Called: Sendable {
+        case decided([Result<Outcome, any Error>])
+        case zonesDiffer([(user: String, zone: String?)])
     }
 
-    private static func decide(_ batch: [Operation], _ db: PostgresConnection, timeout: Int?, ledger: QuotaLedger, logger: Logger) async throws -> [Result<Outcome, any Error>] {
-        var reserving: Set<String> = []
-        var networks: Set<String> = []
+    /// One call of `quota_batch_decide` on `db`, in the transaction the caller holds.
+    static func decide(
+        _ batch: [Operation], _ db: PostgresConnection, timeout: Int?, ledger: QuotaLedger, zones: ZoneCache, logger: Logger
+    ) async throws -> Called {
+        // Each operation's columns; a settlement's are empty but for its job id and time.
+        var kinds: [String] = [], jobs: [String] = [], users: [String] = [], costs: [Int] = [], nows: [Date] = []
+        var assumed: [String] = [], days: [String] = [], months: [String] = [], networks: [String] = []
+        var locks: Set<String> = []
+        kinds.reserveCapacity(batch.count)
         for operation in batch {
-            guard case .reserve(let request, _) = operation else { continue }
-            reserving.insert(request.userId)
-            if let network = ledger.sharedNetwork(of: request) { networks.insert(network) }
-        }
-
-        // The windows a reservation may read: the day and month of each owner (the user, its
-        // shared network) in the zones furthest west and east, and in UTC, which hold the day and
-        // month in any zone (a zone's is found below, once its user's row is read).
-        var owners: Set<String> = []
-        var nows: Set<Date> = []
-        for operation in batch {
-            guard case .reserve(let request, let now) = operation else { continue }
-            owners.insert(request.userId)
-            if let network = ledger.sharedNetwork(of: request) { owners.insert("net:" + network) }
-            nows.insert(now)
-        }
-        var days: Set<String> = []
-        var months: Set<String> = []
-        // Those of UTC, what a user without a zone uses: read whatever the users' zones.
-        var utcDays: Set<String> = []
-        var utcMonths: Set<String> = []
-        for now in nows {
-            for zone in Self.outermostZones {
-                let (day, month) = ledger.windows.windows(containing: now, timeZone: zone)
-                days.insert(day.key)
-                months.insert(month.key)
-            }
-            let (day, month) = ledger.windows.windows(containing: now, timeZone: nil)
-            utcDays.insert(day.key)
-            utcMonths.insert(month.key)
-        }
-        var candidates: Set<UsageKey> = []
-        for owner in owners {
-            for day in days { candidates.insert(UsageKey(owner: owner, kind: "daily", key: day)) }
-            guard !owner.hasPrefix("net:") else { continue }
-            for month in months { candidates.insert(UsageKey(owner: owner, kind: "monthly", key: month)) }
-        }
-        let guests = batch.compactMap { operation -> String? in
-            guard case .reserve(let request, _) = operation, ledger.sharedNetwork(of: request) != nil else { return nil }
-            return request.userId
-        }
-
-        // 1-5. The deadline, the locks (users and networks, in one order), then the charges of
-        // the batch's job ids (locked: `FOR UPDATE`), the users, those windows' usage and which
-        // guests are attested (their network's credits are not shared): one call
-        // (`quota_batch_read`). A user's windows of other zones than UTC are read only if its row
-        // names a zone; a network's, always (its guests' zones decide which it uses).
-        var charges: [String: (charge: Charge, network: String?)] = [:]
-        var users: [String: UserRow] = [:]
-        var used: [UsageKey: Int] = [:]
-        var attested: Set<String> = []
-        let jobIds = Set(batch.map(\.jobId)).sorted()
-        let locks = reserving.map { "quota:user:" + $0 } + networks.map { "quota:network:" + $0 }
-        let reading = Array(candidates)
-        let always = reading.map { key in
-            key.owner.hasPrefix("net:") || (key.kind == "daily" ? utcDays : utcMonths).contains(key.key)
-        }
-        for row in try await db.allRows("""
-            SELECT * FROM quota_batch_read(\(timeout.map(Int64.init))::bigint, \(locks)::text[], \(jobIds)::text[], \(Array(reserving))::text[],
-                \(reading.map(\.owner))::text[], \(reading.map(\.kind))::text[], \(reading.map(\.key))::text[], \(always)::boolean[], \(guests)::text[])
-            """, as: (String, String, String?, Int?, String?, String?, String?, Date?, Date?, String?).self, logger: logger
-        ) {
-            switch row.0 {
-            case "c":
-                guard let user = row.2, let cost = row.3, let state = row.4, let day = row.5, let month = row.6, let reservedAt = row.7 else { continue }
-                let (charge, network) = charge((row.1, user, cost, state, day, month, reservedAt, row.8, row.9))
-                charges[charge.jobId] = (charge, network)
-            case "u":
-                guard let plan = row.4 else { continue }
-                users[row.1] = (plan, row.5, row.7)
-            case "w":
-                guard let kind = row.2, let key = row.4, let value = row.3 else { continue }
-                used[UsageKey(owner: row.1, kind: kind, key: key)] = value
-            case "g":
-                attested.insert(row.1)
-            default:
-                continue
-            }
-        }
-
-        // Each reservation's windows in its user's zone. One the call did not read (a zone past
-        // those above: none today) is read now.
-        var contexts: [Int: QuotaLedger.UserContext] = [:]
-        var missing: Set<UsageKey> = []
-        for (index, operation) in batch.enumerated() {
-            guard case .reserve(let request, let now) = operation else { continue }
-            let context = userContext(ledger, request.userId, users[request.userId], now: now)
-            contexts[index] = context
-            var wanted = [UsageKey(owner: request.userId, kind: "daily", key: context.day.key),
-                          UsageKey(owner: request.userId, kind: "monthly", key: context.month.key)]
-            if let network = ledger.sharedNetwork(of: request) {
-                wanted.append(UsageKey(owner: "net:" + network, kind: "daily", key: context.day.key))
-            }
-            for key in wanted where !candidates.contains(key) { missing.insert(key) }
-        }
-        if !missing.isEmpty {
-            let keys = Array(missing)
-            for (owner, kind, key, value) in try await db.allRows("""
-                SELECT k.o, k.w, k.y, u.used
-                FROM unnest(\(keys.map(\.owner))::text[], \(keys.map(\.kind))::text[], \(keys.map(\.key))::text[]) AS k(o, w, y)
-                CROSS JOIN LATERAL (SELECT used FROM quota_usage WHERE user_id = k.o AND window_kind = k.w AND window_key = k.y LIMIT 1) AS u
-                """, as: (String, String, String, Int).self, logger: logger
-            ) {
-                used[UsageKey(owner: owner, kind: kind, key: key)] = value
-            }
-        }
-
-        // The decisions, in order.
-        var changes: [UsageKey: Int] = [:]
-        var written: Set<String> = []
-        func change(_ key: UsageKey, by amount: Int) {
-            if let value = used[key] { used[key] = max(0, value + amount) } else if amount > 0 { used[key] = amount }
-            changes[key, default: 0] += amount
-        }
-        var results: [Result<Outcome, any Error>] = []
-        results.reserveCapacity(batch.count)
-        for (index, operation) in batch.enumerated() {
             switch operation {
             case .reserve(let request, let now):
-                var context = contexts[index]!
-                let daily = UsageKey(owner: request.userId, kind: "daily", key: context.day.key)
-                let monthly = UsageKey(owner: request.userId, kind: "monthly", key: context.month.key)
-                context.dailyUsed = used[daily] ?? 0
-                context.monthlyUsed = used[monthly] ?? 0
-                if let existing = charges[request.jobId] {
-                    guard existing.charge.userId == request.userId else {
-                        results.append(.failure(BusError(Quota.ErrorCode.jobIdTaken, "job id \(request.jobId) belongs to another user")))
-                        continue
-                    }
-                    // Reserved or committed: the same admission again. Released (its job was never
-                    // made, or ended without a result): a retry of it is charged afresh, below.
-                    if existing.charge.state != .released {
-                        results.append(.success(.decision(QuotaDecision(
-                            admitted: true, jobId: request.jobId, status: context.status(), violated: [], retryAt: nil, replayed: true
-                        ))))
-                        continue
-                    }
-                }
+                let zone = zones.zone(of: request.userId)
+                let (day, month) = ledger.windows.windows(containing: now, timeZone: zone)
+                let network = ledger.sharedNetwork(of: request)
+                kinds.append("r"); users.append(request.userId); costs.append(request.cost)
+                assumed.append(zone ?? ""); days.append(day.key); months.append(month.key); networks.append(network ?? "")
+                locks.insert("quota:user:" + request.userId)
+                if let network { locks.insert("quota:network:" + network) }
+            case .settle(_, let state, _):
+                kinds.append(state == .released ? "x" : "c"); users.append(""); costs.append(0)
+                assumed.append(""); days.append(""); months.append(""); networks.append("")
+            }
+            jobs.append(operation.jobId)
+            nows.append(operation.now)
+        }
+        let plans = ledger.plans.plans.values.sorted { $0.name < $1.name }
+
+        var bindings = PostgresBindings(capacity: 16)
+        bindings.append(timeout.map(Int64.init))
+        bindings.append(Array(locks))
+        bindings.append(kinds)
+        bindings.append(jobs)
+        bindings.append(users)
+        bindings.append(costs)
+        bindings.append(nows)
+        bindings.append(assumed)
+        bindings.append(days)
+        bindings.append(months)
+        bindings.append(networks)
+        bindings.append(plans.map(\.name))
+        // (-1: no limit)
+        bindings.append(plans.map { $0.dailyLimit ?? -1 })
+        bindings.append(plans.map { $0.monthlyLimit ?? -1 })
+        bindings.append(ledger.plans.defaultPlan)
+        bindings.append(ledger.guests.networkDaily)
+
+        var results = [Result<Outcome, any Error>?](repeating: nil, count: batch.count)
+        var differ: [(user: String, zone: String?)] = []
+        for try await row in try await db.execute(BatchDecide(bindings: bindings), logger: logger) {
+            let index = Int(row.op) - 1
+            if row.code == "zone" {
+                differ.append((row.a ?? "", row.state.flatMap { $0.isEmpty ? nil : $0 }))
+                continue
+            }
+            guard batch.indices.contains(index) else { continue }
+            results[index] = answer(row, to: batch[index], zone: assumed[index], ledger: ledger)
+        }
+        if !differ.isEmpty { return .zonesDiffer(differ) }
+        return .decided(try results.map { result in
+            guard let result else { throw BatchAnswerMissing() }
+            return result
+        })
+    }
+
+    /// The call answered no row for an operation (it answers one for each).
+    struct BatchAnswerMissing: Error, CustomStringConvertible {
+        var description: String { "quota_batch_decide answered no row for an operation" }
+    }
+
+    /// An operation's answer from its row: a reservation's decision, with its user's status made
+    /// here (windows need Foundation's calendar), or a settlement's charge.
+    static func answer(_ row: BatchDecide.Row, to operation: Operation, zone: String, ledger: QuotaLedger) -> Result<Outcome, any Error> {
+        switch operation {
+        case .reserve(let request, let now):
+            var context = userContext(ledger, request.userId, row.plan.map { ($0, zone.isEmpty ? nil : zone, row.planEndsAt) }, now: now)
+            context.dailyUsed = row.daily ?? 0
+            context.monthlyUsed = row.monthly ?? 0
+            switch row.code {
+            case "taken":
+                return .failure(BusError(Quota.ErrorCode.jobIdTaken, "job id \(request.jobId) belongs to another user"))
+            case "replayed":
+                return .success(.decision(QuotaDecision(admitted: true, jobId: request.jobId, status: context.status(), violated: [], retryAt: nil, replayed: true)))
+            case "admitted":
+                return .success(.decision(QuotaDecision(admitted: true, jobId: request.jobId, status: context.status(), violated: [], retryAt: nil)))
+            case "network":
+                let used = row.network ?? 0
+                return .success(.decision(QuotaDecision(
+                    admitted: false, jobId: request.jobId, status: context.status(), violated: ["network"],
+                    retryAt: context.day.end, networkRemaining: max(0, ledger.guests.networkDaily - used)
+                )))
+            default:
                 let verdict = QuotaRules.decide(
                     plan: context.plan, cost: request.cost, dailyUsed: context.dailyUsed, monthlyUsed: context.monthlyUsed,
                     day: context.day, month: context.month
                 )
-                guard verdict.admitted else {
-                    results.append(.success(.decision(QuotaDecision(
-                        admitted: false, jobId: request.jobId, status: context.status(), violated: verdict.violated, retryAt: verdict.retryAt
-                    ))))
-                    continue
-                }
-                // A guest's network shares the day's free credits of its guests, except with an
-                // attested guest.
-                var shared = ledger.sharedNetwork(of: request)
-                if attested.contains(request.userId) { shared = nil }
-                if let network = shared {
-                    let networkUsed = used[UsageKey(owner: "net:" + network, kind: "daily", key: context.day.key)] ?? 0
-                    if networkUsed + request.cost > ledger.guests.networkDaily {
-                        results.append(.success(.decision(QuotaDecision(
-                            admitted: false, jobId: request.jobId, status: context.status(), violated: ["network"],
-                            retryAt: context.day.end, networkRemaining: max(0, ledger.guests.networkDaily - networkUsed)
-                        ))))
-                        continue
-                    }
-                    change(UsageKey(owner: "net:" + network, kind: "daily", key: context.day.key), by: request.cost)
-                }
-                change(daily, by: request.cost)
-                change(monthly, by: request.cost)
-                charges[request.jobId] = (
-                    Charge(jobId: request.jobId, userId: request.userId, cost: request.cost, state: .reserved,
-                           dayKey: context.day.key, monthKey: context.month.key, reservedAt: now, settledAt: nil),
-                    shared
-                )
-                written.insert(request.jobId)
-                context.dailyUsed += request.cost
-                context.monthlyUsed += request.cost
-                results.append(.success(.decision(QuotaDecision(admitted: true, jobId: request.jobId, status: context.status(), violated: [], retryAt: nil))))
-
-            case .settle(let jobId, let state, let now):
-                guard let (stored, network) = charges[jobId] else {
-                    results.append(.failure(BusError(.notFound, "no charge for job \(jobId)")))
-                    continue
-                }
-                var charge = stored
-                switch (charge.state, state) {
-                case (.committed, .committed), (.released, .released):
-                    results.append(.success(.charge(charge)))
-                    continue
-                case (.released, _):
-                    results.append(.failure(BusError(Quota.ErrorCode.chargeSettled, "charge \(jobId) was released; it cannot be committed")))
-                    continue
-                case (.committed, _):
-                    results.append(.failure(BusError(Quota.ErrorCode.chargeSettled, "charge \(jobId) was committed; it cannot be released")))
-                    continue
-                case (.reserved, _):
-                    break
-                }
-                if state == .released {
-                    change(UsageKey(owner: charge.userId, kind: "daily", key: charge.dayKey), by: -charge.cost)
-                    change(UsageKey(owner: charge.userId, kind: "monthly", key: charge.monthKey), by: -charge.cost)
-                    if let network { change(UsageKey(owner: "net:" + network, kind: "daily", key: charge.dayKey), by: -charge.cost) }
-                }
-                charge.state = state
-                charge.settledAt = now
-                charges[jobId] = (charge, network)
-                written.insert(jobId)
-                results.append(.success(.charge(charge)))
+                return .success(.decision(QuotaDecision(
+                    admitted: false, jobId: request.jobId, status: context.status(), violated: verdict.violated, retryAt: verdict.retryAt
+                )))
             }
+        case .settle(let jobId, _, _):
+            guard row.code != "notfound", let user = row.a, let cost = row.cost, let state = row.state.flatMap(Charge.State.init(rawValue:)),
+                  let day = row.day, let month = row.month, let reservedAt = row.reservedAt else {
+                return .failure(BusError(.notFound, "no charge for job \(jobId)"))
+            }
+            let charge = Charge(jobId: jobId, userId: user, cost: cost, state: state, dayKey: day, monthKey: month, reservedAt: reservedAt, settledAt: row.settledAt)
+            guard row.code == "settled" else { return .success(.charge(charge)) }
+            return .failure(BusError(
+                Quota.ErrorCode.chargeSettled,
+                state == .released ? "charge \(jobId) was released; it cannot be committed" : "charge \(jobId) was committed; it cannot be released"
+            ))
         }
-
-        // 6-7. The charges made or settled, as one ordered upsert, and the windows' changes, as
-        // another, in one statement (`BatchWrite`). A new job id charged by another user
-        // meanwhile is not overwritten: the batch is run again and then finds it.
-        let rows = written.sorted().map { charges[$0]! }
-        let moved = changes.filter { $0.value != 0 }.sorted { ($0.key.owner, $0.key.kind, $0.key.key) < ($1.key.owner, $1.key.kind, $1.key.key) }
-        if !rows.isEmpty || !moved.isEmpty {
-            var bindings = PostgresBindings(capacity: 14)
-            bindings.append(rows.map(\.charge.jobId))
-            bindings.append(rows.map(\.charge.userId))
-            bindings.append(rows.map(\.charge.cost))
-            bindings.append(rows.map(\.charge.state.rawValue))
-            bindings.append(rows.map(\.charge.dayKey))
-            bindings.append(rows.map(\.charge.monthKey))
-            bindings.append(rows.map(\.charge.reservedAt))
-            bindings.append(rows.map { $0.charge.settledAt != nil })
-            bindings.append(rows.map { $0.charge.settledAt ?? $0.charge.reservedAt })
-            bindings.append(rows.map { $0.network ?? "" })
-            bindings.append(moved.map(\.key.owner))
-            bindings.append(moved.map(\.key.kind))
-            bindings.append(moved.map(\.key.key))
-            bindings.append(moved.map(\.value))
-            var count = 0
-            for try await charged in try await db.execute(BatchWrite(bindings: bindings), logger: logger) { count = charged }
-            guard count == rows.count else { throw JobIdTakenMeanwhile() }
-        }
-        return results
     }
 
-    /// A batch's writes: the charges made or settled, as one upsert in job id order, and the
-    /// windows' changes, as another in key order; answers how many charges were written. A
-    /// release's window row is there (its reservation made it); its check is a scalar probe per
-    /// row, not an `EXISTS`, which PostgreSQL hashed over the whole table. One call of
-    /// `quota_batch_write` (migration v6, which says why it is a function), prepared by
-    /// postgres-nio once per connection, by name: parsing and planning the statement again at
-    /// every batch were a sixth of the PostgreSQL backend's time (perf).
-    struct BatchWrite: PostgresPreparedStatement {
-        typealias Row = Int
-        static let name = "quota_batch_write"
+    /// The call of a batch, prepared by postgres-nio once per connection (by name): parsing and
+    /// planning a statement again at every batch were a sixth of the PostgreSQL backend's time
+    /// (perf), when the write was a statement of its own.
+    struct BatchDecide: PostgresPreparedStatement {
+        struct Row {
+            var op: Int32
+            var code: String
+            var a: String?
+            var cost: Int?
+            var state: String?
+            var day: String?
+            var month: String?
+            var reservedAt: Date?
+            var settledAt: Date?
+            var daily: Int?
+            var monthly: Int?
+            var network: Int?
+            var plan: String?
+            var planEndsAt: Date?
+        }
+
+        static let name = "quota_batch_decide"
         static let sql = """
-            SELECT quota_batch_write($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $8::bool[],
-                                     $9::timestamptz[], $10::text[], $11::text[], $12::text[], $13::text[], $14::bigint[])
+            SELECT * FROM quota_batch_decide($1::bigint, $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::timestamptz[],
+                $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::bigint[], $14::bigint[], $15::text, $16::bigint)
             """
         var bindings: PostgresBindings
 
         func makeBindings() throws -> PostgresBindings { bindings }
-        func decodeRow(_ row: PostgresRow) throws -> Int { try row.decode(Int.self) }
+        func decodeRow(_ row: PostgresRow) throws -> Row {
+            let (op, code, a, cost, state, day, month, reservedAt, settledAt, daily, monthly, network, plan, planEndsAt) = try row.decode(
+                (Int32, String, String?, Int?, String?, String?, String?, Date?, Date?, Int?, Int?, Int?, String?, Date?).self
+            )
+            return Row(op: op, code: code, a: a, cost: cost, state: state, day: day, month: month, reservedAt: reservedAt, settledAt: settledAt,
+                       daily: daily, monthly: monthly, network: network, plan: plan, planEndsAt: planEndsAt)
+        }
     }
 }

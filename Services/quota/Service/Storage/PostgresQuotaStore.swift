@@ -27,14 +27,17 @@ public struct PostgresQuotaStore: QuotaStore {
     let ledger: QuotaLedger
     let logger: Logger
     let batcher: PostgresBatcher<Operation, Outcome>
+    let zones: ZoneCache
 
     public init(database: PostgresPool, plans: PlanCatalog = .standard, guests: GuestLimits = GuestLimits(), logger: Logger) {
         let ledger = QuotaLedger(plans: plans, guests: guests)
         self.database = database
         self.ledger = ledger
         self.logger = logger
+        let zones = ZoneCache()
+        self.zones = zones
         self.batcher = PostgresBatcher(database: database) { batch in
-            try await Self.decide(batch, database: database, ledger: ledger, logger: logger)
+            try await Self.decide(batch, database: database, ledger: ledger, zones: zones, logger: logger)
         }
     }
 
@@ -228,6 +231,177 @@ public struct PostgresQuotaStore: QuotaStore {
             $fn$
             """,
         ]),
+        // A batch decided in one call (`PostgresQuotaStore+Batches.swift`): the locks, the reads,
+        // the decisions in order (as `QuotaRules` makes them), the writes, and a row per
+        // operation. `kinds` holds `r` (reserve), `c` (commit) or `x` (release) for each
+        // operation; a reservation's `zones` is the zone its `days` and `months` keys were made
+        // in, checked against its user's row first: if any differs, the call answers those users'
+        // zones (`zone` rows: user, zone) and decides nothing. A limit of -1 is none. Its
+        // statements probe by key whatever the statistics (as v6's). A job id charged by another
+        // user's batch between the read and the write raises `serialization_failure`, and the
+        // batch is run again. `quota_batch_read` and `quota_batch_write` stay for replicas of the
+        // version before, while an upgrade rolls.
+        PostgresMigration("v7: a batch decided in one call", [
+            """
+            CREATE FUNCTION quota_batch_decide(
+                timeout_ms bigint, lock_keys text[], kinds text[], jobs text[], users text[], costs bigint[], nows timestamptz[],
+                zones text[], days text[], months text[], networks text[],
+                plan_names text[], plan_daily bigint[], plan_monthly bigint[], default_plan text, network_daily bigint)
+            RETURNS TABLE (r_op integer, r_code text, r_a text, r_cost bigint, r_state text, r_day text, r_month text,
+                           r_reserved timestamptz, r_settled timestamptz, r_daily bigint, r_monthly bigint, r_network bigint,
+                           r_plan text, r_plan_ends timestamptz)
+            LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $fn$
+            DECLARE
+                u_ids text[]; u_plans text[]; u_zones text[]; u_ends timestamptz[];
+                c_jobs text[]; c_users text[]; c_costs bigint[]; c_states text[]; c_days text[]; c_months text[];
+                c_reserved timestamptz[]; c_settled timestamptz[]; c_networks text[]; c_dirty boolean[];
+                w_keys text[]; w_owners text[]; w_kinds text[]; w_wkeys text[]; w_used bigint[]; w_delta bigint[];
+                attested text[];
+                i integer; ci integer; ui integer; pi integer; di integer; mi integer; ni integer;
+                sep constant text := chr(31);
+                pname text; wkey text; pend timestamptz; dused bigint; mused bigint; net text; cost bigint; now_ timestamptz;
+                dirty integer := 0; written bigint;
+            BEGIN
+                IF timeout_ms IS NOT NULL THEN
+                    PERFORM set_config('lock_timeout', timeout_ms || 'ms', true), set_config('statement_timeout', timeout_ms || 'ms', true);
+                END IF;
+                PERFORM pg_advisory_xact_lock(h) FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(lock_keys) AS k ORDER BY h) AS ordered;
+
+                -- The reserving users' rows; their zones must be those the keys were made in.
+                SELECT array_agg(u.id), array_agg(u.plan), array_agg(coalesce(u.time_zone, '')), array_agg(u.plan_ends_at)
+                    INTO u_ids, u_plans, u_zones, u_ends
+                    FROM quota_user u WHERE u.id = ANY(users);
+                RETURN QUERY SELECT 0, 'zone'::text, r.u, NULL::bigint, coalesce(u_zones[array_position(u_ids, r.u)], ''),
+                        NULL::text, NULL::text, NULL::timestamptz, NULL::timestamptz, NULL::bigint, NULL::bigint, NULL::bigint, NULL::text, NULL::timestamptz
+                    FROM (SELECT DISTINCT x.u, x.z FROM unnest(kinds, users, zones) AS x(k, u, z) WHERE x.k = 'r') AS r
+                    WHERE coalesce(u_zones[array_position(u_ids, r.u)], '') <> r.z;
+                IF FOUND THEN RETURN; END IF;
+
+                -- The charges of the batch's job ids, locked in job id order.
+                SELECT array_agg(q.job_id), array_agg(q.user_id), array_agg(q.cost::bigint), array_agg(q.state), array_agg(q.day_key),
+                       array_agg(q.month_key), array_agg(q.reserved_at), array_agg(q.settled_at), array_agg(coalesce(q.network, '')), array_agg(false)
+                    INTO c_jobs, c_users, c_costs, c_states, c_days, c_months, c_reserved, c_settled, c_networks, c_dirty
+                    FROM (SELECT DISTINCT j FROM unnest(jobs) AS j ORDER BY j) AS ordered
+                    CROSS JOIN LATERAL (SELECT * FROM quota_charge r WHERE r.job_id = ordered.j LIMIT 1 FOR UPDATE) AS q;
+
+                -- The windows the reservations read: each one's day and month, and its network's day.
+                SELECT array_agg(k.o || sep || k.w || sep || k.y), array_agg(k.o), array_agg(k.w), array_agg(k.y),
+                       array_agg(coalesce(v.used, 0)::bigint), array_agg(0::bigint)
+                    INTO w_keys, w_owners, w_kinds, w_wkeys, w_used, w_delta
+                    FROM (SELECT DISTINCT s.o, s.w, s.y FROM unnest(kinds, users, days, months, networks) AS x(k, u, d, m, n)
+                          CROSS JOIN LATERAL (VALUES (x.u, 'daily', x.d), (x.u, 'monthly', x.m), (CASE WHEN x.n <> '' THEN 'net:' || x.n END, 'daily', x.d)) AS s(o, w, y)
+                          WHERE x.k = 'r' AND s.o IS NOT NULL) AS k
+                    LEFT JOIN LATERAL (SELECT q.used FROM quota_usage q WHERE q.user_id = k.o AND q.window_kind = k.w AND q.window_key = k.y LIMIT 1) AS v ON true;
+
+                attested := ARRAY(SELECT g.user_id FROM quota_guest g
+                    WHERE g.user_id = ANY(ARRAY(SELECT x.u FROM unnest(kinds, users, networks) AS x(k, u, n) WHERE x.k = 'r' AND x.n <> ''))
+                      AND g.attested_key IS NOT NULL);
+
+                FOR i IN 1 .. coalesce(array_length(kinds, 1), 0) LOOP
+                    r_op := i; r_a := NULL; r_cost := NULL; r_state := NULL; r_day := NULL; r_month := NULL; r_reserved := NULL; r_settled := NULL;
+                    r_daily := NULL; r_monthly := NULL; r_network := NULL; r_plan := NULL; r_plan_ends := NULL;
+                    ci := array_position(c_jobs, jobs[i]);
+                    IF kinds[i] = 'r' THEN
+                        cost := costs[i]; now_ := nows[i];
+                        ui := array_position(u_ids, users[i]);
+                        IF ui IS NOT NULL THEN r_plan := u_plans[ui]; r_plan_ends := u_ends[ui]; END IF;
+                        pname := r_plan; pend := r_plan_ends;
+                        IF pend IS NOT NULL AND now_ >= pend THEN pname := NULL; END IF;
+                        pi := coalesce(array_position(plan_names, pname), array_position(plan_names, default_plan));
+                        di := array_position(w_keys, users[i] || sep || 'daily' || sep || days[i]);
+                        mi := array_position(w_keys, users[i] || sep || 'monthly' || sep || months[i]);
+                        dused := w_used[di]; mused := w_used[mi];
+                        r_daily := dused; r_monthly := mused;
+                        IF ci IS NOT NULL AND c_users[ci] <> users[i] THEN
+                            r_code := 'taken';
+                        ELSIF ci IS NOT NULL AND c_states[ci] <> 'released' THEN
+                            r_code := 'replayed';
+                        ELSIF (plan_daily[pi] >= 0 AND dused + cost > plan_daily[pi]) OR (plan_monthly[pi] >= 0 AND mused + cost > plan_monthly[pi]) THEN
+                            r_code := 'refused';
+                        ELSE
+                            net := networks[i];
+                            IF net <> '' AND users[i] = ANY(attested) THEN net := ''; END IF;
+                            ni := NULL;
+                            IF net <> '' THEN
+                                ni := array_position(w_keys, 'net:' || net || sep || 'daily' || sep || days[i]);
+                                r_network := w_used[ni];
+                            END IF;
+                            IF ni IS NOT NULL AND w_used[ni] + cost > network_daily THEN
+                                r_code := 'network';
+                            ELSE
+                                IF ni IS NOT NULL THEN w_used[ni] := w_used[ni] + cost; w_delta[ni] := w_delta[ni] + cost; END IF;
+                                w_used[di] := dused + cost; w_delta[di] := w_delta[di] + cost;
+                                w_used[mi] := mused + cost; w_delta[mi] := w_delta[mi] + cost;
+                                r_daily := dused + cost; r_monthly := mused + cost;
+                                IF ci IS NULL THEN
+                                    c_jobs := c_jobs || jobs[i]; ci := coalesce(array_length(c_jobs, 1), 0);
+                                END IF;
+                                c_users[ci] := users[i]; c_costs[ci] := cost; c_states[ci] := 'reserved'; c_days[ci] := days[i];
+                                c_months[ci] := months[i]; c_reserved[ci] := now_; c_settled[ci] := NULL; c_networks[ci] := net;
+                                IF NOT coalesce(c_dirty[ci], false) THEN c_dirty[ci] := true; dirty := dirty + 1; END IF;
+                                r_code := 'admitted';
+                            END IF;
+                        END IF;
+                    ELSIF ci IS NULL THEN
+                        r_code := 'notfound';
+                    ELSE
+                        IF c_states[ci] = 'reserved' THEN
+                            IF kinds[i] = 'x' THEN
+                                FOREACH wkey IN ARRAY ARRAY[c_users[ci] || sep || 'daily' || sep || c_days[ci], c_users[ci] || sep || 'monthly' || sep || c_months[ci],
+                                                           CASE WHEN c_networks[ci] <> '' THEN 'net:' || c_networks[ci] || sep || 'daily' || sep || c_days[ci] END] LOOP
+                                    CONTINUE WHEN wkey IS NULL;
+                                    di := array_position(w_keys, wkey);
+                                    IF di IS NULL THEN
+                                        w_keys := w_keys || wkey; di := array_length(w_keys, 1);
+                                        w_owners[di] := split_part(wkey, sep, 1); w_kinds[di] := split_part(wkey, sep, 2); w_wkeys[di] := split_part(wkey, sep, 3);
+                                        w_used[di] := 0; w_delta[di] := 0;
+                                    END IF;
+                                    w_used[di] := greatest(0, w_used[di] - c_costs[ci]); w_delta[di] := w_delta[di] - c_costs[ci];
+                                END LOOP;
+                            END IF;
+                            c_states[ci] := CASE WHEN kinds[i] = 'x' THEN 'released' ELSE 'committed' END;
+                            c_settled[ci] := nows[i];
+                            IF NOT coalesce(c_dirty[ci], false) THEN c_dirty[ci] := true; dirty := dirty + 1; END IF;
+                            r_code := 'charge';
+                        ELSIF c_states[ci] = (CASE WHEN kinds[i] = 'x' THEN 'released' ELSE 'committed' END) THEN
+                            r_code := 'charge';
+                        ELSE
+                            r_code := 'settled';
+                        END IF;
+                        r_a := c_users[ci]; r_cost := c_costs[ci]; r_state := c_states[ci]; r_day := c_days[ci]; r_month := c_months[ci];
+                        r_reserved := c_reserved[ci]; r_settled := c_settled[ci];
+                    END IF;
+                    RETURN NEXT;
+                END LOOP;
+
+                -- The charges made or settled, in job id order, and the windows' changes, in key order.
+                IF dirty > 0 THEN
+                    WITH charged AS (
+                        INSERT INTO quota_charge (job_id, user_id, cost, state, day_key, month_key, reserved_at, settled_at, network)
+                        SELECT x.j, x.u, x.c, x.s, x.d, x.m, x.r, x.t, NULLIF(x.n, '')
+                        FROM unnest(c_jobs, c_users, c_costs, c_states, c_days, c_months, c_reserved, c_settled, c_networks, c_dirty)
+                            AS x(j, u, c, s, d, m, r, t, n, dirty)
+                        WHERE x.dirty
+                        ORDER BY x.j
+                        ON CONFLICT (job_id) DO UPDATE SET cost = excluded.cost, state = excluded.state, day_key = excluded.day_key,
+                            month_key = excluded.month_key, reserved_at = excluded.reserved_at, settled_at = excluded.settled_at, network = excluded.network
+                            WHERE quota_charge.user_id = excluded.user_id
+                        RETURNING 1
+                    )
+                    SELECT count(*) INTO written FROM charged;
+                    IF written <> dirty THEN
+                        RAISE EXCEPTION 'a job id was charged by another user''s batch meanwhile' USING ERRCODE = '40001';
+                    END IF;
+                END IF;
+                INSERT INTO quota_usage (user_id, window_kind, window_key, used)
+                SELECT w.o, w.k, w.y, w.a FROM unnest(w_owners, w_kinds, w_wkeys, w_delta) AS w(o, k, y, a)
+                WHERE w.a > 0 OR (w.a < 0 AND (SELECT true FROM quota_usage q WHERE q.user_id = w.o AND q.window_kind = w.k AND q.window_key = w.y LIMIT 1))
+                ORDER BY w.o, w.k, w.y
+                ON CONFLICT (user_id, window_kind, window_key) DO UPDATE SET used = quota_usage.used + excluded.used;
+            END
+            $fn$
+            """,
+        ]),
     ]
 
     // MARK: QuotaStore
@@ -269,7 +443,7 @@ public struct PostgresQuotaStore: QuotaStore {
     public func setPlan(_ request: SetPlan, now: Date) async throws -> QuotaStatus {
         try ledger.check(request)
         let (ledger, logger) = (ledger, logger)
-        return try await database.transaction { db in
+        let status = try await database.transaction { db in
             try await Self.lock(db, "user:" + request.userId, logger: logger)
             // nil keeps the zone; "" clears it.
             let keepZone = request.timeZone == nil
@@ -281,6 +455,9 @@ public struct PostgresQuotaStore: QuotaStore {
                 """, logger: logger)
             return try await Self.userContext(db, ledger, request.userId, now: now, logger: logger).status()
         }
+        // This replica's batches make the user's windows in its zone from now on.
+        zones.learn(user: request.userId, zone: status.timeZone)
+        return status
     }
 
     /// A grant (or takeback) in one transaction of its own, under the user's lock as a batch's
