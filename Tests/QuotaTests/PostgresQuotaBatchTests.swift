@@ -189,6 +189,45 @@ struct PostgresQuotaBatchTests {
         }
     }
 
+    /// A new job id is charged by another user's transaction after the batch read it as free:
+    /// the batch's insert waits for that transaction, fails once it commits, and the batch, run
+    /// again, finds the job id taken.
+    @Test func aJobIdChargedElsewhereWhileTheBatchDecidedIsFoundTakenWhenItRunsAgain() async throws {
+        try await withOneConnection(lockedElsewhere: []) { store, other, logger in
+            try await other.connection { holder in
+                // Given another user's charge of "contested", written but not yet committed
+                try await holder.query("BEGIN", logger: logger)
+                try await holder.query("""
+                    INSERT INTO quota_charge (job_id, user_id, cost, state, day_key, month_key, reserved_at)
+                    VALUES ('contested', 'bob', 1, 'reserved', '2026-11-21', '2026-11', now())
+                    """, logger: logger)
+                // When ann reserves "contested", and her batch waits on that row
+                async let answer: BusError.Code? = {
+                    do {
+                        _ = try await store.reserve(ReserveQuota(userId: "ann", jobId: "contested"), now: noon)
+                        return nil
+                    } catch let error as BusError {
+                        return error.code
+                    } catch {
+                        return BusError.Code(rawValue: "\(error)")
+                    }
+                }()
+                try await waitUntil {
+                    try await other.connection { db in
+                        try await db.first("""
+                            SELECT count(*)::bigint FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%quota_batch_decide(%'
+                            """, as: Int.self, logger: logger) ?? 0
+                    } > 0
+                }
+                try await holder.query("COMMIT", logger: logger)
+
+                // Then she is told it is another user's, and nothing of hers was charged
+                #expect(await answer == Quota.ErrorCode.jobIdTaken)
+            }
+            #expect(try await store.status(userId: "ann", now: noon).daily.used == 0)
+        }
+    }
+
     @Test func guestsOfANetworkReservingAtOnceShareItsCreditsExactly() async throws {
         let limit = 20
         try await withStores(replicas: 2, guests: GuestLimits(networkDaily: limit)) { stores in

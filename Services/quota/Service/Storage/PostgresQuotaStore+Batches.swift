@@ -28,8 +28,8 @@ import Storage
 /// what needs Foundation: a window's key, bounds and reset time in a zone, and the answers.
 /// Rows are locked in the same order by every batch (advisory locks, then charges, then usage,
 /// each sorted), which is why batches on two replicas do not deadlock; were PostgreSQL to report
-/// one anyway, or a job id taken by another user's batch in between (the call raises
-/// `serialization_failure` then), the batch is run again from the start.
+/// one anyway, or a new job id be charged by another user's batch in between (the call's insert
+/// then fails, `unique_violation`), the batch is run again from the start.
 extension PostgresQuotaStore {
     /// One operation of a batch, checked already (`QuotaLedger.check`).
     enum Operation: Sendable {
