@@ -18,8 +18,8 @@ import Storage
 ///    attested;
 /// 4. decides the operations in order, by the same rules as `QuotaRules` and the SQLite ledger: a
 ///    later operation sees what an earlier one in the batch did;
-/// 5. writes every charge made or settled, as one ordered upsert, and every window's change, as
-///    another;
+/// 5. inserts the charges made and updates those settled or charged again, each in job id order,
+///    and applies every window's change, in key order;
 /// 6. answers one row per operation, from which the replica makes its answer (statuses and
 ///    windows, made in Swift as every other store makes them).
 ///
@@ -192,7 +192,7 @@ extension PostgresQuotaStore {
                     admitted: false, jobId: request.jobId, status: context.status(), violated: ["network"],
                     retryAt: context.day.end, networkRemaining: max(0, ledger.guests.networkDaily - used)
                 )))
-            default:
+            case "refused":
                 let verdict = QuotaRules.decide(
                     plan: context.plan, cost: request.cost, dailyUsed: context.dailyUsed, monthlyUsed: context.monthlyUsed,
                     day: context.day, month: context.month
@@ -200,8 +200,13 @@ extension PostgresQuotaStore {
                 return .success(.decision(QuotaDecision(
                     admitted: false, jobId: request.jobId, status: context.status(), violated: verdict.violated, retryAt: verdict.retryAt
                 )))
+            default:
+                return .failure(BusError(.internal, "quota_batch_decide answered '\(row.code.prefix(32))' for a reservation"))
             }
         case .settle(let jobId, _, _):
+            guard row.code == "charge" || row.code == "settled" || row.code == "notfound" else {
+                return .failure(BusError(.internal, "quota_batch_decide answered '\(row.code.prefix(32))' for a settlement"))
+            }
             guard row.code != "notfound", let user = row.a, let cost = row.cost, let state = row.state.flatMap(Charge.State.init(rawValue:)),
                   let day = row.day, let month = row.month, let reservedAt = row.reservedAt else {
                 return .failure(BusError(.notFound, "no charge for job \(jobId)"))
@@ -219,19 +224,28 @@ extension PostgresQuotaStore {
     /// planning a statement again at every batch were a sixth of the PostgreSQL backend's time
     /// (perf), when the write was a statement of its own.
     struct BatchDecide: PostgresPreparedStatement {
+        /// A row of the call's answer (migration v7 has its columns' order).
         struct Row {
+            /// The operation's place in the batch, from 1 (0 for a `zone` row).
             var op: Int32
+            /// A reservation's `admitted`, `replayed`, `refused`, `network` or `taken`; a
+            /// settlement's `charge`, `settled` (the other way already) or `notfound`; `zone`.
             var code: String
+            /// A settled charge's user; a `zone` row's user.
             var a: String?
             var cost: Int?
+            /// A settled charge's state; a `zone` row's zone ("" for none).
             var state: String?
             var day: String?
             var month: String?
             var reservedAt: Date?
             var settledAt: Date?
+            /// A reservation's user's day and month as its answer shows them (after it, if admitted).
             var daily: Int?
             var monthly: Int?
+            /// What the guest network's day had used, for a reservation that drew on it.
             var network: Int?
+            /// The user's row's plan and its end, as stored (nil: no row).
             var plan: String?
             var planEndsAt: Date?
         }
