@@ -240,8 +240,9 @@ public struct PostgresQuotaStore: QuotaStore {
         // statements probe by key whatever the statistics (as v6's). New charges are inserted (a
         // job id charged by another user's batch between the read and the write fails it,
         // `unique_violation`, and the batch is run again), those that existed updated: an
-        // `INSERT ... ON CONFLICT` of both was a quarter dearer (pg_stat_statements). `quota_batch_read` and `quota_batch_write` stay for replicas of the
-        // version before, while an upgrade rolls.
+        // `INSERT ... ON CONFLICT` of both was a quarter dearer (pg_stat_statements).
+        // `quota_batch_read` and `quota_batch_write` stay for replicas of the version before,
+        // while an upgrade rolls; a later migration may drop them.
         PostgresMigration("v7: a batch decided in one call", [
             """
             CREATE FUNCTION quota_batch_decide(
