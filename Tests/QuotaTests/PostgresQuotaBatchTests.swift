@@ -201,7 +201,8 @@ struct PostgresQuotaBatchTests {
                     INSERT INTO quota_charge (job_id, user_id, cost, state, day_key, month_key, reserved_at)
                     VALUES ('contested', 'bob', 1, 'reserved', '2026-11-21', '2026-11', now())
                     """, logger: logger)
-                // When ann reserves "contested", and her batch waits on that row
+                // When ann reserves "contested", and her batch waits on that row (a batch of this
+                // test's database: other tests' batches wait on locks of their own)
                 async let answer: BusError.Code? = {
                     do {
                         _ = try await store.reserve(ReserveQuota(userId: "ann", jobId: "contested"), now: noon)
@@ -215,7 +216,8 @@ struct PostgresQuotaBatchTests {
                 try await waitUntil {
                     try await other.connection { db in
                         try await db.first("""
-                            SELECT count(*)::bigint FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%quota_batch_decide(%'
+                            SELECT count(*)::bigint FROM pg_stat_activity
+                            WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%quota_batch_decide(%'
                             """, as: Int.self, logger: logger) ?? 0
                     } > 0
                 }
