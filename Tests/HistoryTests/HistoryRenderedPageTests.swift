@@ -3,17 +3,19 @@ import HistoryService
 import Messages
 import Testing
 
-/// The SQLite store writes `history.page`'s items straight from its rows
-/// (`HistoryDatabase.renderedPage`): the answer must be exactly the one written from the items
-/// (`RenderedHistoryPage(page)`), which `HistoryJSONTests` holds to the app's JSON.
+/// Both stores write `history.page`'s items straight from their rows (`WrittenPage`: SQLite's
+/// from the statement's columns, PostgreSQL's from a record per item): the answer must be exactly
+/// the one written from the items (`RenderedHistoryPage(page)`), which `HistoryJSONTests` holds to
+/// the app's JSON.
 @Suite("History pages written from rows", .timeLimit(.minutes(5)))
 struct HistoryRenderedPageTests {
-    /// Items of every status, with text to escape, non-ASCII, an embedded NUL, no prompt, an
-    /// empty one, parameters and none, fractional progress and milliseconds.
-    static func events() -> [JobEvent] {
+    /// Items of every status, with text to escape, non-ASCII, an embedded NUL (SQLite only:
+    /// PostgreSQL's text cannot hold one), no prompt, an empty one, parameters and none,
+    /// fractional progress and milliseconds.
+    static func events(_ backend: HistoryBackend = .sqlite) -> [JobEvent] {
         let prompts: [String?] = [
             "a sunset over the sea", nil, "", "quote \" and backslash \\ and\nnewline\ttab", "emoji 🌅 and ümlaut, 日本語",
-            "control \u{01}\u{1F} bytes", "before\u{0}after the NUL", "slash / stays",
+            "control \u{01}\u{1F} bytes", backend == .sqlite ? "before\u{0}after the NUL" : "before", "slash / stays",
         ]
         let statuses: [JobStatus] = [.queued, .processing, .completed, .failed, .cancelled]
         return (0..<40).map { index in
@@ -33,23 +35,29 @@ struct HistoryRenderedPageTests {
         }
     }
 
-    @Test func everyPageIsTheOneWrittenFromItsItems() async throws {
-        let database = try HistoryDatabase.inMemory()
-        _ = try await database.applyJobEvents(Self.events())
+    @Test(arguments: HistoryBackend.allCases) func everyPageIsTheOneWrittenFromItsItems(backend: HistoryBackend) async throws {
+        try await withHistoryStore(backend) { database in try await Self.everyPageIsTheOneWrittenFromItsItems(database, backend) }
+    }
+
+    static func everyPageIsTheOneWrittenFromItsItems(_ database: any HistoryStore, _ backend: HistoryBackend) async throws {
+        _ = try await database.applyJobEvents(Self.events(backend))
         var requests = [
             ListHistory(userId: "u1"), ListHistory(userId: "u1", limit: 1), ListHistory(userId: "u1", limit: 7, offset: 3),
             ListHistory(userId: "u1", limit: 100), ListHistory(userId: "u1", limit: 10, offset: 39), ListHistory(userId: "u1", offset: 40),
             ListHistory(userId: "u1", limit: 5, statuses: [.failed]), ListHistory(userId: "u1", limit: 4, statuses: [.processing, .completed]),
             ListHistory(userId: "u1", query: "sunset"), ListHistory(userId: "u1", limit: 3, query: "ü"),
             ListHistory(userId: "u1", limit: 6, groupByMonth: true), ListHistory(userId: "someone-else"),
+            ListHistory(userId: "u1", limit: 5, offset: 200, statuses: [.failed]),
         ]
-        // Cursor pages: each page's cursor, followed to the end.
-        var cursor: String? = nil
-        repeat {
-            let request = ListHistory(userId: "u1", limit: 9, cursor: cursor)
-            requests.append(request)
-            cursor = try await database.renderedPage(request).nextCursor
-        } while cursor != nil
+        // Cursor pages: each page's cursor, followed to the end, with a filter and without.
+        for statuses in [[], [HistoryStatus.completed, .failed]] {
+            var cursor: String? = nil
+            repeat {
+                let request = ListHistory(userId: "u1", limit: 9, cursor: cursor, statuses: statuses)
+                requests.append(request)
+                cursor = try await database.renderedPage(request).nextCursor
+            } while cursor != nil
+        }
         for request in requests {
             let written = try await database.renderedPage(request)
             #expect(written == RenderedHistoryPage(try await database.page(request)), "\(request)")
@@ -58,14 +66,22 @@ struct HistoryRenderedPageTests {
         let all = try await database.renderedPage(ListHistory(userId: "u1", limit: 100)).headText
         #expect(all.contains(#""error":"provider said \"no\"\n(8)""#))
         #expect(all.contains(#""prompt":"before""#) && !all.contains("after the NUL"))
+        #expect(all.contains(#""prompt":"emoji 🌅 and ümlaut, 日本語""#) && all.contains(#""prompt":"slash / stays""#))
+        #expect(written(all, "job-005") && written(all, "job-039"))
         #expect(all.contains(#""prompt":"control \u0001\u001f bytes""#))
         #expect(all.contains(#""parameters":{}"#) && all.contains(#""parameters":{"amount":-0.35,"sigma":0.125,"tiny":1e-07}"#))
         #expect(all.contains(#""progress":"#))
     }
 
-    @Test func aCursorOfAnotherQueryIsRefusedAsBefore() async throws {
-        let database = try HistoryDatabase.inMemory()
-        _ = try await database.applyJobEvents(Self.events())
+    /// Whether the page's text holds the item `jobId`.
+    static func written(_ text: String, _ jobId: String) -> Bool { text.contains(#""id":"\#(jobId)""#) }
+
+    @Test(arguments: HistoryBackend.allCases) func aCursorOfAnotherQueryIsRefusedAsBefore(backend: HistoryBackend) async throws {
+        try await withHistoryStore(backend) { database in try await Self.aCursorOfAnotherQueryIsRefusedAsBefore(database, backend) }
+    }
+
+    static func aCursorOfAnotherQueryIsRefusedAsBefore(_ database: any HistoryStore, _ backend: HistoryBackend) async throws {
+        _ = try await database.applyJobEvents(Self.events(backend))
         let cursor = try #require(try await database.renderedPage(ListHistory(userId: "u1", limit: 5)).nextCursor)
         await #expect(throws: BusError.self) { try await database.renderedPage(ListHistory(userId: "u1", limit: 5, cursor: cursor, query: "sea")) }
         await #expect(throws: BusError.self) { try await database.renderedPage(ListHistory(userId: "u2", limit: 5, cursor: cursor)) }

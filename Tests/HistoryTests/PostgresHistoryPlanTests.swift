@@ -46,6 +46,10 @@ struct PostgresHistoryPlanTests {
                 #expect(try await store.page(ListHistory(userId: "alice", limit: 1, statuses: [.completed])).items.map(\.jobId) == ["b"])
                 #expect(try await store.page(ListHistory(userId: "alice", limit: 1, cursor: cursor)).items.map(\.jobId) == ["a"])
                 #expect(try await store.page(ListHistory(userId: "alice", limit: 1, cursor: statusCursor, statuses: [.completed])).items.map(\.jobId) == ["a"])
+                #expect(try await store.renderedPage(ListHistory(userId: "alice", limit: 1)).count == 1)
+                #expect(try await store.renderedPage(ListHistory(userId: "alice", limit: 1, statuses: [.completed])).count == 1)
+                #expect(try await store.renderedPage(ListHistory(userId: "alice", limit: 1, cursor: cursor)).count == 1)
+                #expect(try await store.renderedPage(ListHistory(userId: "alice", limit: 1, cursor: statusCursor, statuses: [.completed])).count == 1)
                 #expect(try await store.page(ListHistory(userId: "alice", query: "SUNSET")).totalCount == 2)
                 #expect(try await store.page(ListHistory(userId: "alice", query: "no such words")).totalCount == 0)
             }
@@ -69,6 +73,11 @@ struct PostgresHistoryPlanTests {
                 "a page by status": #"EXECUTE "history_page_TopByStatus"('alice', 21, 0, '{completed}')"#,
                 "a page after a cursor": #"EXECUTE "history_page_After"('alice', 21, 0, 1764000001500, 'job-01500')"#,
                 "a page by status after a cursor": #"EXECUTE "history_page_AfterByStatus"('alice', 21, 0, '{completed}', 1764000001500, 'job-01500')"#,
+                "a page written from records": #"EXECUTE "history_rendered_page_Top"('alice', 21, 0)"#,
+                "a page written from records, by status": #"EXECUTE "history_rendered_page_TopByStatus"('alice', 21, 0, '{completed}')"#,
+                "a page written from records, after a cursor": #"EXECUTE "history_rendered_page_After"('alice', 21, 0, 1764000001500, 'job-01500')"#,
+                "a page written from records, by status after a cursor":
+                    #"EXECUTE "history_rendered_page_AfterByStatus"('alice', 21, 0, '{completed}', 1764000001500, 'job-01500')"#,
                 "a search": #"EXECUTE history_search_scan('alice', '{}', '%field #12%', NULL, NULL, 21, 0, 10000)"#,
                 "a count": #"EXECUTE history_item_count_of_user('alice')"#,
             ]
@@ -83,6 +92,7 @@ struct PostgresHistoryPlanTests {
             // And the reads still answer
             #expect(try await store.page(ListHistory(userId: "alice", limit: 5)).items.map(\.jobId) == ["job-03000", "job-02999", "job-02998", "job-02997", "job-02996"])
             #expect(try await store.page(ListHistory(userId: "alice", limit: 1)).totalCount == 3002)
+            #expect(try await store.renderedPage(ListHistory(userId: "alice", limit: 1)).totalCount == 3002)
         }
     }
 }

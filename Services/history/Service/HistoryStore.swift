@@ -44,11 +44,6 @@ public protocol HistoryStore: Sendable {
 }
 
 extension HistoryStore {
-    /// The page's items written one by one (PostgreSQL's store; SQLite's writes them from its rows).
-    public func renderedPage(_ request: ListHistory) async throws -> RenderedHistoryPage {
-        RenderedHistoryPage(try await page(request))
-    }
-
     /// The purge outbox, as its relay reads it.
     public var purges: PurgeOutbox { PurgeOutbox(store: self) }
 }

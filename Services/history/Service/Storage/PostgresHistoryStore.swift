@@ -301,15 +301,7 @@ public struct PostgresHistoryStore: HistoryStore {
             // Any other page is a prepared statement of its shape (`PageShape`), planned once per
             // connection.
             let shape = PageShape(statuses: !statuses.isEmpty, cursor: after != nil)
-            var bindings = PostgresBindings()
-            bindings.append(request.userId)
-            bindings.append(Int64(request.limit + 1))
-            bindings.append(Int64(offset))
-            if shape.statuses { bindings.append(statuses) }
-            if let after {
-                bindings.append(after.createdAt)
-                bindings.append(after.jobId)
-            }
+            let bindings = Self.pageBindings(request, statuses: statuses, after: after, offset: offset)
             (items, count) = try await database.connection { [bindings] db in
                 func read<Shape: PageShape.Named>(_: Shape.Type) async throws -> ([HistoryItem], Int) {
                     try await Self.readPage(db.execute(PreparedPage<Shape>(bindings: bindings), logger: logger))
@@ -322,24 +314,43 @@ public struct PostgresHistoryStore: HistoryStore {
                 }
             }
         }
-        if items.isEmpty, offset > 0 || after != nil {
-            count = try await database.connection { db in
-                try await db.first(
-                    pattern.map { pattern in
-                        """
-                        SELECT count(*) FROM history_item WHERE user_id = \(request.userId)
-                        AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
-                        AND (prompt ILIKE \(pattern) OR effect_title ILIKE \(pattern))
-                        """
-                    } ?? """
-                        SELECT coalesce(sum(count), 0)::bigint FROM history_item_count WHERE user_id = \(request.userId)
-                        AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
-                        """,
-                    as: Int.self, logger: logger
-                ) ?? 0
-            }
-        }
+        if items.isEmpty, offset > 0 || after != nil { count = try await self.count(request, statuses: statuses, pattern: pattern) }
         return HistoryReads.page(items, total: count, request: request, signer: signer)
+    }
+
+    /// The parameters of a page's statement of its shape (`PageShape`).
+    static func pageBindings(_ request: ListHistory, statuses: [String], after: PageCursor?, offset: Int) -> PostgresBindings {
+        var bindings = PostgresBindings()
+        bindings.append(request.userId)
+        bindings.append(Int64(request.limit + 1))
+        bindings.append(Int64(offset))
+        if !statuses.isEmpty { bindings.append(statuses) }
+        if let after {
+            bindings.append(after.createdAt)
+            bindings.append(after.jobId)
+        }
+        return bindings
+    }
+
+    /// The total of a page that has no row, counted again: from the counts kept per status, or
+    /// for a search by counting what matches.
+    func count(_ request: ListHistory, statuses: [String], pattern: String?) async throws -> Int {
+        let logger = logger
+        return try await database.connection { db in
+            try await db.first(
+                pattern.map { pattern in
+                    """
+                    SELECT count(*) FROM history_item WHERE user_id = \(request.userId)
+                    AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
+                    AND (prompt ILIKE \(pattern) OR effect_title ILIKE \(pattern))
+                    """
+                } ?? """
+                    SELECT coalesce(sum(count), 0)::bigint FROM history_item_count WHERE user_id = \(request.userId)
+                    AND (cardinality(\(statuses)::text[]) = 0 OR status = ANY(\(statuses)))
+                    """,
+                as: Int.self, logger: logger
+            ) ?? 0
+        }
     }
 
     /// A page's items and total from its rows (see `page`): each row is the total, then an
@@ -368,16 +379,20 @@ public struct PostgresHistoryStore: HistoryStore {
         var statuses: Bool
         var cursor: Bool
 
-        var sql: String {
+        var sql: String { sql(selecting: PostgresHistoryStore.itemColumns) }
+
+        /// The statement selecting `columns` of each item after the total, and then `closing`
+        /// (what `RenderedPage` selects is an array of the page's rows).
+        func sql(selecting columns: String, closing: String = "") -> String {
             var next = 4
             func parameter() -> String { defer { next += 1 }; return "$\(next)" }
             let status = statuses ? " AND status = ANY(\(parameter())::text[])" : ""
             let after = cursor ? " AND (created_at, job_id) < (\(parameter())::bigint, \(parameter())::text)" : ""
             return """
                 SELECT (SELECT coalesce(sum(count), 0)::bigint FROM history_item_count WHERE user_id = $1\(status)),
-                    \(PostgresHistoryStore.itemColumns)
+                    \(columns)
                 FROM history_item WHERE user_id = $1\(status)\(after)
-                ORDER BY created_at DESC, job_id DESC LIMIT $2 OFFSET $3
+                ORDER BY created_at DESC, job_id DESC LIMIT $2 OFFSET $3\(closing)
                 """
         }
 
