@@ -35,8 +35,10 @@ struct HistoryRenderedPageTests {
         }
     }
 
-    @Test(arguments: HistoryBackend.allCases) func everyPageIsTheOneWrittenFromItsItems(backend: HistoryBackend) async throws {
-        try await withHistoryStore(backend) { database in try await Self.everyPageIsTheOneWrittenFromItsItems(database, backend) }
+    /// Searches both scan a user's items (`scanUpTo` 10,000) and read the search index (0).
+    @Test(arguments: zip([HistoryBackend.sqlite, .sqlite, .postgres, .postgres], [10_000, 0, 10_000, 0]))
+    func everyPageIsTheOneWrittenFromItsItems(backend: HistoryBackend, scanUpTo: Int) async throws {
+        try await withHistoryStore(backend, scanUpTo: scanUpTo) { database in try await Self.everyPageIsTheOneWrittenFromItsItems(database, backend) }
     }
 
     static func everyPageIsTheOneWrittenFromItsItems(_ database: any HistoryStore, _ backend: HistoryBackend) async throws {
@@ -47,13 +49,14 @@ struct HistoryRenderedPageTests {
             ListHistory(userId: "u1", limit: 5, statuses: [.failed]), ListHistory(userId: "u1", limit: 4, statuses: [.processing, .completed]),
             ListHistory(userId: "u1", query: "sunset"), ListHistory(userId: "u1", limit: 3, query: "ü"),
             ListHistory(userId: "u1", limit: 6, groupByMonth: true), ListHistory(userId: "someone-else"),
-            ListHistory(userId: "u1", limit: 5, offset: 200, statuses: [.failed]),
+            ListHistory(userId: "u1", limit: 5, offset: 200, statuses: [.failed]), ListHistory(userId: "u1", query: "no such words"),
+            ListHistory(userId: "u1", limit: 2, offset: 100, query: "sunset"), ListHistory(userId: "u1", limit: 4, statuses: [.failed], query: "e"),
         ]
         // Cursor pages: each page's cursor, followed to the end, with a filter and without.
-        for statuses in [[], [HistoryStatus.completed, .failed]] {
+        for (statuses, query) in [([], nil), ([HistoryStatus.completed, .failed], nil), ([], "a")] {
             var cursor: String? = nil
             repeat {
-                let request = ListHistory(userId: "u1", limit: 9, cursor: cursor, statuses: statuses)
+                let request = ListHistory(userId: "u1", limit: 9, cursor: cursor, statuses: statuses, query: query)
                 requests.append(request)
                 cursor = try await database.renderedPage(request).nextCursor
             } while cursor != nil

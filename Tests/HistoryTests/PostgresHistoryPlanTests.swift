@@ -51,6 +51,7 @@ struct PostgresHistoryPlanTests {
                 #expect(try await store.renderedPage(ListHistory(userId: "alice", limit: 1, cursor: cursor)).count == 1)
                 #expect(try await store.renderedPage(ListHistory(userId: "alice", limit: 1, cursor: statusCursor, statuses: [.completed])).count == 1)
                 #expect(try await store.page(ListHistory(userId: "alice", query: "SUNSET")).totalCount == 2)
+                #expect(try await store.renderedPage(ListHistory(userId: "alice", query: "SUNSET")).totalCount == 2)
                 #expect(try await store.page(ListHistory(userId: "alice", query: "no such words")).totalCount == 0)
             }
             // And tables that then grew: 3,000 items of alice's and 3,000 of a thousand others
@@ -79,6 +80,7 @@ struct PostgresHistoryPlanTests {
                 "a page written from records, by status after a cursor":
                     #"EXECUTE "history_rendered_page_AfterByStatus"('alice', 21, 0, '{completed}', 1764000001500, 'job-01500')"#,
                 "a search": #"EXECUTE history_search_scan('alice', '{}', '%field #12%', NULL, NULL, 21, 0, 10000)"#,
+                "a search written from records": #"EXECUTE history_rendered_search_scan('alice', '{}', '%field #12%', NULL, NULL, 21, 0, 10000)"#,
                 "a count": #"EXECUTE history_item_count_of_user('alice')"#,
             ]
             for (read, statement) in plans.sorted(by: { $0.key < $1.key }) {

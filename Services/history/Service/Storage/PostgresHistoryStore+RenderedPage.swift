@@ -5,53 +5,94 @@ import NIOCore
 import PostgresNIO
 
 extension PostgresHistoryStore {
-    /// `history.page`'s answer, written straight from one row: the total, and the page's items as
-    /// one array of records (`RenderedPage`), each item's head written from its record's bytes
-    /// (`WrittenPage`) with no `HistoryItem` and no cell per column in between. Read as a row of
-    /// cells per item, a first page of 50 was 969 cells, and postgres-nio's making and releasing
-    /// them (with the items made of them) was most of history's time per page (perf of `make
-    /// bench-history STORE=postgres`: history's PostgreSQL thread at a third of the machine, a
-    /// third of that in retain and release). A search and a page in month sections are written
-    /// from their items (`page(_:)`).
+    /// `history.page`'s answer, written straight from its rows: each row is the total and one
+    /// record of the item's columns (`RenderedPage`, `RenderedScanSearch`), whose head is written
+    /// from the record's bytes (`WrittenPage`, `PostgresPageRecord`) with no `HistoryItem` and no
+    /// cell per column in between. Read as a cell per column, a first page of 50 was 969 cells,
+    /// and postgres-nio's making and releasing them (with the items made of them) was most of
+    /// history's time per page (perf of `make bench-history STORE=postgres`: history's PostgreSQL
+    /// thread at a third of the machine, a third of that in retain and release). A page in month
+    /// sections, and a search of a user with more items than a scan takes (its statement is
+    /// planned for its pattern), are written from their items (`page(_:)`).
     public func renderedPage(_ request: ListHistory) async throws -> RenderedHistoryPage {
-        guard !request.groupByMonth, HistoryReads.query(of: request) == nil else { return RenderedHistoryPage(try await page(request)) }
+        guard !request.groupByMonth else { return RenderedHistoryPage(try await page(request)) }
         let after = try HistoryReads.cursor(of: request, signer: signer)
         let statuses = HistoryReads.statuses(of: request)
+        let pattern = HistoryReads.query(of: request).map(Self.containing)
         let offset = after == nil ? request.offset : 0
-        let shape = PageShape(statuses: !statuses.isEmpty, cursor: after != nil)
-        let bindings = Self.pageBindings(request, statuses: statuses, after: after, offset: offset)
         let logger = logger
-        var (written, total) = try await database.connection { db in
-            func read<Shape: PageShape.Named>(_: Shape.Type) async throws -> (WrittenPage, Int) {
-                var written = WrittenPage(limit: request.limit)
-                var total = 0
-                for try await row in try await db.execute(RenderedPage<Shape>(bindings: bindings), logger: logger) {
-                    var cells = row.makeIterator()
-                    guard let count = try cells.next()?.decode(Int64.self), let items = cells.next()?.bytes else {
-                        throw PostgresPageMalformed(reason: "the row is not a total and an array")
-                    }
-                    total = Int(count)
-                    try PostgresPageRecord.append(items, to: &written)
-                }
-                return (written, total)
+        var (written, total): (WrittenPage, Int)
+        if let pattern {
+            // As `page(_:)` searches: no row is no match, or a user with more items than the
+            // scan takes.
+            let bindings = searchBindings(request, statuses: statuses, pattern: pattern, after: after, offset: offset)
+            let scanUpTo = scanUpTo
+            let scanned: (WrittenPage, Int)? = try await database.connection { db in
+                let scanned = try await Self.write(db.execute(RenderedScanSearch(bindings: bindings), logger: logger), limit: request.limit)
+                guard scanned.0.isEmpty else { return scanned }
+                var size: Int64 = 0
+                for try await items in try await db.execute(ItemCount(userId: request.userId), logger: logger) { size = items }
+                return size > scanUpTo ? nil : scanned
             }
-            switch (shape.statuses, shape.cursor) {
-            case (false, false): return try await read(PageShape.Top.self)
-            case (true, false): return try await read(PageShape.TopByStatus.self)
-            case (false, true): return try await read(PageShape.After.self)
-            case (true, true): return try await read(PageShape.AfterByStatus.self)
+            guard let scanned else { return RenderedHistoryPage(try await page(request)) }
+            (written, total) = scanned
+        } else {
+            let shape = PageShape(statuses: !statuses.isEmpty, cursor: after != nil)
+            let bindings = Self.pageBindings(request, statuses: statuses, after: after, offset: offset)
+            (written, total) = try await database.connection { db in
+                func read<Shape: PageShape.Named>(_: Shape.Type) async throws -> (WrittenPage, Int) {
+                    try await Self.write(db.execute(RenderedPage<Shape>(bindings: bindings), logger: logger), limit: request.limit)
+                }
+                switch (shape.statuses, shape.cursor) {
+                case (false, false): return try await read(PageShape.Top.self)
+                case (true, false): return try await read(PageShape.TopByStatus.self)
+                case (false, true): return try await read(PageShape.After.self)
+                case (true, true): return try await read(PageShape.AfterByStatus.self)
+                }
             }
         }
-        if written.isEmpty, offset > 0 || after != nil { total = try await count(request, statuses: statuses, pattern: nil) }
+        if written.isEmpty, offset > 0 || after != nil { total = try await count(request, statuses: statuses, pattern: pattern) }
         return written.page(total: total, request: request, signer: signer)
     }
 
-    /// A page of one shape as one row: the total (as `PageShape.sql`'s), then an array of a
-    /// record per item (`PostgresPageRecord.columns`), newest first; prepared once per connection.
+    /// The page of up to `limit` items (and whether more follow) and its total, from rows of a
+    /// total and an item's record.
+    static func write<Rows: AsyncSequence & Sendable>(_ rows: Rows, limit: Int) async throws -> (WrittenPage, Int) where Rows.Element == PostgresRow {
+        var written = WrittenPage(limit: limit)
+        var total = 0
+        for try await row in rows {
+            var cells = row.makeIterator()
+            guard let count = try cells.next()?.decode(Int64.self), let record = cells.next()?.bytes else {
+                throw PostgresPageMalformed(reason: "the row is not a total and a record")
+            }
+            total = Int(count)
+            try PostgresPageRecord.append(record, to: &written)
+        }
+        return (written, total)
+    }
+
+    /// A page of one shape, each row the total and an item's record (`PageShape.recordSQL`),
+    /// prepared once per connection.
     struct RenderedPage<Shape: PageShape.Named>: PostgresPreparedStatement {
         typealias Row = PostgresRow
         static var name: String { "history_rendered_page_\(Shape.self)" }
-        static var sql: String { Shape.shape.sql(selecting: "ARRAY(SELECT ROW(\(PostgresPageRecord.columns))", closing: ")") }
+        static var sql: String { Shape.shape.recordSQL }
+        var bindings: PostgresBindings
+
+        func makeBindings() throws -> PostgresBindings { bindings }
+        func decodeRow(_ row: PostgresRow) throws -> PostgresRow { row }
+    }
+
+    /// `ScanSearch`'s page, each row the total and an item's record made after the limit and the
+    /// offset (as `PageShape.recordSQL`'s).
+    struct RenderedScanSearch: PostgresPreparedStatement {
+        typealias Row = PostgresRow
+        static let name = "history_rendered_search_scan"
+        static let sql = """
+            SELECT total, ROW(\(PostgresPageRecord.columns)) FROM (
+                \(ScanSearch.statement(selecting: "*", from: "count(*) OVER () AS total, \(PostgresPageRecord.columns)"))
+            ) AS page ORDER BY created_at DESC, job_id DESC
+            """
         var bindings: PostgresBindings
 
         func makeBindings() throws -> PostgresBindings { bindings }
@@ -101,57 +142,41 @@ struct PostgresPageRecord: PageRow {
         (fields[2 * column.rawValue], fields[2 * column.rawValue + 1])
     }
 
-    /// Writes each record of `array` (`array_send`: dimensions, flags, element type, each
-    /// dimension's size and lower bound, then each element's length and bytes) into `written`.
-    /// Lengths are checked against the bytes and the columns against `types`, so a statement and
-    /// this reader out of step fail the page instead of reading past the buffer.
-    static func append(_ array: ByteBuffer, to written: inout WrittenPage) throws {
-        try array.withUnsafeReadableBytes { bytes in
+    /// Writes the item of `record` into `written`. Lengths are checked against the bytes and the
+    /// columns against `types`, so a statement and this reader out of step fail the page instead
+    /// of reading past the buffer.
+    static func append(_ record: ByteBuffer, to written: inout WrittenPage) throws {
+        try record.withUnsafeReadableBytes { bytes in
             try withUnsafeTemporaryAllocation(of: Int.self, capacity: 2 * types.count) { fields in
-                var array = Reader(bytes: bytes, offset: 0, end: bytes.count)
-                let dimensions = try array.int32()
-                guard dimensions != 0 else { return }
-                guard dimensions == 1 else { throw PostgresPageMalformed(reason: "an array of \(dimensions) dimensions") }
-                _ = try array.int32()  // flags: whether it holds NULLs
-                _ = try array.int32()  // element type
-                let count = try array.int32()
-                _ = try array.int32()  // lower bound
-                for _ in 0..<max(0, count) {
-                    let length = Int(try array.int32())
-                    guard length >= 0 else { throw PostgresPageMalformed(reason: "a NULL record") }
-                    var record = Reader(bytes: bytes, offset: array.offset, end: try array.skip(length))
-                    guard try record.int32() == types.count else { throw PostgresPageMalformed(reason: "a record of another shape") }
-                    for (index, type) in types.enumerated() {
-                        guard UInt32(bitPattern: try record.int32()) == type else { throw PostgresPageMalformed(reason: "column \(index) of another type") }
-                        let length = Int(try record.int32())
-                        guard type == 25 || length == 8 else { throw PostgresPageMalformed(reason: "column \(index) of \(length) bytes") }
-                        fields[2 * index] = record.offset
-                        fields[2 * index + 1] = length
-                        if length > 0 { _ = try record.skip(length) }
-                    }
-                    guard written.append(PostgresPageRecord(bytes: bytes, fields: fields)) else { return }
+                var record = Reader(bytes: bytes)
+                guard try record.int32() == types.count else { throw PostgresPageMalformed(reason: "a record of another shape") }
+                for (index, type) in types.enumerated() {
+                    guard UInt32(bitPattern: try record.int32()) == type else { throw PostgresPageMalformed(reason: "column \(index) of another type") }
+                    let length = Int(try record.int32())
+                    guard type == 25 || length == 8 else { throw PostgresPageMalformed(reason: "column \(index) of \(length) bytes") }
+                    fields[2 * index] = record.offset
+                    fields[2 * index + 1] = length
+                    if length > 0 { try record.skip(length) }
                 }
+                _ = written.append(PostgresPageRecord(bytes: bytes, fields: fields))
             }
         }
     }
 
-    /// Reads big-endian integers and spans from `offset` up to `end` of `bytes`.
+    /// Reads big-endian integers off `bytes`, from `offset` on.
     private struct Reader {
         let bytes: UnsafeRawBufferPointer
-        var offset: Int
-        let end: Int
+        var offset = 0
 
         mutating func int32() throws -> Int32 {
             let start = offset
-            _ = try skip(4)
+            try skip(4)
             return Int32(bigEndian: bytes.loadUnaligned(fromByteOffset: start, as: Int32.self))
         }
 
-        /// Moves past `count` bytes; returns where they end.
-        mutating func skip(_ count: Int) throws -> Int {
-            guard count >= 0, count <= end - offset else { throw PostgresPageMalformed(reason: "a length past the end") }
+        mutating func skip(_ count: Int) throws {
+            guard count >= 0, count <= bytes.count - offset else { throw PostgresPageMalformed(reason: "a length past the end") }
             offset += count
-            return offset
         }
     }
 }
