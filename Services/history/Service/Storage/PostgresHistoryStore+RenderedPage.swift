@@ -73,20 +73,15 @@ extension PostgresHistoryStore {
 
     /// A page of one shape, each row the total and an item's record (`PageShape.recordSQL`),
     /// prepared once per connection.
-    struct RenderedPage<Shape: PageShape.Named>: PostgresPreparedStatement {
-        typealias Row = PostgresRow
+    struct RenderedPage<Shape: PageShape.Named>: BoundStatement {
         static var name: String { "history_rendered_page_\(Shape.self)" }
         static var sql: String { Shape.shape.recordSQL }
         var bindings: PostgresBindings
-
-        func makeBindings() throws -> PostgresBindings { bindings }
-        func decodeRow(_ row: PostgresRow) throws -> PostgresRow { row }
     }
 
     /// `ScanSearch`'s page, each row the total and an item's record made after the limit and the
     /// offset (as `PageShape.recordSQL`'s).
-    struct RenderedScanSearch: PostgresPreparedStatement {
-        typealias Row = PostgresRow
+    struct RenderedScanSearch: BoundStatement {
         static let name = "history_rendered_search_scan"
         static let sql = """
             SELECT total, ROW(\(PostgresPageRecord.columns)) FROM (
@@ -94,9 +89,6 @@ extension PostgresHistoryStore {
             ) AS page ORDER BY created_at DESC, job_id DESC
             """
         var bindings: PostgresBindings
-
-        func makeBindings() throws -> PostgresBindings { bindings }
-        func decodeRow(_ row: PostgresRow) throws -> PostgresRow { row }
     }
 }
 
@@ -148,15 +140,15 @@ struct PostgresPageRecord: PageRow {
     static func append(_ record: ByteBuffer, to written: inout WrittenPage) throws {
         try record.withUnsafeReadableBytes { bytes in
             try withUnsafeTemporaryAllocation(of: Int.self, capacity: 2 * types.count) { fields in
-                var record = Reader(bytes: bytes)
-                guard try record.int32() == types.count else { throw PostgresPageMalformed(reason: "a record of another shape") }
+                var reader = Reader(bytes: bytes)
+                guard try reader.int32() == types.count else { throw PostgresPageMalformed(reason: "a record of another shape") }
                 for (index, type) in types.enumerated() {
-                    guard UInt32(bitPattern: try record.int32()) == type else { throw PostgresPageMalformed(reason: "column \(index) of another type") }
-                    let length = Int(try record.int32())
+                    guard UInt32(bitPattern: try reader.int32()) == type else { throw PostgresPageMalformed(reason: "column \(index) of another type") }
+                    let length = Int(try reader.int32())
                     guard type == 25 || length == 8 else { throw PostgresPageMalformed(reason: "column \(index) of \(length) bytes") }
-                    fields[2 * index] = record.offset
+                    fields[2 * index] = reader.offset
                     fields[2 * index + 1] = length
-                    if length > 0 { try record.skip(length) }
+                    if length > 0 { try reader.skip(length) }
                 }
                 _ = written.append(PostgresPageRecord(bytes: bytes, fields: fields))
             }

@@ -395,10 +395,10 @@ public struct PostgresHistoryStore: HistoryStore {
         }
 
         /// `RenderedPage`'s statement: the same rows, each the total and then a record of
-        /// `PostgresPageRecord.columns`. The records are made after the limit and the offset
-        /// (made in the index scan, an offset of 5,000 made 5,050 records, and pages at that
-        /// offset fell from 862 to 488 a second), in the subquery's order, which the plan keeps
-        /// without a sort (`PostgresHistoryPlanTests`).
+        /// `PostgresPageRecord.columns`. The records are made after the limit and the offset (made
+        /// in the index scan, they would be made for every row an offset skips: 5,050 for a page
+        /// at 5,000), in the subquery's order, which the plan keeps without a sort
+        /// (`PostgresHistoryPlanTests`).
         var recordSQL: String {
             let (total, filter) = clauses()
             return """
@@ -425,15 +425,17 @@ public struct PostgresHistoryStore: HistoryStore {
         enum AfterByStatus: Named { static let shape = PageShape(statuses: true, cursor: true) }
     }
 
+    /// A statement prepared once per connection, whose parameters are made by the caller and
+    /// whose rows are read as they come.
+    protocol BoundStatement: PostgresPreparedStatement where Row == PostgresRow {
+        var bindings: PostgresBindings { get }
+    }
+
     /// A page of one shape, as postgres-nio prepares it (by name, once per connection).
-    struct PreparedPage<Shape: PageShape.Named>: PostgresPreparedStatement {
-        typealias Row = PostgresRow
+    struct PreparedPage<Shape: PageShape.Named>: BoundStatement {
         static var name: String { "history_page_\(Shape.self)" }
         static var sql: String { Shape.shape.sql }
         var bindings: PostgresBindings
-
-        func makeBindings() throws -> PostgresBindings { bindings }
-        func decodeRow(_ row: PostgresRow) throws -> PostgresRow { row }
     }
 
     /// How many items a user has (the counts kept per status), prepared once per connection.
@@ -458,8 +460,7 @@ public struct PostgresHistoryStore: HistoryStore {
     /// the user, the statuses (none: any), the pattern, the cursor's created-at and job id (or
     /// nulls), the limit, the offset, and the most items scanned: a user with more gets no row
     /// (a filter evaluated once, before the scan, from the counts kept per status).
-    struct ScanSearch: PostgresPreparedStatement {
-        typealias Row = PostgresRow
+    struct ScanSearch: BoundStatement {
         static let name = "history_search_scan"
         static let sql = statement(selecting: "*", from: "count(*) OVER (), \(PostgresHistoryStore.itemColumns)")
 
@@ -479,9 +480,6 @@ public struct PostgresHistoryStore: HistoryStore {
             """
         }
         var bindings: PostgresBindings
-
-        func makeBindings() throws -> PostgresBindings { bindings }
-        func decodeRow(_ row: PostgresRow) throws -> PostgresRow { row }
     }
 
     public func item(_ jobId: String, userId: String) async throws -> HistoryItem? {
@@ -799,6 +797,11 @@ public struct PostgresHistoryStore: HistoryStore {
             version: try cells.int()
         )
     }
+}
+
+extension PostgresHistoryStore.BoundStatement {
+    func makeBindings() throws -> PostgresBindings { bindings }
+    func decodeRow(_ row: PostgresRow) throws -> PostgresRow { row }
 }
 
 extension SystemRandomNumberGenerator {
