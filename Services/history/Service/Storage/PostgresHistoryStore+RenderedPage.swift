@@ -21,27 +21,27 @@ extension PostgresHistoryStore {
         let pattern = HistoryReads.query(of: request).map(Self.containing)
         let offset = after == nil ? request.offset : 0
         let logger = logger
-        var (written, total): (WrittenPage, Int)
+        var (records, total): ([ByteBuffer], Int)
         if let pattern {
             // As `page(_:)` searches: no row is no match, or a user with more items than the
             // scan takes.
             let bindings = searchBindings(request, statuses: statuses, pattern: pattern, after: after, offset: offset)
             let scanUpTo = scanUpTo
-            let scanned: (WrittenPage, Int)? = try await database.connection { db in
-                let scanned = try await Self.write(db.execute(RenderedScanSearch(bindings: bindings), logger: logger), limit: request.limit)
+            let scanned: ([ByteBuffer], Int)? = try await database.connection { db in
+                let scanned = try await Self.records(db.execute(RenderedScanSearch(bindings: bindings), logger: logger), limit: request.limit)
                 guard scanned.0.isEmpty else { return scanned }
                 var size: Int64 = 0
                 for try await items in try await db.execute(ItemCount(userId: request.userId), logger: logger) { size = items }
                 return size > scanUpTo ? nil : scanned
             }
             guard let scanned else { return RenderedHistoryPage(try await page(request)) }
-            (written, total) = scanned
+            (records, total) = scanned
         } else {
             let shape = PageShape(statuses: !statuses.isEmpty, cursor: after != nil)
             let bindings = Self.pageBindings(request, statuses: statuses, after: after, offset: offset)
-            (written, total) = try await database.connection { db in
-                func read<Shape: PageShape.Named>(_: Shape.Type) async throws -> (WrittenPage, Int) {
-                    try await Self.write(db.execute(RenderedPage<Shape>(bindings: bindings), logger: logger), limit: request.limit)
+            (records, total) = try await database.connection { db in
+                func read<Shape: PageShape.Named>(_: Shape.Type) async throws -> ([ByteBuffer], Int) {
+                    try await Self.records(db.execute(RenderedPage<Shape>(bindings: bindings), logger: logger), limit: request.limit)
                 }
                 switch (shape.statuses, shape.cursor) {
                 case (false, false): return try await read(PageShape.Top.self)
@@ -51,14 +51,18 @@ extension PostgresHistoryStore {
                 }
             }
         }
-        if written.isEmpty, offset > 0 || after != nil { total = try await count(request, statuses: statuses, pattern: pattern) }
+        if records.isEmpty, offset > 0 || after != nil { total = try await count(request, statuses: statuses, pattern: pattern) }
+        var written = WrittenPage(limit: request.limit)
+        for record in records { try PostgresPageRecord.append(record, to: &written) }
         return written.page(total: total, request: request, signer: signer)
     }
 
-    /// The page of up to `limit` items (and whether more follow) and its total, from rows of a
-    /// total and an item's record.
-    static func write<Rows: AsyncSequence & Sendable>(_ rows: Rows, limit: Int) async throws -> (WrittenPage, Int) where Rows.Element == PostgresRow {
-        var written = WrittenPage(limit: limit)
+    /// Each row's record and the total, from rows of a total and an item's record. The records
+    /// are only collected here, on the connection's event loop (each a slice of its row's
+    /// buffer); `renderedPage` writes the heads after the connection is handed back.
+    static func records<Rows: AsyncSequence & Sendable>(_ rows: Rows, limit: Int) async throws -> ([ByteBuffer], Int) where Rows.Element == PostgresRow {
+        var records: [ByteBuffer] = []
+        records.reserveCapacity(limit + 1)
         var total = 0
         for try await row in rows {
             var cells = row.makeIterator()
@@ -66,9 +70,9 @@ extension PostgresHistoryStore {
                 throw PostgresPageMalformed(reason: "the row is not a total and a record")
             }
             total = Int(count)
-            try PostgresPageRecord.append(record, to: &written)
+            records.append(record)
         }
-        return (written, total)
+        return (records, total)
     }
 
     /// A page of one shape, each row the total and an item's record (`PageShape.recordSQL`),
