@@ -165,12 +165,20 @@ public final class BusClient: Sendable, Service {
             // database out of its reach: nothing was done): a retry-safe call goes again (to
             // another replica, if the endpoint names several), within the same deadline. Not when
             // this client itself cannot send (`unavailable` and not retryable: it cannot connect).
+            // A retry that runs out of the deadline ends the call with the failure it was sent
+            // after, not `timeout`: the service was reached and said why it could not serve (a
+            // replica cut off from its database answers `unavailable` just before the deadline,
+            // and the retry, with what was left, timed out: a 504 instead of the 503 the answer
+            // meant, in `make hosts-chaos`, partition-leader-host-from-db).
             var retries = 0
+            var retriedAfter: BusError?
             while case .failure(let error) = outcome, error.code == .connectionLost || (error.code == .unavailable && error.retryable),
                   method.retrySafe, retries < Self.maxRetries, ContinuousClock.now < deadline {
                 retries += 1
+                retriedAfter = error
                 outcome = await send(method: method.name, body: body, timeout: ContinuousClock.now.duration(to: deadline), traceContext: traceContext)
             }
+            if case .failure(let error) = outcome, error.code == .timeout, let retriedAfter { outcome = .failure(retriedAfter) }
             switch outcome {
             case .failure(let error):
                 return .failure(error)

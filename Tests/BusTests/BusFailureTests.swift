@@ -1,5 +1,6 @@
 import Foundation
 import Messages
+import Synchronization
 import Testing
 import ZeroMQ
 
@@ -252,6 +253,41 @@ struct BusCurveTests {
                         #expect(reply == Tagged(tag: tag, text: "safe"))
                     }
                 }
+            }
+        }
+    }
+}
+
+/// A retry that runs out of the deadline: the call ends with the failure it was retried after.
+@Suite(.timeLimit(.minutes(2))) struct RetryPastTheDeadlineTests {
+    /// A replica that answers `unavailable` late in the deadline (its database cut off: it waited
+    /// for a connection until just before), and that does not answer the retry in what is left:
+    /// the caller is told `unavailable`, what the service said, not `timeout` (a 504 at the
+    /// gateway for what was a 503).
+    @Test func aRetryThatTimesOutReportsTheUnavailableAnswer() async throws {
+        let safe = BusMethod<Tagged, Tagged>("test.safe", roles: Set(BusRole.known), retrySafe: true)
+        let calls = Mutex(0)
+        var router = BusRouter()
+        router.register(safe) { request, _ in
+            let deadline = try #require(BusDeadline.current)
+            let first = calls.withLock { calls in
+                calls += 1
+                return calls == 1
+            }
+            if first {
+                try await Task.sleep(until: deadline.advanced(by: .milliseconds(-150)))
+                throw BusError(.unavailable, "the service's database cannot be reached now")
+            }
+            // The retry is answered only after its caller has given up.
+            try await Task.sleep(until: deadline.advanced(by: .milliseconds(300)))
+            return request
+        }
+        let endpoint = "tcp://127.0.0.1:\(freePort())"
+        try await withServer(endpoint: endpoint, router: router) { _ in
+            try await withClient(endpoint: endpoint) { client in
+                let error = await failure(client, safe, Tagged(tag: 1, text: "late"), timeout: .seconds(2))
+                #expect(error?.code == .unavailable, "\(String(describing: error))")
+                #expect(calls.withLock { $0 } == 2)
             }
         }
     }
