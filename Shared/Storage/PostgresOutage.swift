@@ -1,3 +1,4 @@
+import Logging
 import NIOCore
 import NIOPosix
 import PostgresNIO
@@ -24,7 +25,8 @@ import Synchronization
 /// A server whose connections never go through, probe after probe, for `unreachableLimit` is
 /// down too: cut off from this host (a partition drops the packets: neither refused nor answered).
 /// The limit is far past what a busy machine's full accept queue costs a connection (a SYN
-/// dropped once is sent again after 1 s).
+/// dropped once is sent again after 1 s). Such probes are one run (`UnreachableRun`) unless an
+/// answer comes between them or they are more than `runGap` apart.
 ///
 /// Probes are asked for by operations that waited long for a connection or lost one; while the
 /// server is down, the watch probes it every `probeEvery` by itself, so that it is found back
@@ -44,20 +46,27 @@ final class PostgresOutage: Sendable {
 
     /// How long probes may find no connection through before the server is taken for down.
     static let unreachableLimit = Duration.seconds(3)
+    /// How far apart two probes that found no connection through may be and still be one run:
+    /// a probe's cycle is `probeTimeout` and `probeEvery` (0.75 s), and a busy machine stretches
+    /// it. (At 1 s, the bound it had, a cycle stretched past it on a busy machine began the run
+    /// again, probe after probe, and a server cut off by a partition was never found down: its
+    /// callers waited out their deadlines, 504s at the gateway in CI's `make hosts-chaos`.)
+    static let runGap = Duration.seconds(2)
 
     /// Since when the server is found down; nil while it is up (or not probed yet).
     private let downSince = Mutex<ContinuousClock.Instant?>(nil)
-    /// Since when every probe's connection has not gone through, and the last such probe; nil
-    /// after any answer. Probes a second or more apart are not one run: the window starts again.
-    private let unreachable = Mutex<(since: ContinuousClock.Instant, last: ContinuousClock.Instant)?>(nil)
+    /// The probes in a row whose connection has not gone through.
+    private let unreachable = Mutex(UnreachableRun())
+    private let logger: Logger
     private let requests: AsyncStream<Void>
     private let request: AsyncStream<Void>.Continuation
 
-    init(host: String, port: Int, username: String, database: String) {
+    init(host: String, port: Int, username: String, database: String, logger: Logger) {
         self.host = host
         self.port = port
         self.username = username
         self.database = database
+        self.logger = logger
         (requests, request) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
     }
 
@@ -75,20 +84,30 @@ final class PostgresOutage: Sendable {
                 let reachable: Bool
                 switch finding {
                 case .accepting, .refusing:
-                    unreachable.withLock { $0 = nil }
+                    unreachable.withLock { $0.answered() }
                     reachable = finding == .accepting
                 case .notThrough:
-                    let now = ContinuousClock.now
-                    let since = unreachable.withLock { run in
-                        let since = run.flatMap { $0.last.duration(to: now) < .seconds(1) ? $0.since : nil } ?? now
-                        run = (since, now)
-                        return since
-                    }
-                    reachable = since.duration(to: now) < Self.unreachableLimit
+                    let length = unreachable.withLock { $0.notThrough(at: .now) }
+                    reachable = length < Self.unreachableLimit
                 }
-                downSince.withLock { $0 = reachable ? nil : ($0 ?? .now) }
+                note(reachable: reachable, finding: finding)
                 guard (try? await Task.sleep(for: Self.probeEvery)) != nil, !reachable else { break }
             }
+        }
+    }
+
+    /// Records what a probe found; an operator reads when the server is found down, and back.
+    private func note(reachable: Bool, finding: Finding) {
+        let (wasDown, since) = downSince.withLock { downSince in
+            let was = downSince
+            downSince = reachable ? nil : (downSince ?? .now)
+            return (was, downSince)
+        }
+        if wasDown == nil, since != nil {
+            logger.warning("PostgreSQL found down: calls fail at once until it is back",
+                           metadata: ["server": "\(host):\(port)", "finding": "\(finding)"])
+        } else if let wasDown, since == nil {
+            logger.info("PostgreSQL is back", metadata: ["server": "\(host):\(port)", "down": "\(wasDown.duration(to: .now))"])
         }
     }
 
@@ -172,5 +191,31 @@ private final class StartupProbe: ChannelInboundHandler {
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         answer.succeed(false)
         context.close(promise: nil)
+    }
+}
+
+/// Probes in a row whose connection did not go through: its length, from the first to the
+/// last, is how long the server has been out of reach. An answer ends it, and so does a gap of
+/// more than `PostgresOutage.runGap` between two probes (a probe long ago and one now say nothing
+/// about the time between them).
+struct UnreachableRun: Equatable {
+    private(set) var first: ContinuousClock.Instant?
+    private(set) var last: ContinuousClock.Instant?
+
+    /// Notes a probe that did not go through at `now`; the run's length.
+    mutating func notThrough(at now: ContinuousClock.Instant) -> Duration {
+        if let last, last.duration(to: now) <= PostgresOutage.runGap, let first {
+            self.last = now
+            return first.duration(to: now)
+        }
+        first = now
+        last = now
+        return .zero
+    }
+
+    /// Notes an answer: the run ends.
+    mutating func answered() {
+        first = nil
+        last = nil
     }
 }

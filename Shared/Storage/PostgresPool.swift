@@ -183,7 +183,8 @@ public final class PostgresPool: Service, Sendable {
         self.client = PostgresClient(configuration: configuration, eventLoopGroup: loop, backgroundLogger: background)
         self.location = location
         self.logger = logger
-        self.outage = PostgresOutage(host: location.host, port: location.port, username: location.username, database: location.database)
+        self.outage = PostgresOutage(
+            host: location.host, port: location.port, username: location.username, database: location.database, logger: logger)
         (doorbell, ring) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
     }
 

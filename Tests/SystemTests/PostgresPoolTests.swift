@@ -420,3 +420,34 @@ final class UnreachablePort: Sendable {
 
     func close() { for descriptor in descriptors { Glibc.close(descriptor) } }
 }
+
+/// How probes that find no connection through add up to an outage (`UnreachableRun`), with the
+/// probes' times passed in.
+@Suite struct UnreachableRunTests {
+    let start = ContinuousClock.now
+
+    func at(_ milliseconds: Int) -> ContinuousClock.Instant { start.advanced(by: .milliseconds(milliseconds)) }
+
+    @Test func probesStretchedByABusyMachineStillAddUpToTheUnreachableLimit() {
+        // Given probes 1.2 s apart, as a busy machine stretches their 0.75 s cycle
+        var run = UnreachableRun()
+        var lengths: [Duration] = []
+        for probe in 0...3 { lengths.append(run.notThrough(at: at(1_200 * probe))) }
+        // Then they are one run, which reaches the limit by the fourth
+        #expect(lengths == [.zero, .milliseconds(1_200), .milliseconds(2_400), .milliseconds(3_600)])
+        #expect(lengths.last! >= PostgresOutage.unreachableLimit)
+    }
+
+    @Test func probesFarApartOrWithAnAnswerBetweenBeginTheRunAgain() {
+        var run = UnreachableRun()
+        _ = run.notThrough(at: at(0))
+        // A probe long after the last says nothing about the time between them
+        #expect(run.notThrough(at: at(10_000)) == .zero)
+        #expect(run.notThrough(at: at(11_000)) == .milliseconds(1_000))
+        // An answer ends the run
+        run.answered()
+        #expect(run.notThrough(at: at(12_000)) == .zero)
+        #expect(run.notThrough(at: at(14_000)) == .milliseconds(2_000))
+        #expect(run.notThrough(at: at(16_001)) == .zero)
+    }
+}
