@@ -31,10 +31,13 @@ import Synchronization
 /// given up (504s at the gateway in `make hosts-chaos`, partition-leader-host). A batch that runs
 /// as usual takes milliseconds and meets every deadline either way. A batch is given at least
 /// `leastTime` (1 s), so that one operation near its deadline (a call sent again late, say) does
-/// not make PostgreSQL stop a batch of hundreds within milliseconds. An operation whose own
-/// deadline passed while it waited is answered `PostgresUnavailable` without being run (nothing
-/// was done). Past `maximumWaiting` operations waiting, or once the pool has stopped, a caller is
-/// told the same at once.
+/// not make PostgreSQL stop a batch of hundreds within milliseconds. Such an operation is still
+/// answered in time: while a batch runs, a watch answers each of its operations whose time is up
+/// (`Waiter.answerBy`, the answer margin before its deadline) as `PostgresOperationTimedOut` (the
+/// batch may yet commit it), and each operation waiting for the next batch whose time is up as
+/// `PostgresUnavailable` (nothing was done). An operation whose own deadline passed while it
+/// waited is answered `PostgresUnavailable` without being run. Past `maximumWaiting` operations
+/// waiting, or once the pool has stopped, a caller is told the same at once.
 public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Sendable {
     /// Runs a batch: one answer per request, in order. Throwing answers every request with the error.
     public typealias Execute = @Sendable ([Request]) async throws -> [Result<Response, any Error>]
@@ -68,7 +71,17 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
     private struct Waiter {
         var request: Request
         var deadline: ContinuousClock.Instant?
-        var answer: CheckedContinuation<Result<Response, any Error>, Never>
+        /// When the caller is answered at the latest, whatever its batch is doing: the pool's
+        /// answer margin before `deadline`, or half the time it had if that was less.
+        var answerBy: ContinuousClock.Instant?
+        var answer: Answer<Response>
+
+        init(request: Request, deadline: ContinuousClock.Instant?, arrived: ContinuousClock.Instant, answer: Answer<Response>) {
+            self.request = request
+            self.deadline = deadline
+            self.answerBy = deadline.map { $0 - min(PostgresPool.answerMargin, arrived.duration(to: $0) / 2) }
+            self.answer = answer
+        }
     }
 
     private enum Admission { case drive, wait, refused }
@@ -86,10 +99,12 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
     /// `request`'s answer, once the batch it joined has committed (or failed).
     public func submit(_ request: Request) async throws -> Response {
         let deadline = BusDeadline.current
-        return try await withCheckedContinuation { (answer: CheckedContinuation<Result<Response, any Error>, Never>) in
+        let arrived = ContinuousClock.now
+        return try await withCheckedContinuation { (caller: CheckedContinuation<Result<Response, any Error>, Never>) in
+            let answer = Answer(caller)
             let admission = state.withLock { state -> Admission in
                 guard state.waiting.count < maximumWaiting else { return .refused }
-                state.waiting.append(Waiter(request: request, deadline: deadline, answer: answer))
+                state.waiting.append(Waiter(request: request, deadline: deadline, arrived: arrived, answer: answer))
                 guard !state.driving else { return .wait }
                 state.driving = true
                 return .drive
@@ -97,7 +112,7 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
             switch admission {
             case .drive: startDriver()
             case .wait: break
-            case .refused: answer.resume(returning: .failure(PostgresUnavailable(location: database.location)))
+            case .refused: answer.give(.failure(PostgresUnavailable(location: database.location)))
             }
         }.get()
     }
@@ -117,7 +132,7 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
             defer { state.waiting.removeAll() }
             return state.waiting
         }
-        for waiter in waiters { waiter.answer.resume(returning: .failure(PostgresUnavailable(location: database.location))) }
+        for waiter in waiters { waiter.answer.give(.failure(PostgresUnavailable(location: database.location))) }
     }
 
     /// Runs batches of those waiting until none wait; then the next caller starts another driver.
@@ -160,7 +175,7 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
         members.reserveCapacity(waiters.count)
         for waiter in waiters {
             if let deadline = waiter.deadline, deadline <= now {
-                waiter.answer.resume(returning: .failure(PostgresUnavailable(location: database.location)))
+                waiter.answer.give(.failure(PostgresUnavailable(location: database.location)))
             } else {
                 members.append(waiter)
             }
@@ -171,15 +186,46 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
             state.statistics.batches += 1
         }
         let batchDeadline = Self.deadline(of: members.map(\.deadline), now: now)
-        var results: [Result<Response, any Error>]
-        do {
-            results = try await BusDeadline.$current.withValue(batchDeadline) { try await execute(members.map(\.request)) }
-            precondition(results.count == members.count, "a batch answers each of its requests")
-        } catch {
-            results = Array(repeating: .failure(error), count: members.count)
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { [members] in await self.watch(members) }
+            var results: [Result<Response, any Error>]
+            do {
+                results = try await BusDeadline.$current.withValue(batchDeadline) { try await execute(members.map(\.request)) }
+                precondition(results.count == members.count, "a batch answers each of its requests")
+            } catch {
+                results = Array(repeating: .failure(error), count: members.count)
+            }
+            group.cancelAll()
+            // (Those the watch answered already are not answered again.)
+            for (waiter, result) in zip(members, results) {
+                waiter.answer.give(result)
+            }
         }
-        for (waiter, result) in zip(members, results) {
-            waiter.answer.resume(returning: result)
+    }
+
+    /// While a batch of `members` runs (until cancelled): answers each member whose time is up
+    /// as timed out (the batch may still commit it), and each operation waiting for the next
+    /// batch whose time is up as unavailable (taken out: nothing was done). Wakes at the next
+    /// member's time, and every `PostgresPool.checkEvery` for the operations that arrive.
+    private func watch(_ members: [Waiter]) async {
+        let pending = members.compactMap { member in member.answerBy.map { ($0, member.answer) } }.sorted { $0.0 < $1.0 }
+        var index = 0
+        while true {
+            let now = ContinuousClock.now
+            while index < pending.count, pending[index].0 <= now {
+                pending[index].1.give(.failure(PostgresOperationTimedOut()))
+                index += 1
+            }
+            let late = state.withLock { state -> [Waiter] in
+                guard state.waiting.contains(where: { $0.answerBy.map { $0 <= now } ?? false }) else { return [] }
+                let late = state.waiting.filter { $0.answerBy.map { $0 <= now } ?? false }
+                state.waiting.removeAll { $0.answerBy.map { $0 <= now } ?? false }
+                return late
+            }
+            for waiter in late { waiter.answer.give(.failure(PostgresUnavailable(location: database.location))) }
+            var wake = now.advanced(by: PostgresPool.checkEvery)
+            if index < pending.count { wake = min(wake, pending[index].0) }
+            guard (try? await Task.sleep(until: wake)) != nil else { return }
         }
     }
 }

@@ -359,6 +359,57 @@ struct PostgresPoolTests {
         #expect(batcher.waiting == 0 && batcher.statistics.operations == 20)
     }
 
+    @Test func aBatchThatStallsAnswersEachOperationByItsOwnDeadline() async throws {
+        // Given a batcher whose first batch stalls until the test lets it go (a lock held
+        // elsewhere, a server cut off), though it is given at least a second
+        let location = try await TestPostgres.freshDatabase()
+        let pool = PostgresPool(location: location, logger: logger)
+        let (held, hold) = AsyncStream<Void>.makeStream()
+        let (release, letGo) = AsyncStream<Void>.makeStream()
+        let batches = Atomic<Int>(0)
+        let batcher = PostgresBatcher<String, String>(database: pool) { names in
+            if batches.add(1, ordering: .sequentiallyConsistent).oldValue == 0 {
+                hold.yield()
+                for await _ in release { break }
+            }
+            return names.map { .success($0) }
+        }
+        let answers = Mutex<[String: Result<String, any Error>]>([:])
+        try await pool.running { _ in
+            await withTaskGroup(of: Void.self) { group in
+                let submit: @Sendable (String, Duration) async -> Void = { name, within in
+                    let answer: Result<String, any Error>
+                    do {
+                        answer = .success(try await BusDeadline.$current.withValue(.now.advanced(by: within)) { try await batcher.submit(name) })
+                    } catch {
+                        answer = .failure(error)
+                    }
+                    answers.withLock { $0[name] = answer }
+                }
+                // When an operation with 400 ms left makes that batch, and once it stalls, another
+                // with 400 ms and one with a minute wait for the next
+                group.addTask { await submit("in the batch", .milliseconds(400)) }
+                for await _ in held { break }
+                group.addTask { await submit("waiting", .milliseconds(400)) }
+                group.addTask { await submit("minute", .seconds(60)) }
+                // Then, the batch still stalled, the two with 400 ms are answered: the one in it
+                // timed out (the batch may yet commit it), the one waiting unavailable (nothing
+                // was done)
+                let end = ContinuousClock.now.advanced(by: .seconds(30))
+                while answers.withLock({ $0.count }) < 2, ContinuousClock.now < end { try? await Task.sleep(for: .milliseconds(10)) }
+                answers.withLock { answers in
+                    #expect(answers.count == 2 && answers["minute"] == nil, "\(answers)")
+                    #expect(throws: PostgresOperationTimedOut.self) { try answers["in the batch"]?.get() }
+                    #expect(throws: PostgresUnavailable.self) { try answers["waiting"]?.get() }
+                }
+                // And once it is let go, the one with a minute is answered by the next batch
+                letGo.yield()
+            }
+        }
+        #expect(try answers.withLock { try $0["minute"]?.get() } == "minute")
+        #expect(batches.load(ordering: .sequentiallyConsistent) == 2)
+    }
+
     @Test func aRunThatIsCancelledStillWaitsForTheOperationsRunning() async throws {
         // Given a pool run for the span of a body (its run is cancelled when the body ends), and an
         // operation that goes on for a while after its connection is taken from it
