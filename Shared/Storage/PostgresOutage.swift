@@ -198,7 +198,7 @@ private final class StartupProbe: ChannelInboundHandler {
 /// last, is how long the server has been out of reach. An answer ends it, and so does a gap of
 /// more than `PostgresOutage.runGap` between two probes (a probe long ago and one now say nothing
 /// about the time between them).
-struct UnreachableRun: Equatable {
+struct UnreachableRun {
     private(set) var first: ContinuousClock.Instant?
     private(set) var last: ContinuousClock.Instant?
 
