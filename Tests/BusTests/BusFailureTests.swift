@@ -275,7 +275,8 @@ struct BusCurveTests {
                 return calls == 1
             }
             if first {
-                try await Task.sleep(until: deadline.advanced(by: .milliseconds(-150)))
+                // (A second before: time enough for the answer to arrive on a busy machine.)
+                try await Task.sleep(until: deadline.advanced(by: .seconds(-1)))
                 throw BusError(.unavailable, "the service's database cannot be reached now")
             }
             // The retry is answered only after its caller has given up.
@@ -285,7 +286,7 @@ struct BusCurveTests {
         let endpoint = "tcp://127.0.0.1:\(freePort())"
         try await withServer(endpoint: endpoint, router: router) { _ in
             try await withClient(endpoint: endpoint) { client in
-                let error = await failure(client, safe, Tagged(tag: 1, text: "late"), timeout: .seconds(2))
+                let error = await failure(client, safe, Tagged(tag: 1, text: "late"), timeout: .seconds(3))
                 #expect(error?.code == .unavailable, "\(String(describing: error))")
                 #expect(calls.withLock { $0 } == 2)
             }

@@ -386,13 +386,14 @@ struct PostgresPoolTests {
                     }
                     answers.withLock { $0[name] = answer }
                 }
-                // When an operation with 400 ms left makes that batch, and once it stalls, another
-                // with 400 ms and one with a minute wait for the next
-                group.addTask { await submit("in the batch", .milliseconds(400)) }
+                // When an operation with 3 s left makes that batch, and once it stalls, another
+                // with 3 s and one with a minute wait for the next (3 s: time enough for the batch
+                // to start on a busy machine, or the first would be turned away before it ran)
+                group.addTask { await submit("in the batch", .seconds(3)) }
                 for await _ in held { break }
-                group.addTask { await submit("waiting", .milliseconds(400)) }
+                group.addTask { await submit("waiting", .seconds(3)) }
                 group.addTask { await submit("minute", .seconds(60)) }
-                // Then, the batch still stalled, the two with 400 ms are answered: the one in it
+                // Then, the batch still stalled, the two with 3 s are answered: the one in it
                 // timed out (the batch may yet commit it), the one waiting unavailable (nothing
                 // was done)
                 let end = ContinuousClock.now.advanced(by: .seconds(30))
