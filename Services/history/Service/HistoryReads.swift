@@ -22,6 +22,12 @@ enum HistoryReads {
         }
     }
 
+    /// How many items a page skips: its offset from the top; none after a cursor, which says
+    /// where the page starts.
+    static func offset(of request: ListHistory, after: PageCursor?) -> Int {
+        after == nil ? request.offset : 0
+    }
+
     /// The job statuses a request lists (empty: all of them).
     static func statuses(of request: ListHistory) -> [String] {
         let statuses = Array(Set(request.statuses.flatMap(\.jobStatuses).map(\.rawValue))).sorted()

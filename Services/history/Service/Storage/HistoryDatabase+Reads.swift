@@ -29,7 +29,7 @@ extension HistoryDatabase {
             }
             let total = try filter.count(db)
             if let after { filter.after(after) }
-            return (try fetch(filter, db, request.limit + 1, after == nil ? request.offset : 0), total)
+            return (try fetch(filter, db, request.limit + 1, HistoryReads.offset(of: request, after: after)), total)
         }
     }
 

@@ -16,10 +16,7 @@ extension PostgresHistoryStore {
     /// planned for its pattern), are written from their items (`page(_:)`).
     public func renderedPage(_ request: ListHistory) async throws -> RenderedHistoryPage {
         guard !request.groupByMonth else { return RenderedHistoryPage(try await page(request)) }
-        let after = try HistoryReads.cursor(of: request, signer: signer)
-        let statuses = HistoryReads.statuses(of: request)
-        let pattern = HistoryReads.query(of: request).map(Self.containing)
-        let offset = after == nil ? request.offset : 0
+        let (after, statuses, pattern, offset) = try pageParameters(request)
         let logger = logger
         var (records, total): ([ByteBuffer], Int)
         if let pattern {

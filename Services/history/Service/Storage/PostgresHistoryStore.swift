@@ -240,10 +240,7 @@ public struct PostgresHistoryStore: HistoryStore {
     // MARK: Reads
 
     public func page(_ request: ListHistory) async throws -> HistoryPage {
-        let after = try HistoryReads.cursor(of: request, signer: signer)
-        let statuses = HistoryReads.statuses(of: request)
-        let pattern = HistoryReads.query(of: request).map(Self.containing)
-        let offset = after == nil ? request.offset : 0
+        let (after, statuses, pattern, offset) = try pageParameters(request)
         let logger = logger
         // One statement (one snapshot, one round trip): the page's rows, each with the total. The
         // total comes from the counts kept per status, or, for a search, from counting what
@@ -303,6 +300,14 @@ public struct PostgresHistoryStore: HistoryStore {
         }
         if items.isEmpty, offset > 0 || after != nil { count = try await self.count(request, statuses: statuses, pattern: pattern) }
         return HistoryReads.page(items, total: count, request: request, signer: signer)
+    }
+
+    /// What a page read takes from its request: the position it continues after (its cursor,
+    /// checked), the statuses, the search as an `ILIKE` pattern, and the offset.
+    func pageParameters(_ request: ListHistory) throws -> (after: PageCursor?, statuses: [String], pattern: String?, offset: Int) {
+        let after = try HistoryReads.cursor(of: request, signer: signer)
+        return (after, HistoryReads.statuses(of: request), HistoryReads.query(of: request).map(Self.containing),
+                HistoryReads.offset(of: request, after: after))
     }
 
     /// The parameters of `ScanSearch` and `RenderedScanSearch`.
