@@ -72,14 +72,14 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
         var request: Request
         var deadline: ContinuousClock.Instant?
         /// When the caller is answered at the latest, whatever its batch is doing: the pool's
-        /// answer margin before `deadline`, or half the time it had if that was less.
+        /// margin for an answer before `deadline` (`PostgresPool.margin(within:)`).
         var answerBy: ContinuousClock.Instant?
         var answer: Answer<Response>
 
         init(request: Request, deadline: ContinuousClock.Instant?, arrived: ContinuousClock.Instant, answer: Answer<Response>) {
             self.request = request
             self.deadline = deadline
-            self.answerBy = deadline.map { $0 - min(PostgresPool.answerMargin, arrived.duration(to: $0) / 2) }
+            self.answerBy = deadline.map { $0 - PostgresPool.margin(within: arrived.duration(to: $0)) }
             self.answer = answer
         }
     }

@@ -123,8 +123,22 @@ public final class PostgresPool: Service, Sendable {
     /// How long an operation waits for a connection before the server is probed.
     public static let acquireLimit = Duration.seconds(1)
 
-    /// How long before its request's deadline an operation gives up, for the answer to travel.
-    public static let answerMargin = Duration.milliseconds(300)
+    /// How long before its request's deadline an operation gives up, for the answer to travel
+    /// back: a second, or a quarter of the time left if that is less (`margin(within:)`). At
+    /// 300 ms, the bound it had, answers given at that moment reached the gateway after its
+    /// deadline when the machine was busy: a 504 at 5.02 s in `make hosts-chaos`
+    /// (partition-leader-host-from-db: every call of the partition's first second was answered
+    /// in the same few hundred milliseconds), and a 503 measured at 5.03 s by the chaos check's
+    /// load generator.
+    public static let answerMargin = Duration.seconds(1)
+
+    /// The margin kept for the answer of an operation with `left` until its request's deadline.
+    static func margin(within left: Duration) -> Duration { min(answerMargin, left / 4) }
+
+    /// What an operation made for the current bus request may take (nil outside a request).
+    static func timeForRequest() -> Duration? {
+        BusDeadline.remaining(less: .zero).map { $0 - margin(within: $0) }
+    }
 
     /// How long an operation done for no request (an outbox delivery, the dispatcher's reconcile
     /// and catch-up, a lease renewal) may take, waiting included, before its caller is told it
@@ -373,7 +387,7 @@ public final class PostgresPool: Service, Sendable {
     /// up after `limit` or the current request's deadline (see the type's notes).
     func leased<T: Sendable>(limit: Duration?, _ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         guard !outage.isDown else { throw PostgresUnavailable(location: location) }
-        let allowed = limit ?? BusDeadline.remaining(less: Self.answerMargin) ?? backgroundLimit
+        let allowed = limit ?? Self.timeForRequest() ?? backgroundLimit
         let end: ContinuousClock.Instant? = ContinuousClock.now.advanced(by: max(allowed, .zero))
         let outcome = await withCheckedContinuation { (caller: CheckedContinuation<Result<T, any Error>, Never>) in
             let answer = Answer(caller)
@@ -558,7 +572,7 @@ public final class PostgresPool: Service, Sendable {
         let logger = logger
         let location = location
         // A bus request's transaction is stopped by PostgreSQL itself once its deadline passes.
-        let timeout = BusDeadline.remaining(less: Self.answerMargin).map { max(1, $0.wholeMilliseconds) }
+        let timeout = Self.timeForRequest().map { max(1, $0.wholeMilliseconds) }
         // The operation runs in a task of the pool's: the request's trace is handed over.
         let traceParent = BusTracing.currentTraceParent()
         return try await leased(limit: nil) { connection in
