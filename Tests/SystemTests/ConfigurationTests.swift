@@ -52,6 +52,21 @@ struct ConfigurationTests {
         #expect(!ProcessTracing.isRequested(["OTEL_SDK_DISABLED": "TRUE", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"]))
     }
 
+    /// History's pool to PostgreSQL: as many connections as asked, else twice the cores within
+    /// 4 to 20; none or a word stops it, naming the variable.
+    @Test func historysPoolToPostgreSQLHasTheConnectionsAskedOrTwiceTheCores() throws {
+        #expect(try HistoryConfiguration(environment: Environment(["HISTORY_DATABASE_CONNECTIONS": "3"]), dataDirectory: "/tmp").databaseConnections == 3)
+        let cores = ProcessInfo.processInfo.activeProcessorCount
+        #expect(try HistoryConfiguration(environment: Environment([:]), dataDirectory: "/tmp").databaseConnections == min(20, max(4, 2 * cores)))
+        for value in ["0", "-2", "many"] {
+            #expect {
+                _ = try HistoryConfiguration(environment: Environment(["HISTORY_DATABASE_CONNECTIONS": value]), dataDirectory: "/tmp")
+            } throws: { error in
+                (error as? ConfigurationError)?.key == "HISTORY_DATABASE_CONNECTIONS"
+            }
+        }
+    }
+
     @Test func aMalformedSharedSettingStopsEveryProcessNamingIt() {
         for (key, value) in [("LOG_LEVEL", "loud"), ("BUS_ENCODING", "xml"), ("LOG_FORMAT", "yaml")] {
             for make in Self.configurations([key: value]) {

@@ -22,7 +22,9 @@ await ProcessExit.run("history", files: files) { try await BusServiceRunner.run(
         let key = try await PostgresPool.migrate(location, service: "history", PostgresHistoryStore.migrations, logger: logger) { db in
             try await PostgresHistoryStore.tokenKey(db, logger: logger)
         }
-        let database = PostgresPool(location: location, settings: PostgresHistoryStore.sessionSettings, logger: logger)
+        let database = PostgresPool(
+            location: location, maximumConnections: configuration.databaseConnections, settings: PostgresHistoryStore.sessionSettings, logger: logger
+        )
         storage.append(database)
         store = PostgresHistoryStore(database: database, tokenKey: key, logger: logger)
         logger.info("history database open", metadata: ["postgres": "\(location)"])

@@ -5,8 +5,9 @@ import NIOCore
 import PostgresNIO
 
 extension PostgresHistoryStore {
-    /// `history.page`'s answer, written straight from its rows: each row is the total and one
-    /// record of the item's columns (`RenderedPage`, `RenderedScanSearch`), whose head is written
+    /// `history.page`'s answer, written straight from its rows: a page is one row of the total
+    /// and the records of the items' columns (`RenderedPage`), a small search a row per
+    /// item of the total and its record (`RenderedScanSearch`); each record's head is written
     /// from the record's bytes (`WrittenPage`, `PostgresPageRecord`) with no `HistoryItem` and no
     /// cell per column in between. Read as a cell per column, a first page of 50 was 969 cells,
     /// and postgres-nio's making and releasing them (with the items made of them) was most of
@@ -38,7 +39,7 @@ extension PostgresHistoryStore {
             let bindings = Self.pageBindings(request, statuses: statuses, after: after, offset: offset)
             (records, total) = try await database.connection { db in
                 func read<Shape: PageShape.Named>(_: Shape.Type) async throws -> ([ByteBuffer], Int) {
-                    try await Self.records(db.execute(RenderedPage<Shape>(bindings: bindings), logger: logger), limit: request.limit)
+                    try await Self.recordsInOne(db.execute(RenderedPage<Shape>(bindings: bindings), logger: logger))
                 }
                 switch (shape.statuses, shape.cursor) {
                 case (false, false): return try await read(PageShape.Top.self)
@@ -72,8 +73,28 @@ extension PostgresHistoryStore {
         return (records, total)
     }
 
-    /// A page of one shape, each row the total and an item's record (`PageShape.recordSQL`),
-    /// prepared once per connection.
+    /// The records and the total of a page that is one row: the total and the items' records
+    /// one after the other (`PageShape.recordSQL`). A row per item cost postgres-nio an `await`
+    /// and a row's bookkeeping each, on the event loop that all of history's connections share
+    /// (perf of `make bench-history STORE=postgres`: that thread the machine's busiest, a third of
+    /// it in the row sequence's locks, executor checks and releases). Each record is a slice of
+    /// the row's buffer.
+    static func recordsInOne<Rows: AsyncSequence & Sendable>(_ rows: Rows) async throws -> ([ByteBuffer], Int) where Rows.Element == PostgresRow {
+        var page: ([ByteBuffer], Int)?
+        for try await row in rows {
+            var cells = row.makeIterator()
+            guard page == nil, let count = try cells.next()?.decode(Int64.self), let records = cells.next() else {
+                throw PostgresPageMalformed(reason: "the page is not one row of a total and its records")
+            }
+            var bytes = records.bytes ?? ByteBuffer()
+            page = (try PostgresPageRecord.records(in: &bytes), Int(count))
+        }
+        guard let page else { throw PostgresPageMalformed(reason: "the page has no row") }
+        return page
+    }
+
+    /// A page of one shape, one row of the total and the items' records
+    /// (`PageShape.recordSQL`), prepared once per connection.
     struct RenderedPage<Shape: PageShape.Named>: BoundStatement {
         static var name: String { "history_rendered_page_\(Shape.self)" }
         static var sql: String { Shape.shape.recordSQL }
@@ -154,6 +175,29 @@ struct PostgresPageRecord: PageRow {
                 _ = written.append(PostgresPageRecord(bytes: bytes, fields: fields))
             }
         }
+    }
+
+    /// The records in `bytes`, one after the other as `record_send` writes each: its column
+    /// count, then each column's type, length (-1 for NULL) and bytes. Each is a slice of `bytes`;
+    /// `append` checks its columns.
+    static func records(in bytes: inout ByteBuffer) throws -> [ByteBuffer] {
+        func int32(at offset: Int) throws -> Int {
+            guard let value = bytes.getInteger(at: offset, as: Int32.self) else { throw PostgresPageMalformed(reason: "a record cut short") }
+            return Int(value)
+        }
+        var records: [ByteBuffer] = []
+        while bytes.readableBytes > 0 {
+            let start = bytes.readerIndex
+            var offset = start + 4
+            for _ in 0..<max(0, try int32(at: start)) {
+                offset += 8 + max(0, try int32(at: offset + 4))
+            }
+            guard offset <= bytes.writerIndex, let record = bytes.readSlice(length: offset - start) else {
+                throw PostgresPageMalformed(reason: "a record past the end")
+            }
+            records.append(record)
+        }
+        return records
     }
 
     /// Reads big-endian integers off `bytes`, from `offset` on.
