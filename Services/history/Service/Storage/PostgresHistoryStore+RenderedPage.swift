@@ -5,11 +5,10 @@ import NIOCore
 import PostgresNIO
 
 extension PostgresHistoryStore {
-    /// `history.page`'s answer, written straight from its rows: a page is one row of the total
-    /// and the records of the items' columns (`RenderedPage`), a small search a row per
-    /// item of the total and its record (`RenderedScanSearch`); each record's head is written
-    /// from the record's bytes (`WrittenPage`, `PostgresPageRecord`) with no `HistoryItem` and no
-    /// cell per column in between. Read as a cell per column, a first page of 50 was 969 cells,
+    /// `history.page`'s answer, written straight from its row: a page, or a small search, is one
+    /// row of the total and the records of the items' columns (`RenderedPage`,
+    /// `RenderedScanSearch`), and each head is written from its record's bytes (`WrittenPage`,
+    /// `PostgresPageRecord`) with no `HistoryItem` and no cell per column in between. Read as a cell per column, a first page of 50 was 969 cells,
     /// and postgres-nio's making and releasing them (with the items made of them) was most of
     /// history's time per page (perf of `make bench-history STORE=postgres`: history's PostgreSQL
     /// thread at a third of the machine, a third of that in retain and release). A page in month
@@ -21,12 +20,12 @@ extension PostgresHistoryStore {
         let logger = logger
         var (records, total): ([ByteBuffer], Int)
         if let pattern {
-            // As `page(_:)` searches: no row is no match, or a user with more items than the
+            // As `page(_:)` searches: no record is no match, or a user with more items than the
             // scan takes.
             let bindings = searchBindings(request, statuses: statuses, pattern: pattern, after: after, offset: offset)
             let scanUpTo = scanUpTo
             let scanned: ([ByteBuffer], Int)? = try await database.connection { db in
-                let scanned = try await Self.records(db.execute(RenderedScanSearch(bindings: bindings), logger: logger), limit: request.limit)
+                let scanned = try await Self.recordsInOne(db.execute(RenderedScanSearch(bindings: bindings), logger: logger))
                 guard scanned.0.isEmpty else { return scanned }
                 var size: Int64 = 0
                 for try await items in try await db.execute(ItemCount(userId: request.userId), logger: logger) { size = items }
@@ -55,26 +54,10 @@ extension PostgresHistoryStore {
         return written.page(total: total, request: request, signer: signer)
     }
 
-    /// Each row's record and the total, from rows of a total and an item's record. The records
-    /// are only collected here, on the connection's event loop (each a slice of its row's
-    /// buffer); `renderedPage` writes the heads after the connection is handed back.
-    static func records<Rows: AsyncSequence & Sendable>(_ rows: Rows, limit: Int) async throws -> ([ByteBuffer], Int) where Rows.Element == PostgresRow {
-        var records: [ByteBuffer] = []
-        records.reserveCapacity(limit + 1)
-        var total = 0
-        for try await row in rows {
-            var cells = row.makeIterator()
-            guard let count = try cells.next()?.decode(Int64.self), let record = cells.next()?.bytes else {
-                throw PostgresPageMalformed(reason: "the row is not a total and a record")
-            }
-            total = Int(count)
-            records.append(record)
-        }
-        return (records, total)
-    }
-
-    /// The records and the total of a page that is one row: the total and the items' records
-    /// one after the other (`PageShape.recordSQL`). A row per item cost postgres-nio an `await`
+    /// The records and the total of a page that is one row: the total (NULL: none matched) and
+    /// the items' records one after the other (`PageShape.recordSQL`, `RenderedScanSearch`). The
+    /// records are only collected here, on the connection's event loop; `renderedPage` writes the
+    /// heads after the connection is handed back. A row per item cost postgres-nio an `await`
     /// and a row's bookkeeping each, on the event loop that all of history's connections share
     /// (perf of `make bench-history STORE=postgres`: that thread the machine's busiest, a third of
     /// it in the row sequence's locks, executor checks and releases). Each record is a slice of
@@ -83,11 +66,11 @@ extension PostgresHistoryStore {
         var page: ([ByteBuffer], Int)?
         for try await row in rows {
             var cells = row.makeIterator()
-            guard page == nil, let count = try cells.next()?.decode(Int64.self), let records = cells.next() else {
+            guard page == nil, let total = cells.next(), let records = cells.next() else {
                 throw PostgresPageMalformed(reason: "the page is not one row of a total and its records")
             }
             var bytes = records.bytes ?? ByteBuffer()
-            page = (try PostgresPageRecord.records(in: &bytes), Int(count))
+            page = (try PostgresPageRecord.records(in: &bytes), Int(try total.decode(Int64?.self) ?? 0))
         }
         guard let page else { throw PostgresPageMalformed(reason: "the page has no row") }
         return page
@@ -101,14 +84,15 @@ extension PostgresHistoryStore {
         var bindings: PostgresBindings
     }
 
-    /// `ScanSearch`'s page, each row the total and an item's record made after the limit and the
-    /// offset (as `PageShape.recordSQL`'s).
+    /// `ScanSearch`'s page as one row, as `PageShape.recordSQL`'s: the total of the matches
+    /// (NULL when the page has none) and the items' records, made after the limit and the offset.
     struct RenderedScanSearch: BoundStatement {
         static let name = "history_rendered_search_scan"
         static let sql = """
-            SELECT total, ROW(\(PostgresPageRecord.columns)) FROM (
+            SELECT max(total), string_agg(record_send(ROW(\(PostgresPageRecord.columns))), ''::bytea ORDER BY created_at DESC, job_id DESC)
+            FROM (
                 \(ScanSearch.statement(selecting: "*", from: "count(*) OVER () AS total, \(PostgresPageRecord.columns)"))
-            ) AS page ORDER BY created_at DESC, job_id DESC
+            ) AS page
             """
         var bindings: PostgresBindings
     }
