@@ -8,12 +8,13 @@ extension PostgresHistoryStore {
     /// `history.page`'s answer, written straight from its row: a page, or a small search, is one
     /// row of the total and the records of the items' columns (`RenderedPage`,
     /// `RenderedScanSearch`), and each head is written from its record's bytes (`WrittenPage`,
-    /// `PostgresPageRecord`) with no `HistoryItem` and no cell per column in between. Read as a cell per column, a first page of 50 was 969 cells,
-    /// and postgres-nio's making and releasing them (with the items made of them) was most of
-    /// history's time per page (perf of `make bench-history STORE=postgres`: history's PostgreSQL
-    /// thread at a third of the machine, a third of that in retain and release). A page in month
-    /// sections, and a search of a user with more items than a scan takes (its statement is
-    /// planned for its pattern), are written from their items (`page(_:)`).
+    /// `PostgresPageRecord`) with no `HistoryItem` and no cell per column in between. Read as a
+    /// cell per column, a first page of 50 was 969 cells, and postgres-nio's making and releasing
+    /// them (with the items made of them) was most of history's time per page (perf of
+    /// `make bench-history STORE=postgres`: history's PostgreSQL thread at a third of the
+    /// machine, a third of that in retain and release). A page in month sections, and a search
+    /// of a user with more items than a scan takes (its statement is planned for its pattern),
+    /// are written from their items (`page(_:)`).
     public func renderedPage(_ request: ListHistory) async throws -> RenderedHistoryPage {
         guard !request.groupByMonth else { return RenderedHistoryPage(try await page(request)) }
         let (after, statuses, pattern, offset) = try pageParameters(request)
