@@ -19,15 +19,15 @@ extension PostgresHistoryStore {
         guard !request.groupByMonth else { return RenderedHistoryPage(try await page(request)) }
         let (after, statuses, pattern, offset) = try pageParameters(request)
         let logger = logger
-        var (records, total): ([ByteBuffer], Int)
+        var (records, total): (ByteBuffer, Int)
         if let pattern {
             // As `page(_:)` searches: no record is no match, or a user with more items than the
             // scan takes.
             let bindings = searchBindings(request, statuses: statuses, pattern: pattern, after: after, offset: offset)
             let scanUpTo = scanUpTo
-            let scanned: ([ByteBuffer], Int)? = try await database.connection { db in
-                let scanned = try await Self.recordsInOne(db.execute(RenderedScanSearch(bindings: bindings), logger: logger))
-                guard scanned.0.isEmpty else { return scanned }
+            let scanned: (ByteBuffer, Int)? = try await database.connection { db in
+                let scanned = try await Self.pageRow(db.execute(RenderedScanSearch(bindings: bindings), logger: logger))
+                guard scanned.records.readableBytes == 0 else { return scanned }
                 var size: Int64 = 0
                 for try await items in try await db.execute(ItemCount(userId: request.userId), logger: logger) { size = items }
                 return size > scanUpTo ? nil : scanned
@@ -38,8 +38,8 @@ extension PostgresHistoryStore {
             let shape = PageShape(statuses: !statuses.isEmpty, cursor: after != nil)
             let bindings = Self.pageBindings(request, statuses: statuses, after: after, offset: offset)
             (records, total) = try await database.connection { db in
-                func read<Shape: PageShape.Named>(_: Shape.Type) async throws -> ([ByteBuffer], Int) {
-                    try await Self.recordsInOne(db.execute(RenderedPage<Shape>(bindings: bindings), logger: logger))
+                func read<Shape: PageShape.Named>(_: Shape.Type) async throws -> (ByteBuffer, Int) {
+                    try await Self.pageRow(db.execute(RenderedPage<Shape>(bindings: bindings), logger: logger))
                 }
                 switch (shape.statuses, shape.cursor) {
                 case (false, false): return try await read(PageShape.Top.self)
@@ -49,29 +49,27 @@ extension PostgresHistoryStore {
                 }
             }
         }
-        if records.isEmpty, offset > 0 || after != nil { total = try await count(request, statuses: statuses, pattern: pattern) }
+        if records.readableBytes == 0, offset > 0 || after != nil { total = try await count(request, statuses: statuses, pattern: pattern) }
         var written = WrittenPage(limit: request.limit)
-        for record in records { try PostgresPageRecord.append(record, to: &written) }
+        try PostgresPageRecord.append(records, to: &written)
         return written.page(total: total, request: request, signer: signer)
     }
 
     /// The records and the total of a page that is one row: the total (NULL: none matched) and
-    /// the items' records one after the other (`PageShape.recordSQL`, `RenderedScanSearch`). The
-    /// records are only collected here, on the connection's event loop; `renderedPage` writes the
-    /// heads after the connection is handed back. A row per item cost postgres-nio an `await`
-    /// and a row's bookkeeping each, on the event loop that all of history's connections share
-    /// (perf of `make bench-history STORE=postgres`: that thread the machine's busiest, a third of
-    /// it in the row sequence's locks, executor checks and releases). Each record is a slice of
-    /// the row's buffer.
-    static func recordsInOne<Rows: AsyncSequence & Sendable>(_ rows: Rows) async throws -> ([ByteBuffer], Int) where Rows.Element == PostgresRow {
-        var page: ([ByteBuffer], Int)?
+    /// the items' records one after the other (`PostgresPageRecord.aggregate`; empty for none).
+    /// They are only taken here, on the connection's event loop; `renderedPage` reads them and
+    /// writes the heads after the connection is handed back. A row per item cost postgres-nio an
+    /// `await` and a row's bookkeeping each, on the event loop that all of history's connections
+    /// share (perf of `make bench-history STORE=postgres`: that thread the machine's busiest, a
+    /// third of it in the row sequence's locks, executor checks and releases).
+    static func pageRow<Rows: AsyncSequence & Sendable>(_ rows: Rows) async throws -> (records: ByteBuffer, total: Int) where Rows.Element == PostgresRow {
+        var page: (ByteBuffer, Int)?
         for try await row in rows {
             var cells = row.makeIterator()
             guard page == nil, let total = cells.next(), let records = cells.next() else {
                 throw PostgresPageMalformed(reason: "the page is not one row of a total and its records")
             }
-            var bytes = records.bytes ?? ByteBuffer()
-            page = (try PostgresPageRecord.records(in: &bytes), Int(try total.decode(Int64?.self) ?? 0))
+            page = (records.bytes ?? ByteBuffer(), Int(try total.decode(Int64?.self) ?? 0))
         }
         guard let page else { throw PostgresPageMalformed(reason: "the page has no row") }
         return page
@@ -90,8 +88,7 @@ extension PostgresHistoryStore {
     struct RenderedScanSearch: BoundStatement {
         static let name = "history_rendered_search_scan"
         static let sql = """
-            SELECT max(total), string_agg(record_send(ROW(\(PostgresPageRecord.columns))), ''::bytea ORDER BY created_at DESC, job_id DESC)
-            FROM (
+            SELECT max(total), \(PostgresPageRecord.aggregate) FROM (
                 \(ScanSearch.statement(selecting: "*", from: "count(*) OVER () AS total, \(PostgresPageRecord.columns)"))
             ) AS page
             """
@@ -108,6 +105,11 @@ struct PostgresPageRecord: PageRow {
     static let columns = """
         job_id, effect_id, effect_title, prompt, status, progress, created_at, result_key, thumbnail_key, image_key, parameters, cost, last_error
         """
+    /// A page's records as one value, made from its rows (`columns`, newest first): each row's
+    /// record as `record_send` writes it, back to back in one `bytea` (NULL for no row). Each
+    /// record is sent while its row is the aggregate's input (its memory freed row by row), not
+    /// kept whole to the end as an array of records would be (docs/history.md).
+    static let aggregate = "string_agg(record_send(ROW(\(columns))), ''::bytea ORDER BY created_at DESC, job_id DESC)"
     /// Each column's type (`pg_type`'s oid): text 25, bigint 20, double precision 701.
     private static let types: [UInt32] = PageColumn.allCases.map { column in
         switch column {
@@ -141,48 +143,27 @@ struct PostgresPageRecord: PageRow {
         (fields[2 * column.rawValue], fields[2 * column.rawValue + 1])
     }
 
-    /// Writes the item of `record` into `written`. Lengths are checked against the bytes and the
-    /// columns against `types`, so a statement and this reader out of step fail the page instead
-    /// of reading past the buffer.
-    static func append(_ record: ByteBuffer, to written: inout WrittenPage) throws {
-        try record.withUnsafeReadableBytes { bytes in
+    /// Writes the item of each record in `records` (back to back, as `aggregate` makes them)
+    /// into `written`. Lengths are checked against the bytes and the columns against `types`, so
+    /// a statement and this reader out of step fail the page instead of reading past the buffer.
+    static func append(_ records: ByteBuffer, to written: inout WrittenPage) throws {
+        try records.withUnsafeReadableBytes { bytes in
             try withUnsafeTemporaryAllocation(of: Int.self, capacity: 2 * types.count) { fields in
                 var reader = Reader(bytes: bytes)
-                guard try reader.int32() == types.count else { throw PostgresPageMalformed(reason: "a record of another shape") }
-                for (index, type) in types.enumerated() {
-                    guard UInt32(bitPattern: try reader.int32()) == type else { throw PostgresPageMalformed(reason: "column \(index) of another type") }
-                    let length = Int(try reader.int32())
-                    guard type == 25 || length == 8 else { throw PostgresPageMalformed(reason: "column \(index) of \(length) bytes") }
-                    fields[2 * index] = reader.offset
-                    fields[2 * index + 1] = length
-                    if length > 0 { try reader.skip(length) }
+                while reader.offset < bytes.count {
+                    guard try reader.int32() == types.count else { throw PostgresPageMalformed(reason: "a record of another shape") }
+                    for (index, type) in types.enumerated() {
+                        guard UInt32(bitPattern: try reader.int32()) == type else { throw PostgresPageMalformed(reason: "column \(index) of another type") }
+                        let length = Int(try reader.int32())
+                        guard type == 25 || length == 8 else { throw PostgresPageMalformed(reason: "column \(index) of \(length) bytes") }
+                        fields[2 * index] = reader.offset
+                        fields[2 * index + 1] = length
+                        if length > 0 { try reader.skip(length) }
+                    }
+                    _ = written.append(PostgresPageRecord(bytes: bytes, fields: fields))
                 }
-                _ = written.append(PostgresPageRecord(bytes: bytes, fields: fields))
             }
         }
-    }
-
-    /// The records in `bytes`, one after the other as `record_send` writes each: its column
-    /// count, then each column's type, length (-1 for NULL) and bytes. Each is a slice of `bytes`;
-    /// `append` checks its columns.
-    static func records(in bytes: inout ByteBuffer) throws -> [ByteBuffer] {
-        func int32(at offset: Int) throws -> Int {
-            guard let value = bytes.getInteger(at: offset, as: Int32.self) else { throw PostgresPageMalformed(reason: "a record cut short") }
-            return Int(value)
-        }
-        var records: [ByteBuffer] = []
-        while bytes.readableBytes > 0 {
-            let start = bytes.readerIndex
-            var offset = start + 4
-            for _ in 0..<max(0, try int32(at: start)) {
-                offset += 8 + max(0, try int32(at: offset + 4))
-            }
-            guard offset <= bytes.writerIndex, let record = bytes.readSlice(length: offset - start) else {
-                throw PostgresPageMalformed(reason: "a record past the end")
-            }
-            records.append(record)
-        }
-        return records
     }
 
     /// Reads big-endian integers off `bytes`, from `offset` on.

@@ -400,21 +400,16 @@ public struct PostgresHistoryStore: HistoryStore {
         }
 
         /// `RenderedPage`'s statement: the same page as one row, the total and the items'
-        /// records (`PostgresPageRecord.columns`, each as `record_send` writes it) one after the
-        /// other in one `bytea` (NULL for no item), so that a page is one row to receive however
+        /// records (`PostgresPageRecord.aggregate`), so that a page is one row to receive however
         /// many items it has. The records are made after the limit and the offset (made in the
         /// index scan, they would be made for every row an offset skips: 5,050 for a page at
-        /// 5,000), each while its row is the aggregate's input: an array of the records instead
-        /// was sent whole at the end, every column's buffer of every item allocated in the one
-        /// row's memory (a quarter of a megabyte a page of 21), which PostgreSQL took from the
-        /// kernel and gave back at every page (its page faults a tenth of its time; 0.40 of the
-        /// SQLite run against 0.51 a row per item). The page is the index's own range, with no
-        /// sort of the table (`PostgresHistoryPlanTests`); the aggregate orders its few rows.
+        /// 5,000). The page is the index's own range, with no sort of the table
+        /// (`PostgresHistoryPlanTests`); the aggregate orders its few rows.
         var recordSQL: String {
             let (total, filter) = clauses()
             return """
                 SELECT \(total), (
-                    SELECT string_agg(record_send(ROW(\(PostgresPageRecord.columns))), ''::bytea ORDER BY created_at DESC, job_id DESC)
+                    SELECT \(PostgresPageRecord.aggregate)
                     FROM (
                         SELECT \(PostgresPageRecord.columns) FROM history_item WHERE user_id = $1\(filter)
                         ORDER BY created_at DESC, job_id DESC LIMIT $2 OFFSET $3
