@@ -217,9 +217,9 @@ public final class PostgresBatcher<Request: Sendable, Response: Sendable>: Senda
                 index += 1
             }
             let late = state.withLock { state -> [Waiter] in
-                guard state.waiting.contains(where: { $0.answerBy.map { $0 <= now } ?? false }) else { return [] }
-                let late = state.waiting.filter { $0.answerBy.map { $0 <= now } ?? false }
-                state.waiting.removeAll { $0.answerBy.map { $0 <= now } ?? false }
+                let isLate = { (waiter: Waiter) in waiter.answerBy.map { $0 <= now } ?? false }
+                let late = state.waiting.filter(isLate)
+                if !late.isEmpty { state.waiting.removeAll(where: isLate) }
                 return late
             }
             for waiter in late { waiter.answer.give(.failure(PostgresUnavailable(location: database.location))) }
