@@ -614,14 +614,6 @@ final class LeaseState: Sendable {
         }
     }
 
-    /// The connection, if it came.
-    var acquired: PostgresConnection? {
-        state.withLock { state in
-            if case .acquired(let connection) = state { return connection }
-            return nil
-        }
-    }
-
     /// The wait is over: the connection if it came, else nil (and it never will be used).
     func abandonUnlessAcquired() -> PostgresConnection? {
         state.withLock { state in
@@ -684,25 +676,20 @@ final class OperationWatch<T: Sendable>: NIOScheduledCallbackHandler, Sendable {
 
     private var passed: Bool { end.map { ContinuousClock.now >= $0 } ?? false }
 
+    /// A check: with or without a connection, the server probed and a check again while it is
+    /// not found down and `end` has not passed; then the caller answered, as unavailable if no
+    /// connection came (and none will be used), else as timed out.
     func handleScheduledCallback(eventLoop: some EventLoop) {
-        if lease.acquired == nil {
-            guard outage.isDown || passed else {
-                outage.suspect()
-                schedule(after: PostgresPool.checkEvery)
-                return
-            }
-            guard lease.abandonUnlessAcquired() != nil else {
-                answer.give(.failure(PostgresUnavailable(location: location)))
-                return
-            }
-            // The connection came meanwhile: watched as an operation with one.
-        }
         guard outage.isDown || passed else {
             outage.suspect()
             schedule(after: PostgresPool.checkEvery)
             return
         }
-        answer.give(.failure(PostgresOperationTimedOut()))
+        if lease.abandonUnlessAcquired() == nil {
+            answer.give(.failure(PostgresUnavailable(location: location)))
+        } else {
+            answer.give(.failure(PostgresOperationTimedOut()))
+        }
     }
 }
 
