@@ -95,6 +95,12 @@ public final class BusClient: Sendable, Service {
     struct Timer: Comparable {
         var deadline: ContinuousClock.Instant
         var id: UInt64
+        /// Sent while no connection to the service was up (it was down or starting): libzmq
+        /// queued it for the reconnection. Unanswered at its deadline, the call fails
+        /// `connection_lost`, not `timeout`: the service could not be reached (the gateway
+        /// answers 503 with `Retry-After`, not 504), and, as with a timeout, the request may or
+        /// may not have been handled (it may have gone out once the service came back).
+        var unreached = false
         static func < (lhs: Timer, rhs: Timer) -> Bool { lhs.deadline < rhs.deadline }
     }
 
@@ -318,7 +324,7 @@ public final class BusClient: Sendable, Service {
         let monitorIndex = monitor.map { poller.addReadable($0) }
         var timers = Heap<Timer>()
         var unsent = Deque<Outgoing>()
-        var lost = LostConnections()
+        var lost = LostConnections(endpoints: configuration.endpoints)
 
         var stopping = false
         var busy = false
@@ -354,9 +360,9 @@ public final class BusClient: Sendable, Service {
                 var waiting = Deque<Outgoing>()
                 swap(&waiting, &unsent)
                 let live = state.withLock { state in waiting.filter { state.pending[$0.id] != nil } }  // not cancelled meanwhile
-                unsent.append(contentsOf: sendRequests(live, on: socket, timers: &timers))
+                unsent.append(contentsOf: sendRequests(live, on: socket, connected: monitor == nil || lost.connected, timers: &timers))
             }
-            unsent.append(contentsOf: sendRequests(batch, on: socket, timers: &timers))
+            unsent.append(contentsOf: sendRequests(batch, on: socket, connected: monitor == nil || lost.connected, timers: &timers))
             batch.removeAll(keepingCapacity: true)
             receiveReplies(on: socket)
             if let monitor, let monitorIndex {
@@ -395,26 +401,29 @@ public final class BusClient: Sendable, Service {
         return socket
     }
 
-    /// A PAIR socket that hears `socket`'s disconnections; nil if the monitor cannot be set up.
+    /// A PAIR socket that hears `socket`'s connections and disconnections; nil if the monitor
+    /// cannot be set up.
     static func monitor(_ socket: ZMQSocket, logger: Logger) -> ZMQSocket? {
         do {
-            return try socket.openMonitor("bus-client", events: [.disconnected, .connectRetried])
+            return try socket.openMonitor("bus-client", events: [.disconnected, .connectRetried, .handshakeSucceeded])
         } catch {
             logger.warning("bus client cannot monitor its connection; lost calls wait for their deadline", metadata: ["error": "\(error)"])
             return nil
         }
     }
 
-    /// The connection broke: every call already sent will not be answered. They fail now as
-    /// `connection_lost`; calls sent from here on wait for the reconnection.
-    /// Fails the calls of `timers` whose deadline has passed as `timeout`. Timers of answered
-    /// calls are dropped lazily: the heap is rebuilt once they outnumber live calls. Shared by the
-    /// I/O thread and the event loops' lanes, each with the heap of the calls it sent.
+    /// Fails the calls of `timers` whose deadline has passed as `timeout`, or as `connection_lost`
+    /// those sent while no connection was up (`Timer.unreached`). Timers of answered calls are
+    /// dropped lazily: the heap is rebuilt once they outnumber live calls. Shared by the I/O
+    /// thread and the event loops' lanes, each with the heap of the calls it sent.
     func expire(_ timers: inout Heap<Timer>) {
         let now = ContinuousClock.now
         while let first = timers.min, first.deadline <= now {
             timers.removeMin()
-            finish(first.id, with: .failure(BusError(.timeout, "no reply from \(configuration.endpoint) within the deadline")))
+            let error = first.unreached
+                ? BusError(.connectionLost, "no connection to \(configuration.endpoint) when the call was made (the service was down or starting), and no reply within the deadline; the request may or may not have been handled")
+                : BusError(.timeout, "no reply from \(configuration.endpoint) within the deadline")
+            finish(first.id, with: .failure(error))
         }
         let live = state.withLock { $0.pending.count }
         if timers.count > 4 * live + 1024 {
@@ -423,6 +432,8 @@ public final class BusClient: Sendable, Service {
         }
     }
 
+    /// The connection broke: every call already sent will not be answered. They fail now as
+    /// `connection_lost`; calls sent from here on wait for the reconnection.
     func failSent(_ timers: inout Heap<Timer>) {
         let sent = timers.unordered.map(\.id)
         timers = Heap()
@@ -440,16 +451,17 @@ public final class BusClient: Sendable, Service {
     /// tried again: replicas (`ZMQ_IMMEDIATE`) with none connected yet take nothing, and such a
     /// request waits for one (until its deadline), as a single service's requests wait in libzmq's
     /// queue for it to come up.
-    func sendRequest(_ item: Outgoing, on socket: ZMQSocket, timers: inout Heap<Timer>) -> Bool {
-        sendRequests(CollectionOfOne(item), on: socket, timers: &timers).isEmpty
+    func sendRequest(_ item: Outgoing, on socket: ZMQSocket, connected: Bool, timers: inout Heap<Timer>) -> Bool {
+        sendRequests(CollectionOfOne(item), on: socket, connected: connected, timers: &timers).isEmpty
     }
 
     /// Sends `items` in batches of up to `WireFormat.maxBatch` requests a message, finishing each
     /// call that cannot be sent with why; returns those to try again (see `sendRequest`). One
     /// replica takes a whole message, so with several endpoints the items are split in as many
     /// messages as there are endpoints (libzmq hands each message to the next connected replica):
-    /// calls made together still spread over the replicas.
-    func sendRequests(_ items: some Collection<Outgoing>, on socket: ZMQSocket, timers: inout Heap<Timer>) -> [Outgoing] {
+    /// calls made together still spread over the replicas. `connected`: whether a connection of
+    /// `socket` is up (`LostConnections.connected`); see `Timer.unreached`.
+    func sendRequests(_ items: some Collection<Outgoing>, on socket: ZMQSocket, connected: Bool, timers: inout Heap<Timer>) -> [Outgoing] {
         guard !items.isEmpty else { return [] }
         let now = ContinuousClock.now
         let batchSize = min(WireFormat.maxBatch, (items.count + replicas - 1) / replicas)
@@ -462,7 +474,7 @@ public final class BusClient: Sendable, Service {
             defer { batch.removeAll(keepingCapacity: true); frames.removeAll(keepingCapacity: true) }
             do {
                 try socket.send(frames)
-                for item in batch { timers.insert(Timer(deadline: item.deadline, id: item.id)) }
+                for item in batch { timers.insert(Timer(deadline: item.deadline, id: item.id, unreached: !connected)) }
             } catch ZMQError.wouldBlock {
                 if replicas > 1 { retry.append(contentsOf: batch); return }
                 for item in batch {
@@ -590,9 +602,23 @@ public struct CurveClientKeys: Sendable, CustomStringConvertible, CustomDebugStr
 /// termination was queued to the socket; asking the socket's events then processes it. So calls
 /// fail at that second event. Should it not come (an endpoint named differently in the two
 /// events), they fail `grace` after the first, as before.
+///
+/// It also follows which endpoints are connected (their handshake done, not disconnected since),
+/// so that a call sent with none up is known to wait for a reconnection (`BusClient.Timer`).
 struct LostConnections {
     /// Endpoints reported disconnected, and since when.
     private var waiting: [String: ContinuousClock.Instant] = [:]
+    /// Endpoints whose handshake succeeded and that have not disconnected since.
+    private var up: Set<String> = []
+    /// An `inproc://` endpoint has no handshake to hear: it counts as connected.
+    private let inproc: Bool
+
+    init(endpoints: [String]) {
+        inproc = endpoints.contains { $0.hasPrefix("inproc://") }
+    }
+
+    /// Whether a connection is up: a call sent now goes to a peer rather than into libzmq's queue.
+    var connected: Bool { inproc || !up.isEmpty }
 
     static let grace = Duration.seconds(1)
 
@@ -605,10 +631,14 @@ struct LostConnections {
         var confirmed = false
         while let monitor, let message = try? monitor.receive(maxFrames: 2) {
             guard let (event, endpoint) = ZMQSocket.monitorEvent(message) else { continue }
-            if event.contains(.disconnected) {
+            if event.contains(.handshakeSucceeded) {
+                up.insert(endpoint)
+            } else if event.contains(.disconnected) {
+                up.remove(endpoint)
                 if waiting[endpoint] == nil { waiting[endpoint] = now }
-            } else if event.contains(.connectRetried), waiting.removeValue(forKey: endpoint) != nil {
-                confirmed = true
+            } else if event.contains(.connectRetried) {
+                up.remove(endpoint)
+                if waiting.removeValue(forKey: endpoint) != nil { confirmed = true }
             }
         }
         let overdue = waiting.filter { now - $0.value >= Self.grace }

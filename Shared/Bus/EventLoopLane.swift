@@ -95,7 +95,7 @@ final class EventLoopLane: @unchecked Sendable {
     /// A watcher failed to register: the lane cannot hear replies and sends nothing more.
     private var broken = false
     /// Disconnections heard and not yet final (see `LostConnections`).
-    private var lost = LostConnections()
+    private var lost: LostConnections
 
     /// How late past its deadline a call may be failed: deadlines are checked in rounds of this.
     static let alarmSlack = Duration.milliseconds(10)
@@ -105,6 +105,7 @@ final class EventLoopLane: @unchecked Sendable {
         self.client = client
         self.socket = socket
         self.monitor = monitor
+        lost = LostConnections(endpoints: client.configuration.endpoints)
     }
 
     /// Opens a socket for `client` on `loop` (the calling thread) and starts watching it; nil when
@@ -187,7 +188,7 @@ final class EventLoopLane: @unchecked Sendable {
     /// Sends `item` from this loop; false when the I/O thread must take it instead (the lane is
     /// closed or broken, or no replica is connected yet). Called on `eventLoop`.
     func send(_ item: BusClient.Outgoing) -> Bool {
-        guard !isClosed, !broken, client.sendRequest(item, on: socket, timers: &timers) else { return false }
+        guard !isClosed, !broken, client.sendRequest(item, on: socket, connected: monitor == nil || lost.connected, timers: &timers) else { return false }
         armAlarm(for: item.deadline)
         // A send may have consumed libzmq's signal for replies already in: look once this turn.
         scheduleDrain()

@@ -36,7 +36,8 @@ public struct BusError: Error, Codable, Sendable, Equatable, CustomStringConvert
         public static let timeout = Code("timeout")
         /// The connection to the service broke with the request sent and no reply (the service
         /// died, say): it may or may not have been handled, as with a timeout, but the caller
-        /// hears at once instead of at the deadline.
+        /// hears at once instead of at the deadline. Also, at the deadline, a request sent while
+        /// no connection was up (the service down or starting) and not answered since.
         public static let connectionLost = Code("connection_lost")
         /// The service cannot be reached, is shutting down, or the caller is closed.
         public static let unavailable = Code("unavailable")

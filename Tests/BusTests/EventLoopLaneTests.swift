@@ -104,6 +104,27 @@ struct EventLoopLaneTests {
         }
     }
 
+    @Test func aCallOnAnEventLoopToAServiceNeverReachedFailsAsUnreached() async throws {
+        try await withEventLoops(1) { loops in
+            let loop = loops[0]
+            // Given nothing listening on the endpoint
+            let endpoint = "tcp://127.0.0.1:\(freePort())"
+            try await withClient(endpoint: endpoint) { client in
+                // (running: calls made before wait in its I/O thread's queue)
+                while !client.isRunning { try await Task.sleep(for: .milliseconds(5)) }
+                // When a call on the event loop has a 300 ms deadline
+                let error = try await onEventLoop(loop) {
+                    await failure(client, TestMethods.echo, Tagged(tag: 1, text: ""), timeout: .milliseconds(300))
+                }
+                // Then it went out on the loop's socket and failed as `connection_lost` (the
+                // gateway's 503), not as the timeout of a service that was reached
+                #expect(client.openLanes == 1)
+                #expect(error?.code == .connectionLost)
+                #expect(error?.retryable == true)
+            }
+        }
+    }
+
     @Test func aCallOnAnEventLoopSurvivesTheServiceRestarting() async throws {
         try await withEventLoops(1) { loops in
             let loop = loops[0]
@@ -115,7 +136,8 @@ struct EventLoopLaneTests {
                     }
                     #expect(reply.text == "before")
                 }
-                // While the service is down, a call fails in bounded time
+                // While the service is down, a call fails in bounded time (as in
+                // `callerKeepsWorkingWhenTheServiceRestartsOnTheSameEndpoint`)
                 let whileDown = try await onEventLoop(loop) {
                     await failure(
                         client, TestMethods.echo, Tagged(tag: 2, text: ""), timeout: .milliseconds(300))

@@ -40,7 +40,7 @@ struct LostConnectionsTests {
     @Test func aDisconnectionIsFinalOnceItsEndpointsReconnectionIsScheduled() throws {
         let fake = try FakeMonitor()
         defer { fake.close() }
-        var lost = LostConnections()
+        var lost = LostConnections(endpoints: ["tcp://127.0.0.1:7101"])
         let now = ContinuousClock.now
         try fake.publish(.disconnected, "tcp://127.0.0.1:7101")
         let alone = lost.confirmed(monitor: fake.monitor, socket: fake.socket, now: now)
@@ -59,7 +59,7 @@ struct LostConnectionsTests {
     @Test func aDisconnectionWhoseReconnectionIsNeverHeardIsFinalAfterTheGrace() throws {
         let fake = try FakeMonitor()
         defer { fake.close() }
-        var lost = LostConnections()
+        var lost = LostConnections(endpoints: ["tcp://127.0.0.1:7101"])
         let now = ContinuousClock.now
         try fake.publish(.disconnected, "tcp://127.0.0.1:7101")
         let atFirst = lost.confirmed(monitor: fake.monitor, socket: fake.socket, now: now)
@@ -71,7 +71,33 @@ struct LostConnectionsTests {
         #expect(lost.nextCheck == nil)
     }
 
-    @Test func libzmqNamesTheEndpointAlikeInTheDisconnectionAndTheReconnectionThatFollows() async throws {
+    @Test func anEndpointIsConnectedFromItsHandshakeToItsDisconnectionOrFailedAttempt() throws {
+        let fake = try FakeMonitor()
+        defer { fake.close() }
+        var lost = LostConnections(endpoints: ["tcp://127.0.0.1:7101", "tcp://127.0.0.1:7111"])
+        // Not before any handshake: a call sent now waits in libzmq's queue
+        #expect(!lost.connected)
+        try fake.publish(.handshakeSucceeded, "tcp://127.0.0.1:7101")
+        _ = lost.confirmed(monitor: fake.monitor, socket: fake.socket)
+        #expect(lost.connected)
+        // Another endpoint's failed attempt says nothing about this one
+        try fake.publish(.connectRetried, "tcp://127.0.0.1:7111")
+        _ = lost.confirmed(monitor: fake.monitor, socket: fake.socket)
+        #expect(lost.connected)
+        try fake.publish(.disconnected, "tcp://127.0.0.1:7101")
+        _ = lost.confirmed(monitor: fake.monitor, socket: fake.socket)
+        #expect(!lost.connected)
+        try fake.publish(.handshakeSucceeded, "tcp://127.0.0.1:7111")
+        _ = lost.confirmed(monitor: fake.monitor, socket: fake.socket)
+        #expect(lost.connected)
+        try fake.publish(.connectRetried, "tcp://127.0.0.1:7111")
+        _ = lost.confirmed(monitor: fake.monitor, socket: fake.socket)
+        #expect(!lost.connected)
+        // An inproc endpoint has no handshake to hear: always connected
+        #expect(LostConnections(endpoints: ["inproc://jobs"]).connected)
+    }
+
+    @Test func libzmqNamesTheEndpointAlikeInTheHandshakeTheDisconnectionAndTheReconnectionThatFollows() async throws {
         // Given a DEALER connected to a ROUTER over TCP, monitored as a client monitors
         let endpoint = "tcp://127.0.0.1:\(freePort())"
         let router = try ZMQSocket(.router)
@@ -81,7 +107,7 @@ struct LostConnectionsTests {
         try dealer.setLinger(milliseconds: 0)
         try dealer.setReconnect(interval: 100, maximum: 1000)
         let address = uniqueInproc()
-        try dealer.monitor(address, events: [.connected, .disconnected, .connectRetried])
+        try dealer.monitor(address, events: [.connected, .handshakeSucceeded, .disconnected, .connectRetried])
         let monitor = try ZMQSocket(.pair)
         try monitor.connect(address)
         defer {
@@ -93,14 +119,18 @@ struct LostConnectionsTests {
             try monitor.receive(maxFrames: 2).flatMap(ZMQSocket.monitorEvent)
         }
         var seen: [(event: ZMQSocket.Events, endpoint: String)] = []
-        try await waitFor { if let event = try next() { seen.append(event) }; return seen.contains { $0.event == .connected } }
+        try await waitFor { if let event = try next() { seen.append(event) }; return seen.contains { $0.event == .handshakeSucceeded } }
         // When the peer goes away
         router.close()
-        // Then the disconnection and then the reconnection come, naming the endpoint alike
+        // Then the disconnection and then the reconnection come, naming the endpoint alike, and
+        // as the handshake before them did
         try await waitFor { if let event = try next() { seen.append(event) }; return seen.contains { $0.event == .connectRetried } }
+        let handshake = try #require(seen.firstIndex { $0.event == .handshakeSucceeded })
         let disconnected = try #require(seen.firstIndex { $0.event == .disconnected })
         let retried = try #require(seen.firstIndex { $0.event == .connectRetried })
+        #expect(handshake < disconnected)
         #expect(disconnected < retried)
+        #expect(seen[handshake].endpoint == seen[disconnected].endpoint)
         #expect(seen[disconnected].endpoint == seen[retried].endpoint)
         #expect(seen[retried].endpoint == endpoint)
     }

@@ -11,8 +11,9 @@ import Testing
 struct GatewayReadinessTests {
     /// Runs `body` with the gateway's router wired to the given endpoints, and its bus clients.
     /// `files`: with the routes that need a blob store (uploads, jobs, history), on a folder.
-    func gateway(endpoints: [ServiceName: String], files: Bool = false, _ body: (any ApplicationProtocol, ServiceClients) async throws -> Void) async throws {
-        var environment = Dictionary(uniqueKeysWithValues: endpoints.map { ($0.key.endpointVariable, $0.value) })
+    func gateway(endpoints: [ServiceName: String], files: Bool = false, extra: [String: String] = [:],
+                 _ body: (any ApplicationProtocol, ServiceClients) async throws -> Void) async throws {
+        var environment = Dictionary(uniqueKeysWithValues: endpoints.map { ($0.key.endpointVariable, $0.value) }).merging(extra) { $1 }
         if files { environment["BLOB_DIR"] = FileManager.default.temporaryDirectory.appendingPathComponent("gateway-\(UUID().uuidString)").path }
         let configuration = try GatewayConfiguration(environment: Environment(environment))
         let blobs = files ? try await configuration.blobs.open() : nil
@@ -87,6 +88,26 @@ struct GatewayReadinessTests {
                     #expect(response.status == .serviceUnavailable)
                     let body = try JSONSerialization.jsonObject(with: Data(buffer: response.body)) as? [String: Any]
                     #expect(body?["unavailable"] as? [String] == ["history", "jobs", "quota"])
+                }
+            }
+        }
+    }
+
+    @Test func aRouteWhoseServiceIsDownIs503WithRetryAfterNot504() async throws {
+        // Given jobs down (nothing listening on its endpoint) and calls with a 500 ms deadline
+        let nowhere = Dictionary(uniqueKeysWithValues: ServiceName.allCases.map { ($0, "tcp://127.0.0.1:\(freePort())") })
+        try await gateway(endpoints: nowhere, files: true, extra: ["BUS_TIMEOUT_MS": "500"]) { app, _ in
+            try await app.test(.router) { client in
+                // When a route that asks jobs is called (the catalogue of effects)
+                try await client.execute(uri: "/api/v1/effects", method: .get) { response in
+                    // Then it is 503 with Retry-After, as while a process restarts, not the 504 of
+                    // a service that was reached and did not answer in time (the chaos checks
+                    // allow only the former while a process is down)
+                    #expect(response.status == .serviceUnavailable)
+                    #expect(response.headers[.retryAfter] == "1")
+                    let body = try JSONSerialization.jsonObject(with: Data(buffer: response.body)) as? [String: Any]
+                    #expect(body?["code"] as? String == "connection_lost")
+                    #expect(body?["service"] as? String == "jobs")
                 }
             }
         }
