@@ -19,7 +19,9 @@ OUT=.build/chaos-check/${STORE:-sqlite}-${BLOB_STORE:-folder}${CHAOS_ONLY:+-${CH
 mkdir -p "$OUT"
 # Reservations whose creation answer was lost (the gateway killed mid-request) are resolved
 # after 5 s rather than the default 2 minutes, so the check settles quickly.
-export QUOTA_STALE_AFTER_S=5 QUOTA_STALE_SCAN_MS=1000 LOG_LEVEL=${LOG_LEVEL:-warning}
+# At info, the log dates each restart's "listening" (and its other lifecycle lines), so the tail a
+# failure prints shows how long a killed process took to serve again; per-request lines are debug.
+export QUOTA_STALE_AFTER_S=5 QUOTA_STALE_SCAN_MS=1000 LOG_LEVEL=${LOG_LEVEL:-info}
 trap stack_kill EXIT
 stack_start || { echo "chaos-check: the stack did not start"; exit 1; }
 
@@ -37,6 +39,6 @@ status=$?
 if [ "$status" -ne 0 ]; then
   cp "$DIR/stack.log" "$OUT/stack.log"
   echo "chaos-check: FAILED; the stack's last log lines (all of it in $OUT/stack.log):"
-  tail -80 "$DIR/stack.log"
+  tail -120 "$DIR/stack.log"
 fi
 exit "$status"
