@@ -7,7 +7,10 @@ import Synchronization
 /// Whether a pool's PostgreSQL is down, found by a probe of its own: a TCP connection to the
 /// server's port and a protocol startup message, whose answer tells an accepting server
 /// (authentication asked for) from one that is not (refused, closed, or an error such as "the
-/// database system is starting up"). A server that takes the connection and then says nothing for
+/// database system is starting up"). A server at its `max_connections` answers "sorry, too many
+/// clients already" (SQLSTATE 53300) before authentication: it is up, and full. Calls then wait
+/// for a connection within their deadlines, as on a busy server; taken for down, it made every
+/// pool of every service fail its calls at once, a whole stack's outage made by one full server. A server that takes the connection and then says nothing for
 /// `silenceLimit` is down too: frozen (its processes stopped, SIGSTOP, or its host hung), a state
 /// in which every statement sent to it would wait out its caller's deadline. A connection that is
 /// not through within `probeTimeout` is no finding, and the server is taken for up: a busy
@@ -55,6 +58,10 @@ final class PostgresOutage: Sendable {
 
     /// Since when the server is found down; nil while it is up (or not probed yet).
     private let downSince = Mutex<ContinuousClock.Instant?>(nil)
+    /// Whether the last probe found the server full (logged once each time it is found so).
+    private let full = Mutex(false)
+    /// How many probes `run()` has made and noted (for tests to wait for one).
+    let probesMade = Atomic(0)
     /// The probes in a row whose connection has not gone through.
     private let unreachable = Mutex(UnreachableRun())
     private let logger: Logger
@@ -83,21 +90,27 @@ final class PostgresOutage: Sendable {
                 let finding = await probe()
                 let reachable: Bool
                 switch finding {
-                case .accepting, .refusing:
+                case .accepting, .full, .refusing:
                     unreachable.withLock { $0.answered() }
-                    reachable = finding == .accepting
+                    reachable = finding != .refusing
                 case .notThrough:
                     let length = unreachable.withLock { $0.notThrough(at: .now) }
                     reachable = length < Self.unreachableLimit
                 }
                 note(reachable: reachable, finding: finding)
+                probesMade.add(1, ordering: .releasing)
                 guard (try? await Task.sleep(for: Self.probeEvery)) != nil, !reachable else { break }
             }
         }
     }
 
-    /// Records what a probe found; an operator reads when the server is found down, and back.
+    /// Records what a probe found; an operator reads when the server is found down, and back,
+    /// and when it is found full.
     private func note(reachable: Bool, finding: Finding) {
+        if full.withLock({ full in defer { full = finding == .full }; return !full && finding == .full }) {
+            logger.warning("PostgreSQL is at its connection limit (max_connections): calls wait for a connection",
+                           metadata: ["server": "\(host):\(port)"])
+        }
         let (wasDown, since) = downSince.withLock { downSince in
             let was = downSince
             downSince = reachable ? nil : (downSince ?? .now)
@@ -112,14 +125,15 @@ final class PostgresOutage: Sendable {
     }
 
     /// What one probe found.
-    enum Finding { case accepting, refusing, notThrough }
+    enum Finding: Sendable { case accepting, full, refusing, notThrough }
 
-    /// Whether the server accepts connections now, refuses them (closed, an error, silent once
-    /// connected), or could not be reached within `probeTimeout`.
-    private func probe() async -> Finding {
+    /// Whether the server accepts connections now, is full (at `max_connections`), refuses them
+    /// (closed, another error, silent once connected), or could not be reached within
+    /// `probeTimeout`.
+    func probe() async -> Finding {
         let startup = Self.startupMessage(username: username, database: database)
         let group = MultiThreadedEventLoopGroup.singleton
-        let answer = group.any().makePromise(of: Bool.self)
+        let answer = group.any().makePromise(of: Finding.self)
         let bootstrap = ClientBootstrap(group: group)
             .connectTimeout(Self.probeTimeout)
             .channelInitializer { channel in
@@ -132,16 +146,16 @@ final class PostgresOutage: Sendable {
                 ?? bootstrap.connect(host: host, port: port)
             let channel = try await connecting.get()
             // Connected and silent: frozen (see the type's notes).
-            channel.eventLoop.scheduleTask(in: Self.silenceLimit) { answer.succeed(false) }
-            let accepting = (try? await answer.futureResult.get()) ?? false
+            channel.eventLoop.scheduleTask(in: Self.silenceLimit) { answer.succeed(.refusing) }
+            let finding = (try? await answer.futureResult.get()) ?? .refusing
             try? await channel.close()
-            return accepting ? .accepting : .refusing
+            return finding
         } catch ChannelError.connectTimeout {
             // No answer in time is no finding by itself (see the type's notes).
-            answer.succeed(true)
+            answer.succeed(.notThrough)
             return .notThrough
         } catch {
-            answer.succeed(false)
+            answer.succeed(.refusing)
             return .refusing
         }
     }
@@ -158,15 +172,21 @@ final class PostgresOutage: Sendable {
     }
 }
 
-/// Sends the startup message and answers whether the server's first byte asks for
-/// authentication (`R`: it accepts connections) rather than reporting an error (`E`) or closing.
-private final class StartupProbe: ChannelInboundHandler {
+/// Sends the startup message and answers what the server's first message says: authentication
+/// asked for (`R`: it accepts connections), an ErrorResponse (`E`) whose SQLSTATE is 53300 (too
+/// many connections: up, and full), or anything else (another error, or the connection closed):
+/// refusing. The first message is read whole, however the bytes arrive, up to `maxMessage`.
+final class StartupProbe: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
 
     let startup: [UInt8]
-    let answer: EventLoopPromise<Bool>
+    let answer: EventLoopPromise<PostgresOutage.Finding>
+    private var received: ByteBuffer?
 
-    init(startup: [UInt8], answer: EventLoopPromise<Bool>) {
+    /// Longer than any ErrorResponse PostgreSQL sends before authentication (about 100 bytes).
+    static let maxMessage = 8_192
+
+    init(startup: [UInt8], answer: EventLoopPromise<PostgresOutage.Finding>) {
         self.startup = startup
         self.answer = answer
     }
@@ -177,19 +197,36 @@ private final class StartupProbe: ChannelInboundHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        let buffer = unwrapInboundIn(data)
-        if let first = buffer.getInteger(at: buffer.readerIndex, as: UInt8.self) {
-            answer.succeed(first == UInt8(ascii: "R"))
+        var buffer = unwrapInboundIn(data)
+        if received == nil { received = buffer } else { received!.writeBuffer(&buffer) }
+        if let finding = Self.finding(received!) { answer.succeed(finding) }
+    }
+
+    /// What the first message in `bytes` says; nil while it is not all there.
+    static func finding(_ bytes: ByteBuffer) -> PostgresOutage.Finding? {
+        guard let kind = bytes.getInteger(at: bytes.readerIndex, as: UInt8.self) else { return nil }
+        if kind == UInt8(ascii: "R") { return .accepting }
+        guard kind == UInt8(ascii: "E") else { return .refusing }
+        guard let length = bytes.getInteger(at: bytes.readerIndex + 1, as: Int32.self) else { return nil }
+        guard length >= 4, length <= maxMessage else { return .refusing }
+        guard let body = bytes.getBytes(at: bytes.readerIndex + 5, length: Int(length) - 4) else { return nil }
+        // Fields: a type byte and a NUL-terminated value each, then a NUL. `C` is the SQLSTATE.
+        var fields = body[...]
+        while let type = fields.first, type != 0 {
+            let value = fields.dropFirst().prefix { $0 != 0 }
+            if type == UInt8(ascii: "C") { return value.elementsEqual("53300".utf8) ? .full : .refusing }
+            fields = fields.dropFirst(value.count + 2)
         }
+        return .refusing
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        answer.succeed(false)
+        answer.succeed(.refusing)
         context.fireChannelInactive()
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        answer.succeed(false)
+        answer.succeed(.refusing)
         context.close(promise: nil)
     }
 }

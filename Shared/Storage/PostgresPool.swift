@@ -155,7 +155,7 @@ public final class PostgresPool: Service, Sendable {
     public static let maximumOperations = 4_096
 
     /// Whether the server is down, and its probe.
-    private let outage: PostgresOutage
+    let outage: PostgresOutage
 
     /// The operations handed to `run()` and not started yet, whether it still takes them, and
     /// how many are waiting or running; `doorbell` tells `run()` there are some.

@@ -67,6 +67,39 @@ struct PostgresPoolTests {
         return (thrown, took)
     }
 
+    @Test func aServerAtItsConnectionLimitIsFullNotDownAndACallWaitsForItsConnection() async throws {
+        _ = try TestPostgres.location()  // where the tests' PostgreSQL is installed
+        // Given a PostgreSQL of this test's own, every one of its 5 connections taken
+        let server = try await OwnPostgres.start(maxConnections: 5)
+        do {
+            try await callWaitsAtTheConnectionLimit(server)
+        } catch {
+            await server.stop()
+            throw error
+        }
+        await server.stop()
+    }
+
+    func callWaitsAtTheConnectionLimit(_ server: OwnPostgres) async throws {
+        var fillers = try ConnectionFillers(port: server.location.port)
+        defer { fillers.close() }
+        // When it is probed, it is found full (it answered 53300 before authentication), not down
+        let probe = PostgresOutage(host: server.location.host, port: server.location.port, username: server.location.username,
+                                   database: server.location.database, logger: logger)
+        #expect(await probe.probe() == .full)
+        try await PostgresPool(location: server.location, logger: logger).running { pool in
+            // And a call for a request waits past the point where its pool has the server probed
+            let call = Task { await callForARequest(pool) }
+            try await waitUntil(within: .seconds(60)) { pool.outage.probesMade.load(ordering: .acquiring) > 0 }
+            #expect(!pool.outage.isDown)
+            // Then once connections are free again, it is served (it did not fail as unavailable)
+            fillers.close()
+            let (thrown, _) = await call.value
+            #expect(thrown == nil, "\(String(describing: thrown))")
+        }
+        #expect(await probe.probe() == .accepting)
+    }
+
     @Test func aServerWhoseConnectionsNeverGoThroughIsTakenForDownAfterTheUnreachableLimit() async throws {
         // Given a pool of the test database at a port whose connections never go through: a
         // listener whose accept queue is full drops every SYN, as a partition between this host
@@ -471,6 +504,108 @@ final class UnreachablePort: Sendable {
     }
 
     func close() { for descriptor in descriptors { Glibc.close(descriptor) } }
+}
+
+/// A PostgreSQL of one test's own (`scripts/postgres-server.sh`, as the tests' server is started),
+/// for what cannot be done to the shared one, such as taking all its connections.
+struct OwnPostgres {
+    let directory: String
+    let location: PostgresLocation
+
+    static func start(maxConnections: Int) async throws -> OwnPostgres {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("pg-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try await script(["start", directory, "\(freePort())"], environment: ["POSTGRES_THROWAWAY": "1", "POSTGRES_MAX_CONNECTIONS": "\(maxConnections)"])
+        let text = try String(contentsOfFile: directory + "/postgres.env", encoding: .utf8)
+        let line = try #require(text.split(separator: "\n").first { $0.hasPrefix("POSTGRES_URL=") })
+        return OwnPostgres(directory: directory, location: try PostgresLocation(url: String(line.dropFirst("POSTGRES_URL=".count))))
+    }
+
+    func stop() async {
+        try? await Self.script(["stop", directory])
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    /// Runs `scripts/postgres-server.sh` with `arguments` (as `ServiceProcess.runToEnd` runs a
+    /// tool: never blocking a thread of the pool); throws if it fails.
+    static func script(_ arguments: [String], environment: [String: String] = [:]) async throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let (status, output) = try await ServiceProcess.runToEnd(
+            "/bin/bash", [root.appendingPathComponent("scripts/postgres-server.sh").path] + arguments,
+            environment: ProcessInfo.processInfo.environment.merging(environment) { $1 }, within: .seconds(120))
+        // The output names the server's URL with its password: only its last line is told.
+        guard status == 0 else { throw ToolFailed(description: "postgres-server.sh \(arguments[0]) failed: \(output.split(separator: "\n").last ?? "")") }
+    }
+}
+
+/// Connections that take every slot of a PostgreSQL: each sends the startup message and holds
+/// the slot while the server waits for its password (up to `authentication_timeout`, a minute),
+/// until one is answered "sorry, too many clients already".
+struct ConnectionFillers {
+    private var descriptors: [Int32] = []
+
+    init(port: Int) throws {
+        let startup = PostgresOutage.startupMessage(username: "photoedit", database: "photoedit")
+        for _ in 0..<100 {
+            let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            // A bound no running server comes near: a read that gets nothing fails the test.
+            var limit = timeval(tv_sec: 30, tv_usec: 0)
+            setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            address.sin_port = UInt16(port).bigEndian
+            let connected = withUnsafePointer(to: &address) { pointer in
+                pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+            }
+            var first: UInt8 = 0
+            guard connected, write(descriptor, startup, startup.count) == startup.count, read(descriptor, &first, 1) == 1 else {
+                Glibc.close(descriptor)
+                close()
+                throw CocoaError(.fileReadUnknown, userInfo: [NSLocalizedDescriptionKey: "no answer to a filler's startup message"])
+            }
+            if first == UInt8(ascii: "E") {
+                Glibc.close(descriptor)
+                return
+            }
+            descriptors.append(descriptor)
+        }
+        close()
+        throw CocoaError(.fileReadUnknown, userInfo: [NSLocalizedDescriptionKey: "the server took 100 connections without refusing one"])
+    }
+
+    mutating func close() {
+        for descriptor in descriptors { Glibc.close(descriptor) }
+        descriptors.removeAll()
+    }
+}
+
+/// What a probe reads in the server's first message, from PostgreSQL 15's own bytes.
+@Suite struct StartupProbeAnswerTests {
+    /// `sorry, too many clients already`, as PostgreSQL 15 answered a startup message at its
+    /// `max_connections` (captured from the tests' server).
+    static let full = Array("E\u{0}\u{0}\u{0}USFATAL\u{0}VFATAL\u{0}C53300\u{0}Msorry, too many clients already\u{0}Fproc.c\u{0}L357\u{0}RInitProcess\u{0}\u{0}".utf8)
+    /// `the database system is starting up` (57P03), the answer of a server not yet serving, laid
+    /// out as PostgreSQL's protocol documentation gives an ErrorResponse ("Message Formats").
+    static let starting = Array("E\u{0}\u{0}\u{0}\u{68}SFATAL\u{0}VFATAL\u{0}C57P03\u{0}Mthe database system is starting up\u{0}Fpostmaster.c\u{0}L2343\u{0}RProcessStartupPacket\u{0}\u{0}".utf8)
+    /// An authentication request (SCRAM-SHA-256), as an accepting server answers.
+    static let authentication = Array("R\u{0}\u{0}\u{0}\u{17}\u{0}\u{0}\u{0}\nSCRAM-SHA-256\u{0}\u{0}".utf8)
+
+    @Test func theAnswersAreReadAsAcceptingFullOrRefusing() {
+        #expect(StartupProbe.finding(ByteBuffer(bytes: Self.authentication)) == .accepting)
+        #expect(StartupProbe.finding(ByteBuffer(bytes: Self.full)) == .full)
+        #expect(StartupProbe.finding(ByteBuffer(bytes: Self.starting)) == .refusing)
+        #expect(StartupProbe.finding(ByteBuffer(bytes: Array("N".utf8))) == .refusing)
+    }
+
+    @Test func anErrorCutShortIsReadOnceWholeAndAnOversizedOneRefuses() {
+        // Cut anywhere, the error is not read until it is all there
+        for cut in 1..<Self.full.count {
+            #expect(StartupProbe.finding(ByteBuffer(bytes: Self.full.prefix(cut))) == nil, "cut at \(cut)")
+        }
+        // A length past any error PostgreSQL sends before authentication is not waited for
+        #expect(StartupProbe.finding(ByteBuffer(bytes: [UInt8(ascii: "E"), 0, 1, 0, 0])) == .refusing)
+    }
 }
 
 /// How probes that find no connection through add up to an outage (`UnreachableRun`), with the
