@@ -10,9 +10,10 @@ import Synchronization
 /// database system is starting up"). A server at its `max_connections` answers "sorry, too many
 /// clients already" (SQLSTATE 53300) before authentication: it is up, and full. Calls then wait
 /// for a connection within their deadlines, as on a busy server; taken for down, it made every
-/// pool of every service fail its calls at once, a whole stack's outage made by one full server. A server that takes the connection and then says nothing for
-/// `silenceLimit` is down too: frozen (its processes stopped, SIGSTOP, or its host hung), a state
-/// in which every statement sent to it would wait out its caller's deadline. A connection that is
+/// pool of every service fail its calls at once, a whole stack's outage made by one full server.
+/// A server that takes the connection and then says nothing for `silenceLimit` is down too:
+/// frozen (its processes stopped, SIGSTOP, or its host hung), a state in which every statement
+/// sent to it would wait out its caller's deadline. A connection that is
 /// not through within `probeTimeout` is no finding, and the server is taken for up: a busy
 /// machine never makes callers fail, it only keeps them waiting within their deadlines. (A
 /// connect timeout taken for down failed every PostgreSQL test at once when the whole suite

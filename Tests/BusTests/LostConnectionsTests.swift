@@ -75,24 +75,20 @@ struct LostConnectionsTests {
         let fake = try FakeMonitor()
         defer { fake.close() }
         var lost = LostConnections(endpoints: ["tcp://127.0.0.1:7101", "tcp://127.0.0.1:7111"])
+        /// Whether a connection is up once `event` of `port`'s endpoint is heard.
+        func connected(after event: ZMQSocket.Events, _ port: Int) throws -> Bool {
+            try fake.publish(event, "tcp://127.0.0.1:\(port)")
+            _ = lost.confirmed(monitor: fake.monitor, socket: fake.socket)
+            return lost.connected
+        }
         // Not before any handshake: a call sent now waits in libzmq's queue
         #expect(!lost.connected)
-        try fake.publish(.handshakeSucceeded, "tcp://127.0.0.1:7101")
-        _ = lost.confirmed(monitor: fake.monitor, socket: fake.socket)
-        #expect(lost.connected)
+        #expect(try connected(after: .handshakeSucceeded, 7101))
         // Another endpoint's failed attempt says nothing about this one
-        try fake.publish(.connectRetried, "tcp://127.0.0.1:7111")
-        _ = lost.confirmed(monitor: fake.monitor, socket: fake.socket)
-        #expect(lost.connected)
-        try fake.publish(.disconnected, "tcp://127.0.0.1:7101")
-        _ = lost.confirmed(monitor: fake.monitor, socket: fake.socket)
-        #expect(!lost.connected)
-        try fake.publish(.handshakeSucceeded, "tcp://127.0.0.1:7111")
-        _ = lost.confirmed(monitor: fake.monitor, socket: fake.socket)
-        #expect(lost.connected)
-        try fake.publish(.connectRetried, "tcp://127.0.0.1:7111")
-        _ = lost.confirmed(monitor: fake.monitor, socket: fake.socket)
-        #expect(!lost.connected)
+        #expect(try connected(after: .connectRetried, 7111))
+        #expect(try !connected(after: .disconnected, 7101))
+        #expect(try connected(after: .handshakeSucceeded, 7111))
+        #expect(try !connected(after: .connectRetried, 7111))
         // An inproc endpoint has no handshake to hear: always connected
         #expect(LostConnections(endpoints: ["inproc://jobs"]).connected)
     }
