@@ -307,17 +307,18 @@ public final class BusClient: Sendable, Service {
 
     private func ioLoop() {
         executor.adoptCurrentThread()
+        // With its monitor: disconnections, so that calls already sent to a service that died
+        // fail at once (`connection_lost`) instead of at their deadline (without a monitor, only
+        // the deadline), and handshakes (`Timer.unreached`).
         let socket: ZMQSocket
+        let monitor: ZMQSocket?
         do {
-            socket = try openSocket()
+            (socket, monitor) = try openSocket()
         } catch {
             logger.error("bus client cannot connect", metadata: ["endpoint": "\(configuration.endpoint)", "error": "\(error)"])
             stop(reason: BusError(.unavailable, "cannot connect to \(configuration.endpoint): \(error)", retryable: false))
             return
         }
-        // Disconnections, so that calls already sent to a service that died fail at once
-        // (`connection_lost`) instead of at their deadline. Without a monitor, only the deadline.
-        let monitor = Self.monitor(socket, logger: logger)
         var poller = ZMQPoller()
         poller.addReadable(socket)
         let wakeIndex = poller.addReadable(fileDescriptor: wakeup.fileDescriptor)
@@ -375,16 +376,15 @@ public final class BusClient: Sendable, Service {
             expire(&timers)
             if stopping { break }
         }
-        // In this order: an event sent to a closed reader would block libzmq's I/O thread.
-        if monitor != nil { socket.stopMonitor() }
-        socket.close()
-        monitor?.close()
+        Self.close(socket, monitor: monitor)
         stop(reason: BusError(.unavailable, "bus client for \(configuration.endpoint) is shut down"))
     }
 
-    /// A DEALER socket with this client's options, connected to its endpoints; on the thread
-    /// that will use it (the I/O thread, or an event loop's lane).
-    func openSocket() throws(ZMQError) -> ZMQSocket {
+    /// A DEALER socket with this client's options, and its monitor (`monitor(_:logger:)`), then
+    /// connected to its endpoints; on the thread that will use it (the I/O thread, or an event
+    /// loop's lane). The monitor comes first: a handshake done before it listened would never be
+    /// heard, and the socket would be taken for unconnected until its next reconnection.
+    func openSocket() throws(ZMQError) -> (socket: ZMQSocket, monitor: ZMQSocket?) {
         let socket = try ZMQSocket(.dealer, context: context)
         try socket.setLinger(milliseconds: 0)
         try socket.setHighWaterMarks(send: configuration.sendHighWaterMark, receive: configuration.sendHighWaterMark)
@@ -397,8 +397,22 @@ public final class BusClient: Sendable, Service {
         // Replicas: nothing is queued for one that is down (the others take the calls); a
         // single service's calls wait for it to come back, as before.
         if configuration.endpoints.count > 1 { try socket.setImmediate(true) }
-        for endpoint in configuration.endpoints { try socket.connect(endpoint) }
-        return socket
+        let monitor = Self.monitor(socket, logger: logger)
+        do {
+            for endpoint in configuration.endpoints { try socket.connect(endpoint) }
+        } catch {
+            Self.close(socket, monitor: monitor)
+            throw error
+        }
+        return (socket, monitor)
+    }
+
+    /// Closes `socket` and its monitor, in this order: the monitor stopped first, since an event
+    /// sent to a closed reader would block libzmq's I/O thread.
+    static func close(_ socket: ZMQSocket, monitor: ZMQSocket?) {
+        if monitor != nil { socket.stopMonitor() }
+        socket.close()
+        monitor?.close()
     }
 
     /// A PAIR socket that hears `socket`'s connections and disconnections; nil if the monitor
@@ -421,7 +435,7 @@ public final class BusClient: Sendable, Service {
         while let first = timers.min, first.deadline <= now {
             timers.removeMin()
             let error = first.unreached
-                ? BusError(.connectionLost, "no connection to \(configuration.endpoint) when the call was made (the service was down or starting), and no reply within the deadline; the request may or may not have been handled")
+                ? Self.unreached(configuration.endpoint)
                 : BusError(.timeout, "no reply from \(configuration.endpoint) within the deadline")
             finish(first.id, with: .failure(error))
         }
@@ -430,6 +444,11 @@ public final class BusClient: Sendable, Service {
             let ids = state.withLock { Set($0.pending.keys) }
             timers = Heap(timers.unordered.filter { ids.contains($0.id) })
         }
+    }
+
+    /// A call's failure at its deadline when no connection was up as it was to be sent.
+    static func unreached(_ endpoint: String) -> BusError {
+        BusError(.connectionLost, "no connection to \(endpoint) when the call was made (the service was down or starting), and no reply within the deadline; the request may or may not have been handled")
     }
 
     /// The connection broke: every call already sent will not be answered. They fail now as
@@ -486,7 +505,9 @@ public final class BusClient: Sendable, Service {
         }
         for item in items {
             guard item.deadline > now else {
-                finish(item.id, with: .failure(BusError(.timeout, "deadline passed before the request was sent")))
+                finish(item.id, with: .failure(connected
+                    ? BusError(.timeout, "deadline passed before the request was sent")
+                    : Self.unreached(configuration.endpoint)))
                 continue
             }
             batch.append(item)

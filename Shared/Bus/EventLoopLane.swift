@@ -112,23 +112,24 @@ final class EventLoopLane: @unchecked Sendable {
     /// it cannot, or when this libzmq does not signal through an eventfd (then the calls of this
     /// loop go through the client's I/O thread).
     static func open(on loop: any EventLoop, for client: BusClient) -> EventLoopLane? {
-        let socket: ZMQSocket
+        var opened: (socket: ZMQSocket, monitor: ZMQSocket?)?
         let fd: Int32
         do {
-            socket = try client.openSocket()
-            fd = try socket.fileDescriptor()
+            opened = try client.openSocket()
+            fd = try opened!.socket.fileDescriptor()
         } catch {
+            if let opened { BusClient.close(opened.socket, monitor: opened.monitor) }
             client.logger.warning("bus client cannot open an event loop's socket; its calls use the I/O thread", metadata: [
                 "endpoint": "\(client.configuration.endpoint)", "error": "\(error)",
             ])
             return nil
         }
+        let (socket, monitor) = opened!
         guard isEventFD(fd) else {
             client.logger.info("libzmq does not signal through an eventfd here; bus calls use the I/O thread")
-            socket.close()
+            BusClient.close(socket, monitor: monitor)
             return nil
         }
-        let monitor = BusClient.monitor(socket, logger: client.logger)
         let lane = EventLoopLane(eventLoop: loop, client: client, socket: socket, monitor: monitor)
         lane.watch(fd)
         if let monitor, let monitorFD = try? monitor.fileDescriptor() { lane.watch(monitorFD) }
@@ -246,9 +247,7 @@ final class EventLoopLane: @unchecked Sendable {
         // Out of NIO's selector before libzmq closes what the descriptors point at.
         for watcher in watchers { watcher.close(promise: nil) }
         watchers.removeAll()
-        if monitor != nil { socket.stopMonitor() }
-        socket.close()
-        monitor?.close()
+        BusClient.close(socket, monitor: monitor)
     }
 
     /// Whether `close()` has run; from any thread.
