@@ -184,7 +184,11 @@ public final class BusClient: Sendable, Service {
                 retriedAfter = error
                 outcome = await send(method: method.name, body: body, timeout: ContinuousClock.now.duration(to: deadline), traceContext: traceContext)
             }
-            if case .failure(let error) = outcome, error.code == .timeout, let retriedAfter { outcome = .failure(retriedAfter) }
+            // (Out of time: a timeout, or a retry that found no connection by the deadline.)
+            if case .failure(let error) = outcome, let retriedAfter,
+               error.code == .timeout || (error.code == .connectionLost && ContinuousClock.now >= deadline) {
+                outcome = .failure(retriedAfter)
+            }
             switch outcome {
             case .failure(let error):
                 return .failure(error)
@@ -380,10 +384,13 @@ public final class BusClient: Sendable, Service {
         stop(reason: BusError(.unavailable, "bus client for \(configuration.endpoint) is shut down"))
     }
 
-    /// A DEALER socket with this client's options, and its monitor (`monitor(_:logger:)`), then
-    /// connected to its endpoints; on the thread that will use it (the I/O thread, or an event
-    /// loop's lane). The monitor comes first: a handshake done before it listened would never be
-    /// heard, and the socket would be taken for unconnected until its next reconnection.
+    /// A DEALER socket with this client's options, connected to its endpoints, and its monitor
+    /// (`monitor(_:logger:)`); on the thread that will use it (the I/O thread, or an event loop's
+    /// lane). A handshake done before the monitor listened is not heard: the socket is taken for
+    /// unconnected until its next handshake, and its calls' timeouts come back as
+    /// `connection_lost` (both 503 and 504 say "try again"; a monitor made before the connections
+    /// made the bus tests' module twice as slow, with calls that never went out, for reasons not
+    /// found).
     func openSocket() throws(ZMQError) -> (socket: ZMQSocket, monitor: ZMQSocket?) {
         let socket = try ZMQSocket(.dealer, context: context)
         try socket.setLinger(milliseconds: 0)
@@ -397,9 +404,10 @@ public final class BusClient: Sendable, Service {
         // Replicas: nothing is queued for one that is down (the others take the calls); a
         // single service's calls wait for it to come back, as before.
         if configuration.endpoints.count > 1 { try socket.setImmediate(true) }
-        let monitor = Self.monitor(socket, logger: logger)
+        var monitor: ZMQSocket?
         do {
             for endpoint in configuration.endpoints { try socket.connect(endpoint) }
+            monitor = Self.monitor(socket, logger: logger)
         } catch {
             Self.close(socket, monitor: monitor)
             throw error
