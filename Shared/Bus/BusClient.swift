@@ -329,7 +329,7 @@ public final class BusClient: Sendable, Service {
         let monitorIndex = monitor.map { poller.addReadable($0) }
         var timers = Heap<Timer>()
         var unsent = Deque<Outgoing>()
-        var lost = LostConnections(endpoints: configuration.endpoints)
+        var lost = LostConnections(endpoints: configuration.endpoints, monitored: monitor != nil)
 
         var stopping = false
         var busy = false
@@ -365,9 +365,9 @@ public final class BusClient: Sendable, Service {
                 var waiting = Deque<Outgoing>()
                 swap(&waiting, &unsent)
                 let live = state.withLock { state in waiting.filter { state.pending[$0.id] != nil } }  // not cancelled meanwhile
-                unsent.append(contentsOf: sendRequests(live, on: socket, connected: monitor == nil || lost.connected, timers: &timers))
+                unsent.append(contentsOf: sendRequests(live, on: socket, connected: lost.connected, timers: &timers))
             }
-            unsent.append(contentsOf: sendRequests(batch, on: socket, connected: monitor == nil || lost.connected, timers: &timers))
+            unsent.append(contentsOf: sendRequests(batch, on: socket, connected: lost.connected, timers: &timers))
             batch.removeAll(keepingCapacity: true)
             receiveReplies(on: socket)
             if let monitor, let monitorIndex {
@@ -639,15 +639,16 @@ struct LostConnections {
     private var waiting: [String: ContinuousClock.Instant] = [:]
     /// Endpoints whose handshake succeeded and that have not disconnected since.
     private var up: Set<String> = []
-    /// An `inproc://` endpoint has no handshake to hear: it counts as connected.
-    private let inproc: Bool
+    /// Taken for connected whatever is heard: a socket without a monitor (nothing is heard), or
+    /// with an `inproc://` endpoint (it has no handshake to hear).
+    private let alwaysConnected: Bool
 
-    init(endpoints: [String]) {
-        inproc = endpoints.contains { $0.hasPrefix("inproc://") }
+    init(endpoints: [String], monitored: Bool = true) {
+        alwaysConnected = !monitored || endpoints.contains { $0.hasPrefix("inproc://") }
     }
 
     /// Whether a connection is up: a call sent now goes to a peer rather than into libzmq's queue.
-    var connected: Bool { inproc || !up.isEmpty }
+    var connected: Bool { alwaysConnected || !up.isEmpty }
 
     static let grace = Duration.seconds(1)
 

@@ -94,7 +94,7 @@ final class EventLoopLane: @unchecked Sendable {
     private let closedFlag = Atomic<Bool>(false)
     /// A watcher failed to register: the lane cannot hear replies and sends nothing more.
     private var broken = false
-    /// Disconnections heard and not yet final (see `LostConnections`).
+    /// Disconnections heard and not yet final, and whether a connection is up (`LostConnections`).
     private var lost: LostConnections
 
     /// How late past its deadline a call may be failed: deadlines are checked in rounds of this.
@@ -105,26 +105,33 @@ final class EventLoopLane: @unchecked Sendable {
         self.client = client
         self.socket = socket
         self.monitor = monitor
-        lost = LostConnections(endpoints: client.configuration.endpoints)
+        lost = LostConnections(endpoints: client.configuration.endpoints, monitored: monitor != nil)
     }
 
     /// Opens a socket for `client` on `loop` (the calling thread) and starts watching it; nil when
     /// it cannot, or when this libzmq does not signal through an eventfd (then the calls of this
     /// loop go through the client's I/O thread).
     static func open(on loop: any EventLoop, for client: BusClient) -> EventLoopLane? {
-        var opened: (socket: ZMQSocket, monitor: ZMQSocket?)?
-        let fd: Int32
-        do {
-            opened = try client.openSocket()
-            fd = try opened!.socket.fileDescriptor()
-        } catch {
-            if let opened { BusClient.close(opened.socket, monitor: opened.monitor) }
+        func cannotOpen(_ error: any Error) -> EventLoopLane? {
             client.logger.warning("bus client cannot open an event loop's socket; its calls use the I/O thread", metadata: [
                 "endpoint": "\(client.configuration.endpoint)", "error": "\(error)",
             ])
             return nil
         }
-        let (socket, monitor) = opened!
+        let socket: ZMQSocket
+        let monitor: ZMQSocket?
+        let fd: Int32
+        do {
+            (socket, monitor) = try client.openSocket()
+        } catch {
+            return cannotOpen(error)
+        }
+        do {
+            fd = try socket.fileDescriptor()
+        } catch {
+            BusClient.close(socket, monitor: monitor)
+            return cannotOpen(error)
+        }
         guard isEventFD(fd) else {
             client.logger.info("libzmq does not signal through an eventfd here; bus calls use the I/O thread")
             BusClient.close(socket, monitor: monitor)
@@ -189,7 +196,7 @@ final class EventLoopLane: @unchecked Sendable {
     /// Sends `item` from this loop; false when the I/O thread must take it instead (the lane is
     /// closed or broken, or no replica is connected yet). Called on `eventLoop`.
     func send(_ item: BusClient.Outgoing) -> Bool {
-        guard !isClosed, !broken, client.sendRequest(item, on: socket, connected: monitor == nil || lost.connected, timers: &timers) else { return false }
+        guard !isClosed, !broken, client.sendRequest(item, on: socket, connected: lost.connected, timers: &timers) else { return false }
         armAlarm(for: item.deadline)
         // A send may have consumed libzmq's signal for replies already in: look once this turn.
         scheduleDrain()

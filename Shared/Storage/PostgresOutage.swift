@@ -13,9 +13,9 @@ import Synchronization
 /// pool of every service fail its calls at once, a whole stack's outage made by one full server.
 /// A server that takes the connection and then says nothing for `silenceLimit` is down too:
 /// frozen (its processes stopped, SIGSTOP, or its host hung), a state in which every statement
-/// sent to it would wait out its caller's deadline. A connection that is
-/// not through within `probeTimeout` is no finding, and the server is taken for up: a busy
-/// machine never makes callers fail, it only keeps them waiting within their deadlines. (A
+/// sent to it would wait out its caller's deadline. A connection that is not through within
+/// `probeTimeout` is no finding, and the server is taken for up: a busy machine never makes
+/// callers fail, it only keeps them waiting within their deadlines. (A
 /// connect timeout taken for down failed every PostgreSQL test at once when the whole suite
 /// started together: with dozens of pools connecting in one process, the probes' connections were
 /// not through in 500 ms, and each pool told its callers the server was gone.) The silence is

@@ -91,6 +91,8 @@ struct LostConnectionsTests {
         #expect(try !connected(after: .connectRetried, 7111))
         // An inproc endpoint has no handshake to hear: always connected
         #expect(LostConnections(endpoints: ["inproc://jobs"]).connected)
+        // Nor has a socket without a monitor: nothing is heard, so it is taken for connected
+        #expect(LostConnections(endpoints: ["tcp://127.0.0.1:7101"], monitored: false).connected)
     }
 
     @Test func libzmqNamesTheEndpointAlikeInTheHandshakeTheDisconnectionAndTheReconnectionThatFollows() async throws {
