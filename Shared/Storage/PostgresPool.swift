@@ -551,24 +551,6 @@ public final class PostgresPool: Service, Sendable {
     public func transaction<T: Sendable>(
         _ isolation: Isolation = .readCommitted, _ body: @escaping @Sendable (PostgresConnection) async throws -> T
     ) async throws -> T {
-        try await transaction(isolation, bodySetsTimeout: false) { connection, _ in try await body(connection) }
-    }
-
-    /// Runs `body` in one transaction, as `transaction(_:_:)`, but sets no `statement_timeout`:
-    /// `body` is handed the request's timeout in milliseconds (nil outside a bus request) and sets
-    /// it itself in its first statement, one round trip fewer (`set_config('statement_timeout',
-    /// …, true)` and `lock_timeout` in a function it calls: the first statement's own lock waits
-    /// are then bounded too, since PostgreSQL reads `lock_timeout` when a wait begins).
-    public func transactionSettingItsTimeout<T: Sendable>(
-        _ isolation: Isolation = .readCommitted, _ body: @escaping @Sendable (PostgresConnection, _ timeoutMilliseconds: Int?) async throws -> T
-    ) async throws -> T {
-        try await transaction(isolation, bodySetsTimeout: true, body)
-    }
-
-    private func transaction<T: Sendable>(
-        _ isolation: Isolation, bodySetsTimeout: Bool,
-        _ body: @escaping @Sendable (PostgresConnection, Int?) async throws -> T
-    ) async throws -> T {
         let logger = logger
         let location = location
         // A bus request's transaction is stopped by PostgreSQL itself once its deadline passes.
@@ -581,7 +563,7 @@ public final class PostgresPool: Service, Sendable {
                 case .readCommitted: try await connection.query("BEGIN", logger: logger)
                 case .snapshotRead: try await connection.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", logger: logger)
                 }
-                if let timeout, !bodySetsTimeout {
+                if let timeout {
                     do {
                         try await connection.query(PostgresQuery(unsafeSQL: "SET LOCAL statement_timeout = \(timeout)"), logger: logger)
                     } catch {
@@ -591,7 +573,7 @@ public final class PostgresPool: Service, Sendable {
                 }
                 let result: T
                 do {
-                    result = try await body(connection, timeout.map(Int.init))
+                    result = try await body(connection)
                 } catch {
                     await connection.rollBackUnlessClosed(logger: logger)
                     throw error
@@ -601,6 +583,25 @@ public final class PostgresPool: Service, Sendable {
                 guard !connection.isClosed else { throw PostgresUnavailable(location: location) }
                 try await connection.query("COMMIT", logger: logger)
                 return result
+            }
+        }
+    }
+
+    /// Runs `body` on one connection outside a transaction, as `connection(limit:_:)`, handing
+    /// it the request's timeout in milliseconds (nil outside a bus request): for one call of a
+    /// procedure that commits by itself (`CALL` of one that ends in `COMMIT`, answered once the
+    /// commit is durable), one round trip where BEGIN, a statement and COMMIT are three. The
+    /// procedure sets the timeout itself (`set_config('lock_timeout', …, true)`: PostgreSQL reads
+    /// `lock_timeout` when a wait begins, so the call's own lock waits are bounded).
+    public func connectionSettingItsTimeout<T: Sendable>(
+        _ body: @escaping @Sendable (PostgresConnection, _ timeoutMilliseconds: Int?) async throws -> T
+    ) async throws -> T {
+        let timeout = Self.timeForRequest().map { Int(max(1, $0.wholeMilliseconds)) }
+        // The operation runs in a task of the pool's: the request's trace is handed over.
+        let traceParent = BusTracing.currentTraceParent()
+        return try await leased(limit: nil) { connection in
+            try await BusTracing.childSpan("postgres.call", of: traceParent, ofKind: .client, attributes: ["db.system": "postgresql"]) {
+                try await body(connection, timeout)
             }
         }
     }

@@ -217,7 +217,7 @@ struct PostgresQuotaBatchTests {
                     try await other.connection { db in
                         try await db.first("""
                             SELECT count(*)::bigint FROM pg_stat_activity
-                            WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%quota_batch_decide(%'
+                            WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%quota_batch_decide_and_commit(%'
                             """, as: Int.self, logger: logger) ?? 0
                     } > 0
                 }
@@ -383,7 +383,7 @@ struct PostgresQuotaBatchTests {
                 // When one batch reserves for ten users and releases ten other users' charges
                 let others = (11...20).map { "user-000\($0)" }
                 var results: [Result<PostgresQuotaStore.Outcome, any Error>] = []
-                let scans = try await TestPostgres.sequentialScans(db, of: ["quota_user", "quota_usage", "quota_charge", "quota_guest"], logger: logger) {
+                let scans = try await TestPostgres.sequentialScansAcrossCommits(db, of: ["quota_user", "quota_usage", "quota_charge", "quota_guest"], logger: logger) {
                     results = try await decide(
                         reserve((1...10).map { "user-0000\($0 - 1)" }, job: "new-") + others.map { .settle(jobId: "job-" + $0, to: .released, now: now) }
                     )

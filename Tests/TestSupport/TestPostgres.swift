@@ -77,4 +77,25 @@ public enum TestPostgres {
             throw error
         }
     }
+
+    /// As `sequentialScans(_:of:logger:during:)`, for a `body` that commits by itself (the call of
+    /// a procedure that ends in `COMMIT`, which a transaction block around it would refuse): the
+    /// scans are counted from the statistics PostgreSQL has published, each count made after
+    /// this connection's own are flushed (`pg_stat_force_next_flush`, PostgreSQL 15: at its next
+    /// idle moment, before the statement after it). Only this connection may touch `tables`
+    /// meanwhile.
+    public static func sequentialScansAcrossCommits(
+        _ db: PostgresConnection, of tables: [String], logger: Logger, during body: () async throws -> Void
+    ) async throws -> Int {
+        func count() async throws -> Int {
+            try await db.query("SELECT pg_stat_force_next_flush()", logger: logger)
+            return try await db.first(
+                "SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_user_tables WHERE relname = ANY(\(tables)::text[])",
+                as: Int.self, logger: logger
+            ) ?? 0
+        }
+        let before = try await count()
+        try await body()
+        return try await count() - before
+    }
 }

@@ -6,7 +6,9 @@ import QuotaCore
 import Storage
 
 /// Reservations, commits and releases decided in batches (`PostgresBatcher`): one transaction per
-/// batch, and one call in it whatever its size, `quota_batch_decide` (migration v7), which
+/// batch, and one round trip whatever its size, a call of `quota_batch_decide_and_commit`
+/// (migration v8), which commits what `quota_batch_decide` (v7) did and answers once the commit
+/// is durable. The function
 ///
 /// 1. takes the advisory locks of the batch's users and guest networks in one fixed order (by
 ///    their hash), so two replicas' batches never wait for each other in a circle;
@@ -24,8 +26,9 @@ import Storage
 ///    windows, made in Swift as every other store makes them).
 ///
 /// The decisions moved into PostgreSQL so that a batch is one call: it was BEGIN, a read, the
-/// decisions in Swift, a write and COMMIT (docs/quota.md has the figures). What stays in Swift is
-/// what needs Foundation: a window's key, bounds and reset time in a zone, and the answers.
+/// decisions in Swift, a write and COMMIT, then BEGIN, the call and COMMIT (docs/quota.md has the
+/// figures). What stays in Swift is what needs Foundation: a window's key, bounds and reset time in
+/// a zone, and the answers.
 /// Rows are locked in the same order by every batch (advisory locks, then charges, then usage,
 /// each sorted), which is why batches on two replicas do not deadlock; were PostgreSQL to report
 /// one anyway, or a new job id be charged by another user's batch in between (the call's insert
@@ -67,7 +70,7 @@ extension PostgresQuotaStore {
         var zoneAttempt = 1
         while true {
             do {
-                let called = try await database.transactionSettingItsTimeout { db, timeout in
+                let called = try await database.connectionSettingItsTimeout { db, timeout in
                     try await decide(batch, db, timeout: timeout, ledger: ledger, zones: zones, logger: logger)
                 }
                 switch called {
@@ -101,7 +104,8 @@ extension PostgresQuotaStore {
         case zonesDiffer([(user: String, zone: String?)])
     }
 
-    /// One call of `quota_batch_decide` on `db`, in the transaction the caller holds.
+    /// One call of `quota_batch_decide_and_commit` on `db`, outside a transaction: decided and
+    /// committed when it answers.
     static func decide(
         _ batch: [Operation], _ db: PostgresConnection, timeout: Int?, ledger: QuotaLedger, zones: ZoneCache, logger: Logger
     ) async throws -> Called {
@@ -150,14 +154,16 @@ extension PostgresQuotaStore {
 
         var results = [Result<Outcome, any Error>?](repeating: nil, count: batch.count)
         var differ: [(user: String, zone: String?)] = []
-        for try await row in try await db.execute(BatchDecide(bindings: bindings), logger: logger) {
-            let index = Int(row.op) - 1
-            if row.code == "zone" {
-                differ.append((row.a ?? "", row.state.flatMap { $0.isEmpty ? nil : $0 }))
-                continue
+        for try await rows in try await db.execute(BatchDecide(bindings: bindings), logger: logger) {
+            for row in rows {
+                let index = Int(row.op) - 1
+                if row.code == "zone" {
+                    differ.append((row.a ?? "", row.state.flatMap { $0.isEmpty ? nil : $0 }))
+                    continue
+                }
+                guard batch.indices.contains(index) else { continue }
+                results[index] = answer(row, to: batch[index], zone: assumed[index], ledger: ledger)
             }
-            guard batch.indices.contains(index) else { continue }
-            results[index] = answer(row, to: batch[index], zone: assumed[index], ledger: ledger)
         }
         if !differ.isEmpty { return .zonesDiffer(differ) }
         return .decided(try results.map { result in
@@ -173,7 +179,7 @@ extension PostgresQuotaStore {
 
     /// An operation's answer from its row: a reservation's decision, with its user's status made
     /// here (windows need Foundation's calendar), or a settlement's charge.
-    static func answer(_ row: BatchDecide.Row, to operation: Operation, zone: String, ledger: QuotaLedger) -> Result<Outcome, any Error> {
+    static func answer(_ row: BatchDecide.OperationRow, to operation: Operation, zone: String, ledger: QuotaLedger) -> Result<Outcome, any Error> {
         switch operation {
         case .reserve(let request, let now):
             var context = userContext(ledger, request.userId, row.plan.map { ($0, zone.isEmpty ? nil : zone, row.planEndsAt) }, now: now)
@@ -222,10 +228,14 @@ extension PostgresQuotaStore {
 
     /// The call of a batch, prepared by postgres-nio once per connection (by name): parsing and
     /// planning a statement again at every batch were a sixth of the PostgreSQL backend's time
-    /// (perf), when the write was a statement of its own.
+    /// (perf), when the write was a statement of its own. Its one row holds an array a column
+    /// (migration v8), made here into a `Row` an operation.
     struct BatchDecide: PostgresPreparedStatement {
-        /// A row of the call's answer (migration v7 has its columns' order).
-        struct Row {
+        /// The call's row: an operation's answer each.
+        typealias Row = [OperationRow]
+
+        /// A row of `quota_batch_decide`'s answer (migration v7 has its columns' order).
+        struct OperationRow {
             /// The operation's place in the batch, from 1 (0 for a `zone` row).
             var op: Int32
             /// A reservation's `admitted`, `replayed`, `refused`, `network` or `taken`; a
@@ -250,20 +260,32 @@ extension PostgresQuotaStore {
             var planEndsAt: Date?
         }
 
-        static let name = "quota_batch_decide"
+        static let name = "quota_batch_decide_and_commit"
         static let sql = """
-            SELECT * FROM quota_batch_decide($1::bigint, $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::timestamptz[],
+            CALL quota_batch_decide_and_commit($1::bigint, $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::timestamptz[],
                 $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::bigint[], $14::bigint[], $15::text, $16::bigint)
             """
         var bindings: PostgresBindings
 
         func makeBindings() throws -> PostgresBindings { bindings }
         func decodeRow(_ row: PostgresRow) throws -> Row {
-            let (op, code, a, cost, state, day, month, reservedAt, settledAt, daily, monthly, network, plan, planEndsAt) = try row.decode(
-                (Int32, String, String?, Int?, String?, String?, String?, Date?, Date?, Int?, Int?, Int?, String?, Date?).self
+            let (ops, codes, nulls, a, cost, state, day, month, reservedAt, settledAt, daily, monthly, network, plan, planEndsAt) = try row.decode(
+                ([Int32], [String], [Int32], [String], [Int], [String], [String], [String], [Date], [Date], [Int], [Int], [Int], [String], [Date]).self
             )
-            return Row(op: op, code: code, a: a, cost: cost, state: state, day: day, month: month, reservedAt: reservedAt, settledAt: settledAt,
-                       daily: daily, monthly: monthly, network: network, plan: plan, planEndsAt: planEndsAt)
+            let count = ops.count
+            guard [codes.count, nulls.count, a.count, cost.count, state.count, day.count, month.count, reservedAt.count, settledAt.count,
+                   daily.count, monthly.count, network.count, plan.count, planEndsAt.count].allSatisfy({ $0 == count }) else {
+                throw BatchAnswerMissing()
+            }
+            return (0..<count).map { i in
+                // (bit k of `nulls`: the k-th column after `code` is NULL)
+                func given<T>(_ bit: Int32, _ value: T) -> T? { nulls[i] & bit == 0 ? value : nil }
+                return OperationRow(
+                    op: ops[i], code: codes[i], a: given(1, a[i]), cost: given(2, cost[i]), state: given(4, state[i]), day: given(8, day[i]),
+                    month: given(16, month[i]), reservedAt: given(32, reservedAt[i]), settledAt: given(64, settledAt[i]), daily: given(128, daily[i]),
+                    monthly: given(256, monthly[i]), network: given(512, network[i]), plan: given(1024, plan[i]), planEndsAt: given(2048, planEndsAt[i])
+                )
+            }
         }
     }
 }

@@ -403,6 +403,47 @@ public struct PostgresQuotaStore: QuotaStore {
             $fn$
             """,
         ]),
+        // A batch decided and committed in one round trip: the procedure calls v7's function and
+        // commits (a procedure may, called outside a transaction block), and answers its rows as
+        // arrays, one element an operation, after the commit is durable. BEGIN and COMMIT were
+        // two more round trips of each batch, and the service's hops around them (docs/quota.md).
+        // postgres-nio decodes no NULL inside an array, so each array holds a stand-in where a
+        // column is NULL ('' , 0 or the epoch) and `o_nulls` says which: for each operation, a
+        // bit a column in the function's order from `r_a` (1) to `r_plan_ends` (2048). A
+        // procedure with a SET clause cannot commit: the function keeps v7's.
+        PostgresMigration("v8: a batch decided and committed in one call", [
+            """
+            CREATE PROCEDURE quota_batch_decide_and_commit(
+                timeout_ms bigint, lock_keys text[], kinds text[], jobs text[], users text[], costs bigint[], nows timestamptz[],
+                zones text[], days text[], months text[], networks text[],
+                plan_names text[], plan_daily bigint[], plan_monthly bigint[], default_plan text, network_daily bigint,
+                INOUT o_ops integer[] DEFAULT NULL, INOUT o_codes text[] DEFAULT NULL, INOUT o_nulls integer[] DEFAULT NULL,
+                INOUT o_as text[] DEFAULT NULL, INOUT o_costs bigint[] DEFAULT NULL, INOUT o_states text[] DEFAULT NULL,
+                INOUT o_days text[] DEFAULT NULL, INOUT o_months text[] DEFAULT NULL, INOUT o_reserved timestamptz[] DEFAULT NULL,
+                INOUT o_settled timestamptz[] DEFAULT NULL, INOUT o_daily bigint[] DEFAULT NULL, INOUT o_monthly bigint[] DEFAULT NULL,
+                INOUT o_network bigint[] DEFAULT NULL, INOUT o_plans text[] DEFAULT NULL, INOUT o_plan_ends timestamptz[] DEFAULT NULL)
+            LANGUAGE plpgsql AS $fn$
+            BEGIN
+                SELECT coalesce(array_agg(d.r_op), '{}'), coalesce(array_agg(d.r_code), '{}'),
+                       coalesce(array_agg((d.r_a IS NULL)::int + 2 * (d.r_cost IS NULL)::int + 4 * (d.r_state IS NULL)::int
+                           + 8 * (d.r_day IS NULL)::int + 16 * (d.r_month IS NULL)::int + 32 * (d.r_reserved IS NULL)::int
+                           + 64 * (d.r_settled IS NULL)::int + 128 * (d.r_daily IS NULL)::int + 256 * (d.r_monthly IS NULL)::int
+                           + 512 * (d.r_network IS NULL)::int + 1024 * (d.r_plan IS NULL)::int + 2048 * (d.r_plan_ends IS NULL)::int), '{}'),
+                       coalesce(array_agg(coalesce(d.r_a, '')), '{}'), coalesce(array_agg(coalesce(d.r_cost, 0)), '{}'),
+                       coalesce(array_agg(coalesce(d.r_state, '')), '{}'), coalesce(array_agg(coalesce(d.r_day, '')), '{}'),
+                       coalesce(array_agg(coalesce(d.r_month, '')), '{}'), coalesce(array_agg(coalesce(d.r_reserved, 'epoch')), '{}'),
+                       coalesce(array_agg(coalesce(d.r_settled, 'epoch')), '{}'), coalesce(array_agg(coalesce(d.r_daily, 0)), '{}'),
+                       coalesce(array_agg(coalesce(d.r_monthly, 0)), '{}'), coalesce(array_agg(coalesce(d.r_network, 0)), '{}'),
+                       coalesce(array_agg(coalesce(d.r_plan, '')), '{}'), coalesce(array_agg(coalesce(d.r_plan_ends, 'epoch')), '{}')
+                    INTO o_ops, o_codes, o_nulls, o_as, o_costs, o_states, o_days, o_months, o_reserved, o_settled, o_daily, o_monthly,
+                         o_network, o_plans, o_plan_ends
+                    FROM quota_batch_decide(timeout_ms, lock_keys, kinds, jobs, users, costs, nows, zones, days, months, networks,
+                                            plan_names, plan_daily, plan_monthly, default_plan, network_daily) AS d;
+                COMMIT;
+            END
+            $fn$
+            """,
+        ]),
     ]
 
     // MARK: QuotaStore
