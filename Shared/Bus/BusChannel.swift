@@ -327,7 +327,10 @@ struct HandshakeLog {
         case (.bind, .handshakeFailedProtocol):
             return "a peer broke the handshake (protocol error 0x\(String(value, radix: 16)))"
         case (.connect, .handshakeFailedNoDetail):
-            return "the endpoint closed the connection during the handshake: most likely BUS_CURVE_PUBLIC is not the services' public key"
+            // (A service that is stopping or starting closes connections mid-handshake too: then
+            // the next handshake succeeds, and a failure is logged again only after it.)
+            return "the endpoint closed the connection during the handshake: BUS_CURVE_PUBLIC is not the services' public key, "
+                + "unless the service was stopping or restarting then (if the next handshake succeeds, it was)"
         case (.connect, .handshakeFailedAuth):
             return "the endpoint refused this process's key: list its public key with its role in the service's BUS_CURVE_CLIENTS"
         case (.connect, .handshakeFailedProtocol):
