@@ -19,8 +19,8 @@ import Storage
 ///   before the reply is sent.
 ///
 /// Reservations, commits and releases (the calls of every job) are decided in batches: those that
-/// arrive while a batch is in PostgreSQL make the next one, decided in one transaction of a fixed
-/// number of statements whatever its size (`PostgresQuotaStore+Batches.swift`). Each batch takes
+/// arrive while a batch is in PostgreSQL make the next one, decided and committed in one call,
+/// one round trip whatever its size (`PostgresQuotaStore+Batches.swift`). Each batch takes
 /// its users' and networks' locks in one fixed order, so replicas never deadlock.
 public struct PostgresQuotaStore: QuotaStore {
     let database: PostgresPool
