@@ -18,9 +18,10 @@ run: deps
 ## the system tests, whose in-process gateways and clients keep the shared event loops busy, their
 ## PostgreSQL connections waited past the tests' limits (see docs/architecture.md, "Tests").
 STORE_TESTS := ^(QuotaTests|JobsTests|HistoryTests)\.|\.PostgresPoolTests/
-## The suites that start many processes, kill them with SIGKILL or open thousands of sockets: they
-## run after the rest, one at a time (`--no-parallel`), not beside every other suite.
-HEAVY_TESTS := SlowClientsTests|QuotaProcessTests|BusProcessTests|BusReplicaTests|JobsReplicaTests|QuotaReplicaTests|HistoryReplicaTests
+## The suites that start many processes (a PostgreSQL of their own, too), kill them with SIGKILL or
+## open thousands of sockets: they run after the rest, one at a time (`--no-parallel`), not beside
+## every other suite.
+HEAVY_TESTS := SlowClientsTests|QuotaProcessTests|BusProcessTests|BusReplicaTests|JobsReplicaTests|QuotaReplicaTests|HistoryReplicaTests|PostgresConnectionLimitTests
 
 ## The whole system over nine hosts (network and mount namespaces, scripts/hosts.sh): hosts crashed
 ## and partitioned under a steady load, every invariant checked after each fault (root; about 8.5

@@ -14,7 +14,8 @@
 # PostgreSQL will not run as root: as root, the server runs as the `postgres` user the package
 # made, and DIR is handed to it. fsync stays on (the chaos checks kill it and count what it kept),
 # except with POSTGRES_THROWAWAY=1, what `scripts/with-postgres.sh` (the tests' server) sets:
-# fsync, synchronous_commit and full_page_writes off, as a server whose data is thrown away after
+# fsync, synchronous_commit and full_page_writes off, and initdb without its closing flush, as a
+# server whose data is thrown away after
 # the run may have them (databases made and migrated by the hundred cost no flushes). The
 # services' own PostgreSQL and `make run`'s never take it.
 set -euo pipefail
@@ -76,7 +77,10 @@ fi
 if [ ! -f "$dir/data/PG_VERSION" ]; then
     password=$(head -c 18 /dev/urandom | base64 | tr -d '/+=')
     as_owner bash -c "umask 077; echo '$password' > '$home/password'"
-    as_owner "$pg/initdb" -D "$home/data" -U postgres --auth-local=trust --auth-host=scram-sha-256 \
+    # A throwaway server's files are not flushed at the end either (`--no-sync`): the flush of a new
+    # cluster's files stalled the machine's disk for seconds, beside the tests running.
+    nosync=""; [ "${POSTGRES_THROWAWAY:-0}" = 1 ] && nosync="--no-sync"
+    as_owner "$pg/initdb" -D "$home/data" -U postgres --auth-local=trust --auth-host=scram-sha-256 $nosync \
         --pwfile="$home/password" -E UTF8 --locale=C.UTF-8 >"$home/initdb.log" 2>&1 || { cat "$home/initdb.log" >&2; die "initdb failed"; }
     fresh=1
 fi

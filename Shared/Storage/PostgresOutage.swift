@@ -11,26 +11,31 @@ import Synchronization
 /// clients already" (SQLSTATE 53300) before authentication: it is up, and full. Calls then wait
 /// for a connection within their deadlines, as on a busy server; taken for down, it made every
 /// pool of every service fail its calls at once, a whole stack's outage made by one full server.
-/// A server that takes the connection and then says nothing for `silenceLimit` is down too:
-/// frozen (its processes stopped, SIGSTOP, or its host hung), a state in which every statement
-/// sent to it would wait out its caller's deadline. A connection that is not through within
-/// `probeTimeout` is no finding, and the server is taken for up: a busy machine never makes
-/// callers fail, it only keeps them waiting within their deadlines. (A
+/// A server that takes the connection and then says nothing for `silenceLimit`, probe after
+/// probe, for `unreachableLimit` is down too: frozen (its processes stopped, SIGSTOP, or its host
+/// hung), a state in which every statement sent to it would wait out its caller's deadline. A
+/// connection that is not through within `probeTimeout` is no finding by itself, and the server
+/// is taken for up: a busy machine never makes callers fail, it only keeps them waiting within
+/// their deadlines. (A
 /// connect timeout taken for down failed every PostgreSQL test at once when the whole suite
 /// started together: with dozens of pools connecting in one process, the probes' connections were
 /// not through in 500 ms, and each pool told its callers the server was gone.) The silence is
 /// measured from the connection, by a timer of the connection's own event loop, which reads what
 /// has arrived before it runs its timers: an event loop late in its work does not take an answer
-/// that came for a silence. 2 s is far past what any PostgreSQL that runs takes to ask for
-/// authentication (a fork), even on a loaded 2-core machine. An address given as an IP is
-/// connected to without a name lookup. Nothing is authenticated: the probe closes the connection
-/// at the first answer.
+/// that came for a silence; the probes have an event loop of their own (`probeLoop`), so a loop
+/// held by a pool's work does not keep an answer unread either. One silence is not enough: on a
+/// loaded 2-core machine (the store suites, each test making and dropping databases) PostgreSQL
+/// took up to 1.4 s to ask a new connection for authentication (measured from another process),
+/// and a silence of 2 s, taken for down at once, failed every pool's calls of the moment. An
+/// address given as an IP is connected to without a name lookup. Nothing is authenticated: the
+/// probe closes the connection at the first answer.
 ///
 /// A server whose connections never go through, probe after probe, for `unreachableLimit` is
 /// down too: cut off from this host (a partition drops the packets: neither refused nor answered).
 /// The limit is far past what a busy machine's full accept queue costs a connection (a SYN
-/// dropped once is sent again after 1 s). Such probes are one run (`UnreachableRun`) unless an
-/// answer comes between them or they are more than `runGap` apart.
+/// dropped once is sent again after 1 s). Such probes, and silent ones, are one run
+/// (`UnreachableRun`) unless an answer comes between them or one starts more than `runGap` after
+/// the last ended. A frozen server is so found down in about two silences (4.25 s).
 ///
 /// Probes are asked for by operations that waited long for a connection or lost one; while the
 /// server is down, the watch probes it every `probeEvery` by itself, so that it is found back
@@ -45,12 +50,19 @@ final class PostgresOutage: Sendable {
     static let probeEvery = Duration.milliseconds(250)
     /// How long a probe waits for its TCP connection to be through (past it: no finding, up).
     static let probeTimeout = TimeAmount.milliseconds(500)
-    /// How long a server that took the probe's connection has to answer it (past it: frozen, down).
+    /// How long a server that took the probe's connection has to answer it (past it: silent, and
+    /// down once such probes last `unreachableLimit`).
     static let silenceLimit = TimeAmount.seconds(2)
 
-    /// How long probes may find no connection through before the server is taken for down.
+    /// The probes' own thread, no pool's connections on it: a probe measures the server's answer,
+    /// not how busy the process's event loops are. It lives as long as the process, as
+    /// `MultiThreadedEventLoopGroup.singleton` does.
+    static let probeLoop = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+
+    /// How long probes may find no connection through, or no answer on one, before the server is
+    /// taken for down.
     static let unreachableLimit = Duration.seconds(3)
-    /// How far apart two probes that found no connection through may be and still be one run:
+    /// How long after one probe without an answer the next may start and still be of its run:
     /// a probe's cycle is `probeTimeout` and `probeEvery` (0.75 s), and a busy machine stretches
     /// it. (At 1 s, the bound it had, a cycle stretched past it on a busy machine began the run
     /// again, probe after probe, and a server cut off by a partition was never found down: its
@@ -88,14 +100,15 @@ final class PostgresOutage: Sendable {
     func run() async {
         for await _ in requests {
             while !Task.isCancelled {
+                let started = ContinuousClock.now
                 let finding = await probe()
                 let reachable: Bool
                 switch finding {
                 case .accepting, .full, .refusing:
                     unreachable.withLock { $0.answered() }
                     reachable = finding != .refusing
-                case .notThrough:
-                    let length = unreachable.withLock { $0.notThrough(at: .now) }
+                case .notThrough, .silent:
+                    let length = unreachable.withLock { $0.notThrough(from: started, to: .now) }
                     reachable = length < Self.unreachableLimit
                 }
                 note(reachable: reachable, finding: finding)
@@ -126,14 +139,14 @@ final class PostgresOutage: Sendable {
     }
 
     /// What one probe found.
-    enum Finding: Sendable { case accepting, full, refusing, notThrough }
+    enum Finding: Sendable { case accepting, full, refusing, silent, notThrough }
 
     /// Whether the server accepts connections now, is full (at `max_connections`), refuses them
-    /// (closed, another error, silent once connected), or could not be reached within
-    /// `probeTimeout`.
+    /// (closed, another error), took the connection and did not answer within `silenceLimit`, or
+    /// could not be reached within `probeTimeout`.
     func probe() async -> Finding {
         let startup = Self.startupMessage(username: username, database: database)
-        let group = MultiThreadedEventLoopGroup.singleton
+        let group = Self.probeLoop
         let answer = group.any().makePromise(of: Finding.self)
         let bootstrap = ClientBootstrap(group: group)
             .connectTimeout(Self.probeTimeout)
@@ -146,8 +159,8 @@ final class PostgresOutage: Sendable {
             let connecting = (try? SocketAddress(ipAddress: host, port: port)).map { bootstrap.connect(to: $0) }
                 ?? bootstrap.connect(host: host, port: port)
             let channel = try await connecting.get()
-            // Connected and silent: frozen (see the type's notes).
-            channel.eventLoop.scheduleTask(in: Self.silenceLimit) { answer.succeed(.refusing) }
+            // Connected and silent: frozen, if it lasts (see the type's notes).
+            channel.eventLoop.scheduleTask(in: Self.silenceLimit) { answer.succeed(.silent) }
             let finding = (try? await answer.futureResult.get()) ?? .refusing
             try? await channel.close()
             return finding
@@ -232,24 +245,27 @@ final class StartupProbe: ChannelInboundHandler {
     }
 }
 
-/// Probes in a row whose connection did not go through: its length, from the first to the
-/// last, is how long the server has been out of reach. An answer ends it, and so does a gap of
-/// more than `PostgresOutage.runGap` between two probes (a probe long ago and one now say nothing
-/// about the time between them).
+/// Probes in a row without an answer (the connection not through, or silent): its length, from
+/// the first's start to the last's end, is how long the server has been out of reach. An answer
+/// ends it, and so does a gap of more than `PostgresOutage.runGap` from one probe's end to the
+/// next one's start (a probe long ago and one now say nothing about the time between them).
 struct UnreachableRun {
     private(set) var first: ContinuousClock.Instant?
     private(set) var last: ContinuousClock.Instant?
 
-    /// Notes a probe that did not go through at `now`; the run's length.
-    mutating func notThrough(at now: ContinuousClock.Instant) -> Duration {
-        if let last, last.duration(to: now) <= PostgresOutage.runGap, let first {
-            self.last = now
-            return first.duration(to: now)
+    /// Notes a probe from `start` to `end` that got no answer; the run's length.
+    mutating func notThrough(from start: ContinuousClock.Instant, to end: ContinuousClock.Instant) -> Duration {
+        if let last, last.duration(to: start) <= PostgresOutage.runGap, let first {
+            self.last = end
+            return first.duration(to: end)
         }
-        first = now
-        last = now
-        return .zero
+        first = start
+        last = end
+        return start.duration(to: end)
     }
+
+    /// Notes a probe without an answer that took no time, at `now`; the run's length.
+    mutating func notThrough(at now: ContinuousClock.Instant) -> Duration { notThrough(from: now, to: now) }
 
     /// Notes an answer: the run ends.
     mutating func answered() {

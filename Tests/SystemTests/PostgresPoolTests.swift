@@ -67,39 +67,6 @@ struct PostgresPoolTests {
         return (thrown, took)
     }
 
-    @Test func aServerAtItsConnectionLimitIsFullNotDownAndACallWaitsForItsConnection() async throws {
-        _ = try TestPostgres.location()  // where the tests' PostgreSQL is installed
-        // Given a PostgreSQL of this test's own, every one of its 5 connections taken
-        let server = try await OwnPostgres.start(maxConnections: 5)
-        do {
-            try await callWaitsAtTheConnectionLimit(server)
-        } catch {
-            await server.stop()
-            throw error
-        }
-        await server.stop()
-    }
-
-    func callWaitsAtTheConnectionLimit(_ server: OwnPostgres) async throws {
-        var fillers = try ConnectionFillers(port: server.location.port)
-        defer { fillers.close() }
-        // When it is probed, it is found full (it answered 53300 before authentication), not down
-        let probe = PostgresOutage(host: server.location.host, port: server.location.port, username: server.location.username,
-                                   database: server.location.database, logger: logger)
-        #expect(await probe.probe() == .full)
-        try await PostgresPool(location: server.location, logger: logger).running { pool in
-            // And a call for a request waits past the point where its pool has the server probed
-            let call = Task { await callForARequest(pool) }
-            try await waitUntil(within: .seconds(60)) { pool.outage.probesMade.load(ordering: .acquiring) > 0 }
-            #expect(!pool.outage.isDown)
-            // Then once connections are free again, it is served (it did not fail as unavailable)
-            fillers.close()
-            let (thrown, _) = await call.value
-            #expect(thrown == nil, "\(String(describing: thrown))")
-        }
-        #expect(await probe.probe() == .accepting)
-    }
-
     @Test func aServerWhoseConnectionsNeverGoThroughIsTakenForDownAfterTheUnreachableLimit() async throws {
         // Given a pool of the test database at a port whose connections never go through: a
         // listener whose accept queue is full drops every SYN, as a partition between this host
@@ -508,6 +475,48 @@ final class UnreachablePort: Sendable {
 
 /// A PostgreSQL of one test's own (`scripts/postgres-server.sh`, as the tests' server is started),
 /// for what cannot be done to the shared one, such as taking all its connections.
+/// A PostgreSQL at its connection limit, on a server of the test's own: its `initdb` and start are
+/// seconds of CPU and disk, which beside the store suites starved their event loops (their pools'
+/// probes of the shared server went unanswered for 2 s, and the server was taken for down), so it
+/// runs with the heavy suites, alone (the Makefile's HEAVY_TESTS).
+@Suite("PostgreSQL at its connection limit", .timeLimit(.minutes(5)))
+struct PostgresConnectionLimitTests {
+    let logger = { var logger = Logger(label: "test.pool"); logger.logLevel = .critical; return logger }()
+
+    @Test func aServerAtItsConnectionLimitIsFullNotDownAndACallWaitsForItsConnection() async throws {
+        _ = try TestPostgres.location()  // where the tests' PostgreSQL is installed
+        // Given a PostgreSQL of this test's own, every one of its 5 connections taken
+        let server = try await OwnPostgres.start(maxConnections: 5)
+        do {
+            try await callWaitsAtTheConnectionLimit(server)
+        } catch {
+            await server.stop()
+            throw error
+        }
+        await server.stop()
+    }
+
+    func callWaitsAtTheConnectionLimit(_ server: OwnPostgres) async throws {
+        var fillers = try ConnectionFillers(port: server.location.port)
+        defer { fillers.close() }
+        // When it is probed, it is found full (it answered 53300 before authentication), not down
+        let probe = PostgresOutage(host: server.location.host, port: server.location.port, username: server.location.username,
+                                   database: server.location.database, logger: logger)
+        #expect(await probe.probe() == .full)
+        try await PostgresPool(location: server.location, logger: logger).running { pool in
+            // And a call for a request waits past the point where its pool has the server probed
+            let call = Task { await PostgresPoolTests().callForARequest(pool) }
+            try await waitUntil(within: .seconds(60)) { pool.outage.probesMade.load(ordering: .acquiring) > 0 }
+            #expect(!pool.outage.isDown)
+            // Then once connections are free again, it is served (it did not fail as unavailable)
+            fillers.close()
+            let (thrown, _) = await call.value
+            #expect(thrown == nil, "\(String(describing: thrown))")
+        }
+        #expect(await probe.probe() == .accepting)
+    }
+}
+
 struct OwnPostgres {
     let directory: String
     let location: PostgresLocation
@@ -636,5 +645,23 @@ struct ConnectionFillers {
         #expect(run.notThrough(at: at(12_000)) == .zero)
         #expect(run.notThrough(at: at(14_000)) == .milliseconds(2_000))
         #expect(run.notThrough(at: at(16_001)) == .zero)
+    }
+
+    @Test func oneSilenceIsNotAnOutageButTwoInARowAre() {
+        // Given a probe whose connection went through and got no answer in its 2 s (a loaded
+        // server slow to ask for authentication, or a frozen one)
+        var run = UnreachableRun()
+        let silence = Duration(PostgresOutage.silenceLimit)
+        let first = run.notThrough(from: at(0), to: at(0) + silence)
+        // Then that alone is short of the limit
+        #expect(first == silence)
+        #expect(first < PostgresOutage.unreachableLimit)
+        // And the next probe, 0.25 s on, silent too, makes the run one that reaches it
+        let second = run.notThrough(from: at(2_250), to: at(2_250) + silence)
+        #expect(second == .milliseconds(2_250) + silence)
+        #expect(second >= PostgresOutage.unreachableLimit)
+        // While an answer between them begins the run again
+        run.answered()
+        #expect(run.notThrough(from: at(5_000), to: at(5_000) + silence) < PostgresOutage.unreachableLimit)
     }
 }
