@@ -141,10 +141,37 @@ final class PostgresOutage: Sendable {
     /// What one probe found.
     enum Finding: Sendable { case accepting, full, refusing, silent, notThrough }
 
+    /// The probes under way in this process, by server (`host:port`), each one's finding to come.
+    private static let underWay = Mutex<[String: EventLoopFuture<Finding>]>([:])
+
     /// Whether the server accepts connections now, is full (at `max_connections`), refuses them
     /// (closed, another error), took the connection and did not answer within `silenceLimit`, or
     /// could not be reached within `probeTimeout`.
+    ///
+    /// One probe of a server at a time in a process: a probe asked for while another of the same
+    /// server is under way (another pool's) waits for that one's finding. The server answers a
+    /// startup message before it looks at the database or the user, so the finding is the
+    /// server's. (Each pool probing for itself, a moment that made every pool's operations slow
+    /// sent the server a new connection from each, dozens in the store suites, and a fork each;
+    /// answered late, they were taken for silences, and the server for down, probe after probe.)
     func probe() async -> Finding {
+        let server = "\(host):\(port)"
+        let (finding, mine) = Self.underWay.withLock { underWay -> (EventLoopFuture<Finding>, EventLoopPromise<Finding>?) in
+            if let under = underWay[server] { return (under, nil) }
+            let promise = Self.probeLoop.any().makePromise(of: Finding.self)
+            underWay[server] = promise.futureResult
+            return (promise.futureResult, promise)
+        }
+        if let mine {
+            let found = await probeOnce()
+            _ = Self.underWay.withLock { $0.removeValue(forKey: server) }
+            mine.succeed(found)
+        }
+        return (try? await finding.get()) ?? .refusing
+    }
+
+    /// One probe of the server (`probe()`'s notes).
+    private func probeOnce() async -> Finding {
         let startup = Self.startupMessage(username: username, database: database)
         let group = Self.probeLoop
         let answer = group.any().makePromise(of: Finding.self)
