@@ -46,10 +46,14 @@ EOF
 # notes the host it picked in, for its heal).
 F="$DIR/root/faulted"
 results=()
+# Waits (up to a minute) for the edge's /readyz to answer 200.
+edge_ready() { for _ in $(seq 1 120); do curl -fsS "$LOADTEST_TARGET/readyz" >/dev/null 2>&1 && return 0; sleep 0.5; done; }
 run_fault() {
   local name=$1 fault=$2 heal=$3
   if [ -n "${HOSTS_CHAOS_ONLY:-}" ] && [[ ",$HOSTS_CHAOS_ONLY," != *",$name,"* ]]; then return 0; fi
   echo "hosts-chaos: $name"
+  # loadtest checks the edge's /readyz once, at its start.
+  edge_ready
   # (Bounded: 40 s of load, 20 s of drain, up to 180 s to settle, and a margin.)
   timeout -k 10 420 "$BIN/loadtest" --duration 40 --rate "${HOSTS_CHAOS_RATE:-2}" --config "$OUT/mix.json" --settle 180 \
     --fault-name "$name" --fault-command "$fault" --heal-command "$heal" --fault-at 10 --fault-for 12 --fault-recovery 12 \
@@ -65,7 +69,7 @@ run_fault() {
   # time limit may not have healed its own), every host back and ready.
   local host
   for host in edge gw1 gw2 svc1 svc2 db s3 wk1 wk2; do "$H" heal "$DIR" "$host"; done
-  for _ in $(seq 1 120); do curl -fsS "$LOADTEST_TARGET/readyz" >/dev/null 2>&1 && break; sleep 0.5; done
+  edge_ready
 }
 
 leader="h=\$('$H' leader '$DIR') && echo \$h > '$F'"

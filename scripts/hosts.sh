@@ -221,6 +221,10 @@ up() {
   write_env "$DIR/edge/host.env" "GATEWAY_1=$(addr gw1):8080" "GATEWAY_2=$(addr gw2):8080"
   for host in svc1 svc2; do boot "$host"; done
   for host in gw1 gw2 wk1 wk2 edge; do boot "$host"; done
+  # Each gateway ready (its services reached), then the edge: the edge's first 200 could come from
+  # one gateway while the other was not ready yet, and a load test started then was answered 503
+  # at its own readiness check (CI, 2026-12-07, crash-leader-host).
+  for host in gw1 gw2; do wait_for 180 "$host's /readyz" curl -fsS "http://$(addr "$host"):8080/readyz"; done
   wait_for 180 "the edge's /readyz" curl -fsS "$public/readyz"
   write_env "$DIR/root/loadtest.env" "LOADTEST_TARGET=$public" $(grep -E '^(JWT_SECRET|ADMIN_TOKEN)=' "$DIR/deploy/secrets.env")
   echo "hosts: up in $DIR (network 10.197.$NET.0/24; edge $public)"
