@@ -15,9 +15,8 @@
 # made, and DIR is handed to it. fsync stays on (the chaos checks kill it and count what it kept),
 # except with POSTGRES_THROWAWAY=1, what `scripts/with-postgres.sh` (the tests' server) sets:
 # fsync, synchronous_commit and full_page_writes off, and initdb without its closing flush, as a
-# server whose data is thrown away after
-# the run may have them (databases made and migrated by the hundred cost no flushes). The
-# services' own PostgreSQL and `make run`'s never take it.
+# server whose data is thrown away after the run may have them (databases made and migrated by the
+# hundred cost no flushes). The services' own PostgreSQL and `make run`'s never take it.
 set -euo pipefail
 
 die() { echo "postgres-server: $*" >&2; exit 1; }
@@ -77,8 +76,8 @@ fi
 if [ ! -f "$dir/data/PG_VERSION" ]; then
     password=$(head -c 18 /dev/urandom | base64 | tr -d '/+=')
     as_owner bash -c "umask 077; echo '$password' > '$home/password'"
-    # A throwaway server's files are not flushed at the end either (`--no-sync`): the flush of a new
-    # cluster's files stalled the machine's disk for seconds, beside the tests running.
+    # A throwaway server's new files are not flushed either (`--no-sync`): nothing of it is kept,
+    # and the tests running beside it share the disk.
     nosync=""; [ "${POSTGRES_THROWAWAY:-0}" = 1 ] && nosync="--no-sync"
     as_owner "$pg/initdb" -D "$home/data" -U postgres --auth-local=trust --auth-host=scram-sha-256 $nosync \
         --pwfile="$home/password" -E UTF8 --locale=C.UTF-8 >"$home/initdb.log" 2>&1 || { cat "$home/initdb.log" >&2; die "initdb failed"; }

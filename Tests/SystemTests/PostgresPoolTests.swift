@@ -11,6 +11,21 @@ import Synchronization
 import Testing
 import TestSupport
 
+/// A call made for a request with a minute left on `pool`: what it threw, and how long it took.
+func callForARequest(_ pool: PostgresPool, logger: Logger) async -> (thrown: (any Error)?, took: Duration) {
+    var thrown: (any Error)?
+    let took = await ContinuousClock().measure {
+        do {
+            try await BusDeadline.$current.withValue(.now.advanced(by: .seconds(60))) {
+                _ = try await pool.connection { db in try await db.query("SELECT 1", logger: logger) }
+            }
+        } catch {
+            thrown = error
+        }
+    }
+    return (thrown, took)
+}
+
 @Suite("PostgreSQL pool", .timeLimit(.minutes(5)))
 struct PostgresPoolTests {
     let logger = { var logger = Logger(label: "test.pool"); logger.logLevel = .critical; return logger }()
@@ -51,22 +66,6 @@ struct PostgresPoolTests {
         }
     }
 
-    /// A call made for a request with a minute left: what it threw, and how long it took.
-    func callForARequest(_ pool: PostgresPool) async -> (thrown: (any Error)?, took: Duration) {
-        let logger = logger
-        var thrown: (any Error)?
-        let took = await ContinuousClock().measure {
-            do {
-                try await BusDeadline.$current.withValue(.now.advanced(by: .seconds(60))) {
-                    _ = try await pool.connection { db in try await db.query("SELECT 1", logger: logger) }
-                }
-            } catch {
-                thrown = error
-            }
-        }
-        return (thrown, took)
-    }
-
     @Test func aServerWhoseConnectionsNeverGoThroughIsTakenForDownAfterTheUnreachableLimit() async throws {
         // Given a pool of the test database at a port whose connections never go through: a
         // listener whose accept queue is full drops every SYN, as a partition between this host
@@ -78,7 +77,7 @@ struct PostgresPoolTests {
         let logger = logger
         try await PostgresPool(location: location, logger: logger).running { pool in
             // When a call for a request with a minute left is made
-            let (thrown, took) = await callForARequest(pool)
+            let (thrown, took) = await callForARequest(pool, logger: logger)
             // Then, once its probes have found no way through for the unreachable limit, it is
             // answered unavailable (nothing was done: another replica may serve it), long before
             // its deadline; a single probe without an answer is no finding, so not before
@@ -102,7 +101,7 @@ struct PostgresPoolTests {
             // Then a call made for a request with a minute left is answered long before that
             // deadline, though its statement went to a connection of the frozen server: it may
             // have committed, so timed out (storage_unavailable)
-            let (timedOut, took) = await callForARequest(pool)
+            let (timedOut, took) = await callForARequest(pool, logger: logger)
             var thrown = timedOut
             #expect(thrown is PostgresOperationTimedOut, "\(String(describing: thrown))")
             #expect(took < .seconds(40), "answered after \(took), its deadline 60 s")
@@ -473,12 +472,9 @@ final class UnreachablePort: Sendable {
     func close() { for descriptor in descriptors { Glibc.close(descriptor) } }
 }
 
-/// A PostgreSQL of one test's own (`scripts/postgres-server.sh`, as the tests' server is started),
-/// for what cannot be done to the shared one, such as taking all its connections.
 /// A PostgreSQL at its connection limit, on a server of the test's own: its `initdb` and start are
-/// seconds of CPU and disk, which beside the store suites starved their event loops (their pools'
-/// probes of the shared server went unanswered for 2 s, and the server was taken for down), so it
-/// runs with the heavy suites, alone (the Makefile's HEAVY_TESTS).
+/// seconds of CPU and disk, so it runs with the heavy suites, alone (the Makefile's HEAVY_TESTS),
+/// not beside the store suites.
 @Suite("PostgreSQL at its connection limit", .timeLimit(.minutes(5)))
 struct PostgresConnectionLimitTests {
     let logger = { var logger = Logger(label: "test.pool"); logger.logLevel = .critical; return logger }()
@@ -505,7 +501,7 @@ struct PostgresConnectionLimitTests {
         #expect(await probe.probe() == .full)
         try await PostgresPool(location: server.location, logger: logger).running { pool in
             // And a call for a request waits past the point where its pool has the server probed
-            let call = Task { await PostgresPoolTests().callForARequest(pool) }
+            let call = Task { await callForARequest(pool, logger: logger) }
             try await waitUntil(within: .seconds(60)) { pool.outage.probesMade.load(ordering: .acquiring) > 0 }
             #expect(!pool.outage.isDown)
             // Then once connections are free again, it is served (it did not fail as unavailable)
@@ -517,6 +513,8 @@ struct PostgresConnectionLimitTests {
     }
 }
 
+/// A PostgreSQL of one test's own (`scripts/postgres-server.sh`, as the tests' server is started),
+/// for what cannot be done to the shared one, such as taking all its connections.
 struct OwnPostgres {
     let directory: String
     let location: PostgresLocation
