@@ -7,11 +7,13 @@
 # `quota/redis decisions ratio: X` and `quota/redis-durable decisions ratio: Y`.
 #
 # STORE=postgres: the quota service on PostgreSQL instead (a PostgreSQL 15 of its own in the scratch
-# folder, scripts/postgres-server.sh), with one and then two replicas (the bench client given both
-# endpoints), against Redis + Lua with `appendfsync always` (the same promise: on disk before the
-# answer). Ends with `quota-postgres/redis-fsync decisions ratio: 1 replica X, 2 replicas Y`.
+# folder, scripts/postgres-server.sh), with one and with two replicas (the bench client given both
+# endpoints), against the SQLite ledger and against Redis + Lua with `appendfsync always` (the
+# same promise: on disk before the answer). The SQLite ledger and the two setups on PostgreSQL are
+# measured in turns, $BENCH_ROUNDS times (3), each figure the median of its turns. Ends with
+# `quota-postgres/sqlite decisions ratio: 1 replica X, 2 replicas Y`.
 # BENCH_PERF=DIR also records a perf profile of the whole machine during each run there, and
-# PostgreSQL's costliest statements of each (DIR/statements-REPLICAS.txt).
+# PostgreSQL's costliest statements of each (DIR/statements-REPLICAS-ROUND.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${BENCH_SECONDS:-5}
@@ -44,45 +46,62 @@ redis_limiter() {
 
 if [ "${STORE:-sqlite}" = postgres ]; then
   start_bench_postgres
+  ROUNDS=${BENCH_ROUNDS:-3}
 
-  # The SQLite ledger, as `make bench-quota` runs it: the baseline.
-  endpoint="tcp://127.0.0.1:$(port)"
-  QUOTA_BIND=$endpoint DATA_DIR=$work LOG_LEVEL=warning QUOTA_MAX_IN_FLIGHT=4096 "$BIN/quota" &
-  sqlite_pid=$!
-  sleep 1
-  out=$(profiled sqlite "$BIN/quota-bench" "$endpoint" "$SECONDS_EACH" "$CALLERS")
-  kill "$sqlite_pid" 2>/dev/null; wait "$sqlite_pid" 2>/dev/null || true
-  sqlite=$(field "$out" decisions_per_s)
-  echo "quota on SQLite, 1 replica (bus, durable, $CALLERS callers):    $sqlite decisions/s  p50 $(field "$out" p50_ms) ms  p99 $(field "$out" p99_ms) ms"
-
-  results=()
-  for replicas in 1 2; do
-    endpoints=""
-    started=()
-    for index in $(seq 1 "$replicas"); do
-      endpoint="tcp://127.0.0.1:$(port)"
-      endpoints+="${endpoints:+,}$endpoint"
-      QUOTA_BIND=$endpoint DATA_DIR=$work QUOTA_DATABASE_URL=$POSTGRES_URL LOG_LEVEL=warning QUOTA_MAX_IN_FLIGHT=4096 "$BIN/quota" &
-      started+=($!)
+  # The SQLite ledger (as `make bench-quota` runs it: the baseline), one replica on PostgreSQL and
+  # two, all started first and then measured in turns, $ROUNDS times: this machine's speed drifts
+  # by a third within minutes (one binary measured 4,590 to 6,870 decisions/s in one session),
+  # which one store measured after the other read as a difference of the stores. Each figure is
+  # the median of its turns.
+  declare -A endpoints=()
+  start_quota() { # SETUP NAME [database URL]: starts a replica of SETUP, adds its endpoint to SETUP's
+    local endpoint="tcp://127.0.0.1:$(port)"
+    mkdir -p "$work/$2"
+    QUOTA_BIND=$endpoint DATA_DIR=$work/$2 QUOTA_DATABASE_URL=${3:-} LOG_LEVEL=warning QUOTA_MAX_IN_FLIGHT=4096 "$BIN/quota" &
+    pids+=($!)
+    endpoints[$1]+="${endpoints[$1]:+,}$endpoint"
+  }
+  start_quota sqlite sqlite
+  start_quota postgres-1 postgres-1 "$POSTGRES_URL"
+  start_quota postgres-2 postgres-2a "$POSTGRES_URL"
+  start_quota postgres-2 postgres-2b "$POSTGRES_URL"
+  sleep 2
+  declare -A rates=() p50s=() p99s=() trips=()
+  for round in $(seq 1 "$ROUNDS"); do
+    for setup in sqlite postgres-1 postgres-2; do
+      before=$(statements)
+      out=$(profiled "$setup-$round" "$BIN/quota-bench" "${endpoints[$setup]}" "$SECONDS_EACH" "$CALLERS")
+      after=$(statements)
+      [ "$setup" = sqlite ] || top_statements "statements-${setup#postgres-}-$round.txt"
+      rates[$setup]+=" $(field "$out" decisions_per_s)"
+      p50s[$setup]+=" $(field "$out" p50_ms)"
+      p99s[$setup]+=" $(field "$out" p99_ms)"
+      # Every statement PostgreSQL ran while the bench did (BEGIN and COMMIT included), over every
+      # reservation it made (its 200 warm-up ones too).
+      decisions=$(( $(field "$out" admitted) + $(field "$out" denied) + 200 ))
+      trips[$setup]+=" $(awk -v s=$(( after - before )) -v d="$decisions" 'BEGIN { printf "%.3f", s / d }')"
     done
-    sleep 2
-    before=$(statements)
-    out=$(profiled "postgres-$replicas" "$BIN/quota-bench" "$endpoints" "$SECONDS_EACH" "$CALLERS")
-    after=$(statements)
-    top_statements "statements-$replicas.txt"
-    kill "${started[@]}" 2>/dev/null; wait "${started[@]}" 2>/dev/null || true
-    # Every statement the replicas sent while the bench ran (BEGIN and COMMIT included), over
-    # every reservation it made (its 200 warm-up ones too).
-    decisions=$(field "$out" admitted); decisions=$(( decisions + $(field "$out" denied) + 200 ))
-    trips=$(awk -v s=$(( after - before )) -v d="$decisions" 'BEGIN { printf "%.3f", s / d }')
-    echo "quota on PostgreSQL, $replicas replica(s) (bus, durable, $CALLERS callers): $(field "$out" decisions_per_s) decisions/s  p50 $(field "$out" p50_ms) ms  p99 $(field "$out" p99_ms) ms  $trips round trips/decision"
-    results+=("$(field "$out" decisions_per_s)")
   done
+  median() { echo "$@" | tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+  echo "quota decisions over the bus, durable, $CALLERS callers; median of $ROUNDS turns of ${SECONDS_EACH}s (each turn's figure in brackets):"
+  for setup in sqlite postgres-1 postgres-2; do
+    case $setup in
+      sqlite) label="quota on SQLite, 1 replica:    " ;;
+      postgres-1) label="quota on PostgreSQL, 1 replica:" ;;
+      postgres-2) label="quota on PostgreSQL, 2 replicas:" ;;
+    esac
+    line="$label $(median ${rates[$setup]}) decisions/s [${rates[$setup]# }]  p50 $(median ${p50s[$setup]}) ms  p99 $(median ${p99s[$setup]}) ms"
+    [ "$setup" = sqlite ] || line+="  $(median ${trips[$setup]}) round trips/decision"
+    echo "$line"
+  done
+  sqlite=$(median ${rates[sqlite]})
+  one=$(median ${rates[postgres-1]})
+  two=$(median ${rates[postgres-2]})
   read -r fsync_rps fsync_p50 fsync_p99 <<< "$(redis_limiter --appendonly yes --appendfsync always)"
   echo "redis + Lua (appendfsync always, 32 connections):   ${fsync_rps} decisions/s  p50 ${fsync_p50} ms  p99 ${fsync_p99} ms"
-  awk -v a="${results[0]}" -v b="${results[1]}" -v r="$fsync_rps" \
+  awk -v a="$one" -v b="$two" -v r="$fsync_rps" \
     'BEGIN { printf "quota-postgres/redis-fsync decisions ratio: 1 replica %.2f, 2 replicas %.2f\n", a/r, b/r }'
-  awk -v a="${results[0]}" -v b="${results[1]}" -v r="$sqlite" \
+  awk -v a="$one" -v b="$two" -v r="$sqlite" \
     'BEGIN { printf "quota-postgres/sqlite decisions ratio: 1 replica %.2f, 2 replicas %.2f\n", a/r, b/r }'
   exit 0
 fi
