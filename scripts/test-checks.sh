@@ -27,12 +27,15 @@ cd "$(dirname "$0")/.."
 OUT=.build/test-checks
 mkdir -p "$OUT"
 
-# Runs each argument (a command line) in turn, stopping at the first that fails.
+# Runs each argument (a command line) in turn, stopping at the first that fails, and says how long
+# each took (what CI's time is made of).
 lane() {
-  local command
+  local command started
   for command in "$@"; do
     echo "+ $command"
-    bash -c "$command" || { echo "test-checks: FAILED: $command"; return 1; }
+    started=$SECONDS
+    bash -c "$command" || { echo "test-checks: FAILED after $((SECONDS - started)) s: $command"; return 1; }
+    echo "test-checks: $((SECONDS - started)) s: $command"
   done
 }
 
