@@ -291,9 +291,6 @@ struct UnreachableRun {
         return start.duration(to: end)
     }
 
-    /// Notes a probe without an answer that took no time, at `now`; the run's length.
-    mutating func notThrough(at now: ContinuousClock.Instant) -> Duration { notThrough(from: now, to: now) }
-
     /// Notes an answer: the run ends.
     mutating func answered() {
         first = nil

@@ -663,3 +663,9 @@ struct ConnectionFillers {
         #expect(run.notThrough(from: at(5_000), to: at(5_000) + silence) < PostgresOutage.unreachableLimit)
     }
 }
+
+extension UnreachableRun {
+    /// Notes a probe without an answer that took no time, at `now` (as a probe whose connection
+    /// was refused at once); the run's length.
+    fileprivate mutating func notThrough(at now: ContinuousClock.Instant) -> Duration { notThrough(from: now, to: now) }
+}
