@@ -72,10 +72,11 @@ if [ "${STORE:-sqlite}" = postgres ]; then
       before=$(statements)
       out=$(profiled "$setup-$round" "$BIN/quota-bench" "${endpoints[$setup]}" "$SECONDS_EACH" "$CALLERS")
       after=$(statements)
-      [ "$setup" = sqlite ] || top_statements "statements-${setup#postgres-}-$round.txt"
       rates[$setup]+=" $(field "$out" decisions_per_s)"
       p50s[$setup]+=" $(field "$out" p50_ms)"
       p99s[$setup]+=" $(field "$out" p99_ms)"
+      [ "$setup" != sqlite ] || continue
+      top_statements "statements-${setup#postgres-}-$round.txt"
       # Every statement PostgreSQL ran while the bench did (BEGIN and COMMIT included), over every
       # reservation it made (its 200 warm-up ones too).
       decisions=$(( $(field "$out" admitted) + $(field "$out" denied) + 200 ))
