@@ -101,13 +101,29 @@ let package = Package(
             swiftSettings: crossModuleSettings
         ),
         // The compiler plugin behind `@BinaryMessage`: a message's binary coder from its fields.
+        // Only its entry point: the expansions are the library below, which the tests import.
+        // A test target that depends on a macro target has SwiftPM build the tests, and every
+        // module they use (NIO, both BoringSSLs, Hummingbird, GRDB...), a second time for the
+        // host, besides the services' build: a fresh `swift build --build-tests` compiled
+        // nearly everything twice.
         .macro(
             name: "MessageMacros",
             dependencies: [
+                "MessageMacroExpansions",
                 .product(name: "SwiftSyntaxMacros", package: "swift-syntax"),
                 .product(name: "SwiftCompilerPlugin", package: "swift-syntax"),
             ],
             path: "Shared/MessageMacros",
+            swiftSettings: swiftSettings
+        ),
+        // What `@BinaryMessage` and `@DefaultWhenAbsent` expand to (MessageMacrosTests show it).
+        .target(
+            name: "MessageMacroExpansions",
+            dependencies: [
+                .product(name: "SwiftSyntax", package: "swift-syntax"),
+                .product(name: "SwiftSyntaxMacros", package: "swift-syntax"),
+            ],
+            path: "Shared/MessageMacroExpansions",
             swiftSettings: swiftSettings
         ),
         // Codable message types, method descriptors and the wire error type.
@@ -481,7 +497,7 @@ let package = Package(
         .testTarget(
             name: "MessageMacrosTests",
             dependencies: [
-                "MessageMacros",
+                "MessageMacroExpansions",
                 .product(name: "SwiftSyntaxMacroExpansion", package: "swift-syntax"),
                 .product(name: "SwiftSyntaxMacrosGenericTestSupport", package: "swift-syntax"),
             ],

@@ -1,4 +1,4 @@
-import MessageMacros
+import MessageMacroExpansions
 import SwiftSyntaxMacroExpansion
 import SwiftSyntaxMacrosGenericTestSupport
 import Testing
@@ -10,8 +10,8 @@ import Testing
 @Suite("@BinaryMessage expansion")
 struct BinaryMessageMacroTests {
     static let macros: [String: MacroSpec] = [
-        "BinaryMessage": MacroSpec(type: BinaryMessageMacro.self, conformances: ["BinaryDirectCodable"]),
-        "DefaultWhenAbsent": MacroSpec(type: DefaultWhenAbsentMacro.self),
+        "BinaryMessage": MacroSpec(type: BinaryMessageExpansion.self, conformances: ["BinaryDirectCodable"]),
+        "DefaultWhenAbsent": MacroSpec(type: DefaultWhenAbsentExpansion.self),
     ]
 
     static func expand(_ source: String, _ expanded: String, diagnostics: [DiagnosticSpec] = [], line: UInt = #line) {

@@ -1,4 +1,3 @@
-import SwiftCompilerPlugin
 import SwiftSyntax
 import SwiftSyntaxMacros
 
@@ -8,7 +7,7 @@ import SwiftSyntaxMacros
 /// The generated code calls only `BinaryFieldWriter.write(name, value)`,
 /// `BinaryFieldValue.decode(T.self)` and `optional(T.self)`; their overloads pick each type's
 /// direct path, so the macro needs nothing but the declared types' spelling.
-public struct BinaryMessageMacro: ExtensionMacro, MemberMacro {
+public struct BinaryMessageExpansion: ExtensionMacro, MemberMacro {
     public static func expansion(
         of node: AttributeSyntax, attachedTo declaration: some DeclGroupSyntax, providingExtensionsOf type: some TypeSyntaxProtocol,
         conformingTo protocols: [TypeSyntax], in context: some MacroExpansionContext
@@ -153,7 +152,7 @@ public struct BinaryMessageMacro: ExtensionMacro, MemberMacro {
 }
 
 /// `@DefaultWhenAbsent`: read by `@BinaryMessage`; adds nothing itself.
-public struct DefaultWhenAbsentMacro: PeerMacro {
+public struct DefaultWhenAbsentExpansion: PeerMacro {
     public static func expansion(
         of node: AttributeSyntax, providingPeersOf declaration: some DeclSyntaxProtocol, in context: some MacroExpansionContext
     ) throws -> [DeclSyntax] {
@@ -291,9 +290,4 @@ struct MacroError: Error, CustomStringConvertible {
 
 extension String {
     var trimmingBackticks: String { filter { $0 != "`" } }
-}
-
-@main
-struct MessageMacrosPlugin: CompilerPlugin {
-    let providingMacros: [any Macro.Type] = [BinaryMessageMacro.self, DefaultWhenAbsentMacro.self]
 }
