@@ -20,8 +20,9 @@
 #
 # HOSTS_CHAOS=1 (CI's `make test`; root) also runs scripts/hosts-chaos.sh, the faults of hosts and
 # of the network (8.5 minutes, the machine about 40% busy), with the lanes one after the other
-# beside it (its output kept in .build/test-checks/hosts-chaos.log, printed when it ends): two
-# things at once, as without it, in about 9 minutes instead of 13 one after another.
+# beside it (its output kept in .build/test-checks/hosts-chaos.log, printed when it ends), and
+# lane 2's last check after it: two things at once, as without it, in about 9 minutes instead of
+# 13 one after another.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=.build/test-checks
@@ -91,7 +92,10 @@ beside() {
 }
 
 if [ -n "${HOSTS_CHAOS:-}" ]; then
-  beside hosts-chaos "$OUT/hosts-chaos.log" "${lane2[@]}" "${lane1[@]}" -- scripts/hosts-chaos.sh || exit 1
+  # The two lanes' last check goes after the hosts' faults, which take less time than the lanes
+  # (on 2026-12-07: 540 s against 671, the check 70).
+  beside hosts-chaos "$OUT/hosts-chaos.log" "${lane2[@]:0:${#lane2[@]}-1}" "${lane1[@]}" -- \
+    scripts/hosts-chaos.sh "${lane2[@]: -1}" || exit 1
 else
   beside "lane 2" "$OUT/lane-2.log" "${lane1[@]}" -- "${lane2[@]}" || exit 1
 fi
