@@ -222,9 +222,12 @@ struct WorkerProtocolTests {
         // Given a worker that says `ready` and then, told to stop, `leaving`, while the jobs
         // service is paused: the service hears both at once, and its assignments cross the
         // worker's leaving (the race a fresh-clone CI run once met by chance)
+        // (Heartbeats of 5 s: a worker waits three of them for the service's answer once it is
+        // stopping, time enough for a service resumed on a busy machine to catch up; at the 1 s
+        // default it once gave up before a loaded run's service had answered.)
         let jobsService = system.services.processes[.jobs]!
         jobsService.signal(SIGSTOP)
-        let worker = try system.startWorker(capacity: 1)
+        let worker = try system.startWorker(capacity: 1, extra: ["WORKER_HEARTBEAT_MS": "5000"])
         // (Sent, not answered: the worker logs "connected" once the service answers.)
         try await waitUntil { worker.output.contains("ready sent") }
         worker.signal(SIGTERM)
