@@ -44,7 +44,16 @@ def wait(what, condition, seconds=45):
     sys.exit(f"FAILED: {what} (last: {last})")
 
 
-wait("Prometheus is ready and scrapes the gateway", lambda: any(s["value"][1] == "1" for s in query('up{job="photoedit"}')))
+def scraped():
+    if any(s["value"][1] == "1" for s in query('up{job="photoedit"}')):
+        return True
+    # Not yet: why, as Prometheus saw the last scrape (what the failure prints).
+    targets = api("/api/v1/targets")["activeTargets"]
+    raise RuntimeError("; ".join(f"{t['scrapeUrl']}: {t['health']} {t.get('lastError', '')} after {t.get('lastScrapeDuration')} s"
+                                 for t in targets) or "no target yet")
+
+
+wait("Prometheus is ready and scrapes the gateway", scraped)
 
 
 def services_of(expr):
