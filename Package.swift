@@ -101,29 +101,20 @@ let package = Package(
             swiftSettings: crossModuleSettings
         ),
         // The compiler plugin behind `@BinaryMessage`: a message's binary coder from its fields.
-        // Only its entry point: the expansions are the library below, which the tests import.
-        // A test target that depends on a macro target has SwiftPM build the tests, and every
-        // module they use (NIO, both BoringSSLs, Hummingbird, GRDB...), a second time for the
-        // host, besides the services' build: a fresh `swift build --build-tests` compiled
-        // nearly everything twice.
+        // No test target depends on it or imports swift-syntax: a test target that depends on a
+        // macro target has SwiftPM build the tests, and every module they use (NIO, both
+        // BoringSSLs, Hummingbird, GRDB...), a second time for the host, and one that imports
+        // swift-syntax has it compile swift-syntax's modules a second time beside the plugin's.
+        // The expansion tests run the compiler with the built plugin instead
+        // (Tests/SystemTests/MacroExpansionTests.swift).
         .macro(
             name: "MessageMacros",
             dependencies: [
-                "MessageMacroExpansions",
+                .product(name: "SwiftSyntax", package: "swift-syntax"),
                 .product(name: "SwiftSyntaxMacros", package: "swift-syntax"),
                 .product(name: "SwiftCompilerPlugin", package: "swift-syntax"),
             ],
             path: "Shared/MessageMacros",
-            swiftSettings: swiftSettings
-        ),
-        // What `@BinaryMessage` and `@DefaultWhenAbsent` expand to (MessageMacrosTests show it).
-        .target(
-            name: "MessageMacroExpansions",
-            dependencies: [
-                .product(name: "SwiftSyntax", package: "swift-syntax"),
-                .product(name: "SwiftSyntaxMacros", package: "swift-syntax"),
-            ],
-            path: "Shared/MessageMacroExpansions",
             swiftSettings: swiftSettings
         ),
         // Codable message types, method descriptors and the wire error type.
@@ -492,16 +483,6 @@ let package = Package(
             name: "LoadTestTests",
             dependencies: ["loadtest", "Blobs", .product(name: "Histogram", package: "hdrhistogram-swift")],
             path: "Tests/LoadTestTests",
-            swiftSettings: swiftSettings
-        ),
-        .testTarget(
-            name: "MessageMacrosTests",
-            dependencies: [
-                "MessageMacroExpansions",
-                .product(name: "SwiftSyntaxMacroExpansion", package: "swift-syntax"),
-                .product(name: "SwiftSyntaxMacrosGenericTestSupport", package: "swift-syntax"),
-            ],
-            path: "Tests/MessageMacrosTests",
             swiftSettings: swiftSettings
         ),
         .testTarget(

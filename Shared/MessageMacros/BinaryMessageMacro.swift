@@ -7,7 +7,7 @@ import SwiftSyntaxMacros
 /// The generated code calls only `BinaryFieldWriter.write(name, value)`,
 /// `BinaryFieldValue.decode(T.self)` and `optional(T.self)`; their overloads pick each type's
 /// direct path, so the macro needs nothing but the declared types' spelling.
-public struct BinaryMessageExpansion: ExtensionMacro, MemberMacro {
+public struct BinaryMessageMacro: ExtensionMacro, MemberMacro {
     public static func expansion(
         of node: AttributeSyntax, attachedTo declaration: some DeclGroupSyntax, providingExtensionsOf type: some TypeSyntaxProtocol,
         conformingTo protocols: [TypeSyntax], in context: some MacroExpansionContext
@@ -152,7 +152,7 @@ public struct BinaryMessageExpansion: ExtensionMacro, MemberMacro {
 }
 
 /// `@DefaultWhenAbsent`: read by `@BinaryMessage`; adds nothing itself.
-public struct DefaultWhenAbsentExpansion: PeerMacro {
+public struct DefaultWhenAbsentMacro: PeerMacro {
     public static func expansion(
         of node: AttributeSyntax, providingPeersOf declaration: some DeclSyntaxProtocol, in context: some MacroExpansionContext
     ) throws -> [DeclSyntax] {
