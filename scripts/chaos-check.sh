@@ -40,5 +40,19 @@ if [ "$status" -ne 0 ]; then
   cp "$DIR/stack.log" "$OUT/stack.log"
   echo "chaos-check: FAILED; the stack's last log lines (all of it in $OUT/stack.log):"
   tail -120 "$DIR/stack.log"
+  # What the tail may have scrolled past: each warning and error (a failing store is logged once,
+  # when it begins to fail).
+  echo "chaos-check: the stack's warnings and errors:"
+  grep -E '^[^ ]+ (warning|error|critical) ' "$DIR/stack.log" | tail -60
+  if [ -d "$DIR/s3/log" ]; then
+    # The RADOS Gateway's own account: its requests that took a second or more (its access lines,
+    # "beast: ... latency=Ns", at its default log level, without presigned URLs' queries), and its
+    # logs kept beside the stack's.
+    rm -rf "$OUT/s3-log" && cp -r "$DIR/s3/log" "$OUT/s3-log"
+    echo "chaos-check: the RADOS Gateway's requests of a second or more (its logs in $OUT/s3-log):"
+    grep -h ' beast: ' "$DIR"/s3/log/client.rgw*.log 2>/dev/null |
+      awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^latency=/) { split($i, a, "="); if (a[2] + 0 >= 1) print } }' |
+      sed 's/?[^ "]*//' | tail -40
+  fi
 fi
 exit "$status"
