@@ -100,6 +100,7 @@ final class JobSystem: @unchecked Sendable {
              {"id": "broken-remote", "title": "Broken AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/bad"},
              {"id": "until-fixed-remote", "title": "Fixable AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/until-fixed"},
              {"id": "ten-second-remote", "title": "Very Slow AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/ten-seconds"},
+             {"id": "held-remote", "title": "Held AI", "processor": "remote", "endpoint": "http://127.0.0.1:\(port)/held"},
              {"id": "noop", "title": "No-op", "processor": "noop"}]
             """
         try services.start(.quota, extra: [
@@ -279,8 +280,9 @@ final class JobSystem: @unchecked Sendable {
 
     // MARK: The inference provider
 
-    /// `POST /slow` answers the fixture image after 3 s, `POST /ten-seconds` after 10 s;
-    /// `POST /bad` answers 400, and `POST /until-fixed` too until `providerLoad.fixed`.
+    /// `POST /slow` answers the fixture image after 3 s, `POST /ten-seconds` after 10 s, and
+    /// `POST /held` once `providerLoad.release()` is called (or after 2 minutes); `POST /bad`
+    /// answers 400, and `POST /until-fixed` too until `providerLoad.fixed`.
     static func runProvider(port: Int, load: ProviderLoad) async throws {
         let router = Router()
         for (path, delay) in [("/slow", 3), ("/ten-seconds", 10)] {
@@ -291,6 +293,16 @@ final class JobSystem: @unchecked Sendable {
                 let data = try Data(contentsOf: fixture)
                 return Response(status: .ok, headers: [.contentType: "image/jpeg"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
             }
+        }
+        router.post("/held") { _, _ -> Response in
+            load.begin()
+            defer { load.end() }
+            // A condition waited for, not a time: a test holds a job at the provider for as long
+            // as it looks at what happens meanwhile, however busy the machine.
+            let limit = ContinuousClock.now.advanced(by: .seconds(120))
+            while !load.released, ContinuousClock.now < limit { try await Task.sleep(for: .milliseconds(20)) }
+            let data = try Data(contentsOf: fixture)
+            return Response(status: .ok, headers: [.contentType: "image/jpeg"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
         }
         router.post("/until-fixed") { _, _ -> Response in
             guard load.fixed else {
@@ -322,6 +334,10 @@ final class ProviderLoad: Sendable {
     var total: Int { state.withLock { $0.total } }
     /// Calls being answered now.
     var now: Int { state.withLock { $0.now } }
+    /// Whether `/held` answers now (it holds each call until then).
+    private let letGo = Mutex(false)
+    var released: Bool { letGo.withLock { $0 } }
+    func release() { letGo.withLock { $0 = true } }
     /// Whether `/until-fixed` has been fixed (it answers 400 until then).
     private let repaired = Mutex(false)
     var fixed: Bool {
