@@ -367,7 +367,7 @@ struct ModelProvidersTests {
     }
 
     @Test func aVideoSurvivesKillsOfJobsAndOfItsWorkerChargedOnce() async throws {
-        let models = try await ModelSystem(videoMilliseconds: 6000, pollMilliseconds: 500, workers: 1, capacity: 1)
+        let models = try await ModelSystem(videoMilliseconds: 10_000, pollMilliseconds: 500, workers: 1, capacity: 1)
         let device = UUID()
         let user = JobSystem.guest(device)
         try await models.system.gateway { client in
@@ -376,11 +376,14 @@ struct ModelProvidersTests {
             #expect(status == .accepted)
             let jobId = try #require(body["jobId"] as? String)
             try await waitUntil { (try await models.stats())["submissions"] as? Int == 1 }
-            // Its generation waits at fal and holds no slot: a filter runs on the one slot meanwhile
+            // Its generation waits at fal and holds no slot: a filter runs on the one slot meanwhile,
+            // done while the video is still at fal (its 10 s there, not a bound on the filter's own
+            // time, is what a busy machine must stay within: it once had 4 s)
             let (quickStatus, quick) = try await Self.create(client, user, key: key, effect: "grayscale", prompt: "quick")
             #expect(quickStatus == .accepted)
-            let quickDone = try await JobSystem.waitForStatus(client, as: user, jobId: try #require(quick["jobId"] as? String), within: .seconds(4))
+            let quickDone = try await JobSystem.waitForStatus(client, as: user, jobId: try #require(quick["jobId"] as? String))
             #expect(quickDone["status"] as? String == "completed", "\(quickDone)")
+            #expect((try await models.stats())["falRequestsWaiting"] as? Int == 1, "the filter ended after the video's generation")
             // kill -9 of jobs and of the worker while the video is generated
             models.system.services.processes[.jobs]?.signal(SIGKILL)
             models.system.workers.last?.signal(SIGKILL)
