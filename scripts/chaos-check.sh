@@ -47,8 +47,9 @@ if [ "$status" -ne 0 ]; then
   if [ -d "$DIR/s3/log" ]; then
     # The RADOS Gateway's own account: its requests that took a second or more (its access lines,
     # "beast: ... latency=Ns", at its default log level, without presigned URLs' queries), and its
-    # logs kept beside the stack's.
-    rm -rf "$OUT/s3-log" && cp -r "$DIR/s3/log" "$OUT/s3-log"
+    # daemons' logs kept beside the stack's (not the folder's other files: the user's creation
+    # printed its secret key).
+    rm -rf "$OUT/s3-log" && mkdir -p "$OUT/s3-log" && cp "$DIR"/s3/log/*.log "$OUT/s3-log/"
     echo "chaos-check: the RADOS Gateway's requests of a second or more (its logs in $OUT/s3-log):"
     grep -h ' beast: ' "$DIR"/s3/log/client.rgw*.log 2>/dev/null |
       awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^latency=/) { split($i, a, "="); if (a[2] + 0 >= 1) print } }' |
