@@ -393,13 +393,16 @@ struct WorkerProtocolTests {
             other.send(WorkerMessage.ready(WorkerReady(workerId: "other", capacity: 1, effects: ["*"])))
             let beating = heartbeats(from: other, naming: [])
             defer { beating.cancel() }
-            // Then the job goes to it once the silent one has missed three of its 2 s heartbeats
-            // (not three of the service's 1 s ones), and not much later
-            let second = await next(otherInbox, within: .seconds(15)) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
+            // Then the job goes to it once the silent one has missed three of its 2 s heartbeats,
+            // not three of the service's 1 s ones. (The exact moment, with time passed in, is
+            // `DispatchStateMachineTests.aWorkerIsDeadAfterThreeOfItsOwnIntervalsNotTheServices`;
+            // here the upper bound only says the job is taken back at all, on a machine of any
+            // speed, so it is five times the 6 s.)
+            let second = await next(otherInbox, within: .seconds(40)) { if case .assign(let assignment) = $0 { return assignment.attempt } else { return nil } }
             let waited = lastSent.duration(to: .now)
             #expect(second == JobAttempt(jobId: job.id, attempt: 2))
             #expect(waited >= .seconds(6), "the job was taken back after \(waited)")
-            #expect(waited < .seconds(10), "the job was taken back after \(waited)")
+            #expect(waited < .seconds(30), "the job was taken back after \(waited)")
             }
         }
         await system.stop()
