@@ -38,9 +38,9 @@ struct EventStreamTests {
 
     /// A gateway process in front of `system` (no workers), a guest's queued job (it stays
     /// queued) and `count` streams of it, each past its first event (`queued`).
-    static func streamsOfAQueuedJob(_ system: JobSystem, count: Int) async throws
+    static func streamsOfAQueuedJob(_ system: JobSystem, count: Int, extra: [String: String] = [:]) async throws
         -> (gateway: ServiceProcess, port: Int, user: String, job: JobRecord, streams: [RawConnection]) {
-        let (gateway, port) = try await gatewayProcess(system, extra: [:])
+        let (gateway, port) = try await gatewayProcess(system, extra: extra)
         let device = UUID()
         let user = "device:\(device.uuidString.lowercased())"
         let job = try await system.clients.jobs.call(Jobs.create, CreateJob(jobId: UUID().uuidString.lowercased(), userId: user, isPro: false, imageKey: "uploads/x/a.jpg", effectId: "copy"))
@@ -55,7 +55,9 @@ struct EventStreamTests {
 
     @Test func droppedStreamsFreeTheirSocketsAndTheBoundsAnswer503() async throws {
         let system = try await JobSystem(workers: 0)
-        let (gateway, port) = try await Self.gatewayProcess(system, extra: ["SSE_MAX_PER_USER": "200", "SSE_MAX_STREAMS": "300"])
+        // (Keepalive comments every 10 minutes: a dropped stream is noticed by the gateway watching
+        // its connection, not by a failed write of one of them.)
+        let (gateway, port) = try await Self.gatewayProcess(system, extra: ["SSE_MAX_PER_USER": "200", "SSE_MAX_STREAMS": "300", "SSE_KEEPALIVE_S": "600"])
         // Given a user with two queued jobs (no workers: they stay queued, their streams stay open)
         let device = UUID()
         let user = "device:\(device.uuidString.lowercased())"
@@ -81,10 +83,11 @@ struct EventStreamTests {
         #expect(answer.hasPrefix("HTTP/1.1 503"), "answered \(answer.prefix(60))")
         #expect(answer.lowercased().contains("retry-after: 5"))
         refused.close()
-        // And once the clients drop their streams, the gateway's descriptors return within seconds
+        // And once the clients drop their streams, the gateway's descriptors return, long before a
+        // keepalive comment is due (60 s: at once, on any machine; the comments' 600 s otherwise)
         for stream in streams { stream.close() }
         let dropped = ContinuousClock.now
-        try await waitUntil(within: .seconds(10)) { Self.openDescriptors(gateway.pid) <= before }
+        try await waitUntil(within: .seconds(60)) { Self.openDescriptors(gateway.pid) <= before }
         let after = Self.openDescriptors(gateway.pid)
         // (about 200 held while open: a descriptor more or less is the gateway's own business,
         // a log file or a bus reconnection)
@@ -115,6 +118,24 @@ struct EventStreamTests {
             #expect(rest.hasSuffix("0\r\n\r\n"), "the stream did not end")
             stream.close()
         }
+        await gateway.stop()
+        await system.stop()
+    }
+
+    @Test func anIdleStreamGetsAKeepaliveCommentAtTheConfiguredInterval() async throws {
+        let system = try await JobSystem(workers: 0)
+        // Given a gateway that keeps its streams alive every second (the default is 15 s), and a
+        // stream of a queued job that does not change (no workers)
+        let (gateway, _, _, _, streams) = try await Self.streamsOfAQueuedJob(system, count: 1, extra: ["SSE_KEEPALIVE_S": "1"])
+        let stream = try #require(streams.first)
+        // Then comment lines keep coming, each within the connection's 10 s read limit (with the
+        // default 15 s none would), and nothing else: the job did not change
+        for index in 0..<3 {
+            let received = await stream.read(until: ": keepalive\n\n")
+            #expect(received.contains(": keepalive\n\n"), "comment \(index) did not come: \(received.prefix(120))")
+            #expect(!received.contains("event:"), "an event of an unchanged job: \(received.prefix(120))")
+        }
+        stream.close()
         await gateway.stop()
         await system.stop()
     }

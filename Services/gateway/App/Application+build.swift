@@ -113,7 +113,10 @@ public func buildApplication(
     // The gateway's own counters exist at zero from the start (the HTTP ones: `buildRouter`).
     _ = (ConnectionGuard.refused, ConnectionGuard.slowBodies, Metrics.Counter(label: "gateway_uploads_aborted_total"))
     let connections = ConnectionCount()
-    let streams = JobStreams(jobs: clients.jobs, perUser: configuration.streamsPerUser, total: configuration.streamsTotal, logger: logger)
+    let streams = JobStreams(
+        jobs: clients.jobs, perUser: configuration.streamsPerUser, total: configuration.streamsTotal,
+        keepalive: configuration.streamKeepalive, logger: logger
+    )
     return Application(
         router: buildRouter(clients: clients, authenticator: authenticator, configuration: configuration, streams: streams, blobs: blobs, metrics: metrics, logger: logger),
         server: .http1(configuration: .init(

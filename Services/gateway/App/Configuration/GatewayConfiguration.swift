@@ -54,6 +54,9 @@ public struct GatewayConfiguration: Sendable {
     /// and `streamsTotal` in all (`SSE_MAX_STREAMS`, default 4,000); past either, 503.
     public var streamsPerUser: Int
     public var streamsTotal: Int
+    /// How often every open event stream gets a comment line (`: keepalive`), so that proxies and
+    /// clients that close idle connections keep it (`SSE_KEEPALIVE_S`, default 15 s, at least 1).
+    public var streamKeepalive: Duration
     /// Whether a presign is refused with the quota 429 when the user has no edit left in some
     /// window (`UPLOADS_REQUIRE_QUOTA`, default true).
     public var uploadsRequireQuota: Bool
@@ -115,6 +118,7 @@ public struct GatewayConfiguration: Sendable {
         imageMaxPixels = try environment.int("IMAGE_MAX_PIXELS", default: 50_000_000)
         streamsPerUser = try environment.int("SSE_MAX_PER_USER", default: 8)
         streamsTotal = try environment.int("SSE_MAX_STREAMS", default: 4_000)
+        streamKeepalive = .seconds(max(1, try environment.int("SSE_KEEPALIVE_S", default: 15)))
         uploadsRequireQuota = try environment.bool("UPLOADS_REQUIRE_QUOTA", default: true)
         adaptyWebhookSecret = environment.optional("ADAPTY_WEBHOOK_SECRET")
         falWebhookJWKSURL = environment.string("FAL_WEBHOOK_JWKS_URL", default: FalWebhookSignature.defaultJWKSURL)
@@ -136,7 +140,7 @@ public struct GatewayConfiguration: Sendable {
     public static var environmentKeys: [String] {
         ["GATEWAY_HOST", "GATEWAY_PORT", "BUS_TIMEOUT_MS", "READY_TIMEOUT_MS", "LOG_LEVEL", "LOG_FORMAT", "JWT_SECRET", "ADMIN_TOKEN", "VIEWER_TOKEN",
          "UPLOAD_MAX_BYTES", "SIGNED_URL_TTL_S", "SHARE_TTL_S", "IDEMPOTENCY_WINDOW_S",
-         "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "FAL_WEBHOOK_JWKS_URL", "OPENAPI_FILE", "BUS_CURVE_PUBLIC", "BUS_CURVE_KEY", "BUS_ENCODING",
+         "IMAGE_MAX_PIXELS", "SSE_MAX_PER_USER", "SSE_MAX_STREAMS", "SSE_KEEPALIVE_S", "UPLOADS_REQUIRE_QUOTA", "ADAPTY_WEBHOOK_SECRET", "FAL_WEBHOOK_JWKS_URL", "OPENAPI_FILE", "BUS_CURVE_PUBLIC", "BUS_CURVE_KEY", "BUS_ENCODING",
          "GATEWAY_TASKS_ON_EVENT_LOOPS",
          "HTTP_IDLE_TIMEOUT_S", "HTTP_BODY_MIN_BYTES_PER_S", "HTTP_BODY_GRACE_S", "HTTP_MAX_CONNECTIONS", "TRUSTED_PROXIES",
          "APP_ATTEST_APP_ID", "APP_ATTEST_ENVIRONMENT", "APP_ATTEST_REQUIRED"]
