@@ -9,6 +9,7 @@
 # 3. scale-out: a remote effect answered after 100 ms by a stand-in provider with a 64x48 image
 #    (so that the queue, not libvips, is measured), 1, 2, 4, 8 and 16 worker processes, the
 #    efficiency against linear and the CPU time each job costs the jobs service.
+# BENCH_PERF=DIR records a perf profile of the whole machine during (1)'s no-op run (DIR/noop.data).
 # STORE=postgres: instead, the no-op run on SQLite and on PostgreSQL (see below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -97,7 +98,7 @@ fi
 
 # 1. the queue itself: noop jobs, two workers
 start_workers 2 "$CAPACITY"
-noop=$("$BIN/jobs-bench" "$jobs_endpoint" "$work/blobs" "$NOOP_JOBS" noop "$image")
+noop=$(profiled noop "$BIN/jobs-bench" "$jobs_endpoint" "$work/blobs" "$NOOP_JOBS" noop "$image")
 stop_workers
 
 # Celery, same machine
