@@ -284,14 +284,16 @@ final class JobSystem: @unchecked Sendable {
     /// `POST /held` once `providerLoad.release()` is called (or after 2 minutes); `POST /bad`
     /// answers 400, and `POST /until-fixed` too until `providerLoad.fixed`.
     static func runProvider(port: Int, load: ProviderLoad) async throws {
+        // Read once, before serving: every answer is the same image, and no handler reads a file.
+        let fixtureBytes = try Data(contentsOf: fixture)
+        let image: @Sendable () -> Response = { Response(status: .ok, headers: [.contentType: "image/jpeg"], body: .init(byteBuffer: ByteBuffer(bytes: fixtureBytes))) }
         let router = Router()
         for (path, delay) in [("/slow", 3), ("/ten-seconds", 10)] {
             router.post(RouterPath(path)) { _, _ -> Response in
                 load.begin()
                 defer { load.end() }
                 try await Task.sleep(for: .seconds(delay))
-                let data = try Data(contentsOf: fixture)
-                return Response(status: .ok, headers: [.contentType: "image/jpeg"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
+                return image()
             }
         }
         router.post("/held") { _, _ -> Response in
@@ -301,15 +303,13 @@ final class JobSystem: @unchecked Sendable {
             // as it looks at what happens meanwhile, however busy the machine.
             let limit = ContinuousClock.now.advanced(by: .seconds(120))
             while !load.released, ContinuousClock.now < limit { try await Task.sleep(for: .milliseconds(20)) }
-            let data = try Data(contentsOf: fixture)
-            return Response(status: .ok, headers: [.contentType: "image/jpeg"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
+            return image()
         }
         router.post("/until-fixed") { _, _ -> Response in
             guard load.fixed else {
                 return Response(status: .badRequest, headers: [.contentType: "text/plain"], body: .init(byteBuffer: ByteBuffer(string: "broken until fixed")))
             }
-            let data = try Data(contentsOf: fixture)
-            return Response(status: .ok, headers: [.contentType: "image/jpeg"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
+            return image()
         }
         router.post("/bad") { _, _ -> Response in
             Response(status: .badRequest, headers: [.contentType: "text/plain"], body: .init(byteBuffer: ByteBuffer(string: "no")))
