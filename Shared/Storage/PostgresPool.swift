@@ -108,7 +108,7 @@ public struct PostgresMigration: Sendable {
 /// awaits only its answer: a wait given up on stays in the pool's queue until a connection comes
 /// (the operation then does nothing and gives it back) or the pool stops (which fails every wait).
 /// Cancelling a waiting lease raced with its registration in the pool and could leave the canceller
-/// waiting for ever. Nor is a connection in use ever closed (see `timer`).
+/// waiting for ever. Nor is a connection in use ever closed (see `OperationWatch`).
 public final class PostgresPool: Service, Sendable {
     public let client: PostgresClient
     public let location: PostgresLocation
@@ -392,8 +392,8 @@ public final class PostgresPool: Service, Sendable {
         let outcome = await withCheckedContinuation { (caller: CheckedContinuation<Result<T, any Error>, Never>) in
             let answer = Answer(caller)
             let operation = Operation(
-                run: { [client, location, outage] in
-                    await Self.attempt(client: client, location: location, outage: outage, end: end, body: body, answer: answer)
+                run: { [client, loop, location, outage] in
+                    await Self.attempt(client: client, loop: loop, location: location, outage: outage, end: end, body: body, answer: answer)
                 },
                 stopped: { [location] in answer.give(.failure(PostgresUnavailable(location: location))) }
             )
@@ -405,87 +405,37 @@ public final class PostgresPool: Service, Sendable {
         return try outcome.get()
     }
 
-    /// One caller's operation, run by `run()`: the wait for a connection and `body` in one task,
-    /// a timer in another that answers the caller when the server is found down or `end` passes.
-    /// The wait is never cancelled; the timer is, once the operation has ended.
+    /// One caller's operation, run by `run()` in a task of its own: the wait for a connection and
+    /// `body`, watched meanwhile by an `OperationWatch`, which answers the caller when the server is
+    /// found down or `end` passes. The wait is never cancelled; the watch is, once the operation
+    /// has ended.
     private static func attempt<T: Sendable>(
-        client: PostgresClient, location: PostgresLocation, outage: PostgresOutage, end: ContinuousClock.Instant?,
+        client: PostgresClient, loop: any EventLoop, location: PostgresLocation, outage: PostgresOutage, end: ContinuousClock.Instant?,
         body: @escaping @Sendable (PostgresConnection) async throws -> T, answer: Answer<T>
     ) async {
         let lease = LeaseState()
-        await withTaskGroup(of: Bool.self) { group in
-            group.addTask {
-                do {
-                    while true {
-                        let leased = try await client.withConnection { connection -> Leased<T> in
-                            // A connection whose close the pool has not heard of yet: see `Leased`.
-                            guard !connection.isClosed else { return .closed }
-                            // Too late (the caller was told nothing was done): do nothing.
-                            guard lease.acquire(connection) else { throw CancellationError() }
-                            return .done(try await body(connection))
-                        }
-                        if case .done(let value) = leased {
-                            answer.give(.success(value))
-                            break
-                        }
-                        guard !lease.isAbandoned else { throw CancellationError() }
-                        try await Task.sleep(for: closedConnectionPause)
-                    }
-                } catch {
-                    answer.give(.failure(error))
+        let watch = OperationWatch(loop: loop, lease: lease, location: location, outage: outage, end: end, answer: answer)
+        // The watch's end leaves the operation to finish; the operation's end stops the watch.
+        defer { watch.stop() }
+        do {
+            while true {
+                let leased = try await client.withConnection { connection -> Leased<T> in
+                    // A connection whose close the pool has not heard of yet: see `Leased`.
+                    guard !connection.isClosed else { return .closed }
+                    // Too late (the caller was told nothing was done): do nothing.
+                    guard lease.acquire(connection) else { throw CancellationError() }
+                    return .done(try await body(connection))
                 }
-                return true
-            }
-            group.addTask {
-                await timer(lease: lease, location: location, outage: outage, end: end, answer: answer)
-                return false
-            }
-            // The operation's end stops the timer; the timer's end leaves the operation to finish.
-            while let operationEnded = await group.next() {
-                if operationEnded { group.cancelAll() }
-            }
-        }
-    }
-
-    /// An operation's timer: after `acquireLimit`, has the server probed; without a connection,
-    /// gives the operation up if it is down or `end` passes first; with one, answers the caller
-    /// at `end` or once the server is found down. Ends early when cancelled (the operation ended).
-    private static func timer<T: Sendable>(
-        lease: LeaseState, location: PostgresLocation, outage: PostgresOutage, end: ContinuousClock.Instant?, answer: Answer<T>
-    ) async {
-        func sleep(_ duration: Duration) async -> Bool {
-            let until = ContinuousClock.now.advanced(by: duration)
-            return (try? await Task.sleep(until: end.map { min($0, until) } ?? until)) != nil
-        }
-        guard await sleep(acquireLimit) else { return }
-        var connection = lease.acquired
-        while connection == nil {
-            if outage.isDown || end.map({ ContinuousClock.now >= $0 }) == true {
-                guard let acquired = lease.abandonUnlessAcquired() else {
-                    answer.give(.failure(PostgresUnavailable(location: location)))
+                if case .done(let value) = leased {
+                    answer.give(.success(value))
                     return
                 }
-                connection = acquired
-                break
+                guard !lease.isAbandoned else { throw CancellationError() }
+                try await Task.sleep(for: closedConnectionPause)
             }
-            outage.suspect()
-            guard await sleep(checkEvery) else { return }
-            connection = lease.acquired
+        } catch {
+            answer.give(.failure(error))
         }
-        // With a connection, the caller is answered at `end`, or as soon as the server is found
-        // down or frozen (the operation has outlasted `acquireLimit`: the server is probed), as
-        // timed out: it may have committed. The operation finishes in its own time (a
-        // transaction's statements are stopped by PostgreSQL at the same deadline: see
-        // `transaction`; a frozen server's, once it runs again). Closing its connection instead
-        // raced with postgres-nio's pool, which could hand the closed connection to the next
-        // caller, whose query then never ended.
-        guard connection != nil else { return }
-        while !outage.isDown {
-            if let end, ContinuousClock.now >= end { break }
-            outage.suspect()
-            guard await sleep(checkEvery) else { return }
-        }
-        answer.give(.failure(PostgresOperationTimedOut()))
     }
 
     /// Applies the migrations of `service` not applied yet, in order, each in a transaction,
@@ -628,7 +578,7 @@ enum Leased<T: Sendable>: Sendable {
 /// hears of the close meanwhile).
 let closedConnectionPause = Duration.milliseconds(5)
 
-/// A caller's answer, given once: by the operation, or by its timer first.
+/// A caller's answer, given once: by the operation, or by its watch first (`OperationWatch`).
 final class Answer<T: Sendable>: Sendable {
     private let caller: Mutex<CheckedContinuation<Result<T, any Error>, Never>?>
 
@@ -665,20 +615,81 @@ final class LeaseState: Sendable {
         }
     }
 
-    /// The connection, if it came.
-    var acquired: PostgresConnection? {
-        state.withLock { state in
-            if case .acquired(let connection) = state { return connection }
-            return nil
-        }
-    }
-
     /// The wait is over: the connection if it came, else nil (and it never will be used).
     func abandonUnlessAcquired() -> PostgresConnection? {
         state.withLock { state in
             if case .acquired(let connection) = state { return connection }
             state = .abandoned
             return nil
+        }
+    }
+}
+
+/// An operation's timer (see `PostgresPool.attempt`): after `acquireLimit` (or at the operation's
+/// end, if sooner), has the server probed; without a connection, gives the operation up if the
+/// server is down or `end` has passed; with one, answers the caller at `end` or once the server is
+/// found down or frozen (the operation has outlasted `acquireLimit`: the server is probed), as
+/// timed out: it may have committed. The operation finishes in its own time (a transaction's
+/// statements are stopped by PostgreSQL at the same deadline: see `transaction`; a frozen
+/// server's, once it runs again). Closing its connection instead raced with postgres-nio's pool,
+/// which could hand the closed connection to the next caller, whose query then never ended.
+///
+/// Its checks are callbacks on the pool's event loop, not a task: a task of its own with a
+/// `Task.sleep` for every operation (a timer of Dispatch's, which fires even once cancelled) were
+/// a thread wake-up and a task per page of history (see docs/history.md).
+final class OperationWatch<T: Sendable>: NIOScheduledCallbackHandler, Sendable {
+    private let loop: any EventLoop
+    private let lease: LeaseState
+    private let location: PostgresLocation
+    private let outage: PostgresOutage
+    private let end: ContinuousClock.Instant?
+    private let answer: Answer<T>
+    /// The next check, and whether the watch has stopped (no check is made once it has).
+    private let next = Mutex<(check: NIOScheduledCallback?, stopped: Bool)>((nil, false))
+
+    /// Starts watching: the first check after `acquireLimit`.
+    init(loop: any EventLoop, lease: LeaseState, location: PostgresLocation, outage: PostgresOutage, end: ContinuousClock.Instant?, answer: Answer<T>) {
+        (self.loop, self.lease, self.location, self.outage, self.end, self.answer) = (loop, lease, location, outage, end, answer)
+        schedule(after: PostgresPool.acquireLimit)
+    }
+
+    /// The operation has ended: no more checks (and no reference to the watch is left on the loop).
+    func stop() {
+        let check = next.withLock { next in
+            next.stopped = true
+            defer { next.check = nil }
+            return next.check
+        }
+        check?.cancel()
+    }
+
+    /// The next check after `duration`, or at `end` if sooner.
+    private func schedule(after duration: Duration) {
+        let now = ContinuousClock.now
+        let until = end.map { min($0, now.advanced(by: duration)) } ?? now.advanced(by: duration)
+        let delay = TimeAmount(max(.zero, now.duration(to: until)))
+        next.withLock { next in
+            guard !next.stopped else { return }
+            // (It throws only once the loop has shut down: NIO's shared loops never do.)
+            next.check = try? loop.scheduleCallback(at: .now() + delay, handler: self)
+        }
+    }
+
+    private var passed: Bool { end.map { ContinuousClock.now >= $0 } ?? false }
+
+    /// A check: with or without a connection, the server probed and a check again while it is
+    /// not found down and `end` has not passed; then the caller answered, as unavailable if no
+    /// connection came (and none will be used), else as timed out.
+    func handleScheduledCallback(eventLoop: some EventLoop) {
+        guard outage.isDown || passed else {
+            outage.suspect()
+            schedule(after: PostgresPool.checkEvery)
+            return
+        }
+        if lease.abandonUnlessAcquired() == nil {
+            answer.give(.failure(PostgresUnavailable(location: location)))
+        } else {
+            answer.give(.failure(PostgresOperationTimedOut()))
         }
     }
 }
