@@ -81,7 +81,7 @@ extension PostgresJobsStore {
                 results.append(.success(Created(job: job, created: true)))
             }
             if !made.isEmpty {
-                let rows = String(decoding: try JSONEncoder().encode(try made.sorted { $0.id < $1.id }.map(NewJobRow.init)), as: UTF8.self)
+                let rows = try JobRowsJSON.new(made.sorted { $0.id < $1.id })
                 try await db.query("""
                     INSERT INTO jobs_job (\(unescaped: columns), history_due_at)
                     SELECT \(unescaped: columns), history_due_at FROM jsonb_populate_recordset(NULL::jobs_job, \(rows)::jsonb)
@@ -89,46 +89,5 @@ extension PostgresJobsStore {
             }
             return results
         }
-    }
-}
-
-/// A new job's row as `jsonb_populate_recordset` reads it: keys named as the columns, an absent
-/// key NULL; due for history at once.
-private struct NewJobRow: Encodable {
-    var id, user_id: String
-    var is_pro: Bool
-    var image_key, effect_id, parameters: String
-    var prompt: String?
-    var status: String
-    var progress: Double
-    var attempts, max_attempts: Int
-    var created_at, updated_at: Double
-    var version: Int
-    var cancel_requested: Bool
-    var credits: Int
-    var trace_parent, image_etag: String?
-    var history_due_at: Double
-
-    /// A job just made: it has no error, result, start, end or submission yet.
-    init(_ job: JobRecord) throws {
-        id = job.id
-        user_id = job.userId
-        is_pro = job.isPro
-        image_key = job.imageKey
-        effect_id = job.effectId
-        parameters = try JobRows.text(job.parameters)
-        prompt = job.prompt
-        status = job.status.rawValue
-        progress = job.progress
-        attempts = job.attempts
-        max_attempts = job.maxAttempts
-        created_at = job.createdAt.timeIntervalSince1970
-        updated_at = job.updatedAt.timeIntervalSince1970
-        version = job.version
-        cancel_requested = job.cancelRequested
-        credits = job.credits
-        trace_parent = job.traceParent
-        image_etag = job.imageETag
-        history_due_at = job.updatedAt.timeIntervalSince1970
     }
 }

@@ -184,7 +184,7 @@ extension PostgresJobsStore {
             return
         }
         var bindings = PostgresBindings(capacity: 17)
-        bindings.append(String(decoding: try JSONEncoder().encode(try jobs.map(ChangedJobRow.init)), as: UTF8.self))
+        bindings.append(try JobRowsJSON.changed(jobs))
         bindings.append(jobs.map(\.id))
         bindings.append(outbox.map(\.topic))
         bindings.append(outbox.map(\.kind))
@@ -243,35 +243,5 @@ struct OutboxRow {
         self.jobId = jobId
         self.version = version
         self.payload = payload.map { String(decoding: $0, as: UTF8.self) } ?? ""
-    }
-}
-
-/// What a transition changes in a job's row (what `update` writes), as `jsonb_populate_recordset`
-/// reads it: keys named as the columns, an absent key NULL.
-private struct ChangedJobRow: Encodable {
-    var id, status: String
-    var progress: Double
-    var attempts: Int
-    var last_error, result_key, thumbnail_key: String?
-    var updated_at: Double
-    var started_at, finished_at: Double?
-    var version: Int
-    var cancel_requested: Bool
-    var submission: String?
-
-    init(_ job: JobRecord) throws {
-        id = job.id
-        status = job.status.rawValue
-        progress = job.progress
-        attempts = job.attempts
-        last_error = job.lastError
-        result_key = job.resultKey
-        thumbnail_key = job.thumbnailKey
-        updated_at = job.updatedAt.timeIntervalSince1970
-        started_at = job.startedAt?.timeIntervalSince1970
-        finished_at = job.finishedAt?.timeIntervalSince1970
-        version = job.version
-        cancel_requested = job.cancelRequested
-        submission = try JobRows.text(job.submission)
     }
 }
