@@ -218,4 +218,49 @@ struct PostgresDispatchBatchTests {
             }
         }
     }
+
+    /// A batch's fence and rows are one call of `jobs_locked_rows`, planned once per connection
+    /// like the writes: planned while the jobs table held a row, the kept plan would read it whole
+    /// at every batch once it held thousands, but the function plans without sequential scans.
+    /// The call answers the rows that exist, in id order, and is refused to a replica that does
+    /// not hold the lease.
+    @Test func theFenceAndRowsOfABatchProbeByKeyAfterTheTableGrowsPastThePlanMadeWhenItWasSmall() async throws {
+        try await withStore { store, database in
+            let term = try #require(try await DispatchElection(database: database, holder: "replica-a", ttl: .seconds(60), logger: quietLogger).claim())
+            let leader = store.fenced(.init(holder: "replica-a", term: term))
+            try await database.connection { db in
+                // Given a connection that read a batch's rows while the table held one row
+                try await create(store, "first")
+                #expect(try await leader.lockedRows(db, ["first"]).map(\.id) == ["first"])
+                try await db.query("ALTER TABLE jobs_job SET (autovacuum_enabled = false)", logger: quietLogger)
+                try await db.query("ANALYZE jobs_job", logger: quietLogger)
+                #expect(try await leader.lockedRows(db, ["missing"]).isEmpty)
+                // And a table that then grew to 3,000 rows
+                try await db.query("""
+                    INSERT INTO jobs_job (id, user_id, is_pro, image_key, effect_id, parameters, status, progress, attempts, max_attempts,
+                                          created_at, updated_at, version)
+                    SELECT 'job-' || lpad(g::text, 5, '0'), 'alice', false, 'uploads/alice/' || g || '.jpg', 'copy', '{}', 'queued', 0, 0, 3,
+                           1790000000 + g, 1790000000 + g, 1
+                    FROM generate_series(1, 3000) AS g
+                    """, logger: quietLogger)
+
+                // When it reads ten of them and one that does not exist
+                var read: [JobRecord] = []
+                let wanted = ["job-00007", "job-00003", "nothing", "job-00010"] + (1...7).map { "job-0002\($0)" }
+                let scans = try await TestPostgres.sequentialScans(db, of: ["jobs_job", "jobs_leader"], logger: quietLogger) {
+                    read = try await leader.lockedRows(db, wanted)
+                }
+
+                // Then it finds them in id order, without a scan of either table
+                #expect(read.map(\.id) == wanted.filter { $0 != "nothing" }.sorted())
+                #expect(scans == 0, "\(scans) sequential scans of jobs_job and jobs_leader")
+            }
+            // And a replica that does not hold the lease reads nothing
+            _ = try await database.connection { db in
+                await #expect(throws: DispatchDeposed.self) {
+                    _ = try await store.fenced(.init(holder: "replica-b", term: term)).lockedRows(db, ["first"])
+                }
+            }
+        }
+    }
 }

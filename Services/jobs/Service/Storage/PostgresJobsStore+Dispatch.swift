@@ -134,26 +134,41 @@ extension PostgresJobsStore {
     }
 
     /// The rows of `ids` that exist, locked in the order of their ids. With a lease, its fence
-    /// comes first in the same statement: the lease row `FOR SHARE` (as `write(fenced:)` reads
-    /// it), then the rows, joined to it, so that a batch takes one round trip fewer; a replica
-    /// whose lease was taken locks none of them and throws `DispatchDeposed`.
-    private func lockedRows(_ db: PostgresConnection, _ ids: [String]) async throws -> [JobRecord] {
+    /// comes first in the same call (`jobs_locked_rows`, migration v12): the lease row `FOR
+    /// SHARE` (as `write(fenced:)` reads it), then the rows, so that a batch takes one round trip
+    /// fewer; a replica whose lease was taken locks none of them and throws `DispatchDeposed`.
+    func lockedRows(_ db: PostgresConnection, _ ids: [String]) async throws -> [JobRecord] {
         guard let lease = fence else {
             return try await rows(db, "SELECT \(unescaped: Self.columns) FROM jobs_job WHERE id = ANY(\(ids)::text[]) ORDER BY id FOR UPDATE")
         }
-        var jobs: [JobRecord] = []
-        var term: Int64?
-        for try await row in try await db.query("""
-            SELECT j.*, f.term FROM (SELECT term FROM jobs_leader WHERE name = 'dispatcher' AND holder = \(lease.holder) FOR SHARE) AS f
-            LEFT JOIN LATERAL (SELECT \(unescaped: Self.columns) FROM jobs_job WHERE id = ANY(\(ids)::text[]) ORDER BY id FOR UPDATE) AS j ON true
-            """, logger: logger) {
-            let cells = row.makeRandomAccess()
-            term = try cells[JobRows.columnCount].decode(Int64.self)
-            // No row of the batch's exists: the lease's row alone, its job columns null.
-            if cells[0].bytes != nil { jobs.append(try Self.job(row)) }
+        do {
+            var jobs: [JobRecord] = []
+            for try await job in try await db.execute(LockedRows(lease: lease, ids: ids), logger: logger) { jobs.append(job) }
+            return jobs
+        } catch let error as PSQLError where error.serverInfo?[.sqlState] == LockedRows.leaseNotHeld {
+            throw DispatchDeposed(term: lease.term)
         }
-        guard term == lease.term else { throw DispatchDeposed(term: lease.term) }
-        return jobs
+    }
+
+    /// `lockedRows`' statement: a call of `jobs_locked_rows` (migration v12), prepared once per
+    /// connection. It fails with `leaseNotHeld` unless the lease is held under its term.
+    struct LockedRows: PostgresPreparedStatement {
+        static let name = "jobs_locked_rows"
+        static let sql = "SELECT \(PostgresJobsStore.columns) FROM jobs_locked_rows($1, $2, $3::text[])"
+        /// The SQLSTATE of the call's refusal.
+        static let leaseNotHeld = "PJ001"
+        var lease: Lease
+        var ids: [String]
+
+        func makeBindings() throws -> PostgresBindings {
+            var bindings = PostgresBindings(capacity: 3)
+            bindings.append(lease.holder)
+            bindings.append(lease.term)
+            bindings.append(ids)
+            return bindings
+        }
+
+        func decodeRow(_ row: PostgresRow) throws -> JobRecord { try PostgresJobsStore.job(row) }
     }
 
     /// Writes what a batch changed, in one call of `jobs_write_changes` (migration v11) whatever
