@@ -702,16 +702,6 @@ extension PostgresConnection {
         _ = try? await query("ROLLBACK", logger: logger)
     }
 
-    /// Takes a transaction-scoped advisory lock on each of `keys` (`hashtext` of the key), in the
-    /// order of their hash: every batch that locks many keys takes them in one global order, so
-    /// two transactions can wait for each other but never in a circle.
-    public func lockInHashOrder(_ keys: [String], logger: Logger) async throws {
-        guard !keys.isEmpty else { return }
-        for try await _ in try await query("""
-            SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(\(keys)::text[]) AS k ORDER BY h) AS ordered
-            """, logger: logger) {}
-    }
-
     /// The first row of `query` decoded as `T`, or nil.
     public func first<T: PostgresDecodable & Sendable>(_ query: PostgresQuery, as type: T.Type, logger: Logger) async throws -> T? {
         for try await value in try await self.query(query, logger: logger).decode(T.self) { return value }

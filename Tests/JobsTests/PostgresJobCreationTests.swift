@@ -2,6 +2,7 @@ import Foundation
 import JobsCore
 @testable import JobsService
 import Messages
+import PostgresNIO
 import Storage
 import Testing
 import TestSupport
@@ -90,6 +91,59 @@ struct PostgresJobCreationTests {
             #expect(code(3) == .conflict)
             #expect(try await store.job("gone", userId: nil) == nil)
             #expect(try await store.job("new", userId: nil)?.userId == "alice")
+        }
+    }
+
+    /// A batch of creations is one call of `jobs_create`, planned once per connection: planned
+    /// while the tables held a row, the kept plan would read them whole at every batch once they
+    /// held thousands, but the function plans without sequential scans.
+    @Test func aBatchProbesByKeyAfterTheTablesGrowPastThePlanMadeWhenTheyWereSmall() async throws {
+        try await withStore { store in
+            @Sendable func call(_ db: PostgresConnection, _ ids: [String]) async throws -> [(JobRecord?, String?)] {
+                let jobs = ids.map { id in
+                    JobRecord(
+                        id: id, userId: "alice", isPro: false, imageKey: "uploads/alice/\(id).jpg", effectId: "copy", parameters: [:], prompt: nil,
+                        status: .queued, progress: 0, attempts: 0, maxAttempts: 3, lastError: nil, resultKey: nil, thumbnailKey: nil, createdAt: now,
+                        updatedAt: now, startedAt: nil, finishedAt: nil, version: 1, credits: 1, traceParent: nil, imageETag: nil
+                    )
+                }
+                var rows: [(JobRecord?, String?)] = []
+                let statement = PostgresJobsStore.CreateJobs(ids: ids, rows: try JobRowsJSON.new(jobs))
+                for try await row in try await db.execute(statement, logger: quietLogger) { rows.append(row) }
+                return rows
+            }
+            try await store.database.connection { db in
+                // Given a connection that made a batch while the tables held a row each
+                #expect(try await store.lookup("gone", abandonIfAbsent: true, now: now) == nil)
+                #expect(try await call(db, ["first"]).isEmpty)
+                for table in ["jobs_job", "jobs_abandoned"] {
+                    try await db.query(PostgresQuery(unsafeSQL: "ALTER TABLE \(table) SET (autovacuum_enabled = false)"), logger: quietLogger)
+                    try await db.query(PostgresQuery(unsafeSQL: "ANALYZE \(table)"), logger: quietLogger)
+                }
+                // And tables that then grew to 3,000 rows
+                try await db.query("""
+                    INSERT INTO jobs_job (id, user_id, is_pro, image_key, effect_id, parameters, status, progress, attempts, max_attempts,
+                                          created_at, updated_at, version)
+                    SELECT 'job-' || lpad(g::text, 5, '0'), 'alice', false, 'uploads/alice/' || g || '.jpg', 'copy', '{}', 'queued', 0, 0, 3,
+                           1790000000 + g, 1790000000 + g, 1
+                    FROM generate_series(1, 3000) AS g
+                    """, logger: quietLogger)
+                try await db.query("INSERT INTO jobs_abandoned (job_id, at) SELECT 'lost-' || g, 1790000000 FROM generate_series(1, 3000) AS g", logger: quietLogger)
+
+                // When a batch asks for two new ids, one made already and one abandoned
+                var rows: [(JobRecord?, String?)] = []
+                let scans = try await TestPostgres.sequentialScans(db, of: ["jobs_job", "jobs_abandoned"], logger: quietLogger) {
+                    rows = try await call(db, ["new-1", "job-00042", "gone", "new-2"])
+                }
+
+                // Then it answers the one made and the one abandoned, without a scan of either table
+                #expect(scans == 0, "\(scans) sequential scans of jobs_job and jobs_abandoned")
+                #expect(rows.compactMap { $0.0?.id } == ["job-00042"])
+                #expect(rows.compactMap(\.1) == ["gone"])
+                // And made the two new ones only
+                let made = try await db.all("SELECT id FROM jobs_job WHERE id IN ('new-1', 'new-2', 'gone') ORDER BY id", as: String.self, logger: quietLogger)
+                #expect(made == ["new-1", "new-2"])
+            }
         }
     }
 }
