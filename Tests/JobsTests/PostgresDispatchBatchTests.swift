@@ -179,21 +179,10 @@ struct PostgresDispatchBatchTests {
                 try await create(store, "first")
                 let first = try await store.rows(db, "SELECT \(unescaped: PostgresJobsStore.columns) FROM jobs_job")
                 try await store.writeChanges(db, started: first.map { ($0, "worker-1") })
-                // (autovacuum off for them: an ANALYZE of the grown tables would have the writes
-                // planned again, and the test pass without its fix)
-                for table in ["jobs_job", "jobs_attempt"] {
-                    try await db.query(PostgresQuery(unsafeSQL: "ALTER TABLE \(table) SET (autovacuum_enabled = false)"), logger: quietLogger)
-                    try await db.query(PostgresQuery(unsafeSQL: "ANALYZE \(table)"), logger: quietLogger)
-                }
+                try await KeptPlanSteps.keepStatistics(db, of: ["jobs_job", "jobs_attempt"])
                 try await store.writeChanges(db, ended: first.map { PostgresJobsStore.EndedAttempt($0, outcome: "completed") })
                 // And tables that then grew to 3,000 rows, processing
-                try await db.query("""
-                    INSERT INTO jobs_job (id, user_id, is_pro, image_key, effect_id, parameters, status, progress, attempts, max_attempts,
-                                          created_at, updated_at, version)
-                    SELECT 'job-' || lpad(g::text, 5, '0'), 'alice', false, 'uploads/alice/' || g || '.jpg', 'copy', '{}', 'processing', 0, 1, 3,
-                           1790000000 + g, 1790000000 + g, 2
-                    FROM generate_series(1, 3000) AS g
-                    """, logger: quietLogger)
+                try await KeptPlanSteps.addJobs(db, status: "processing", attempts: 1)
                 try await db.query("INSERT INTO jobs_attempt (job_id, attempt, worker_id, started_at) SELECT id, 1, 'worker-1', created_at FROM jobs_job WHERE id LIKE 'job-%'", logger: quietLogger)
 
                 // When it writes ten of them completed
@@ -232,17 +221,10 @@ struct PostgresDispatchBatchTests {
                 // Given a connection that read a batch's rows while the table held one row
                 try await create(store, "first")
                 #expect(try await leader.lockedRows(db, ["first"]).map(\.id) == ["first"])
-                try await db.query("ALTER TABLE jobs_job SET (autovacuum_enabled = false)", logger: quietLogger)
-                try await db.query("ANALYZE jobs_job", logger: quietLogger)
+                try await KeptPlanSteps.keepStatistics(db, of: ["jobs_job"])
                 #expect(try await leader.lockedRows(db, ["missing"]).isEmpty)
                 // And a table that then grew to 3,000 rows
-                try await db.query("""
-                    INSERT INTO jobs_job (id, user_id, is_pro, image_key, effect_id, parameters, status, progress, attempts, max_attempts,
-                                          created_at, updated_at, version)
-                    SELECT 'job-' || lpad(g::text, 5, '0'), 'alice', false, 'uploads/alice/' || g || '.jpg', 'copy', '{}', 'queued', 0, 0, 3,
-                           1790000000 + g, 1790000000 + g, 1
-                    FROM generate_series(1, 3000) AS g
-                    """, logger: quietLogger)
+                try await KeptPlanSteps.addJobs(db, status: "queued", attempts: 0)
 
                 // When it reads ten of them and one that does not exist
                 var read: [JobRecord] = []

@@ -116,18 +116,9 @@ struct PostgresJobCreationTests {
                 // Given a connection that made a batch while the tables held a row each
                 #expect(try await store.lookup("gone", abandonIfAbsent: true, now: now) == nil)
                 #expect(try await call(db, ["first"]).isEmpty)
-                for table in ["jobs_job", "jobs_abandoned"] {
-                    try await db.query(PostgresQuery(unsafeSQL: "ALTER TABLE \(table) SET (autovacuum_enabled = false)"), logger: quietLogger)
-                    try await db.query(PostgresQuery(unsafeSQL: "ANALYZE \(table)"), logger: quietLogger)
-                }
+                try await KeptPlanSteps.keepStatistics(db, of: ["jobs_job", "jobs_abandoned"])
                 // And tables that then grew to 3,000 rows
-                try await db.query("""
-                    INSERT INTO jobs_job (id, user_id, is_pro, image_key, effect_id, parameters, status, progress, attempts, max_attempts,
-                                          created_at, updated_at, version)
-                    SELECT 'job-' || lpad(g::text, 5, '0'), 'alice', false, 'uploads/alice/' || g || '.jpg', 'copy', '{}', 'queued', 0, 0, 3,
-                           1790000000 + g, 1790000000 + g, 1
-                    FROM generate_series(1, 3000) AS g
-                    """, logger: quietLogger)
+                try await KeptPlanSteps.addJobs(db, status: "queued", attempts: 0)
                 try await db.query("INSERT INTO jobs_abandoned (job_id, at) SELECT 'lost-' || g, 1790000000 FROM generate_series(1, 3000) AS g", logger: quietLogger)
 
                 // When a batch asks for two new ids, one made already and one abandoned
